@@ -1,0 +1,1 @@
+"""Optuna studies over BranchingIQN's knobs and rollout evaluation (not built yet: no issue has asked for it)."""
