@@ -148,7 +148,7 @@ def action_mix(actions: ArrayLike, nvec: Sequence[int] = (3, 3, 3, 3)) -> np.nda
         column = flat[:, branch]
         if column.min() < 0 or column.max() >= size:
             low, high = int(column.min()), int(column.max())
-            raise ValueError(f"actions[..., {branch}] holds values in [{low}, {high}]; must lie in [0, {size})")
+            raise ValueError(f"actions[..., {branch}] values in [{low}, {high}]; must be in [0, {size})")
         frequencies[branch, :size] = np.bincount(column, minlength=size) / column.shape[0]
     return frequencies
 
