@@ -1,0 +1,586 @@
+"""Branching distributional Q-network (IQN + C51 heads, ensemble, market bottlenecks) and its SB3 policy.
+
+Data flow of :class:`BranchingQNetwork` for a batch of ``B`` observations, ``NB`` action branches,
+``A = max(action_dims)`` actions per branch (shorter branches padded), ``E`` ensemble heads:
+
+1. split the observation into market features (first ``n_market_features``) and portfolio features;
+2. per branch, compress the market features: ``tanh(x_market @ W_b)`` to the branch's bottleneck width;
+3. per branch, concatenate the bottleneck output with the portfolio features and run the branch's MLP;
+4. IQN: embed each quantile fraction ``tau`` as ``act(Linear(cos(pi * i * tau)))``, ``i = 0..n_cos-1``,
+   multiply it into the branch features, and map to ``E x A`` quantile values;
+5. C51: map the branch features to ``A x n_atoms`` logits.
+
+All branches run together: each per-branch layer is one stacked weight ``[NB, in, out]`` applied with a
+single batched matmul, so there is no Python loop over branches in ``forward``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.policies import BasePolicy
+from stable_baselines3.common.torch_layers import FlattenExtractor
+from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
+from torch import nn
+
+import cuda_ext  # noqa: F401  (defines torch.ops.cuda_ext.*)
+from sb3_her_ext.popart import PopArt
+
+#: Branch names and default bottleneck widths of the 4-branch trading action space (DESIGN.md).
+TRADING_BRANCH_NAMES: tuple[str, ...] = ("direction", "magnitude", "order", "urgency")
+TRADING_BOTTLENECK_DIMS: tuple[int, ...] = (4, 8, 6, 4)
+#: Bottleneck width of every branch for any other number of branches.
+DEFAULT_BOTTLENECK_DIM = 8
+#: Per-branch MLP of the policy when ``net_arch`` is None: small enough for a fast CPU gradient step.
+DEFAULT_NET_ARCH: tuple[int, ...] = (128, 128)
+
+
+def _local_quantile_iqr(samples: th.Tensor) -> th.Tensor:
+    """``Q(0.75) - Q(0.25)`` over the last dim, linearly interpolated like ``torch.quantile``, no size limit.
+
+    :param samples: ``[..., N]`` values.
+    :return: ``[...]`` inter-quartile ranges.
+    """
+    ordered = samples.sort(dim=-1).values
+    n = samples.shape[-1]
+
+    def quantile(q: float) -> th.Tensor:
+        position = q * (n - 1)
+        low = math.floor(position)
+        high = min(low + 1, n - 1)
+        frac = position - low
+        return ordered[..., low] + (ordered[..., high] - ordered[..., low]) * frac
+
+    return quantile(0.75) - quantile(0.25)
+
+
+def quantile_iqr(samples: th.Tensor) -> th.Tensor:
+    """Inter-quartile range over the last dim via ``torch.ops.cuda_ext.quantile_iqr`` (local fallback).
+
+    :param samples: ``[..., N]`` values.
+    :return: ``[...]`` ``Q(0.75) - Q(0.25)``.
+    """
+    op = getattr(th.ops.cuda_ext, "quantile_iqr", None)
+    if op is None:
+        return _local_quantile_iqr(samples)
+    return op(samples.float().contiguous()).to(samples.dtype)
+
+
+class BranchLinear(nn.Module):
+    """``NB`` independent linear layers applied in one batched matmul.
+
+    :param n_branches: number of branches ``NB``.
+    :param in_features: input width of every branch.
+    :param out_features: output width of every branch.
+    """
+
+    def __init__(self, n_branches: int, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(th.empty(n_branches, in_features, out_features))
+        self.bias = nn.Parameter(th.empty(n_branches, out_features))
+        bound = 1.0 / math.sqrt(in_features)  # nn.Linear's default initialisation, per branch
+        nn.init.uniform_(self.weight, -bound, bound)
+        nn.init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, x: th.Tensor) -> th.Tensor:
+        """:param x: ``[NB, ..., in]``.
+        :return: ``[NB, ..., out]``.
+        """
+        lead = x.shape[:-1]
+        flat = x.reshape(x.shape[0], -1, x.shape[-1])
+        out = th.baddbmm(self.bias.unsqueeze(1), flat, self.weight)
+        return out.view(*lead, self.weight.shape[-1])
+
+
+def _check_positive(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ValueError(f"{name}={value!r} must be a positive int")
+
+
+class BranchingQNetwork(nn.Module):
+    """Branching IQN/C51 network with an ensemble of IQN output heads and per-branch market bottlenecks.
+
+    :param obs_dim: observation size ``D`` (flat).
+    :param n_market_features: how many leading observation features are market features (1..D); the rest
+        are portfolio features, passed to every branch uncompressed.
+    :param action_dims: number of actions of each branch.
+    :param bottleneck_dims: bottleneck width of each branch.
+    :param net_arch: hidden layer sizes of each branch's MLP (at least one layer).
+    :param n_ensemble: number ``E`` of IQN output heads per branch.
+    :param n_cos: size of the cosine embedding of ``tau``.
+    :param n_atoms: number of C51 atoms.
+    :param activation_fn: activation after every hidden layer and after the ``tau`` embedding.
+    """
+
+    def __init__(
+        self,
+        obs_dim: int,
+        n_market_features: int,
+        action_dims: Sequence[int],
+        bottleneck_dims: Sequence[int],
+        net_arch: Sequence[int] = (256, 256),
+        n_ensemble: int = 5,
+        n_cos: int = 64,
+        n_atoms: int = 51,
+        activation_fn: type[nn.Module] = nn.ReLU,
+    ) -> None:
+        super().__init__()
+        for name, value in (
+            ("obs_dim", obs_dim),
+            ("n_market_features", n_market_features),
+            ("n_ensemble", n_ensemble),
+            ("n_cos", n_cos),
+            ("n_atoms", n_atoms),
+        ):
+            _check_positive(name, value)
+        if n_market_features > obs_dim:
+            raise ValueError(f"n_market_features={n_market_features} must be <= obs_dim={obs_dim}")
+        if len(action_dims) == 0:
+            raise ValueError(f"action_dims={list(action_dims)} must name at least one branch")
+        for b, n in enumerate(action_dims):
+            _check_positive(f"action_dims[{b}]", n)
+        if len(bottleneck_dims) != len(action_dims):
+            raise ValueError(
+                f"bottleneck_dims={list(bottleneck_dims)} must have one width per branch ({len(action_dims)})"
+            )
+        for b, w in enumerate(bottleneck_dims):
+            _check_positive(f"bottleneck_dims[{b}]", w)
+        if len(net_arch) == 0:
+            raise ValueError(f"net_arch={list(net_arch)} must have at least one hidden layer")
+        for i, h in enumerate(net_arch):
+            _check_positive(f"net_arch[{i}]", h)
+
+        self.obs_dim = int(obs_dim)
+        self.n_market_features = int(n_market_features)
+        self.action_dims = [int(n) for n in action_dims]
+        self.bottleneck_dims = [int(w) for w in bottleneck_dims]
+        self.net_arch = [int(h) for h in net_arch]
+        self.n_branches = len(self.action_dims)
+        self.max_actions = max(self.action_dims)
+        self.n_ensemble = int(n_ensemble)
+        self.n_cos = int(n_cos)
+        self.n_atoms = int(n_atoms)
+        self.activation = activation_fn()
+        n_branches, n_actions = self.n_branches, self.max_actions
+        max_bottleneck = max(self.bottleneck_dims)
+        n_portfolio = self.obs_dim - self.n_market_features
+
+        # Bottleneck: branch b uses the first bottleneck_dims[b] of max_bottleneck columns; the mask zeroes
+        # the rest (they output tanh(0) = 0, so they carry neither signal nor gradient).
+        self.bottleneck_weight = nn.Parameter(th.empty(n_branches, self.n_market_features, max_bottleneck))
+        bound = 1.0 / math.sqrt(n_market_features)  # nn.Linear's default initialisation
+        nn.init.uniform_(self.bottleneck_weight, -bound, bound)
+        columns = th.arange(max_bottleneck)
+        self.register_buffer(
+            "bottleneck_mask",
+            (columns < th.tensor(self.bottleneck_dims)[:, None]).float().unsqueeze(1),
+            persistent=False,
+        )
+        widths = [max_bottleneck + n_portfolio, *self.net_arch]
+        self.hidden = nn.ModuleList(
+            BranchLinear(n_branches, i, o) for i, o in zip(widths[:-1], widths[1:], strict=True)
+        )
+        hidden_dim = self.net_arch[-1]
+        # One matmul embeds tau for all branches: [n_cos] -> [NB * hidden_dim].
+        self.tau_embedding = nn.Linear(self.n_cos, n_branches * hidden_dim)
+        self.register_buffer(
+            "cos_frequencies", th.arange(self.n_cos, dtype=th.float32) * math.pi, persistent=False
+        )
+        self.iqn_out = BranchLinear(n_branches, hidden_dim, self.n_ensemble * n_actions)
+        self.c51_out = BranchLinear(n_branches, hidden_dim, n_actions * self.n_atoms)
+        self.register_buffer(
+            "action_mask",
+            th.arange(n_actions)[None, :] < th.tensor(self.action_dims)[:, None],
+            persistent=False,
+        )  # [NB, A] bool, True for real actions
+        self.popart: PopArt | None = None
+
+    def attach_popart(self, popart: PopArt | None) -> None:
+        """Use ``popart`` to de-normalise ``action_stats`` (kept as a plain reference, not a submodule).
+
+        :param popart: the policy's PopArt, or None.
+        """
+        object.__setattr__(self, "popart", popart)
+
+    def branch_features(self, obs: th.Tensor) -> th.Tensor:
+        """Per-branch features after bottleneck and MLP.
+
+        :param obs: ``[B, D]`` observations.
+        :return: ``[NB, B, H]`` with ``H = net_arch[-1]``.
+        """
+        if obs.dim() != 2 or obs.shape[1] != self.obs_dim:
+            raise ValueError(f"obs.shape={tuple(obs.shape)} must be [B, {self.obs_dim}]")
+        market = obs[:, : self.n_market_features]
+        portfolio = obs[:, self.n_market_features :]
+        x = self.bottleneck(market)  # [NB, B, W]
+        if portfolio.shape[1] > 0:
+            x = th.cat([x, portfolio.unsqueeze(0).expand(self.n_branches, -1, -1)], dim=-1)
+        for layer in self.hidden:
+            x = self.activation(layer(x))
+        return x
+
+    def bottleneck(self, market: th.Tensor) -> th.Tensor:
+        """Per-branch ``tanh(x_market @ W_b)``, zero-padded to the widest branch.
+
+        :param market: ``[B, n_market_features]``.
+        :return: ``[NB, B, max(bottleneck_dims)]``; columns ``>= bottleneck_dims[b]`` of branch ``b`` are 0.
+        """
+        weight = self.bottleneck_weight * self.bottleneck_mask
+        return th.tanh(th.matmul(market.unsqueeze(0), weight))
+
+    def _iqn_from_features(self, features: th.Tensor, taus: th.Tensor) -> th.Tensor:
+        """:param features: ``[NB, B, H]``.
+        :param taus: ``[B, N]``.
+        :return: ``[E, B, NB, A, N]`` normalised quantile values, padded actions 0.
+        """
+        if taus.dim() != 2 or taus.shape[0] != features.shape[1]:
+            raise ValueError(f"taus.shape={tuple(taus.shape)} must be [B={features.shape[1]}, N]")
+        batch, n_taus = taus.shape
+        hidden_dim = features.shape[-1]
+        cosines = th.cos(taus.unsqueeze(-1) * self.cos_frequencies)  # [B, N, n_cos]
+        embedding = self.activation(self.tau_embedding(cosines))  # [B, N, NB * H]
+        embedding = embedding.view(batch, n_taus, self.n_branches, hidden_dim).permute(2, 0, 1, 3)
+        mixed = features.unsqueeze(2) * embedding  # [NB, B, N, H]
+        out = self.iqn_out(mixed).view(self.n_branches, batch, n_taus, self.n_ensemble, self.max_actions)
+        out = out * self.action_mask[:, None, None, None, :]
+        return out.permute(3, 1, 0, 4, 2)  # [E, B, NB, A, N]
+
+    def quantiles(self, obs: th.Tensor, taus: th.Tensor) -> th.Tensor:
+        """IQN quantile values of every ensemble head, branch and action.
+
+        :param obs: ``[B, D]`` observations.
+        :param taus: ``[B, N]`` quantile fractions in [0, 1].
+        :return: ``[E, B, NB, A, N]`` in the PopArt-normalised space; padded actions are 0.
+        """
+        return self._iqn_from_features(self.branch_features(obs), taus)
+
+    def c51_logits(self, obs: th.Tensor) -> th.Tensor:
+        """C51 logits of every branch and action.
+
+        :param obs: ``[B, D]`` observations.
+        :return: ``[B, NB, A, n_atoms]``; padded actions are all-zero logits.
+        """
+        features = self.branch_features(obs)
+        return self._c51_from_features(features)
+
+    def _c51_from_features(self, features: th.Tensor) -> th.Tensor:
+        batch = features.shape[1]
+        logits = self.c51_out(features).view(self.n_branches, batch, self.max_actions, self.n_atoms)
+        logits = logits * self.action_mask[:, None, :, None]
+        return logits.transpose(0, 1)
+
+    def quantiles_and_logits(self, obs: th.Tensor, taus: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+        """Both heads from one pass through the shared branch trunk (cheaper than two calls).
+
+        :param obs: ``[B, D]`` observations.
+        :param taus: ``[B, N]`` quantile fractions.
+        :return: ``(quantiles [E, B, NB, A, N], c51_logits [B, NB, A, n_atoms])``.
+        """
+        features = self.branch_features(obs)
+        return self._iqn_from_features(features, taus), self._c51_from_features(features)
+
+    def action_stats(self, obs: th.Tensor, taus: th.Tensor) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+        """Action values and uncertainty statistics for action selection.
+
+        :param obs: ``[B, D]`` observations.
+        :param taus: ``[B, K]`` quantile fractions.
+        :return: ``(q, iqr, ens_std)``, each ``[B, NB, A]``: ``q`` the ensemble mean of the quantile mean,
+            ``iqr`` the inter-quartile range of the ensemble-mean quantiles, ``ens_std`` the (population) std
+            over the ensemble of the per-head means; all de-normalised when a PopArt is attached (the spreads
+            scaled by ``sigma``). Padded actions: ``q = -inf``, ``iqr = ens_std = 0``.
+        """
+        values = self.quantiles(obs, taus)  # [E, B, NB, A, K]
+        head_means = values.mean(dim=-1)  # [E, B, NB, A]
+        q = head_means.mean(dim=0)
+        iqr = quantile_iqr(values.mean(dim=0))
+        ens_std = head_means.std(dim=0, correction=0)
+        if self.popart is not None:
+            q = self.popart.denormalize(q)
+            iqr = iqr * self.popart.sigma
+            ens_std = ens_std * self.popart.sigma
+        mask = self.action_mask.unsqueeze(0)
+        q = q.masked_fill(~mask, -math.inf)
+        return q, iqr.masked_fill(~mask, 0.0), ens_std.masked_fill(~mask, 0.0)
+
+
+def _action_dims(action_space: spaces.Space) -> list[int]:
+    if isinstance(action_space, spaces.Discrete):
+        if int(action_space.start) != 0:
+            raise ValueError(f"action_space.start={action_space.start} must be 0")
+        return [int(action_space.n)]
+    if isinstance(action_space, spaces.MultiDiscrete):
+        if action_space.nvec.ndim != 1:
+            raise ValueError(f"action_space.nvec.shape={action_space.nvec.shape} must be 1-D")
+        if np.any(action_space.start != 0):
+            raise ValueError(f"action_space.start={action_space.start.tolist()} must be all 0")
+        return [int(n) for n in action_space.nvec]
+    raise ValueError(f"action_space={action_space} is not supported (Discrete or MultiDiscrete)")
+
+
+def resolve_bottleneck_dims(
+    n_branches: int, bottleneck_dims: Sequence[int] | Mapping[int | str, int] | None
+) -> list[int]:
+    """Per-branch bottleneck widths from a sequence, an index/name mapping of overrides, or None (defaults).
+
+    Defaults: ``direction 4, magnitude 8, order 6, urgency 4`` for 4 branches, else 8 per branch. Names
+    (``direction``, ``magnitude``, ``order``, ``urgency``) are known when there are 4 branches.
+
+    :param n_branches: number of action branches.
+    :param bottleneck_dims: the user's setting.
+    :return: one positive width per branch.
+    """
+    names = TRADING_BRANCH_NAMES if n_branches == len(TRADING_BRANCH_NAMES) else ()
+    widths = list(TRADING_BOTTLENECK_DIMS) if names else [DEFAULT_BOTTLENECK_DIM] * n_branches
+    if bottleneck_dims is None:
+        return widths
+    if isinstance(bottleneck_dims, Mapping):
+        for key, width in bottleneck_dims.items():
+            if isinstance(key, str):
+                if key not in names:
+                    raise ValueError(f"bottleneck_dims key {key!r} is not a branch name ({list(names)})")
+                index = names.index(key)
+            elif isinstance(key, (int, np.integer)) and not isinstance(key, bool) and 0 <= key < n_branches:
+                index = int(key)
+            else:
+                raise ValueError(f"bottleneck_dims key {key!r} must be a branch index in [0, {n_branches})")
+            _check_positive(f"bottleneck_dims[{key!r}]", width)
+            widths[index] = int(width)
+        return widths
+    if isinstance(bottleneck_dims, str) or len(bottleneck_dims) != n_branches:
+        raise ValueError(f"bottleneck_dims={bottleneck_dims!r} must have one width per branch ({n_branches})")
+    for b, width in enumerate(bottleneck_dims):
+        _check_positive(f"bottleneck_dims[{b}]", width)
+    return [int(w) for w in bottleneck_dims]
+
+
+class BranchingIQNPolicy(BasePolicy):
+    """Policy of ``BranchingIQN``: online and target :class:`BranchingQNetwork`, PopArt, C51 support.
+
+    Acting here is greedy (the algorithm adds exploration): the greedy action maximises the ensemble-mean
+    quantile mean at a fixed midpoint grid of ``n_quantiles_act`` fractions, so it is deterministic for
+    fixed weights.
+
+    :param observation_space: a ``Box`` (flattened).
+    :param action_space: ``MultiDiscrete`` (one branch per entry) or ``Discrete`` (one branch).
+    :param lr_schedule: learning-rate schedule (``lr_schedule(1)`` is the initial rate).
+    :param n_market_features: leading market features of the flat observation; None = all features.
+    :param bottleneck_dims: per-branch widths, as a sequence or a mapping {index or name: width} of
+        overrides; None = defaults (see :func:`resolve_bottleneck_dims`).
+    :param net_arch: per-branch hidden layers; None = ``(128, 128)``.
+    :param n_ensemble: IQN output heads per branch.
+    :param n_cos: cosine embedding size.
+    :param n_quantiles: ``N``, online quantile fractions per training sample.
+    :param n_quantiles_target: ``N'``, target quantile fractions per training sample.
+    :param n_quantiles_act: ``K``, quantile fractions for acting.
+    :param n_atoms: number of C51 atoms.
+    :param v_min: lowest C51 atom (in the PopArt-normalised space when PopArt is on).
+    :param v_max: highest C51 atom.
+    :param activation_fn: activation function.
+    :param popart: normalise the IQN targets with PopArt (the IQN output layers of both networks are
+        registered). The C51 head is not rescaled: its atoms are a fixed support in the normalised space and
+        the algorithm builds its targets with :meth:`PopArt.normalize_bellman_reward`.
+    :param popart_beta: PopArt's moment step size.
+    :param optimizer_class: optimizer of the online network.
+    :param optimizer_kwargs: optimizer keyword arguments, without the learning rate.
+    :param normalize_images: kept for SB3 compatibility (observations are flat vectors; unused).
+    """
+
+    q_net: BranchingQNetwork
+    q_net_target: BranchingQNetwork
+    support: th.Tensor
+
+    def __init__(
+        self,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        lr_schedule: Schedule,
+        n_market_features: int | None = None,
+        bottleneck_dims: Sequence[int] | Mapping[int | str, int] | None = None,
+        net_arch: Sequence[int] | None = None,
+        n_ensemble: int = 5,
+        n_cos: int = 64,
+        n_quantiles: int = 32,
+        n_quantiles_target: int = 32,
+        n_quantiles_act: int = 32,
+        n_atoms: int = 51,
+        v_min: float = -10.0,
+        v_max: float = 10.0,
+        activation_fn: type[nn.Module] = nn.ReLU,
+        popart: bool = True,
+        popart_beta: float = 3e-4,
+        optimizer_class: type[th.optim.Optimizer] = th.optim.Adam,
+        optimizer_kwargs: dict[str, Any] | None = None,
+        normalize_images: bool = False,
+    ) -> None:
+        if not isinstance(observation_space, spaces.Box):
+            raise ValueError(f"observation_space={observation_space} is not supported (Box only)")
+        super().__init__(
+            observation_space,
+            action_space,
+            features_extractor_class=FlattenExtractor,
+            optimizer_class=optimizer_class,
+            optimizer_kwargs=optimizer_kwargs,
+            normalize_images=normalize_images,
+        )
+        action_dims = _action_dims(action_space)
+        obs_dim = int(np.prod(observation_space.shape))
+        if n_market_features is None:
+            n_market_features = obs_dim
+        _check_positive("n_market_features", n_market_features)
+        if n_market_features > obs_dim:
+            raise ValueError(f"n_market_features={n_market_features} must be <= observation dim {obs_dim}")
+        for name, value in (
+            ("n_quantiles", n_quantiles),
+            ("n_quantiles_target", n_quantiles_target),
+            ("n_quantiles_act", n_quantiles_act),
+            ("n_atoms", n_atoms),
+        ):
+            _check_positive(name, value)
+        if n_atoms < 2:
+            raise ValueError(f"n_atoms={n_atoms} must be >= 2")
+        if not v_min < v_max:
+            raise ValueError(f"v_min={v_min} must be < v_max={v_max}")
+
+        self.n_market_features = int(n_market_features)
+        self.bottleneck_dims = resolve_bottleneck_dims(len(action_dims), bottleneck_dims)
+        self.net_arch = list(DEFAULT_NET_ARCH if net_arch is None else net_arch)
+        self.n_ensemble = n_ensemble
+        self.n_cos = n_cos
+        self.n_quantiles = n_quantiles
+        self.n_quantiles_target = n_quantiles_target
+        self.n_quantiles_act = n_quantiles_act
+        self.n_atoms = n_atoms
+        self.v_min = float(v_min)
+        self.v_max = float(v_max)
+        self.activation_fn = activation_fn
+        self.use_popart = popart
+        self.popart_beta = popart_beta
+        self.net_args: dict[str, Any] = dict(
+            obs_dim=obs_dim,
+            n_market_features=self.n_market_features,
+            action_dims=action_dims,
+            bottleneck_dims=self.bottleneck_dims,
+            net_arch=self.net_arch,
+            n_ensemble=n_ensemble,
+            n_cos=n_cos,
+            n_atoms=n_atoms,
+            activation_fn=activation_fn,
+        )
+        self._build(lr_schedule)
+
+    def _build(self, lr_schedule: Schedule) -> None:
+        """Create the networks, PopArt, the C51 support and the optimizer.
+
+        :param lr_schedule: learning-rate schedule.
+        """
+        self.q_net = BranchingQNetwork(**self.net_args)
+        self.q_net_target = BranchingQNetwork(**self.net_args)
+        self.q_net_target.load_state_dict(self.q_net.state_dict())
+        self.q_net_target.train(False)
+        self.q_net_target.requires_grad_(False)
+        self.popart: PopArt | None = PopArt(beta=self.popart_beta) if self.use_popart else None
+        if self.popart is not None:
+            self.popart.register(self.q_net.iqn_out, self.q_net_target.iqn_out)
+        self.q_net.attach_popart(self.popart)
+        self.q_net_target.attach_popart(self.popart)
+        self.register_buffer("support", th.linspace(self.v_min, self.v_max, self.n_atoms))
+        act_taus = (th.arange(self.n_quantiles_act, dtype=th.float32) + 0.5) / self.n_quantiles_act
+        self.register_buffer("act_taus", act_taus, persistent=False)
+        self.optimizer = self.optimizer_class(  # type: ignore[call-arg]
+            self.q_net.parameters(), lr=lr_schedule(1), **self.optimizer_kwargs
+        )
+
+    @property
+    def action_dims(self) -> list[int]:
+        """:return: number of actions of each branch."""
+        return self.q_net.action_dims
+
+    @property
+    def n_branches(self) -> int:
+        """:return: number of action branches."""
+        return self.q_net.n_branches
+
+    def _flat_obs(self, obs: PyTorchObs) -> th.Tensor:
+        if not isinstance(obs, th.Tensor):
+            raise ValueError(f"obs of type {type(obs).__name__} must be a tensor (Box observations)")
+        return obs.float().reshape(obs.shape[0], -1)
+
+    def sample_taus(self, batch_size: int, n: int) -> th.Tensor:
+        """Fresh uniform quantile fractions (global torch RNG, so seeded runs repeat).
+
+        :param batch_size: ``B``.
+        :param n: fractions per row.
+        :return: ``[B, n]`` on the policy's device.
+        """
+        return th.rand(batch_size, n, device=self.device)
+
+    def forward(self, obs: PyTorchObs, deterministic: bool = True) -> th.Tensor:
+        """Greedy actions.
+
+        :param obs: observations ``[B, *obs_shape]``.
+        :param deterministic: unused (acting here is always greedy).
+        :return: ``[B, NB]`` long.
+        """
+        return self._predict(obs, deterministic=deterministic)
+
+    def _predict(self, observation: PyTorchObs, deterministic: bool = True) -> th.Tensor:
+        """Greedy actions from the online network at the fixed midpoint fractions ``(k + 0.5) / K``.
+
+        :param observation: observations ``[B, *obs_shape]``.
+        :param deterministic: unused (exploration lives in the algorithm).
+        :return: ``[B, NB]`` long.
+        """
+        obs = self._flat_obs(observation)
+        taus = self.act_taus.expand(obs.shape[0], -1)
+        q, _, _ = self.q_net.action_stats(obs, taus)
+        return q.argmax(dim=-1)
+
+    def action_stats(self, obs: PyTorchObs) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+        """``(q, iqr, ens_std)``, each ``[B, NB, A]``, with fresh ``K = n_quantiles_act`` fractions.
+
+        :param obs: observations ``[B, *obs_shape]``.
+        :return: see :meth:`BranchingQNetwork.action_stats`.
+        """
+        flat = self._flat_obs(obs)
+        return self.q_net.action_stats(flat, self.sample_taus(flat.shape[0], self.n_quantiles_act))
+
+    def _get_constructor_parameters(self) -> dict[str, Any]:
+        data = super()._get_constructor_parameters()
+        data.update(
+            dict(
+                lr_schedule=self._dummy_schedule,
+                n_market_features=self.n_market_features,
+                bottleneck_dims=self.bottleneck_dims,
+                net_arch=self.net_arch,
+                n_ensemble=self.n_ensemble,
+                n_cos=self.n_cos,
+                n_quantiles=self.n_quantiles,
+                n_quantiles_target=self.n_quantiles_target,
+                n_quantiles_act=self.n_quantiles_act,
+                n_atoms=self.n_atoms,
+                v_min=self.v_min,
+                v_max=self.v_max,
+                activation_fn=self.activation_fn,
+                popart=self.use_popart,
+                popart_beta=self.popart_beta,
+                optimizer_class=self.optimizer_class,
+                optimizer_kwargs=self.optimizer_kwargs,
+            )
+        )
+        return data
+
+    def set_training_mode(self, mode: bool) -> None:
+        """Put the online network in training (True) or evaluation (False) mode; the target stays in eval.
+
+        :param mode: training mode flag.
+        """
+        self.q_net.train(mode)
+        self.training = mode
+
+
+MlpPolicy = BranchingIQNPolicy

@@ -1,0 +1,109 @@
+"""PopArt: adaptive target normalisation that preserves the network's outputs (van Hasselt et al. 2016).
+
+The value heads predict in a normalised space; ``denormalize(y) = sigma * y + mu`` maps them back to
+returns. ``update`` moves ``mu`` and ``sigma`` towards the statistics of a batch of (de-normalised)
+targets and rescales every registered output layer so that its de-normalised outputs do not change
+("Preserving Outputs Precisely"). All state lives in buffers on the module's device; nothing syncs the host.
+
+Order of one training step: build the targets in de-normalised space (``denormalize`` the target
+network's outputs, add rewards), ``update(targets)``, then ``normalize(targets)`` for the loss against
+the online network's (normalised) outputs.
+"""
+
+from __future__ import annotations
+
+import torch as th
+from torch import nn
+
+
+class PopArt(nn.Module):
+    """Running first/second moments of the targets and output-preserving rescaling of output layers.
+
+    :param beta: step size of the exponential moving averages of the first and second moments, in (0, 1].
+    :param eps: lower bound on ``sigma`` (keeps the scale away from zero when the targets are constant).
+    """
+
+    mu: th.Tensor
+    nu: th.Tensor
+    sigma: th.Tensor
+
+    def __init__(self, beta: float = 3e-4, eps: float = 1e-5) -> None:
+        super().__init__()
+        if not 0.0 < beta <= 1.0:
+            raise ValueError(f"beta={beta} must be in (0, 1]")
+        if not eps > 0.0:
+            raise ValueError(f"eps={eps} must be > 0")
+        self.beta = beta
+        self.eps = eps
+        self.register_buffer("mu", th.zeros(()))
+        self.register_buffer("nu", th.ones(()))
+        self.register_buffer("sigma", th.ones(()))
+        self._layers: list[nn.Module] = []
+
+    def register(self, *linears: nn.Module) -> None:
+        """Register output layers whose outputs are in the normalised space.
+
+        :param linears: ``nn.Linear`` layers, or any module with ``weight`` and ``bias`` parameters whose
+            output is ``x @ weight (+ bias)`` along the output units (e.g. a stacked per-branch linear);
+            ``update`` rescales ``weight`` and ``bias`` elementwise.
+        """
+        for layer in linears:
+            weight, bias = getattr(layer, "weight", None), getattr(layer, "bias", None)
+            if not isinstance(weight, th.Tensor) or not isinstance(bias, th.Tensor):
+                raise ValueError(f"layer={layer!r} needs weight and bias tensors to be rescaled by PopArt")
+            self._layers.append(layer)
+
+    def normalize(self, x: th.Tensor) -> th.Tensor:
+        """Map returns to the normalised space: ``(x - mu) / sigma``.
+
+        :param x: values in return units.
+        :return: normalised values.
+        """
+        return (x - self.mu) / self.sigma
+
+    def denormalize(self, x: th.Tensor) -> th.Tensor:
+        """Map normalised values back to returns: ``sigma * x + mu``.
+
+        :param x: normalised values.
+        :return: values in return units.
+        """
+        return x * self.sigma + self.mu
+
+    def normalize_bellman_reward(self, rewards: th.Tensor, discounts: th.Tensor | float) -> th.Tensor:
+        """Reward for a Bellman backup done entirely in the normalised space.
+
+        With ``discounts = gamma * (1 - done)``, ``r_n + discounts * z`` equals
+        ``normalize(r + discounts * denormalize(z))`` exactly for the current statistics. The C51 head uses
+        it: its atoms are a fixed support in the normalised space, so ``c51_project(p, r_n, dones, gamma,
+        support)`` is the normalised categorical target.
+
+        :param rewards: rewards in return units.
+        :param discounts: ``gamma * (1 - done)``, broadcastable to ``rewards``.
+        :return: ``(rewards - (1 - discounts) * mu) / sigma``.
+        """
+        return (rewards - (1.0 - discounts) * self.mu) / self.sigma
+
+    @th.no_grad()
+    def update(self, targets: th.Tensor) -> None:
+        """Update ``mu``/``sigma`` from a batch of de-normalised targets, preserving registered outputs.
+
+        ``mu <- (1 - beta) mu + beta mean(targets)``, ``nu <- (1 - beta) nu + beta mean(targets^2)``,
+        ``sigma = sqrt(max(nu - mu^2, eps^2))``; then every registered layer becomes
+        ``W <- W sigma_old / sigma``, ``b <- (sigma_old b + mu_old - mu) / sigma``.
+
+        :param targets: any-shaped tensor of target returns (de-normalised), at least one element.
+        """
+        if targets.numel() == 0:
+            raise ValueError(f"targets.shape={tuple(targets.shape)} must hold at least one value")
+        targets = targets.detach().to(self.mu.dtype)
+        old_mu, old_sigma = self.mu.clone(), self.sigma.clone()
+        self.mu.mul_(1.0 - self.beta).add_(self.beta * targets.mean())
+        self.nu.mul_(1.0 - self.beta).add_(self.beta * targets.pow(2).mean())
+        self.sigma.copy_((self.nu - self.mu.pow(2)).clamp(min=self.eps**2).sqrt())
+        for layer in self._layers:
+            layer.weight.mul_(old_sigma / self.sigma)
+            layer.bias.mul_(old_sigma).add_(old_mu - self.mu).div_(self.sigma)
+
+    def extra_repr(self) -> str:
+        """:return: the hyper-parameters, for ``print(module)``."""
+        return f"beta={self.beta}, eps={self.eps}, layers={len(self._layers)}"
