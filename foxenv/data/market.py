@@ -84,7 +84,9 @@ class MarketData:
     def slice(self, start: int, stop: int) -> MarketData:
         """Return steps ``[start, stop)`` as a new timeline (views, no copy)."""
         if not 0 <= start < stop <= self.num_steps:
-            raise ValueError(f"slice: start={start}, stop={stop} must satisfy 0 <= start < stop <= {self.num_steps}")
+            raise ValueError(
+                f"slice: start={start}, stop={stop} must satisfy 0 <= start < stop <= {self.num_steps}"
+            )
         cut = {
             f.name: getattr(self, f.name)[start:stop]
             for f in fields(self)
@@ -98,5 +100,113 @@ class MarketData:
             raise ValueError(f"train_fraction={train_fraction} must lie strictly between 0 and 1")
         cut = int(round(self.num_steps * train_fraction))
         if cut < 1 or cut >= self.num_steps:
-            raise ValueError(f"train_fraction={train_fraction} leaves an empty split of {self.num_steps} steps")
+            raise ValueError(
+                f"train_fraction={train_fraction} leaves an empty split of {self.num_steps} steps"
+            )
         return self.slice(0, cut), self.slice(cut, self.num_steps)
+
+    def mid_price(self) -> torch.Tensor:
+        """Mid price at the end of each step.
+
+        :return: ``[T]`` float64, ``(best_bid + best_ask) / 2``.
+        """
+        return 0.5 * (self.bid_price[:, 0] + self.ask_price[:, 0])
+
+    def spread_ticks(self) -> torch.Tensor:
+        """Best-ask minus best-bid at the end of each step, in ticks.
+
+        :return: ``[T]`` int64 spread in ticks (rounded to the nearest tick).
+        """
+        return torch.round((self.ask_price[:, 0] - self.bid_price[:, 0]) / self.tick_size).to(torch.int64)
+
+    def validate(self) -> MarketData:
+        """Check every field against the contract above; for data sources and tests, not hot paths.
+
+        Checks shapes, dtypes, one device, finite values, positive and tick-aligned prices, strictly
+        ordered levels, an uncrossed book, non-negative sizes and flows, and non-decreasing time.
+        It synchronises with the device, so call it once after loading, never inside a step.
+
+        :return: ``self``, so that ``data = load(...).validate()`` reads naturally.
+        :raises ValueError: naming the first field that breaks the contract, and the offending value.
+        """
+        if not self.tick_size > 0:
+            raise ValueError(f"tick_size={self.tick_size} must be > 0")
+        if self.bid_price.ndim != 2 or self.num_steps < 1 or self.num_levels < 1:
+            raise ValueError(f"bid_price has shape {tuple(self.bid_price.shape)}, must be [T>=1, L>=1]")
+        steps, levels = self.num_steps, self.num_levels
+        expected = {
+            "bid_price": ((steps, levels), torch.float64),
+            "ask_price": ((steps, levels), torch.float64),
+            "bid_size": ((steps, levels), torch.float32),
+            "ask_size": ((steps, levels), torch.float32),
+            "flow_ref_tick": ((steps,), torch.int64),
+            "exec_bid": ((steps, FLOW_WIDTH), torch.float32),
+            "exec_ask": ((steps, FLOW_WIDTH), torch.float32),
+            "cancel_bid": ((steps, FLOW_WIDTH), torch.float32),
+            "cancel_ask": ((steps, FLOW_WIDTH), torch.float32),
+            "time": ((steps,), torch.float64),
+            "halted": ((steps,), torch.bool),
+        }
+        for name, (shape, dtype) in expected.items():
+            value = getattr(self, name)
+            if tuple(value.shape) != shape:
+                raise ValueError(f"{name} has shape {tuple(value.shape)}, must be {shape}")
+            if value.dtype != dtype:
+                raise ValueError(f"{name} has dtype {value.dtype}, must be {dtype}")
+            if value.device != self.device:
+                raise ValueError(f"{name} is on {value.device}, bid_price on {self.device}")
+            if value.is_floating_point():
+                bad = ~torch.isfinite(value)
+                if bool(bad.any()):
+                    where = _first_index(bad)
+                    raise ValueError(f"{name}{where}={value[where].item()} is not finite")
+        for name in ("bid_size", "ask_size", "exec_bid", "exec_ask", "cancel_bid", "cancel_ask"):
+            value = getattr(self, name)
+            if bool((value < 0).any()):
+                where = _first_index(value < 0)
+                raise ValueError(f"{name}{where}={value[where].item()} must be >= 0")
+        if bool((self.bid_price <= 0).any()):
+            where = _first_index(self.bid_price <= 0)
+            raise ValueError(f"bid_price{where}={self.bid_price[where].item()} must be > 0")
+        for name in ("bid_price", "ask_price"):
+            value = getattr(self, name)
+            ticks = value / self.tick_size
+            off_grid = (ticks - torch.round(ticks)).abs() > 1e-6
+            if bool(off_grid.any()):
+                where = _first_index(off_grid)
+                raise ValueError(f"{name}{where}={value[where].item()} is not a multiple of tick_size")
+        unordered_bid = self.bid_price[:, 1:] >= self.bid_price[:, :-1]
+        if bool(unordered_bid.any()):
+            t, k = _first_index(unordered_bid)
+            raise ValueError(
+                f"bid_price[{t}] is not strictly decreasing between levels {k} and {k + 1}: "
+                f"{self.bid_price[t].tolist()}"
+            )
+        unordered_ask = self.ask_price[:, 1:] <= self.ask_price[:, :-1]
+        if bool(unordered_ask.any()):
+            t, k = _first_index(unordered_ask)
+            raise ValueError(
+                f"ask_price[{t}] is not strictly increasing between levels {k} and {k + 1}: "
+                f"{self.ask_price[t].tolist()}"
+            )
+        crossed = self.bid_price[:, 0] >= self.ask_price[:, 0]
+        if bool(crossed.any()):
+            (t,) = _first_index(crossed)
+            raise ValueError(
+                f"crossed book at step {t}: bid_price={self.bid_price[t, 0].item()} >= "
+                f"ask_price={self.ask_price[t, 0].item()}"
+            )
+        backwards = self.time[1:] < self.time[:-1]
+        if bool(backwards.any()):
+            (t,) = _first_index(backwards)
+            raise ValueError(f"time[{t + 1}]={self.time[t + 1].item()} < time[{t}]={self.time[t].item()}")
+        return self
+
+
+def _first_index(mask: torch.Tensor) -> tuple[int, ...]:
+    """Index of the first True entry of ``mask`` (row-major), as a tuple usable for indexing.
+
+    :param mask: a boolean tensor with at least one True entry.
+    :return: the multi-index of the first True entry.
+    """
+    return tuple(int(i) for i in torch.nonzero(mask)[0])
