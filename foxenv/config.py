@@ -1,0 +1,85 @@
+"""Configuration of the batched book core: position limits, episode length, fees, reward and features."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+def _require_finite(name: str, value: float) -> None:
+    if not math.isfinite(value):
+        raise ValueError(f"{name}={value} must be finite")
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """Settings of :class:`foxenv.core.BatchedLOB`, validated on construction.
+
+    :param max_position: largest absolute position, in lots (1 lot = 1 share); > 0.
+    :param episode_length: steps before an episode is truncated; >= 1.
+    :param levels: book levels per side in the observation; ``1 <= levels <= market.num_levels``
+        (the upper bound is checked by ``BatchedLOB``, which knows the market).
+    :param maker_fee_bps: fee on resting (LimitMaker) fills in basis points of notional; negative = rebate.
+    :param taker_fee_bps: fee on Market and IoC fills in basis points of notional; >= 0.
+    :param reward_scale: reward = change of equity * ``reward_scale`` (minus the inventory penalty); > 0.
+    :param inventory_penalty: per-step penalty ``inventory_penalty * (position / max_position) ** 2``; >= 0.
+    :param max_drawdown: terminate a book when its equity falls this far (currency) below its episode peak;
+        ``None`` never terminates; > 0 otherwise.
+    :param queue_power: exponent ``n`` of the ProbQueue cancellation split ``f(x) = x ** n``; >= 0.
+    :param return_horizons: steps over which mid returns enter the observation; each >= 1.
+    :param vol_window: steps of 1-step mid returns in the realized-volatility feature; >= 2.
+    :param flow_window: steps summed in the signed trade-flow feature; >= 1.
+    """
+
+    max_position: float = 100.0
+    episode_length: int = 1000
+    levels: int = 10
+    maker_fee_bps: float = -0.2
+    taker_fee_bps: float = 0.5
+    reward_scale: float = 1.0
+    inventory_penalty: float = 0.0
+    max_drawdown: float | None = None
+    queue_power: float = 2.0
+    return_horizons: tuple[int, ...] = (1, 5, 20, 100)
+    vol_window: int = 20
+    flow_window: int = 10
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_position",
+            "maker_fee_bps",
+            "taker_fee_bps",
+            "reward_scale",
+            "inventory_penalty",
+            "queue_power",
+        ):
+            _require_finite(name, float(getattr(self, name)))
+        if self.max_position <= 0:
+            raise ValueError(f"max_position={self.max_position} must be > 0")
+        if int(self.episode_length) != self.episode_length or self.episode_length < 1:
+            raise ValueError(f"episode_length={self.episode_length} must be an integer >= 1")
+        if int(self.levels) != self.levels or self.levels < 1:
+            raise ValueError(f"levels={self.levels} must be an integer >= 1")
+        if self.taker_fee_bps < 0:
+            raise ValueError(f"taker_fee_bps={self.taker_fee_bps} must be >= 0 (takers never earn a rebate)")
+        if self.reward_scale <= 0:
+            raise ValueError(f"reward_scale={self.reward_scale} must be > 0")
+        if self.inventory_penalty < 0:
+            raise ValueError(f"inventory_penalty={self.inventory_penalty} must be >= 0")
+        if self.max_drawdown is not None:
+            _require_finite("max_drawdown", float(self.max_drawdown))
+            if self.max_drawdown <= 0:
+                raise ValueError(f"max_drawdown={self.max_drawdown} must be > 0 or None")
+        if self.queue_power < 0:
+            raise ValueError(f"queue_power={self.queue_power} must be >= 0")
+        if len(self.return_horizons) == 0:
+            raise ValueError(f"return_horizons={self.return_horizons} must name at least one horizon")
+        for horizon in self.return_horizons:
+            if int(horizon) != horizon or horizon < 1:
+                raise ValueError(
+                    f"return_horizons={self.return_horizons} must hold integers >= 1, got {horizon}"
+                )
+        if int(self.vol_window) != self.vol_window or self.vol_window < 2:
+            raise ValueError(f"vol_window={self.vol_window} must be an integer >= 2")
+        if int(self.flow_window) != self.flow_window or self.flow_window < 1:
+            raise ValueError(f"flow_window={self.flow_window} must be an integer >= 1")

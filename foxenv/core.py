@@ -1,0 +1,414 @@
+"""The batched limit-order-book core: ``B`` books replaying one market timeline, stepped at once.
+
+Timing of a step (book ``b`` at episode step ``t`` reads market row ``i = offset[b] + t``):
+
+1. The agent has observed snapshot ``i``. Its action sets a target position
+   ``direction * magnitude * max_position``.
+2. Marketable orders (Market, IoC) execute immediately against snapshot ``i`` (taker fee). A Market or
+   IoC action cancels any resting order first.
+3. A LimitMaker action posts (or keeps, when its target is unchanged) one post-only order priced off
+   snapshot ``i``; its queue ahead starts at the visible size at its price in snapshot ``i``.
+4. The market advances to row ``i + 1``; the resting order meets that row's flow (``exec_*``,
+   ``cancel_*`` around ``flow_ref_tick[i + 1]``): cancellations at its price first shrink the queue
+   ahead by the ProbQueue split (visible size = size at its price in snapshot ``i``), then executions at
+   its price consume the queue ahead and fill it; any execution at a worse price (a trade through it)
+   fills it completely. Fills are at its limit price with the maker fee (a rebate when negative).
+5. If ``halted[i + 1]``, nothing executes in the step (orders still post; their queue does not move).
+6. Equity is marked at the mid of snapshot ``i + 1``, which the new observation shows.
+
+Assumptions: the agent's own fills never deplete the replayed book (the next snapshot is the recorded
+one); a Market order walks all ``market.num_levels`` visible levels and what the book cannot fill is
+dropped, not queued; fractional shares are allowed (Market slices of 1/3 and 2/3). A fill opens a trade
+at the mid of snapshot ``i`` (``entry_mid``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from foxenv.accounting import Ledger
+from foxenv.config import EnvConfig
+from foxenv.data.market import FLOW_WIDTH, MarketData
+from foxenv.features import PORTFOLIO_FEATURES, market_feature_dim, market_features, portfolio_features
+from foxenv.matching import (
+    MARKET_SLICES,
+    NO_LIMIT,
+    ioc_limit_tick,
+    limit_maker_tick,
+    probqueue_cancel,
+    walk_book,
+)
+from foxenv.rewards import drawdown_hit, step_reward
+
+#: Names of the per-book resting order state tensors (for ``state_dict``).
+_ORDER_FIELDS = ("order_side", "order_tick", "order_ahead", "order_remaining", "order_target")
+
+
+class BatchedLOB:
+    """``num_books`` trading books on one market timeline, stepped together on one device.
+
+    :param market: the timeline every book replays (moved to ``device``).
+    :param num_books: number of books ``B``; >= 1.
+    :param config: environment settings.
+    :param device: device of all state; ``None`` = the market's device.
+    :param seed: seed of the env's ``torch.Generator`` (time offsets at reset); ``None`` = random.
+    :param validate_actions: check action values are in range in :meth:`step` (and that no book steps
+        past its episode end). This needs a host sync, so it defaults to True on CPU and False on CUDA,
+        where out-of-range actions are undefined behaviour. Shape and dtype are always checked.
+    """
+
+    ACTION_NVEC = (3, 3, 3, 3)
+    BRANCH_NAMES = ("direction", "magnitude", "order", "urgency")
+    MAGNITUDES = (0.25, 0.5, 1.0)
+
+    def __init__(
+        self,
+        market: MarketData,
+        num_books: int,
+        config: EnvConfig = EnvConfig(),  # noqa: B008 (frozen dataclass, immutable default)
+        device: str | torch.device | None = None,
+        seed: int | None = None,
+        validate_actions: bool | None = None,
+    ) -> None:
+        if int(num_books) != num_books or num_books < 1:
+            raise ValueError(f"num_books={num_books} must be an integer >= 1")
+        if config.levels > market.num_levels:
+            raise ValueError(f"levels={config.levels} must be <= market.num_levels={market.num_levels}")
+        if market.num_steps < config.episode_length + 1:
+            raise ValueError(
+                f"market {market.name!r} has num_steps={market.num_steps}, too short for "
+                f"episode_length={config.episode_length} (needs at least {config.episode_length + 1})"
+            )
+        if not market.tick_size > 0:
+            raise ValueError(f"tick_size={market.tick_size} must be > 0")
+        self.device = torch.device(device) if device is not None else market.device
+        self.market = market.to(self.device)
+        self.config = config
+        self.num_books = int(num_books)
+        self.validate_actions = self.device.type == "cpu" if validate_actions is None else validate_actions
+        self.n_market_features = market_feature_dim(config)
+        self.observation_dim = self.n_market_features + len(PORTFOLIO_FEATURES)
+        self._precompute(self.market)
+
+        self._generator = torch.Generator(device=self.device)
+        if seed is None:
+            self._generator.seed()
+        else:
+            self._generator.manual_seed(int(seed))
+        zeros = torch.zeros(self.num_books, dtype=torch.float64, device=self.device)
+        self._offset = torch.zeros(self.num_books, dtype=torch.int64, device=self.device)
+        self._step = torch.zeros_like(self._offset)
+        self._ledger = Ledger.zeros(self.num_books, self.device)
+        self._equity = zeros.clone()
+        self._peak_equity = zeros.clone()
+        self._order_side = zeros.clone()
+        self._order_tick = torch.zeros_like(self._offset)
+        self._order_ahead = zeros.clone()
+        self._order_remaining = zeros.clone()
+        self._order_target = zeros.clone()
+        self.reset()
+
+    # ------------------------------------------------------------------ setup
+
+    def _precompute(self, market: MarketData) -> None:
+        """Per-market-step tensors the step gathers from: prices in ticks, flows, features."""
+        tick = market.tick_size
+        width = FLOW_WIDTH
+        self._tick = float(tick)
+        self._num_steps = market.num_steps
+        self._bid_ticks = torch.round(market.bid_price.double() / tick).to(torch.int64).contiguous()
+        self._ask_ticks = torch.round(market.ask_price.double() / tick).to(torch.int64).contiguous()
+        self._bid_sizes = market.bid_size.double().contiguous()
+        self._ask_sizes = market.ask_size.double().contiguous()
+        self._best_bid = market.bid_price[:, 0].double().contiguous()
+        self._best_ask = market.ask_price[:, 0].double().contiguous()
+        self._mid = (self._best_bid + self._best_ask) / 2
+        self._halted = market.halted.to(torch.bool).contiguous()
+        self._flow_ref = market.flow_ref_tick.to(torch.int64).contiguous()
+        # [T, 2, W]: side 0 = bid grids (met by resting buys), side 1 = ask grids (resting sells).
+        self._exec_flat = torch.stack([market.exec_bid, market.exec_ask], dim=1).double().reshape(-1)
+        self._cancel_flat = torch.stack([market.cancel_bid, market.cancel_ask], dim=1).double().reshape(-1)
+        # Trade-through volume, [T, 2, W + 1]: bids: executions strictly below column k = sum(exec[:k]);
+        # asks: executions at column k and above = sum(exec[k:]) (a sell at column j reads k = j + 1).
+        zero = torch.zeros(market.num_steps, 1, dtype=torch.float64, device=self.device)
+        below = torch.cat([zero, torch.cumsum(market.exec_bid.double(), dim=1)], dim=1)
+        above = torch.cat(
+            [torch.flip(torch.cumsum(torch.flip(market.exec_ask.double(), [1]), dim=1), [1]), zero], dim=1
+        )
+        self._through_flat = torch.stack([below, above], dim=1).reshape(-1)
+        self._flow_width = width
+        self._features = market_features(market, self.config)
+        self._magnitudes = torch.tensor(self.MAGNITUDES, dtype=torch.float64, device=self.device)
+        self._slices = torch.tensor(MARKET_SLICES, dtype=torch.float64, device=self.device)
+        self._nvec = torch.tensor(self.ACTION_NVEC, dtype=torch.int64, device=self.device)
+
+    # ------------------------------------------------------------------ reset
+
+    def reset(self, seed: int | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Start new episodes: a random time offset, flat, no cash, no order.
+
+        :param seed: re-seed the env's generator first (``None``: continue its stream).
+        :param mask: ``[B]`` bool, reset only these books; ``None`` = all. Offsets are drawn for every
+            book either way, so the random stream does not depend on the mask.
+        :return: ``[B, D]`` float32 observations of all books.
+        """
+        if seed is not None:
+            self._generator.manual_seed(int(seed))
+        if mask is None:
+            mask = torch.ones(self.num_books, dtype=torch.bool, device=self.device)
+        else:
+            mask = torch.as_tensor(mask)
+            if mask.shape != (self.num_books,) or mask.dtype != torch.bool:
+                raise ValueError(
+                    f"mask shape {tuple(mask.shape)} dtype {mask.dtype} must be ({self.num_books},) bool"
+                )
+            mask = mask.to(self.device)
+        high = self._num_steps - self.config.episode_length
+        offsets = torch.randint(0, high, (self.num_books,), generator=self._generator, device=self.device)
+        self._offset = torch.where(mask, offsets, self._offset)
+        self._step = self._step.masked_fill(mask, 0)
+        self._ledger.reset(mask)
+        for name in ("_equity", "_peak_equity", *(f"_{f}" for f in _ORDER_FIELDS)):
+            setattr(self, name, getattr(self, name).masked_fill(mask, 0))
+        return self._observe(self._offset + self._step)
+
+    # ------------------------------------------------------------------ step
+
+    def _check_action(self, action: Any) -> torch.Tensor:
+        """Validate ``action`` and return it as ``[B, 4]`` int64 on the env's device."""
+        if isinstance(action, np.ndarray):
+            action = torch.from_numpy(action)
+        if not isinstance(action, torch.Tensor):
+            raise ValueError(f"action of type {type(action).__name__} must be a torch.Tensor")
+        expected = (self.num_books, len(self.ACTION_NVEC))
+        if tuple(action.shape) != expected:
+            raise ValueError(f"action shape {tuple(action.shape)} must be {expected}")
+        if action.dtype.is_floating_point or action.dtype.is_complex or action.dtype == torch.bool:
+            raise ValueError(f"action dtype {action.dtype} must be an integer dtype")
+        action = action.to(device=self.device, dtype=torch.int64)
+        if self.validate_actions:
+            bad = (action < 0) | (action >= self._nvec)
+            if bool(bad.any()):
+                book, branch = (int(v) for v in bad.nonzero()[0])
+                raise ValueError(
+                    f"action[{book}, {branch}]={int(action[book, branch])} out of range for branch "
+                    f"{self.BRANCH_NAMES[branch]!r} (0..{self.ACTION_NVEC[branch] - 1})"
+                )
+            over = self._step >= self.config.episode_length
+            if bool(over.any()):
+                book = int(over.nonzero()[0, 0])
+                raise ValueError(
+                    f"book {book} has step={int(self._step[book])} >= episode_length="
+                    f"{self.config.episode_length}; reset it (reset(mask=done)) before stepping again"
+                )
+        return action
+
+    def step(
+        self, action: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """Advance every book by one market step.
+
+        :param action: ``[B, 4]`` integer tensor (direction, magnitude, order, urgency), any device.
+        :return: ``(obs [B, D] float32, reward [B] float32, terminated [B] bool, truncated [B] bool, info)``;
+            ``info`` maps names to ``[B]`` tensors (float64 money and prices, bool flags, int64 ``step``).
+            No autoreset: reset finished books with ``reset(mask=terminated | truncated)``.
+        """
+        action = self._check_action(action)
+        cfg = self.config
+        ledger = self._ledger
+        tick = self._tick
+        row = self._offset + self._step
+        next_row = (row + 1).clamp_max(self._num_steps - 1)
+
+        target = (action[:, 0] - 1).to(torch.float64) * self._magnitudes[action[:, 1]] * cfg.max_position
+        order_type = action[:, 2]
+        urgency = action[:, 3]
+        need = target - ledger.position
+        side = torch.sign(need)
+        side_ticks = side.to(torch.int64)
+        buy = (side > 0)[:, None]
+        bid_ticks, ask_ticks = self._bid_ticks[row], self._ask_ticks[row]
+        bid_sizes, ask_sizes = self._bid_sizes[row], self._ask_sizes[row]
+        best_bid, best_ask = bid_ticks[:, 0], ask_ticks[:, 0]
+        halted = self._halted[next_row]
+
+        # Marketable orders (Market walks the book for a slice of the need; IoC takes up to its limit).
+        is_market = order_type == 0
+        marketable = (order_type != 1) & (side != 0) & ~halted
+        full_slice = torch.where(is_market, self._slices[urgency], torch.ones_like(need))
+        wanted = torch.where(marketable, need.abs() * full_slice, torch.zeros_like(need))
+        limit = torch.where(
+            is_market, side_ticks * NO_LIMIT, ioc_limit_tick(best_bid, best_ask, side_ticks, urgency)
+        )
+        taken, notional, reachable = walk_book(
+            torch.where(buy, ask_ticks, bid_ticks),
+            torch.where(buy, ask_sizes, bid_sizes),
+            side_ticks,
+            wanted,
+            limit,
+        )
+        taker_reached = marketable & (full_slice == 1.0) & (reachable >= wanted)
+
+        # The resting order: keep it on an unchanged LimitMaker target, post a new one on a changed target.
+        is_maker = order_type == 1
+        keep = is_maker & (self._order_side != 0) & (self._order_target == target)
+        post = is_maker & ~keep & (side != 0)
+        order_side = torch.where(post, side, torch.where(keep, self._order_side, torch.zeros_like(side)))
+        order_tick = torch.where(
+            post, limit_maker_tick(best_bid, best_ask, side_ticks, urgency), self._order_tick
+        )
+        own_buy = (order_side > 0)[:, None]
+        own_ticks = torch.where(own_buy, bid_ticks, ask_ticks)
+        own_sizes = torch.where(own_buy, bid_sizes, ask_sizes)
+        visible = torch.where(own_ticks == order_tick[:, None], own_sizes, torch.zeros_like(own_sizes)).sum(
+            dim=1
+        )
+        order_ahead = torch.where(post, visible, self._order_ahead)
+        order_remaining = torch.where(
+            post, need.abs(), torch.where(keep, self._order_remaining, torch.zeros_like(need))
+        )
+        order_target = torch.where(post, target, self._order_target)
+
+        # The resting order meets the flow of the next market step.
+        width = self._flow_width
+        grid = next_row * 2 + (order_side < 0).to(torch.int64)
+        column = order_tick - self._flow_ref[next_row] + width // 2
+        in_grid = (column >= 0) & (column < width)
+        at_price = grid * width + column.clamp(0, width - 1)
+        executed = torch.where(in_grid, self._exec_flat[at_price], torch.zeros_like(need))
+        cancelled = torch.where(in_grid, self._cancel_flat[at_price], torch.zeros_like(need))
+        through_column = torch.where(order_side > 0, column, column + 1).clamp(0, width)
+        traded_through = self._through_flat[grid * (width + 1) + through_column] > 0
+        can_fill = (order_side != 0) & ~halted
+        ahead_after_cancel = probqueue_cancel(order_ahead, visible, cancelled, cfg.queue_power)
+        maker_fill = torch.minimum((executed - ahead_after_cancel).clamp_min(0.0), order_remaining)
+        maker_fill = torch.where(traded_through, order_remaining, maker_fill)
+        maker_fill = torch.where(can_fill, maker_fill, torch.zeros_like(maker_fill))
+        order_ahead = torch.where(can_fill, (ahead_after_cancel - executed).clamp_min(0.0), order_ahead)
+        order_remaining = order_remaining - maker_fill
+        maker_reached = can_fill & (maker_fill > 0) & (order_remaining <= 0)
+        filled_out = order_remaining <= 0
+        self._order_side = torch.where(filled_out, torch.zeros_like(order_side), order_side)
+        self._order_tick = torch.where(filled_out, torch.zeros_like(order_tick), order_tick)
+        self._order_ahead = torch.where(filled_out, torch.zeros_like(order_ahead), order_ahead)
+        self._order_remaining = order_remaining
+        self._order_target = torch.where(filled_out, torch.zeros_like(order_target), order_target)
+
+        # One fill per book: either the marketable order's or the resting order's.
+        maker_notional = maker_fill * order_tick * tick
+        taker_notional = notional * tick
+        quantity = torch.where(marketable, side * taken, order_side * maker_fill)
+        signed_notional = torch.where(marketable, side * taker_notional, order_side * maker_notional)
+        price = signed_notional / torch.where(quantity == 0, torch.ones_like(quantity), quantity)
+        fees = torch.where(
+            marketable,
+            taker_notional * (cfg.taker_fee_bps * 1e-4),
+            maker_notional * (cfg.maker_fee_bps * 1e-4),
+        )
+        reached = torch.where(marketable, taker_reached, maker_reached)
+        closed = ledger.apply_fill(quantity, price, fees, self._mid[row], self._step, target, reached)
+
+        # Advance the market, mark to market, reward.
+        self._step = self._step + 1
+        mid = self._mid[next_row]
+        equity = ledger.equity(mid)
+        reward = step_reward(self._equity, equity, ledger.position, cfg)
+        self._equity = equity
+        self._peak_equity = torch.maximum(self._peak_equity, equity)
+        terminated = drawdown_hit(self._peak_equity, equity, cfg)
+        truncated = self._step >= cfg.episode_length
+        obs = self._observe(next_row)
+
+        active = self._order_side != 0
+        info = {
+            "mid": mid,
+            "best_bid": self._best_bid[next_row],
+            "best_ask": self._best_ask[next_row],
+            "position": ledger.position,
+            "trade_closed": closed.closed,
+            "trade_pnl": closed.pnl,
+            "trade_lots": closed.lots,
+            "entry_mid": torch.where(closed.closed, closed.entry_mid, ledger.entry_mid),
+            "equity": equity,
+            "fees": fees,
+            "cash": ledger.cash,
+            "realized_pnl": ledger.realized,
+            "unrealized_pnl": ledger.unrealized(mid),
+            "order_active": active,
+            "order_price": torch.where(active, self._order_tick * tick, torch.zeros_like(mid)),
+            "order_queue_ahead": self._order_ahead,
+            "order_remaining": self._order_remaining,
+            "step": self._step,
+        }
+        return obs, reward, terminated, truncated, info
+
+    # ------------------------------------------------------------------ observation
+
+    def _observe(self, row: torch.Tensor) -> torch.Tensor:
+        """Observation ``[B, D]`` of every book at market rows ``row`` (market features, then portfolio)."""
+        ledger = self._ledger
+        mid = self._mid[row]
+        in_trade = ledger.position != 0
+        time_in_trade = torch.where(
+            in_trade, (self._step - ledger.trade_start).to(torch.float64), torch.zeros_like(mid)
+        )
+        portfolio = portfolio_features(
+            ledger.position,
+            ledger.unrealized(mid),
+            mid,
+            self._order_side,
+            self._order_tick * self._tick,
+            self._order_ahead,
+            self._order_remaining,
+            time_in_trade,
+            self._step.to(torch.float64),
+            self.config,
+            self._tick,
+        )
+        return torch.cat([self._features[row], portfolio], dim=1)
+
+    # ------------------------------------------------------------------ checkpointing
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume stepping exactly where this env is.
+
+        :return: a dict of cloned tensors plus the generator state.
+        """
+        state: dict[str, Any] = {
+            "offset": self._offset.clone(),
+            "step": self._step.clone(),
+            "equity": self._equity.clone(),
+            "peak_equity": self._peak_equity.clone(),
+            "generator": self._generator.get_state(),
+        }
+        for name in _ORDER_FIELDS:
+            state[name] = getattr(self, f"_{name}").clone()
+        for name, value in vars(self._ledger).items():
+            state[f"ledger.{name}"] = value.clone()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict` (taken from an env with the same market, config and ``num_books``).
+
+        :param state: the dict.
+        """
+        expected = set(self.state_dict())
+        if set(state) != expected:
+            raise ValueError(f"state keys {sorted(set(state) ^ expected)} differ from this env's state")
+        for key, value in state.items():
+            if key == "generator":
+                continue
+            if tuple(value.shape) != (self.num_books,):
+                raise ValueError(f"state[{key!r}] shape {tuple(value.shape)} must be ({self.num_books},)")
+        self._generator.set_state(state["generator"])
+        self._offset = state["offset"].to(self.device).clone()
+        self._step = state["step"].to(self.device).clone()
+        self._equity = state["equity"].to(self.device).clone()
+        self._peak_equity = state["peak_equity"].to(self.device).clone()
+        for name in _ORDER_FIELDS:
+            setattr(self, f"_{name}", state[name].to(self.device).clone())
+        for name in vars(self._ledger):
+            setattr(self._ledger, name, state[f"ledger.{name}"].to(self.device).clone())
