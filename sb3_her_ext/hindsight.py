@@ -1,0 +1,342 @@
+"""Hindsight state of the replay buffer and the glue that turns one env step into candidate rows.
+
+Three kinds of synthetic transitions are made from the env's trade information (see DESIGN.md):
+
+* backward (kind 1): on a trade close, if the trade's peak PnL beat ``threshold`` x the realised PnL,
+  a row paying the peak PnL (``cuda_ext.hindsight_inject``, fed by ``cuda_ext.hindsight_track``);
+* forward (kind 2): ``lookahead`` steps after a close, if holding on would have paid more than
+  ``threshold`` x the realised PnL, a row paying that (``cuda_ext.hindsight_forward``);
+* magnitude relabel (kind 3): on a close, the same step with the other position magnitudes and the
+  reward scaled accordingly (``cuda_ext.magnitude_relabel``).
+
+:class:`HindsightState` holds every per-book tracker, the forward ring and the cumulative counters as
+device tensors; :meth:`HindsightState.candidates` returns the candidate row blocks that the replay buffer
+concatenates with the real rows into its single ``per_push``, and :meth:`HindsightState.after_push`
+advances the trackers with the real rows' slots. Nothing here loops over books or rows in Python and
+nothing reads a device value on the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Literal, NamedTuple
+
+import torch
+
+import cuda_ext  # noqa: F401  (defines torch.ops.cuda_ext)
+
+#: Ring length of the per-book mid tracker (fixed by ``cuda_ext.hindsight_track``).
+TRACK_RING = 512
+
+#: Replay ``kind`` codes.
+KIND_REAL, KIND_BACKWARD, KIND_FORWARD, KIND_RELABEL = 0, 1, 2, 3
+
+#: Info keys the hindsight glue reads from the env (DESIGN.md "Environment step contract").
+REQUIRED_INFO_KEYS: tuple[str, ...] = (
+    "mid", "best_bid", "best_ask", "position", "trade_closed", "trade_pnl", "trade_lots", "entry_mid",
+)
+
+_ANCHORS = {"close": 0, "peak": 1}
+
+
+@dataclass
+class HindsightConfig:
+    """Which hindsight transitions the replay buffer injects, and how.
+
+    :param backward: inject backward (peak) hindsight rows on trade close (kind 1).
+    :param forward: inject forward hindsight rows ``lookahead`` steps after a close (kind 2).
+    :param relabel: inject magnitude-relabel rows on trade close (kind 3).
+    :param threshold: a hindsight row is made when the alternative PnL exceeds ``threshold`` x the
+        realised one; >= 0.
+    :param priority_boost: backward rows enter with ``priority_boost`` x the running max priority; > 0.
+    :param lookahead: steps after a close at which the forward check runs (slots expire at twice that); >= 1.
+    :param anchor: ``"close"``: a backward row uses the closing step's transition; ``"peak"``: the
+        transition into the peak step (its ``next_obs`` as state) with the exit action.
+    :param forward_capacity: closed trades the forward ring holds; >= 1.
+    :param reward_scale: the env's reward per unit of currency (the algorithm takes it from the env); > 0.
+    :param direction_branch: index of the direction branch of the action.
+    :param magnitude_branch: index of the magnitude branch of the action.
+    :param flat_action: value of the direction branch meaning "flat" (the exit action).
+    :param magnitudes: position fraction of each value of the magnitude branch; each > 0.
+    """
+
+    backward: bool = True
+    forward: bool = True
+    relabel: bool = True
+    threshold: float = 1.5
+    priority_boost: float = 3.0
+    lookahead: int = 50
+    anchor: Literal["close", "peak"] = "close"
+    forward_capacity: int = 256
+    reward_scale: float = 1.0
+    direction_branch: int = 0
+    magnitude_branch: int = 1
+    flat_action: int = 1
+    magnitudes: tuple[float, ...] = (0.25, 0.5, 1.0)
+
+    def __post_init__(self) -> None:
+        self.magnitudes = tuple(float(m) for m in self.magnitudes)
+        if not self.threshold >= 0:
+            raise ValueError(f"threshold={self.threshold} must be >= 0")
+        if not self.priority_boost > 0:
+            raise ValueError(f"priority_boost={self.priority_boost} must be > 0")
+        if int(self.lookahead) != self.lookahead or self.lookahead < 1:
+            raise ValueError(f"lookahead={self.lookahead} must be an integer >= 1")
+        if self.anchor not in _ANCHORS:
+            raise ValueError(f"anchor={self.anchor!r} must be one of {sorted(_ANCHORS)}")
+        if int(self.forward_capacity) != self.forward_capacity or self.forward_capacity < 1:
+            raise ValueError(f"forward_capacity={self.forward_capacity} must be an integer >= 1")
+        if not self.reward_scale > 0:
+            raise ValueError(f"reward_scale={self.reward_scale} must be > 0")
+        for name in ("direction_branch", "magnitude_branch", "flat_action"):
+            value = getattr(self, name)
+            if int(value) != value or value < 0:
+                raise ValueError(f"{name}={value} must be an integer >= 0")
+        if self.direction_branch == self.magnitude_branch:
+            raise ValueError(
+                f"magnitude_branch={self.magnitude_branch} must differ from "
+                f"direction_branch={self.direction_branch}"
+            )
+        if len(self.magnitudes) < 1 or not all(m > 0 for m in self.magnitudes):
+            raise ValueError(f"magnitudes={self.magnitudes} must be a non-empty tuple of values > 0")
+
+    @classmethod
+    def from_value(cls, value: HindsightConfig | dict | None) -> HindsightConfig | None:
+        """Build a config from a config, a dict of its fields, or ``None`` (hindsight off).
+
+        :param value: the user's setting.
+        :return: the config, or ``None`` when hindsight is off.
+        """
+        if value is None or isinstance(value, HindsightConfig):
+            return value
+        if isinstance(value, dict):
+            known = {f.name for f in fields(cls)}
+            unknown = sorted(set(value) - known)
+            if unknown:
+                raise ValueError(f"hindsight has unknown keys {unknown}; known keys are {sorted(known)}")
+            return cls(**value)
+        raise ValueError(f"hindsight={value!r} must be a HindsightConfig, a dict or None")
+
+
+class StepBatch(NamedTuple):
+    """One env step of ``B`` books as device tensors (what the replay buffer's ``add`` received).
+
+    :param obs: ``[B, D]`` float32 observations.
+    :param next_obs: ``[B, D]`` float32 next observations.
+    :param action: ``[B, NB]`` int64 actions.
+    :param reward: ``[B]`` float32 rewards.
+    :param episode_end: ``[B]`` bool, the env's done (terminated or truncated): the book resets.
+    :param terminal: ``[B]`` bool, the done stored in replay (``done`` and not a timeout).
+    :param info: ``{key: [B] tensor}`` with :data:`REQUIRED_INFO_KEYS` (float32; ``trade_closed`` bool),
+        empty when hindsight is off.
+    """
+
+    obs: torch.Tensor
+    next_obs: torch.Tensor
+    action: torch.Tensor
+    reward: torch.Tensor
+    episode_end: torch.Tensor
+    terminal: torch.Tensor
+    info: dict[str, torch.Tensor]
+
+
+class RowBlock(NamedTuple):
+    """Candidate rows for ``cuda_ext.per_push`` (all of length ``N``).
+
+    :param obs: ``[N, D]`` float32.
+    :param next_obs: ``[N, D]`` float32.
+    :param action: ``[N, NB]`` int64.
+    :param reward: ``[N]`` float32.
+    :param done: ``[N]`` float32.
+    :param kind: ``[N]`` int8 replay kind.
+    :param wants: ``[N]`` bool, rows that take a slot.
+    :param priority: ``[N]`` float32 ``new_priority``.
+    :param max_multiplier: ``[N]`` float32 multiplier of the running max priority.
+    """
+
+    obs: torch.Tensor
+    next_obs: torch.Tensor
+    action: torch.Tensor
+    reward: torch.Tensor
+    done: torch.Tensor
+    kind: torch.Tensor
+    wants: torch.Tensor
+    priority: torch.Tensor
+    max_multiplier: torch.Tensor
+
+    @classmethod
+    def make(cls, obs: torch.Tensor, next_obs: torch.Tensor, action: torch.Tensor, reward: torch.Tensor,
+             wants: torch.Tensor, kind: int, done: torch.Tensor | float, priority: torch.Tensor | float,
+             max_multiplier: float) -> RowBlock:
+        """Build a block, broadcasting scalar ``done``, ``priority`` and ``max_multiplier``.
+
+        :param obs: ``[N, D]`` observations.
+        :param next_obs: ``[N, D]`` next observations.
+        :param action: ``[N, NB]`` actions.
+        :param reward: ``[N]`` rewards.
+        :param wants: ``[N]`` rows that take a slot.
+        :param kind: the replay kind of every row.
+        :param done: ``[N]`` dones or one value for all.
+        :param priority: ``[N]`` new priorities or one value for all.
+        :param max_multiplier: multiplier of the running max priority for all rows.
+        :return: the block.
+        """
+        n, device = reward.shape[0], reward.device
+        f32 = torch.float32
+        return cls(
+            obs=obs.to(f32),
+            next_obs=next_obs.to(f32),
+            action=action.to(torch.int64),
+            reward=reward.to(f32),
+            done=torch.as_tensor(done, dtype=f32, device=device).expand(n).contiguous(),
+            kind=torch.full((n,), kind, dtype=torch.int8, device=device),
+            wants=wants.to(torch.bool),
+            priority=torch.as_tensor(priority, dtype=f32, device=device).expand(n).contiguous(),
+            max_multiplier=torch.full((n,), max_multiplier, dtype=f32, device=device),
+        )
+
+    @staticmethod
+    def concat(blocks: list[RowBlock]) -> RowBlock:
+        """Concatenate blocks row-wise, in order.
+
+        :param blocks: the blocks.
+        :return: one block.
+        """
+        return RowBlock(*(torch.cat(parts, dim=0) for parts in zip(*blocks, strict=True)))
+
+
+class HindsightState:
+    """Per-book trackers, the forward ring and the counters of the hindsight injection, on one device.
+
+    :param config: the hindsight settings.
+    :param n_envs: number of books ``B`` per step.
+    :param obs_dim: observation size ``D``.
+    :param n_branches: action branches ``NB``.
+    :param device: where the state lives.
+    """
+
+    def __init__(self, config: HindsightConfig, n_envs: int, obs_dim: int, n_branches: int,
+                 device: torch.device | str) -> None:
+        self.config = config
+        self.n_envs = n_envs
+        self.obs_dim = obs_dim
+        self.n_branches = n_branches
+        dev = torch.device(device)
+        f32, i64 = torch.float32, torch.int64
+        b, s = n_envs, config.forward_capacity
+        # backward tracker (cuda_ext.hindsight_track / hindsight_inject)
+        self.ring = torch.zeros(b, TRACK_RING, dtype=f32, device=dev)
+        self.ring_len = torch.zeros(b, dtype=i64, device=dev)
+        self.entry_mid = torch.zeros(b, dtype=f32, device=dev)
+        self.direction = torch.zeros(b, dtype=i64, device=dev)
+        self.peak = torch.zeros(b, dtype=f32, device=dev)
+        self.peak_row = torch.full((b,), -1, dtype=i64, device=dev)
+        # forward ring (cuda_ext.hindsight_forward)
+        self.slot_valid = torch.zeros(s, dtype=torch.bool, device=dev)
+        self.slot_entry = torch.zeros(s, dtype=f32, device=dev)
+        self.slot_close_step = torch.zeros(s, dtype=i64, device=dev)
+        self.slot_direction = torch.zeros(s, dtype=i64, device=dev)
+        self.slot_actual = torch.zeros(s, dtype=f32, device=dev)
+        self.slot_lots = torch.zeros(s, dtype=f32, device=dev)
+        self.slot_book = torch.zeros(s, dtype=i64, device=dev)
+        self.slot_obs = torch.zeros(s, obs_dim, dtype=f32, device=dev)
+        self.slot_action = torch.zeros(s, n_branches, dtype=i64, device=dev)
+        self.ring_head = torch.zeros(1, dtype=i64, device=dev)
+        self.step = torch.zeros(1, dtype=i64, device=dev)
+        # per-book memory of the previous step
+        self.prev_position = torch.zeros(b, dtype=f32, device=dev)
+        self.book_reset = torch.zeros(b, dtype=torch.bool, device=dev)
+        self.magnitudes = torch.tensor(config.magnitudes, dtype=f32, device=dev)
+        # cumulative rows wanted per kind (read at log time only)
+        self.counts = {name: torch.zeros((), dtype=i64, device=dev)
+                       for name in ("backward", "forward", "relabel")}
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Every state tensor by attribute name (counters as ``counts.<name>``).
+
+        :return: name -> tensor.
+        """
+        state = {k: v for k, v in vars(self).items() if isinstance(v, torch.Tensor)}
+        state.update({f"counts.{k}": v for k, v in self.counts.items()})
+        return state
+
+    def to(self, device: torch.device | str) -> HindsightState:
+        """Return a shallow copy whose tensors live on ``device`` (the original is not modified).
+
+        :param device: target device.
+        :return: the moved state.
+        """
+        moved = object.__new__(HindsightState)
+        for key, value in vars(self).items():
+            setattr(moved, key, value.to(device) if isinstance(value, torch.Tensor) else value)
+        moved.counts = {k: v.to(device) for k, v in self.counts.items()}
+        return moved
+
+    def candidates(self, batch: StepBatch, replay_next_obs: torch.Tensor) -> list[RowBlock]:
+        """Run the enabled hindsight ops for this step and return their candidate rows.
+
+        Order: backward (``hindsight_inject``, which also resets the trackers of closed books), forward
+        (``hindsight_forward``), magnitude relabel. Call before the step's ``per_push``; call
+        :meth:`after_push` with the real rows' slots afterwards.
+
+        :param batch: the step.
+        :param replay_next_obs: ``[C, D]`` the replay's ``next_obs`` (the ``peak`` anchor reads it).
+        :return: the candidate blocks of the enabled kinds, in the order backward, forward, relabel.
+        """
+        cfg, info, ops = self.config, batch.info, torch.ops.cuda_ext
+        closed = info["trade_closed"]
+        blocks: list[RowBlock] = []
+        if cfg.backward:
+            out_obs, out_next, out_action, out_reward, wants, count = ops.hindsight_inject(
+                self.ring_len, self.entry_mid, self.direction, self.peak, self.peak_row,
+                closed, info["trade_pnl"] * cfg.reward_scale, info["trade_lots"],
+                batch.obs, batch.next_obs, batch.action, replay_next_obs,
+                float(cfg.reward_scale), float(cfg.threshold), _ANCHORS[cfg.anchor],
+                int(cfg.direction_branch), int(cfg.flat_action),
+            )
+            self.counts["backward"] += count[0]
+            blocks.append(RowBlock.make(out_obs, out_next, out_action, out_reward, wants, KIND_BACKWARD,
+                                        done=1.0, priority=0.0, max_multiplier=float(cfg.priority_boost)))
+        if cfg.forward:
+            closed_direction = torch.sign(self.prev_position).to(torch.int64)
+            out_obs, out_next, out_action, out_reward, wants, count = ops.hindsight_forward(
+                self.slot_valid, self.slot_entry, self.slot_close_step, self.slot_direction, self.slot_actual,
+                self.slot_lots, self.slot_book, self.slot_obs, self.slot_action, self.ring_head, self.step,
+                info["mid"], self.book_reset, closed, info["entry_mid"], closed_direction,
+                info["trade_pnl"].abs(), info["trade_lots"], batch.obs, batch.action,
+                int(cfg.lookahead), float(cfg.threshold), float(cfg.reward_scale), int(cfg.direction_branch),
+            )
+            self.counts["forward"] += count[0]
+            blocks.append(RowBlock.make(out_obs, out_next, out_action, out_reward, wants, KIND_FORWARD,
+                                        done=1.0, priority=0.0, max_multiplier=1.0))
+        if cfg.relabel:
+            out_obs, out_next, out_action, out_reward, out_priority, wants, count = ops.magnitude_relabel(
+                closed, batch.obs, batch.next_obs, batch.action, batch.reward, self.magnitudes,
+                int(cfg.magnitude_branch),
+            )
+            self.counts["relabel"] += count[0]
+            blocks.append(RowBlock.make(out_obs, out_next, out_action, out_reward, wants, KIND_RELABEL,
+                                        done=1.0, priority=out_priority, max_multiplier=0.0))
+        return blocks
+
+    def after_push(self, batch: StepBatch, real_slots: torch.Tensor) -> None:
+        """Advance the trackers after the step's ``per_push``.
+
+        The backward tracker sees the step's position and bid/ask with ``row`` = the real rows' slots;
+        books whose episode ended are tracked as flat (their tracker resets: the next episode starts a
+        new trade). The previous position (the closed trade's direction next step) and the forward op's
+        ``book_reset`` flags are kept, and the step counter advances.
+
+        :param batch: the step.
+        :param real_slots: ``[B]`` int64 replay slots of the step's real rows (-1 where not written).
+        """
+        info = batch.info
+        position = torch.where(batch.episode_end, torch.zeros_like(info["position"]), info["position"])
+        if self.config.backward:
+            torch.ops.cuda_ext.hindsight_track(
+                self.ring, self.ring_len, self.entry_mid, self.direction, self.peak, self.peak_row,
+                position, info["best_bid"], info["best_ask"], real_slots,
+            )
+        self.prev_position.copy_(position)
+        self.book_reset.copy_(batch.episode_end)
+        self.step += 1

@@ -1,0 +1,469 @@
+"""A prioritized replay buffer on the model's device that injects hindsight transitions.
+
+:class:`PrioritizedHindsightReplayBuffer` is an SB3 :class:`~stable_baselines3.common.buffers.ReplayBuffer`
+subclass (so ``OffPolicyAlgorithm`` can ``add`` to it, ``save_replay_buffer`` / ``load_replay_buffer`` it)
+whose storage is the DESIGN.md layout as torch tensors on one device, driven by the ``cuda_ext`` ops:
+
+* ``add``: hindsight candidates (backward, forward, relabel; :mod:`sb3_her_ext.hindsight`) and the real
+  rows are concatenated and written by ONE ``per_push``, then ``per_tree_rebuild``, then the trackers
+  advance with the real rows' slots;
+* ``sample``: ``per_sample`` (stratified proportional, importance weights divided by their max);
+* ``update_priorities``: ``per_update`` + ``per_tree_rebuild``.
+
+Counts (``write_head``, ``size``, hindsight counters) stay device tensors; ``add``/``sample``/
+``update_priorities`` never read a device value on the host. ``size()``, ``pos``, ``full``,
+``max_priority()`` and ``mean_weight()`` read the device and so synchronise: call them at log time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from gymnasium import spaces
+from stable_baselines3.common.buffers import BaseBuffer, ReplayBuffer
+from stable_baselines3.common.vec_env import VecNormalize
+
+import cuda_ext  # noqa: F401  (defines torch.ops.cuda_ext)
+from sb3_her_ext.hindsight import (
+    KIND_REAL,
+    REQUIRED_INFO_KEYS,
+    HindsightConfig,
+    HindsightState,
+    RowBlock,
+    StepBatch,
+)
+
+__all__ = ["HindsightConfig", "PrioritizedHindsightReplayBuffer", "PrioritizedReplaySamples"]
+
+_TIMEOUT_KEY = "TimeLimit.truncated"
+
+
+class PrioritizedReplaySamples(NamedTuple):
+    """A sampled batch: SB3's ``ReplayBufferSamples`` fields plus the prioritized-replay fields.
+
+    :param observations: ``[B, D]`` float32.
+    :param actions: ``[B, NB]`` int64, one index per branch.
+    :param next_observations: ``[B, D]`` float32.
+    :param dones: ``[B, 1]`` float32 (SB3's shape), 1 for terminal and synthetic rows.
+    :param rewards: ``[B, 1]`` float32 (SB3's shape).
+    :param weights: ``[B]`` float32 importance weights (divided by their max; 1 for stratified samples).
+    :param indices: ``[B]`` int64 replay slots (pass them to ``update_priorities``).
+    :param kinds: ``[B]`` int8: 0 real, 1 backward hindsight, 2 forward hindsight, 3 magnitude relabel.
+    """
+
+    observations: torch.Tensor
+    actions: torch.Tensor
+    next_observations: torch.Tensor
+    dones: torch.Tensor
+    rewards: torch.Tensor
+    weights: torch.Tensor
+    indices: torch.Tensor
+    kinds: torch.Tensor
+
+
+def _branch_sizes(action_space: spaces.Space) -> list[int]:
+    if isinstance(action_space, spaces.MultiDiscrete):
+        if action_space.nvec.ndim != 1:
+            raise ValueError(f"action_space={action_space} must be a one-dimensional MultiDiscrete")
+        return [int(n) for n in action_space.nvec]
+    if isinstance(action_space, spaces.Discrete):
+        return [int(action_space.n)]
+    raise ValueError(f"action_space={action_space} must be Discrete or MultiDiscrete")
+
+
+class PrioritizedHindsightReplayBuffer(ReplayBuffer):
+    """Prioritized replay (sum tree, α, β) on one device, with hindsight injection on trade closes.
+
+    The ring holds ``buffer_size`` rows in total (real and synthetic together, unlike SB3's
+    per-env rows). SB3's numpy storage is never allocated.
+
+    :param buffer_size: capacity ``C`` in rows; >= 1.
+    :param observation_space: a ``Box`` observation space (flattened to ``D``).
+    :param action_space: ``Discrete`` (one branch) or ``MultiDiscrete`` (``NB`` branches).
+    :param device: where the storage lives (``"auto"``: CUDA when available).
+    :param n_envs: rows per ``add`` (the number of envs / books); >= 1.
+    :param optimize_memory_usage: must be False (next observations are stored explicitly: hindsight
+        rows have their own).
+    :param handle_timeout_termination: store ``done = done and not TimeLimit.truncated`` (as SB3).
+    :param alpha: priority exponent; >= 0.
+    :param beta: importance-sampling exponent (the algorithm anneals it); >= 0.
+    :param priority_eps: added to ``|TD|`` in ``update_priorities``; > 0.
+    :param hindsight: a :class:`HindsightConfig`, a dict of its fields, or ``None`` (hindsight off).
+    """
+
+    def __init__(
+        self,
+        buffer_size: int,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        device: torch.device | str = "auto",
+        n_envs: int = 1,
+        optimize_memory_usage: bool = False,
+        handle_timeout_termination: bool = True,
+        alpha: float = 0.6,
+        beta: float = 0.4,
+        priority_eps: float = 1e-6,
+        hindsight: HindsightConfig | dict | None = None,
+    ) -> None:
+        if int(buffer_size) != buffer_size or buffer_size < 1:
+            raise ValueError(f"buffer_size={buffer_size} must be an integer >= 1")
+        if int(n_envs) != n_envs or n_envs < 1:
+            raise ValueError(f"n_envs={n_envs} must be an integer >= 1")
+        if optimize_memory_usage:
+            raise ValueError(
+                "optimize_memory_usage=True is not supported: hindsight rows need their own next_obs"
+            )
+        if not isinstance(observation_space, spaces.Box):
+            raise ValueError(f"observation_space={observation_space} must be a Box")
+        if not alpha >= 0:
+            raise ValueError(f"alpha={alpha} must be >= 0")
+        if not beta >= 0:
+            raise ValueError(f"beta={beta} must be >= 0")
+        if not priority_eps > 0:
+            raise ValueError(f"priority_eps={priority_eps} must be > 0")
+        self.branch_sizes = _branch_sizes(action_space)
+        self._allocated = False
+        BaseBuffer.__init__(
+            self, int(buffer_size), observation_space, action_space, device, n_envs=int(n_envs)
+        )
+        self.optimize_memory_usage = False
+        self.handle_timeout_termination = handle_timeout_termination
+        self.alpha = float(alpha)
+        self.beta = float(beta)
+        self.priority_eps = float(priority_eps)
+        self.obs_dim = int(np.prod(observation_space.shape))
+        self.n_branches = len(self.branch_sizes)
+        self.hindsight_config = HindsightConfig.from_value(hindsight)
+        if self.hindsight_config is not None:
+            self._check_hindsight_branches(self.hindsight_config)
+        self._allocate()
+
+    # ----------------------------------------------------------------------------------- storage
+    def _check_hindsight_branches(self, cfg: HindsightConfig) -> None:
+        nb = self.n_branches
+        for name in ("direction_branch", "magnitude_branch"):
+            if getattr(cfg, name) >= nb:
+                raise ValueError(f"hindsight {name}={getattr(cfg, name)} must be < the {nb} action branches")
+        n_dir = self.branch_sizes[cfg.direction_branch]
+        if cfg.flat_action >= n_dir:
+            raise ValueError(f"hindsight flat_action={cfg.flat_action} must be < {n_dir} direction actions")
+        n_mag = self.branch_sizes[cfg.magnitude_branch]
+        if cfg.relabel and len(cfg.magnitudes) != n_mag:
+            raise ValueError(
+                f"hindsight magnitudes={cfg.magnitudes} must have one value per magnitude action ({n_mag})"
+            )
+
+    def _allocate(self) -> None:
+        c, d, nb, dev = self.buffer_size, self.obs_dim, self.n_branches, self.device
+        self.capacity = c
+        self.tree_leaves = 1 << max(c - 1, 0).bit_length()  # next power of two >= C
+        self.observations = torch.zeros(c, d, dtype=torch.float32, device=dev)
+        self.next_observations = torch.zeros(c, d, dtype=torch.float32, device=dev)
+        self.actions = torch.zeros(c, nb, dtype=torch.int64, device=dev)
+        self.rewards = torch.zeros(c, dtype=torch.float32, device=dev)
+        self.dones = torch.zeros(c, dtype=torch.float32, device=dev)
+        self.kinds = torch.zeros(c, dtype=torch.int8, device=dev)
+        self.tree = torch.zeros(2 * self.tree_leaves, dtype=torch.float64, device=dev)
+        self.head_size = torch.zeros(2, dtype=torch.int64, device=dev)
+        self.max_priority_tensor = torch.ones(1, dtype=torch.float32, device=dev)
+        self.last_weights = torch.full((1,), float("nan"), dtype=torch.float32, device=dev)
+        self.hindsight_state = (
+            None if self.hindsight_config is None
+            else HindsightState(self.hindsight_config, self.n_envs, d, nb, dev)
+        )
+        self._allocated = True
+
+    def _tensor_names(self) -> tuple[str, ...]:
+        return ("observations", "next_observations", "actions", "rewards", "dones", "kinds", "tree",
+                "head_size", "max_priority_tensor", "last_weights")
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the storage; setting it moves every tensor (SB3's ``load_replay_buffer`` does)."""
+        return self._device
+
+    @device.setter
+    def device(self, value: torch.device | str) -> None:
+        self._device = torch.device(value)
+        if getattr(self, "_allocated", False):
+            for name in self._tensor_names():
+                setattr(self, name, getattr(self, name).to(self._device))
+            if self.hindsight_state is not None:
+                self.hindsight_state = self.hindsight_state.to(self._device)
+
+    @property
+    def pos(self) -> int:
+        """The write head (next slot written), as SB3's ``pos``; synchronises with the device."""
+        if not getattr(self, "_allocated", False):
+            return 0
+        return int(self.head_size[0].item())
+
+    @pos.setter
+    def pos(self, value: int) -> None:
+        if getattr(self, "_allocated", False):
+            raise ValueError(f"pos={value}: the write head is owned by per_push; use reset() to clear")
+
+    @property
+    def full(self) -> bool:
+        """Whether every slot has been written; synchronises with the device."""
+        return getattr(self, "_allocated", False) and self.size() == self.buffer_size
+
+    @full.setter
+    def full(self, value: bool) -> None:
+        if getattr(self, "_allocated", False):
+            raise ValueError(f"full={value}: the fill state is owned by per_push; use reset() to clear")
+
+    def size(self) -> int:
+        """Number of written rows (real and synthetic), exact; reads the device (a sync): call rarely.
+
+        :return: the number of rows that can be sampled.
+        """
+        return int(self.head_size[1].item())
+
+    def reset(self) -> None:
+        """Empty the buffer: storage, tree, counters, max priority and hindsight state."""
+        self._allocate()
+
+    @property
+    def hindsight_counts(self) -> dict[str, torch.Tensor]:
+        """Cumulative rows wanted per hindsight kind (0-dim int64 device tensors; read at log time)."""
+        if self.hindsight_state is None:
+            zero = torch.zeros((), dtype=torch.int64, device=self.device)
+            return {"backward": zero, "forward": zero.clone(), "relabel": zero.clone()}
+        return self.hindsight_state.counts
+
+    def max_priority(self) -> float:
+        """The running max raw priority (a sync; for diagnostics).
+
+        :return: the max priority.
+        """
+        return float(self.max_priority_tensor[0].item())
+
+    def mean_weight(self) -> float:
+        """Mean importance weight of the last ``sample`` batch, NaN before the first (a sync).
+
+        :return: the mean weight.
+        """
+        return float(self.last_weights.mean().item())
+
+    # ----------------------------------------------------------------------------------- add
+    def _to_device(self, value: Any, dtype: torch.dtype) -> torch.Tensor:
+        if isinstance(value, torch.Tensor):
+            return value.to(device=self.device, dtype=dtype)
+        return torch.as_tensor(np.asarray(value), device=self.device).to(dtype)
+
+    def _rows(self, name: str, value: Any, dtype: torch.dtype, width: int | None) -> torch.Tensor:
+        tensor = self._to_device(value, dtype)
+        n = self.n_envs
+        expected = n if width is None else n * width
+        if tensor.numel() != expected:
+            raise ValueError(
+                f"{name} has shape {tuple(tensor.shape)}: expected {n} rows"
+                + ("" if width is None else f" of {width} values")
+            )
+        return tensor.reshape(n) if width is None else tensor.reshape(n, width)
+
+    def _info_tensors(self, infos: Sequence[Mapping[str, Any]] | Mapping[str, Any],
+                      keys: Sequence[str]) -> dict[str, torch.Tensor]:
+        """Gather ``keys`` (and the timeout flag) as ``[n_envs]`` device tensors.
+
+        SB3's list of per-env dicts is converted with one host-side comprehension per key (as SB3's own
+        ``ReplayBuffer`` does for ``TimeLimit.truncated``); a dict of ``[n_envs]`` tensors is used as is.
+        """
+        if isinstance(infos, Mapping):
+            present = set(infos)
+            missing = [k for k in keys if k not in present]
+            if missing:
+                raise ValueError(f"infos are missing keys {missing} that hindsight needs")
+            out = {k: self._rows(f"infos[{k!r}]", infos[k], torch.float32, None) for k in keys}
+            timeout = infos.get(_TIMEOUT_KEY)
+        else:
+            if len(infos) != self.n_envs:
+                raise ValueError(f"infos has {len(infos)} entries: expected one per env ({self.n_envs})")
+            missing = [k for k in keys if any(k not in info for info in infos)]
+            if missing:
+                raise ValueError(f"infos are missing keys {missing} that hindsight needs")
+            out = {}
+            if keys:
+                table = np.array([[info[k] for k in keys] for info in infos], dtype=np.float64)
+                values = torch.as_tensor(table, device=self.device).to(torch.float32)
+                out = {k: values[:, j] for j, k in enumerate(keys)}
+            timeout = np.array([info.get(_TIMEOUT_KEY, False) for info in infos], dtype=bool)
+        if timeout is None:
+            out[_TIMEOUT_KEY] = torch.zeros(self.n_envs, dtype=torch.bool, device=self.device)
+        else:
+            out[_TIMEOUT_KEY] = self._rows(f"infos[{_TIMEOUT_KEY!r}]", timeout, torch.bool, None)
+        return out
+
+    def _step_batch(self, obs: Any, next_obs: Any, action: Any, reward: Any, done: Any,
+                    infos: Sequence[Mapping[str, Any]] | Mapping[str, Any]) -> StepBatch:
+        keys = REQUIRED_INFO_KEYS if self.hindsight_config is not None else ()
+        info = self._info_tensors(infos, keys)
+        timeout = info.pop(_TIMEOUT_KEY)
+        if "trade_closed" in info:
+            info["trade_closed"] = info["trade_closed"] != 0
+        episode_end = self._rows("done", done, torch.bool, None)
+        terminal = episode_end & ~timeout if self.handle_timeout_termination else episode_end
+        return StepBatch(
+            obs=self._rows("obs", obs, torch.float32, self.obs_dim),
+            next_obs=self._rows("next_obs", next_obs, torch.float32, self.obs_dim),
+            action=self._rows("action", action, torch.int64, self.n_branches),
+            reward=self._rows("reward", reward, torch.float32, None),
+            episode_end=episode_end,
+            terminal=terminal,
+            info=info,
+        )
+
+    def add(self, obs: Any, next_obs: Any, action: Any, reward: Any, done: Any,
+            infos: Sequence[Mapping[str, Any]] | Mapping[str, Any]) -> None:
+        """Store one step of ``n_envs`` transitions plus its hindsight rows in ONE ``per_push``.
+
+        Order: hindsight_inject → hindsight_forward → magnitude_relabel → concat with the real rows →
+        ``per_push`` → ``per_tree_rebuild`` → ``hindsight_track`` (with the real rows' slots).
+
+        :param obs: ``[n_envs, D]`` observations (numpy, SB3's path, or torch).
+        :param next_obs: ``[n_envs, D]`` next observations.
+        :param action: ``[n_envs, NB]`` (or ``[n_envs]`` for one branch) actions.
+        :param reward: ``[n_envs]`` rewards.
+        :param done: ``[n_envs]`` episode ends (terminated or truncated).
+        :param infos: SB3's list of per-env info dicts, or a dict of ``[n_envs]`` tensors; with hindsight
+            on they must hold the env info contract keys; ``TimeLimit.truncated`` marks timeouts.
+        """
+        batch = self._step_batch(obs, next_obs, action, reward, done, infos)
+        ones = torch.ones(self.n_envs, dtype=torch.bool, device=self.device)
+        blocks = [RowBlock.make(batch.obs, batch.next_obs, batch.action, batch.reward, ones, KIND_REAL,
+                                done=batch.terminal, priority=0.0, max_multiplier=1.0)]
+        if self.hindsight_state is not None:
+            blocks += self.hindsight_state.candidates(batch, self.next_observations)
+        rows = RowBlock.concat(blocks) if len(blocks) > 1 else blocks[0]
+        slots = torch.ops.cuda_ext.per_push(
+            self.observations, self.next_observations, self.actions, self.rewards, self.dones, self.kinds,
+            self.tree, self.head_size, self.max_priority_tensor,
+            rows.obs, rows.next_obs, rows.action, rows.reward, rows.done, rows.kind, rows.wants,
+            rows.priority, rows.max_multiplier, self.alpha,
+        )
+        torch.ops.cuda_ext.per_tree_rebuild(self.tree, slots)
+        if self.hindsight_state is not None:
+            self.hindsight_state.after_push(batch, slots[: self.n_envs])
+
+    # ----------------------------------------------------------------------------------- sample
+    def _gather(self, indices: torch.Tensor, weights: torch.Tensor) -> PrioritizedReplaySamples:
+        return PrioritizedReplaySamples(
+            observations=self.observations[indices],
+            actions=self.actions[indices],
+            next_observations=self.next_observations[indices],
+            dones=self.dones[indices].unsqueeze(1),
+            rewards=self.rewards[indices].unsqueeze(1),
+            weights=weights,
+            indices=indices,
+            kinds=self.kinds[indices],
+        )
+
+    @staticmethod
+    def _check_batch_size(batch_size: int) -> None:
+        if int(batch_size) != batch_size or batch_size < 1:
+            raise ValueError(f"batch_size={batch_size} must be an integer >= 1")
+
+    def sample(self, batch_size: int, env: VecNormalize | None = None) -> PrioritizedReplaySamples:
+        """Draw ``batch_size`` rows proportionally to priority (``cuda_ext.per_sample``).
+
+        The buffer must not be empty (SB3's ``learning_starts`` guards it; no check, to avoid a sync).
+
+        :param batch_size: rows to draw; >= 1.
+        :param env: must be None: observation/reward normalisation is not supported on the device buffer.
+        :return: the batch, with importance weights ``(size * P(i)) ** -beta`` divided by their max.
+        """
+        self._check_batch_size(batch_size)
+        if env is not None:
+            raise ValueError(f"env={env!r}: VecNormalize is not supported by this device buffer")
+        uniforms = torch.rand(int(batch_size), dtype=torch.float64, device=self.device)
+        indices, weights = torch.ops.cuda_ext.per_sample(
+            self.tree, self.head_size, uniforms, float(self.beta)
+        )
+        self.last_weights = weights
+        return self._gather(indices, weights)
+
+    def update_priorities(self, indices: torch.Tensor, td_abs: torch.Tensor) -> None:
+        """Set the priorities of sampled rows to ``|TD| + eps`` (``per_update`` + ``per_tree_rebuild``).
+
+        :param indices: ``[B]`` int64 slots from :meth:`sample`.
+        :param td_abs: ``[B]`` (or ``[B, 1]``) absolute TD errors.
+        """
+        indices = indices.reshape(-1).to(device=self.device, dtype=torch.int64)
+        td = td_abs.detach().reshape(-1).to(device=self.device, dtype=torch.float32)
+        if td.numel() != indices.numel():
+            raise ValueError(f"td_abs has {td.numel()} values for {indices.numel()} indices")
+        torch.ops.cuda_ext.per_update(self.tree, self.max_priority_tensor, indices, td, self.alpha,
+                                      self.priority_eps)
+        torch.ops.cuda_ext.per_tree_rebuild(self.tree, indices)
+
+    def sample_stratified(self, batch_size: int, branch: int, n_values: int) -> PrioritizedReplaySamples:
+        """Draw rows uniformly, a equal share for each value of one action branch (for the gradient vaccine).
+
+        Value ``v`` gets ``batch_size // n_values`` rows (the first ``batch_size % n_values`` values one
+        more), drawn without replacement among the written rows whose ``branch`` action is ``v``. A short
+        stratum's missing rows are filled, without replacement, from the written rows not yet chosen; only
+        when fewer than ``batch_size`` rows are written are rows repeated. All on the device: random keys,
+        ``topk`` per stratum, a prefix sum to place the fill.
+
+        :param batch_size: rows to draw; >= 1.
+        :param branch: the action branch to stratify on.
+        :param n_values: number of strata (values ``0 .. n_values - 1`` of ``branch``); >= 1.
+        :return: the batch, with weights 1.
+        """
+        self._check_batch_size(batch_size)
+        if int(branch) != branch or not 0 <= branch < self.n_branches:
+            raise ValueError(f"branch={branch} must be an integer in [0, {self.n_branches})")
+        if int(n_values) != n_values or n_values < 1:
+            raise ValueError(f"n_values={n_values} must be an integer >= 1")
+        c, dev = self.buffer_size, self.device
+        written = torch.arange(c, device=dev) < self.head_size[1]
+        keys = torch.rand(c, device=dev)
+        values = self.actions[:, branch]
+        quotas = [batch_size // n_values + (1 if v < batch_size % n_values else 0) for v in range(n_values)]
+        picked, valid = [], []
+        for v, quota in enumerate(quotas):  # loop over strata (3), never over rows
+            if quota == 0:
+                continue
+            score = torch.where(written & (values == v), keys, torch.full_like(keys, -1.0))
+            top, idx = torch.topk(score, min(quota, c))
+            if quota > c:  # more wanted than slots exist: the rest is short by construction
+                idx = torch.cat([idx, torch.zeros(quota - c, dtype=idx.dtype, device=dev)])
+                top = torch.cat([top, torch.full((quota - c,), -1.0, device=dev)])
+            picked.append(idx)
+            valid.append(top >= 0)
+        chosen, ok = torch.cat(picked), torch.cat(valid)
+        # fill short strata from written rows not chosen yet, in random order
+        taken = torch.zeros(c, dtype=torch.int64, device=dev).index_add_(0, chosen, ok.to(torch.int64)) > 0
+        fill_score = torch.where(written & ~taken, torch.rand(c, device=dev), torch.full_like(keys, -1.0))
+        fill_top, fill_idx = torch.topk(fill_score, min(batch_size, c))
+        rank = (torch.cumsum((~ok).to(torch.int64), 0) - 1).clamp(min=0, max=fill_idx.numel() - 1)
+        fill_ok = fill_top[rank] >= 0
+        # last resort (fewer written rows than batch_size): uniform with replacement among written rows
+        n_written = self.head_size[1].clamp(min=1)
+        repeat = (torch.rand(batch_size, device=dev) * n_written).to(torch.int64).clamp(max=c - 1)
+        indices = torch.where(ok, chosen, torch.where(fill_ok, fill_idx[rank], repeat))
+        weights = torch.ones(batch_size, dtype=torch.float32, device=dev)
+        return self._gather(indices, weights)
+
+    # ----------------------------------------------------------------------------------- pickling
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle with every tensor on the CPU (the device is restored on load when available)."""
+        state = self.__dict__.copy()
+        for name in self._tensor_names():
+            state[name] = state[name].cpu()
+        if state["hindsight_state"] is not None:
+            state["hindsight_state"] = state["hindsight_state"].to("cpu")
+        state["_device"] = str(self._device)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Restore the tensors onto the pickled device, or the CPU when it is not available here."""
+        saved = torch.device(state["_device"])
+        self.__dict__.update(state)
+        self._device = torch.device("cpu")
+        if saved.type == "cpu" or (saved.type == "cuda" and torch.cuda.is_available()):
+            self.device = saved

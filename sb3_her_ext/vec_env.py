@@ -1,0 +1,254 @@
+"""An SB3 ``VecEnv`` over the batched book core: B books stepped as one tensor batch, no subprocesses.
+
+:class:`LOBVecEnv` wraps :class:`foxenv.core.BatchedLOB` with SB3's numpy-in / numpy-out contract:
+autoreset of finished books (``reset(mask=done)``) with ``terminal_observation`` and
+``TimeLimit.truncated`` in their infos, and Monitor-style ``episode`` stats, so neither ``VecMonitor``
+nor ``Monitor`` is needed (``env_is_wrapped(Monitor)`` answers True, which makes ``evaluate_policy``
+read the ``episode`` info). Infos are one dict per env of Python scalars with the env info contract keys.
+The batched info tensors of the last step are also kept in :attr:`LOBVecEnv.last_info_tensors` (device
+tensors plus ``TimeLimit.truncated``), the form the replay buffer's tensor path takes.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Sequence
+from dataclasses import fields
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium import spaces
+from stable_baselines3.common.monitor import Monitor
+from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
+
+from foxenv.config import EnvConfig
+from foxenv.data.market import MarketData
+
+
+class UnknownEnvMethodError(AttributeError, ValueError):
+    """``env_method`` named a method the batched book core does not have."""
+
+
+def _split_env_kwargs(env_kwargs: dict[str, Any], market_params: Sequence[str]) -> tuple[dict, dict]:
+    config_names = {f.name for f in fields(EnvConfig)}
+    config_kwargs = {k: v for k, v in env_kwargs.items() if k in config_names}
+    market_kwargs = {k: v for k, v in env_kwargs.items() if k in market_params}
+    unknown = sorted(set(env_kwargs) - config_names - set(market_params))
+    if unknown:
+        raise ValueError(
+            f"env_kwargs {unknown} are neither EnvConfig fields {sorted(config_names)} "
+            f"nor load_market parameters {sorted(market_params)}"
+        )
+    return config_kwargs, market_kwargs
+
+
+class LOBVecEnv(VecEnv):
+    """SB3 vectorised env of ``num_envs`` limit-order books stepped together by ``BatchedLOB``.
+
+    :param num_envs: number of books; >= 1.
+    :param device: device the book core runs on (observations come back as numpy).
+    :param seed: seed of the book core and of the first reset (and of the synthetic market, when
+        ``data`` is a source name); ``None`` = random.
+    :param data: a :class:`~foxenv.data.market.MarketData`, or a ``source`` name for
+        ``foxenv.data.load_market`` (e.g. ``"synthetic"``).
+    :param env_kwargs: ``foxenv.config.EnvConfig`` fields and ``foxenv.data.load_market`` keyword
+        arguments (``levels`` goes to both); anything else raises ``ValueError``.
+    """
+
+    def __init__(self, num_envs: int, device: str = "cpu", seed: int | None = None,
+                 data: str | MarketData = "synthetic", **env_kwargs: Any) -> None:
+        if isinstance(num_envs, bool) or int(num_envs) != num_envs or num_envs < 1:
+            raise ValueError(f"num_envs={num_envs} must be an integer >= 1")
+        from foxenv.core import BatchedLOB
+        from foxenv.data import load_market
+
+        num_envs = int(num_envs)
+        market_params = [
+            name for name, p in inspect.signature(load_market).parameters.items()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY
+        ]
+        config_kwargs, market_kwargs = _split_env_kwargs(env_kwargs, market_params)
+        self.config = EnvConfig(**config_kwargs)
+        if isinstance(data, MarketData):
+            if market_kwargs:
+                raise ValueError(
+                    f"env_kwargs {sorted(market_kwargs)} need data to be a source name, not MarketData"
+                )
+            market = data
+        elif isinstance(data, str):
+            if "seed" in market_params and seed is not None:
+                market_kwargs.setdefault("seed", seed)
+            if "device" in market_params:
+                market_kwargs.setdefault("device", device)
+            market = load_market(data, **market_kwargs)
+        else:
+            raise ValueError(f"data={data!r} must be a MarketData or a load_market source name")
+        self.device = torch.device(device)
+        self.lob = BatchedLOB(market, num_envs, self.config, self.device, seed)
+        self.render_mode = None
+        obs_dim = int(self.lob.observation_dim)
+        observation_space = spaces.Box(-np.inf, np.inf, shape=(obs_dim,), dtype=np.float32)
+        action_space = spaces.MultiDiscrete(np.asarray(self.lob.ACTION_NVEC, dtype=np.int64))
+        super().__init__(num_envs, observation_space, action_space)
+        self.n_market_features = int(self.lob.n_market_features)
+        self.reward_scale = float(self.config.reward_scale)
+        self.branch_names = tuple(self.lob.BRANCH_NAMES)
+        self.magnitudes = tuple(float(m) for m in self.lob.MAGNITUDES)
+        self.last_info_tensors: dict[str, torch.Tensor] = {}
+        self._actions: torch.Tensor | None = None
+        self._episode_return = np.zeros(num_envs, dtype=np.float64)
+        self._episode_length = np.zeros(num_envs, dtype=np.int64)
+        self._t_start = time.time()
+        if seed is not None:
+            self.seed(seed)
+
+    # ----------------------------------------------------------------------------------- stepping
+    def reset(self) -> VecEnvObs:
+        """Reset every book (with the seed given to :meth:`seed`, if any) and the episode stats.
+
+        :return: ``[num_envs, D]`` float32 observations.
+        """
+        seed = self._seeds[0]
+        obs = self.lob.reset(seed=seed)
+        self._reset_seeds()
+        self._reset_options()
+        self._episode_return[:] = 0.0
+        self._episode_length[:] = 0
+        self.reset_infos = [{} for _ in range(self.num_envs)]
+        return obs.detach().cpu().numpy().astype(np.float32, copy=False)
+
+    def step_async(self, actions: np.ndarray) -> None:
+        """Store the actions of the next :meth:`step_wait`.
+
+        :param actions: ``[num_envs, n_branches]`` integer actions (numpy or torch).
+        """
+        n_branches = len(self.action_space.nvec)
+        tensor = torch.as_tensor(np.asarray(actions) if not isinstance(actions, torch.Tensor) else actions)
+        if tensor.numel() != self.num_envs * n_branches:
+            raise ValueError(
+                f"actions has shape {tuple(tensor.shape)}: expected ({self.num_envs}, {n_branches})"
+            )
+        self._actions = tensor.reshape(self.num_envs, n_branches).to(device=self.device, dtype=torch.int64)
+
+    def step_wait(self) -> VecEnvStepReturn:
+        """Step every book, autoreset the finished ones and build SB3's infos.
+
+        :return: ``(obs [N, D] float32, reward [N] float32, done [N] bool, infos)``; a finished book's
+            info holds ``terminal_observation``, ``TimeLimit.truncated`` and ``episode`` {"r", "l", "t"},
+            and its obs row is already the first observation of its next episode.
+        """
+        if self._actions is None:
+            raise ValueError("step_wait() called without step_async(actions)")
+        obs, reward, terminated, truncated, info = self.lob.step(self._actions)
+        self._actions = None
+        done = terminated | truncated
+        timeout = truncated & ~terminated
+        self.last_info_tensors = {**info, "TimeLimit.truncated": timeout}
+        keys = list(info)
+        columns = [info[k].detach().cpu().numpy().tolist() for k in keys]  # one transfer per key
+        infos: list[dict[str, Any]] = [
+            dict(zip(keys, row, strict=True)) for row in zip(*columns, strict=True)
+        ]
+        obs_np = obs.detach().cpu().numpy().astype(np.float32, copy=False)
+        reward_np = reward.detach().cpu().numpy().astype(np.float32, copy=False)
+        done_np = done.detach().cpu().numpy().astype(bool, copy=False)
+        timeout_np = timeout.detach().cpu().numpy().astype(bool, copy=False)
+        self._episode_return += reward_np
+        self._episode_length += 1
+        finished = np.flatnonzero(done_np)
+        if finished.size:
+            elapsed = round(time.time() - self._t_start, 6)
+            for i in finished:  # only the books that finished this step
+                infos[i]["terminal_observation"] = obs_np[i].copy()
+                infos[i]["TimeLimit.truncated"] = bool(timeout_np[i])
+                infos[i]["episode"] = {
+                    "r": float(self._episode_return[i]), "l": int(self._episode_length[i]), "t": elapsed,
+                }
+            self._episode_return[finished] = 0.0
+            self._episode_length[finished] = 0
+            obs_np = self.lob.reset(mask=done).detach().cpu().numpy().astype(np.float32, copy=True)
+        return obs_np, reward_np, done_np, infos
+
+    def close(self) -> None:
+        """Nothing to release (no subprocesses)."""
+
+    # ----------------------------------------------------------------------------------- SB3 plumbing
+    def seed(self, seed: int | None = None) -> Sequence[int | None]:
+        """Seed the next :meth:`reset` (the batched core takes one seed for all books).
+
+        :param seed: the seed; ``None`` draws one.
+        :return: the per-env seeds ``seed + i`` (SB3's convention; the core uses ``seed``).
+        """
+        return super().seed(seed)
+
+    def _indices(self, indices: VecEnvIndices) -> list[int]:
+        chosen = list(self._get_indices(indices))
+        bad = [i for i in chosen if not 0 <= int(i) < self.num_envs]
+        if bad:
+            raise ValueError(f"indices={indices!r} hold {bad}, outside [0, {self.num_envs})")
+        return chosen
+
+    def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
+        """Read an attribute of this env (or, failing that, of the book core), once per index.
+
+        :param attr_name: the attribute, e.g. ``"n_market_features"``.
+        :param indices: which envs (all by default).
+        :return: the value, repeated for each index.
+        """
+        chosen = self._indices(indices)
+        if hasattr(self, attr_name):
+            value = getattr(self, attr_name)
+        elif "lob" in vars(self) and hasattr(self.lob, attr_name):
+            value = getattr(self.lob, attr_name)
+        else:
+            raise AttributeError(f"LOBVecEnv has no attribute {attr_name!r}")
+        return [value for _ in chosen]
+
+    def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:
+        """Set an attribute on the book core when it has it, else on this env; all books share it.
+
+        :param attr_name: the attribute.
+        :param value: its new value.
+        :param indices: must cover every env (None): the books are one batched object.
+        """
+        if sorted(self._indices(indices)) != list(range(self.num_envs)):
+            raise ValueError(f"indices={indices!r}: set_attr applies to all {self.num_envs} books at once")
+        target = self.lob if hasattr(self.lob, attr_name) and not hasattr(self, attr_name) else self
+        setattr(target, attr_name, value)
+
+    def env_method(self, method_name: str, *method_args: Any, indices: VecEnvIndices = None,
+                   **method_kwargs: Any) -> list[Any]:
+        """Call a method of the book core once and return its result for each index.
+
+        :param method_name: a method of ``BatchedLOB``.
+        :param method_args: positional arguments.
+        :param indices: which envs get the result (all by default).
+        :param method_kwargs: keyword arguments.
+        :return: the result, repeated for each index.
+        """
+        chosen = self._indices(indices)
+        method = getattr(self.lob, method_name, None)
+        if method_name.startswith("_") or not callable(method):
+            raise UnknownEnvMethodError(f"env_method: BatchedLOB has no public method {method_name!r}")
+        result = method(*method_args, **method_kwargs)
+        return [result for _ in chosen]
+
+    def env_is_wrapped(self, wrapper_class: type[gym.Wrapper], indices: VecEnvIndices = None) -> list[bool]:
+        """Whether the envs are wrapped by ``wrapper_class``: True only for ``Monitor``, whose episode
+        statistics this env reports itself.
+
+        :param wrapper_class: the wrapper class.
+        :param indices: which envs.
+        :return: one bool per index.
+        """
+        return [wrapper_class is Monitor for _ in self._indices(indices)]
+
+    def get_images(self) -> Sequence[np.ndarray | None]:
+        """Rendering is not supported.
+
+        :return: one ``None`` per env.
+        """
+        return [None for _ in range(self.num_envs)]
