@@ -63,22 +63,21 @@ class LOBVecEnv(VecEnv):
         if isinstance(num_envs, bool) or int(num_envs) != num_envs or num_envs < 1:
             raise ValueError(f"num_envs={num_envs} must be an integer >= 1")
         from foxenv.core import BatchedLOB
-        from foxenv.data import load_market
 
         num_envs = int(num_envs)
-        market_params = [
-            name for name, p in inspect.signature(load_market).parameters.items()
-            if p.kind is inspect.Parameter.KEYWORD_ONLY
-        ]
-        config_kwargs, market_kwargs = _split_env_kwargs(env_kwargs, market_params)
-        self.config = EnvConfig(**config_kwargs)
         if isinstance(data, MarketData):
-            if market_kwargs:
-                raise ValueError(
-                    f"env_kwargs {sorted(market_kwargs)} need data to be a source name, not MarketData"
-                )
+            config_kwargs, _ = _split_env_kwargs(env_kwargs, ())
+            self.config = EnvConfig(**config_kwargs)
             market = data
         elif isinstance(data, str):
+            from foxenv.data import load_market
+
+            market_params = [
+                name for name, p in inspect.signature(load_market).parameters.items()
+                if p.kind is inspect.Parameter.KEYWORD_ONLY
+            ]
+            config_kwargs, market_kwargs = _split_env_kwargs(env_kwargs, market_params)
+            self.config = EnvConfig(**config_kwargs)
             if "seed" in market_params and seed is not None:
                 market_kwargs.setdefault("seed", seed)
             if "device" in market_params:

@@ -1,0 +1,202 @@
+"""LOBVecEnv: SB3 VecEnv contract over the batched book core (shapes, autoreset, episode info, seeding)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from stable_baselines3.common.evaluation import evaluate_policy
+from stable_baselines3.common.monitor import Monitor
+from stable_baselines3.common.vec_env import VecEnv, VecFrameStack
+
+from sb3_her_ext.vec_env import LOBVecEnv, UnknownEnvMethodError
+from tests.foxenv.fake_market import random_market
+
+CONTRACT_KEYS = ("mid", "best_bid", "best_ask", "position", "trade_closed", "trade_pnl", "trade_lots",
+                 "entry_mid", "equity", "fees")
+FLAT = np.array([1, 2, 0, 1])  # direction flat, Full, Market, normal
+
+
+@pytest.fixture(scope="module")
+def market():
+    return random_market(300, num_levels=5, seed=3)
+
+
+def make_env(market, num_envs: int = 3, seed: int | None = 7, **kwargs) -> LOBVecEnv:
+    params = {"levels": 5, "episode_length": 6, "max_position": 10.0}
+    params.update(kwargs)
+    return LOBVecEnv(num_envs, seed=seed, data=market, **params)
+
+
+def random_actions(env: LOBVecEnv, rng: np.random.Generator) -> np.ndarray:
+    return rng.integers(0, env.action_space.nvec, size=(env.num_envs, len(env.action_space.nvec)))
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, True])
+def test_num_envs_must_be_a_positive_integer(market, bad):
+    with pytest.raises(ValueError, match="num_envs"):
+        LOBVecEnv(bad, data=market, levels=5, episode_length=6)
+
+
+def test_unknown_env_kwargs_are_named(market):
+    with pytest.raises(ValueError, match="not_a_setting"):
+        make_env(market, not_a_setting=3)
+    with pytest.raises(ValueError, match="max_position"):
+        make_env(market, max_position=-1.0)
+    with pytest.raises(ValueError, match="data="):
+        LOBVecEnv(2, data=42)
+
+
+def test_spaces_shapes_and_infos(market):
+    env = make_env(market, num_envs=4)
+    assert isinstance(env, VecEnv)
+    obs = env.reset()
+    dim = env.lob.observation_dim
+    assert obs.shape == (4, dim) and obs.dtype == np.float32
+    assert env.observation_space.shape == (dim,)
+    assert list(env.action_space.nvec) == [3, 3, 3, 3]
+    assert env.n_market_features == env.lob.n_market_features < dim
+    assert env.branch_names == ("direction", "magnitude", "order", "urgency")
+    assert env.reward_scale == 1.0
+    obs, reward, done, infos = env.step(random_actions(env, np.random.default_rng(0)))
+    assert obs.shape == (4, dim) and obs.dtype == np.float32
+    assert reward.shape == (4,) and reward.dtype == np.float32
+    assert done.shape == (4,) and done.dtype == bool and not done.any()
+    assert len(infos) == 4
+    for info in infos:
+        assert set(CONTRACT_KEYS) <= set(info)
+        assert all(isinstance(info[k], (bool, int, float)) for k in CONTRACT_KEYS)
+        assert info["step"] == 1
+    # the batched tensors of the same step are kept for the buffer's tensor path
+    np.testing.assert_allclose(env.last_info_tensors["mid"].numpy(), [i["mid"] for i in infos])
+    assert not env.last_info_tensors["TimeLimit.truncated"].any()
+
+
+def test_bad_action_shape_raises(market):
+    env = make_env(market)
+    env.reset()
+    with pytest.raises(ValueError, match="actions"):
+        env.step(np.zeros((2, 4), dtype=np.int64))
+
+
+def test_autoreset_terminal_observation_and_episode_info(market):
+    # a twin env stepped through the core directly tells what the sixth step's observation is
+    twin = make_env(market, num_envs=2, episode_length=6)
+    twin.reset()
+    rng_twin = np.random.default_rng(1)
+    for _ in range(5):
+        twin.step(random_actions(twin, rng_twin))
+    terminal_expected = twin.lob.step(torch.as_tensor(random_actions(twin, rng_twin)))[0].numpy()
+
+    env = make_env(market, num_envs=2, episode_length=6)
+    env.reset()
+    rng = np.random.default_rng(1)
+    rewards = []
+    for _ in range(5):
+        _, reward, done, infos = env.step(random_actions(env, rng))
+        rewards.append(reward)
+        assert not done.any()
+        assert all("episode" not in i and "terminal_observation" not in i for i in infos)
+    obs, reward, done, infos = env.step(random_actions(env, rng))
+    rewards.append(reward)
+    assert done.all()
+    for b, info in enumerate(infos):
+        np.testing.assert_array_equal(info["terminal_observation"], terminal_expected[b])
+        assert info["TimeLimit.truncated"] is True
+        assert info["step"] == 6
+        assert info["episode"]["l"] == 6
+        assert info["episode"]["r"] == pytest.approx(float(sum(r[b] for r in rewards)), rel=1e-6, abs=1e-9)
+        assert info["episode"]["t"] >= 0.0
+    # the returned obs is the first observation of the next episode, and the next step is step 1
+    assert not np.array_equal(obs, terminal_expected)
+    np.testing.assert_array_equal(obs, env.lob._observe(env.lob._offset + env.lob._step).numpy())
+    _, _, done, infos = env.step(random_actions(env, rng))
+    assert not done.any() and all(i["step"] == 1 for i in infos)
+
+
+def test_drawdown_termination_is_not_a_timeout(market):
+    env = make_env(market, num_envs=2, episode_length=50, max_drawdown=1e-9, taker_fee_bps=50.0)
+    env.reset()
+    buy_market = np.tile(np.array([2, 2, 0, 2]), (2, 1))  # long, Full, Market, aggressive: pays the fee
+    obs, reward, done, infos = env.step(buy_market)
+    assert done.all()
+    assert all(i["TimeLimit.truncated"] is False for i in infos)
+    assert all(i["episode"]["l"] == 1 for i in infos)
+
+
+def test_same_seed_same_results_and_seed_method(market):
+    def rollout(env: LOBVecEnv) -> tuple[np.ndarray, np.ndarray]:
+        obs = [env.reset()]
+        rewards = []
+        rng = np.random.default_rng(5)
+        for _ in range(10):
+            o, r, _, _ = env.step(random_actions(env, rng))
+            obs.append(o)
+            rewards.append(r)
+        return np.stack(obs), np.stack(rewards)
+
+    a_obs, a_rew = rollout(make_env(market, seed=11))
+    b_obs, b_rew = rollout(make_env(market, seed=11))
+    np.testing.assert_array_equal(a_obs, b_obs)
+    np.testing.assert_array_equal(a_rew, b_rew)
+    c_obs, _ = rollout(make_env(market, seed=12))
+    assert not np.array_equal(a_obs, c_obs)
+    reseeded = make_env(market, seed=12)
+    assert reseeded.seed(11) == [11, 12, 13]
+    d_obs, d_rew = rollout(reseeded)
+    np.testing.assert_array_equal(a_obs, d_obs)
+    np.testing.assert_array_equal(a_rew, d_rew)
+
+
+def test_get_set_attr_and_env_method(market):
+    env = make_env(market, num_envs=3)
+    assert env.get_attr("n_market_features") == [env.lob.n_market_features] * 3
+    assert env.get_attr("reward_scale", indices=[0, 2]) == [1.0, 1.0]
+    assert env.get_attr("num_books") == [3, 3, 3]  # from the core
+    with pytest.raises(AttributeError, match="no_such_attribute"):
+        env.get_attr("no_such_attribute")
+    with pytest.raises(ValueError, match="indices"):
+        env.get_attr("reward_scale", indices=[5])
+    env.set_attr("validate_actions", False)
+    assert env.lob.validate_actions is False
+    env.set_attr("my_tag", "x")
+    assert env.get_attr("my_tag") == ["x", "x", "x"]
+    with pytest.raises(ValueError, match="all 3 books"):
+        env.set_attr("my_tag", "y", indices=[0])
+    state = env.env_method("state_dict", indices=[1])
+    assert len(state) == 1 and isinstance(state[0], dict)
+    with pytest.raises(UnknownEnvMethodError, match="no_such_method"):
+        env.env_method("no_such_method")
+    with pytest.raises(ValueError, match="_observe"):
+        env.env_method("_observe")
+    assert env.env_is_wrapped(Monitor) == [True, True, True]
+    assert env.env_is_wrapped(VecFrameStack) == [False, False, False]
+    assert env.has_attr("branch_names")
+
+
+class FlatModel:
+    """A stand-in model that always asks to be flat (never trades)."""
+
+    def predict(self, obs, state=None, episode_start=None, deterministic=True):
+        return np.tile(FLAT, (obs.shape[0], 1)), state
+
+
+class RandomModel:
+    """A stand-in model acting uniformly at random (seeded)."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+
+    def predict(self, obs, state=None, episode_start=None, deterministic=True):
+        return self.rng.integers(0, 3, size=(obs.shape[0], 4)), state
+
+
+def test_evaluate_policy_runs_without_monitor(market):
+    env = make_env(market, num_envs=2, episode_length=6)
+    rewards, lengths = evaluate_policy(FlatModel(), env, n_eval_episodes=4, return_episode_rewards=True,
+                                       warn=True)
+    assert lengths == [6, 6, 6, 6]
+    assert rewards == [0.0, 0.0, 0.0, 0.0]  # never trades: no PnL, no fees
+    mean, std = evaluate_policy(RandomModel(0), env, n_eval_episodes=4)
+    assert np.isfinite(mean) and np.isfinite(std)
+    assert std > 0.0  # random trading on a random walk: episodes differ
