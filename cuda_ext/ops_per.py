@@ -1,0 +1,89 @@
+"""The prioritized-replay ops ``cuda_ext::per_push``, ``per_tree_rebuild``, ``per_sample``, ``per_update``.
+
+Each is defined here with its schema, its pure-PyTorch reference (:mod:`cuda_ext.reference.per`) and a
+fake (shape-only) implementation; the CUDA kernels (``csrc/per*.{cu,cuh,cpp}``) register themselves
+for the CUDA dispatch key when the extension loads. Semantics: ``cuda_ext/README.md``.
+
+Usage::
+
+    import cuda_ext  # defines the ops, loads the CUDA kernels when a GPU is present
+    slots = cuda_ext.ops_per.per_push(obs, next_obs, ..., alpha=0.6)
+    cuda_ext.ops_per.per_tree_rebuild(tree, slots)
+    indices, weights = cuda_ext.ops_per.per_sample(tree, head_size, uniforms, beta=0.4)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cuda_ext._library import define_op
+from cuda_ext.reference import per as reference
+
+
+def _push_fake(*args: torch.Tensor | float) -> torch.Tensor:
+    wants = args[15]
+    assert isinstance(wants, torch.Tensor)
+    return wants.new_empty(wants.shape, dtype=torch.int64)
+
+
+def _rebuild_fake(tree: torch.Tensor, leaf_idx: torch.Tensor) -> None:
+    return None
+
+
+def _sample_fake(
+    tree: torch.Tensor, head_size: torch.Tensor, uniforms: torch.Tensor, beta: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return (
+        uniforms.new_empty(uniforms.shape, dtype=torch.int64),
+        uniforms.new_empty(uniforms.shape, dtype=torch.float32),
+    )
+
+
+def _update_fake(
+    tree: torch.Tensor,
+    max_priority: torch.Tensor,
+    indices: torch.Tensor,
+    td_abs: torch.Tensor,
+    alpha: float,
+    eps: float,
+) -> None:
+    return None
+
+
+per_push = define_op(
+    "per_push(Tensor(a!) obs, Tensor(b!) next_obs, Tensor(c!) action, Tensor(d!) reward, Tensor(e!) done, "
+    "Tensor(f!) kind, Tensor(g!) tree, Tensor(h!) head_size, Tensor max_priority, Tensor new_obs, "
+    "Tensor new_next_obs, Tensor new_action, Tensor new_reward, Tensor new_done, Tensor new_kind, "
+    "Tensor wants, Tensor new_priority, Tensor max_multiplier, float alpha) -> Tensor",
+    reference.per_push,
+    _push_fake,
+)
+per_tree_rebuild = define_op(
+    "per_tree_rebuild(Tensor(a!) tree, Tensor leaf_idx) -> ()",
+    reference.per_tree_rebuild,
+    _rebuild_fake,
+)
+per_sample = define_op(
+    "per_sample(Tensor tree, Tensor head_size, Tensor uniforms, float beta) -> (Tensor, Tensor)",
+    reference.per_sample,
+    _sample_fake,
+)
+per_update = define_op(
+    "per_update(Tensor(a!) tree, Tensor(b!) max_priority, Tensor indices, Tensor td_abs, float alpha, "
+    "float eps) -> ()",
+    reference.per_update,
+    _update_fake,
+)
+
+
+def new_tree(capacity: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """An empty sum tree for ``capacity`` rows: ``[2P] float64`` zeros, ``P`` = next power of two.
+
+    :param capacity: number of replay rows, > 0.
+    :param device: where the tree lives.
+    :return: the zeroed tree.
+    """
+    if capacity <= 0:
+        raise ValueError(f"capacity={capacity} must be > 0")
+    n_leaves = 1 << (capacity - 1).bit_length()
+    return torch.zeros(2 * n_leaves, dtype=torch.float64, device=device)

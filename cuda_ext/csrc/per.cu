@@ -1,0 +1,324 @@
+// Prioritized-replay kernels (per_push, per_tree_rebuild, per_sample, per_update). Torch-free device
+// code; the launch functions are declared in per_kernels.cuh. Arithmetic mirrors
+// cuda_ext/reference/per.py exactly: float32 priorities with explicit round-to-nearest multiply and add
+// (no fused multiply-add), float64 leaves `pow(p, alpha)`, every tree node `left + right`.
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "common.h"
+#include "per_kernels.cuh"
+
+namespace cuda_ext {
+namespace per {
+namespace {
+
+constexpr int kScanThreads = 1024;
+constexpr int kRowThreads = 256;
+constexpr int kUpdateThreads = 256;
+constexpr int kSampleThreads = 1024;
+constexpr int kSamplesPerThread = 4;       // descents interleaved per thread, to hide memory latency
+constexpr int64_t kCachedNodes = 2048;     // top tree nodes (heap indices < 2048) kept in shared memory
+constexpr int64_t kMinSubtreeLeaves = 2048;
+constexpr int64_t kTopLeaves = 4096;       // subtree roots reduced by the single top block, preferred
+constexpr int64_t kMaxSubtreeLeaves = 16384;  // 128 KiB of shared memory per block
+
+// ---------------------------------------------------------------- per_push
+
+__global__ void push_slots_kernel(const bool* __restrict__ wants, const float* __restrict__ new_priority,
+                                  const float* __restrict__ max_multiplier,
+                                  const float* __restrict__ max_priority, int64_t* __restrict__ head_size,
+                                  double* __restrict__ tree, int64_t* __restrict__ slots, int64_t n,
+                                  int64_t capacity, int64_t n_leaves, double alpha) {
+  // Each thread owns a contiguous chunk of rows, so the exclusive prefix of the chunk's first row is
+  // the block scan of the chunk counts.
+  const int64_t chunk = (n + blockDim.x - 1) / blockDim.x;
+  const int64_t begin = min(n, static_cast<int64_t>(threadIdx.x) * chunk);
+  const int64_t end = min(n, begin + chunk);
+  int64_t local = 0;
+  for (int64_t i = begin; i < end; ++i) local += wants[i] ? 1 : 0;
+  int64_t total = 0;
+  int64_t prefix = block_exclusive_scan(local, &total);  // ends with __syncthreads
+  const int64_t head = head_size[0];
+  const int64_t size = head_size[1];
+  const float running_max = max_priority[0];
+  const int64_t first_kept = total - capacity;  // rows with prefix < first_kept are overwritten
+  for (int64_t i = begin; i < end; ++i) {
+    int64_t slot = -1;
+    if (wants[i]) {
+      if (prefix >= first_kept) {
+        slot = (head + prefix) % capacity;
+        const float raw = __fadd_rn(new_priority[i], __fmul_rn(max_multiplier[i], running_max));
+        tree[n_leaves + slot] = pow(static_cast<double>(raw), alpha);
+      }
+      ++prefix;
+    }
+    slots[i] = slot;
+  }
+  __syncthreads();  // every thread has read head_size
+  if (threadIdx.x == 0) {
+    head_size[0] = (head + total) % capacity;
+    head_size[1] = min(size + total, capacity);
+  }
+}
+
+__global__ void push_rows_kernel(const int64_t* __restrict__ slots, const float* __restrict__ new_obs,
+                                 const float* __restrict__ new_next_obs,
+                                 const int64_t* __restrict__ new_action, const float* __restrict__ new_reward,
+                                 const float* __restrict__ new_done, const int8_t* __restrict__ new_kind,
+                                 float* __restrict__ obs, float* __restrict__ next_obs,
+                                 int64_t* __restrict__ action, float* __restrict__ reward,
+                                 float* __restrict__ done, int8_t* __restrict__ kind, int64_t n,
+                                 int64_t obs_dim, int64_t n_branches) {
+  int64_t width = obs_dim > n_branches ? obs_dim : n_branches;
+  if (width < 1) width = 1;
+  const int64_t total = n * width;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = e / width;
+    const int64_t col = e - row * width;
+    const int64_t slot = slots[row];
+    if (slot < 0) continue;
+    if (col < obs_dim) {
+      obs[slot * obs_dim + col] = new_obs[row * obs_dim + col];
+      next_obs[slot * obs_dim + col] = new_next_obs[row * obs_dim + col];
+    }
+    if (col < n_branches) action[slot * n_branches + col] = new_action[row * n_branches + col];
+    if (col == 0) {
+      reward[slot] = new_reward[row];
+      done[slot] = new_done[row];
+      kind[slot] = new_kind[row];
+    }
+  }
+}
+
+// ---------------------------------------------------------------- per_tree_rebuild
+
+// Block b reduces the `width` nodes [level_start + b * width, level_start + (b + 1) * width) up to
+// their common ancestor, writing every node on the way (shared heap `local[1 .. width)`).
+// With `leaf_idx` non-null, a block none of whose leaves is listed returns at once.
+__global__ void subtree_reduce_kernel(double* __restrict__ tree, int64_t level_start, int64_t width,
+                                      const int64_t* __restrict__ leaf_idx, int64_t m) {
+  extern __shared__ double local[];
+  const int64_t first = level_start + blockIdx.x * width;
+  if (leaf_idx != nullptr) {
+    const int64_t lo = blockIdx.x * width;
+    const int64_t hi = lo + width;
+    int listed = 0;
+    for (int64_t i = threadIdx.x; i < m; i += blockDim.x) {
+      const int64_t leaf = leaf_idx[i];
+      listed |= (leaf >= lo && leaf < hi) ? 1 : 0;
+    }
+    if (!__syncthreads_or(listed)) return;
+  }
+  // Level 1 from global memory: local heap node h (width/2 <= h < width) covers global node
+  // first / 2 + (h - width / 2).
+  const int64_t half = width / 2;
+  int64_t parent_first = first / 2;
+  for (int64_t j = threadIdx.x; j < half; j += blockDim.x) {
+    const double sum = tree[first + 2 * j] + tree[first + 2 * j + 1];
+    local[half + j] = sum;
+    tree[parent_first + j] = sum;
+  }
+  __syncthreads();
+  for (int64_t count = half / 2; count >= 1; count /= 2) {
+    parent_first /= 2;
+    for (int64_t j = threadIdx.x; j < count; j += blockDim.x) {
+      const int64_t h = count + j;
+      const double sum = local[2 * h] + local[2 * h + 1];
+      local[h] = sum;
+      tree[parent_first + j] = sum;
+    }
+    __syncthreads();
+  }
+}
+
+cudaError_t launch_reduce(double* tree, int64_t level_start, int64_t width, int64_t blocks,
+                          const int64_t* leaf_idx, int64_t m, cudaStream_t stream) {
+  const size_t shared_bytes = static_cast<size_t>(width) * sizeof(double);
+  if (shared_bytes > 48 * 1024) {
+    const cudaError_t err = cudaFuncSetAttribute(
+        subtree_reduce_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared_bytes));
+    if (err != cudaSuccess) return err;
+  }
+  const int threads = static_cast<int>(width / 2 < 1024 ? width / 2 : 1024);
+  subtree_reduce_kernel<<<static_cast<unsigned>(blocks), threads, shared_bytes, stream>>>(
+      tree, level_start, width, leaf_idx, m);
+  return cudaGetLastError();
+}
+
+// ---------------------------------------------------------------- per_sample
+
+__device__ inline double read_node(const double* __restrict__ tree, const double* cached, int64_t node,
+                                   int64_t n_cached) {
+  return node < n_cached ? cached[node] : tree[node];
+}
+
+__global__ void sample_kernel(const double* __restrict__ tree, const int64_t* __restrict__ head_size,
+                              const double* __restrict__ uniforms, int64_t* __restrict__ indices,
+                              float* __restrict__ weights, int64_t batch, int64_t n_leaves, double beta) {
+  __shared__ double cached[kCachedNodes];
+  __shared__ double reduce_buffer[kSampleThreads / 32];
+  const int64_t n_cached = (2 * n_leaves < kCachedNodes) ? 2 * n_leaves : kCachedNodes;
+  for (int64_t i = threadIdx.x; i < n_cached; i += blockDim.x) cached[i] = tree[i];
+  __syncthreads();
+
+  const double total = cached[1];
+  int depth = 0;
+  while ((int64_t{1} << depth) < n_leaves) ++depth;
+  // Pass 1: descend, write indices, track the extreme leaf that gives the largest weight.
+  const bool want_min = beta >= 0.0;
+  double extreme = want_min ? __longlong_as_double(0x7ff0000000000000LL) : 0.0;  // +inf or 0
+  const int64_t per_round = static_cast<int64_t>(blockDim.x) * kSamplesPerThread;
+  for (int64_t round = 0; round < batch; round += per_round) {
+    double target[kSamplesPerThread];
+    int64_t node[kSamplesPerThread];
+#pragma unroll
+    for (int k = 0; k < kSamplesPerThread; ++k) {
+      const int64_t i = round + k * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+      const int64_t safe_i = i < batch ? i : batch - 1;
+      target[k] = (static_cast<double>(safe_i) + uniforms[safe_i]) / static_cast<double>(batch) * total;
+      node[k] = 1;
+    }
+    for (int level = 0; level < depth; ++level) {
+#pragma unroll
+      for (int k = 0; k < kSamplesPerThread; ++k) {
+        const double left = read_node(tree, cached, 2 * node[k], n_cached);
+        const double right = read_node(tree, cached, 2 * node[k] + 1, n_cached);
+        const bool go_left = (target[k] < left && left > 0.0) || right == 0.0;
+        if (!go_left) target[k] -= left;
+        node[k] = 2 * node[k] + (go_left ? 0 : 1);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kSamplesPerThread; ++k) {
+      const int64_t i = round + k * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+      if (i < batch) {
+        indices[i] = node[k] - n_leaves;
+        const double leaf = read_node(tree, cached, node[k], n_cached);
+        extreme = want_min ? fmin(extreme, leaf) : fmax(extreme, leaf);
+      }
+    }
+  }
+  // Block reduction of the extreme leaf.
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const double other = __shfl_down_sync(0xffffffffu, extreme, offset);
+    extreme = want_min ? fmin(extreme, other) : fmax(extreme, other);
+  }
+  if ((threadIdx.x & 31) == 0) reduce_buffer[threadIdx.x >> 5] = extreme;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    const int n_warps = blockDim.x >> 5;
+    extreme = threadIdx.x < n_warps ? reduce_buffer[threadIdx.x] : reduce_buffer[0];
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      const double other = __shfl_down_sync(0xffffffffu, extreme, offset);
+      extreme = want_min ? fmin(extreme, other) : fmax(extreme, other);
+    }
+    if (threadIdx.x == 0) reduce_buffer[0] = extreme;
+  }
+  __syncthreads();
+  const double size = static_cast<double>(head_size[1]);
+  const double max_weight = pow(size * (reduce_buffer[0] / total), -beta);
+  // Pass 2: weights (each thread re-reads the indices it wrote itself).
+  for (int64_t round = 0; round < batch; round += per_round) {
+#pragma unroll
+    for (int k = 0; k < kSamplesPerThread; ++k) {
+      const int64_t i = round + k * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+      if (i < batch) {
+        const double leaf = read_node(tree, cached, n_leaves + indices[i], n_cached);
+        weights[i] = static_cast<float>(pow(size * (leaf / total), -beta) / max_weight);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- per_update
+
+__global__ void update_kernel(double* __restrict__ tree, float* __restrict__ max_priority,
+                              const int64_t* __restrict__ indices, const float* __restrict__ td_abs,
+                              int64_t batch, int64_t n_leaves, double alpha, float eps) {
+  __shared__ int64_t tile[kUpdateThreads];
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t mine = i < batch ? indices[i] : -1;
+  bool last = i < batch;
+  // Last occurrence wins: look for the same index at a later position (tiles from this block on).
+  for (int64_t tile_start = blockIdx.x * static_cast<int64_t>(blockDim.x); tile_start < batch;
+       tile_start += blockDim.x) {
+    const int64_t j_load = tile_start + threadIdx.x;
+    tile[threadIdx.x] = j_load < batch ? indices[j_load] : -1;
+    __syncthreads();
+    const int64_t tile_len = (batch - tile_start < blockDim.x) ? batch - tile_start : blockDim.x;
+    for (int64_t t = 0; t < tile_len; ++t) {
+      if (tile_start + t > i && tile[t] == mine) last = false;
+    }
+    __syncthreads();
+  }
+  if (i >= batch) return;
+  const float raw = __fadd_rn(td_abs[i], eps);
+  // max_priority >= 0 always (starts at 1, only rises), so the int order of the bits is the float order.
+  atomicMax(reinterpret_cast<int*>(max_priority), __float_as_int(raw));
+  if (last && mine >= 0 && mine < n_leaves) tree[n_leaves + mine] = pow(static_cast<double>(raw), alpha);
+}
+
+}  // namespace
+
+cudaError_t launch_push_slots(const bool* wants, const float* new_priority, const float* max_multiplier,
+                              const float* max_priority, int64_t* head_size, double* tree, int64_t* slots,
+                              int64_t n, int64_t capacity, int64_t n_leaves, double alpha,
+                              cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  push_slots_kernel<<<1, kScanThreads, 0, stream>>>(wants, new_priority, max_multiplier, max_priority,
+                                                    head_size, tree, slots, n, capacity, n_leaves, alpha);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_push_rows(const int64_t* slots, const float* new_obs, const float* new_next_obs,
+                             const int64_t* new_action, const float* new_reward, const float* new_done,
+                             const int8_t* new_kind, float* obs, float* next_obs, int64_t* action,
+                             float* reward, float* done, int8_t* kind, int64_t n, int64_t obs_dim,
+                             int64_t n_branches, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  int64_t width = obs_dim > n_branches ? obs_dim : n_branches;
+  if (width < 1) width = 1;
+  const int64_t total = n * width;
+  push_rows_kernel<<<grid_for(total, kRowThreads), kRowThreads, 0, stream>>>(
+      slots, new_obs, new_next_obs, new_action, new_reward, new_done, new_kind, obs, next_obs, action,
+      reward, done, kind, n, obs_dim, n_branches);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_tree_rebuild(double* tree, const int64_t* leaf_idx, int64_t m, int64_t n_leaves,
+                                cudaStream_t stream) {
+  if (n_leaves < 2) return cudaSuccess;
+  if (n_leaves <= kMinSubtreeLeaves) return launch_reduce(tree, n_leaves, n_leaves, 1, nullptr, 0, stream);
+  int64_t width = n_leaves / kTopLeaves;
+  if (width < kMinSubtreeLeaves) width = kMinSubtreeLeaves;
+  if (width > kMaxSubtreeLeaves) width = kMaxSubtreeLeaves;  // then n_leaves / width <= 16384 too
+  const int64_t blocks = n_leaves / width;
+  // Few listed leaves: skip the subtrees that hold none (each block scans the m indices).
+  const int64_t* filter = m < blocks ? leaf_idx : nullptr;
+  const cudaError_t err = launch_reduce(tree, n_leaves, width, blocks, filter, m, stream);
+  if (err != cudaSuccess) return err;
+  return launch_reduce(tree, blocks, blocks, 1, nullptr, 0, stream);
+}
+
+cudaError_t launch_sample(const double* tree, const int64_t* head_size, const double* uniforms,
+                          int64_t* indices, float* weights, int64_t batch, int64_t n_leaves, double beta,
+                          cudaStream_t stream) {
+  if (batch == 0) return cudaSuccess;
+  sample_kernel<<<1, kSampleThreads, 0, stream>>>(tree, head_size, uniforms, indices, weights, batch,
+                                                  n_leaves, beta);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_update(double* tree, float* max_priority, const int64_t* indices, const float* td_abs,
+                          int64_t batch, int64_t n_leaves, double alpha, float eps, cudaStream_t stream) {
+  if (batch == 0) return cudaSuccess;
+  const int blocks = static_cast<int>((batch + kUpdateThreads - 1) / kUpdateThreads);
+  update_kernel<<<blocks, kUpdateThreads, 0, stream>>>(tree, max_priority, indices, td_abs, batch, n_leaves,
+                                                       alpha, eps);
+  return cudaGetLastError();
+}
+
+}  // namespace per
+}  // namespace cuda_ext

@@ -1,0 +1,46 @@
+// Prioritized-replay kernels: plain C++ launch functions over raw device pointers. Torch-free (CUDA
+// runtime only); the torch launchers live in per_binding.cpp. Semantics: cuda_ext/README.md.
+// Every launch goes on `stream`, never syncs the host and has fixed-size outputs (CUDA-graph safe).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+namespace cuda_ext {
+namespace per {
+
+// Largest supported number of tree leaves P (the top-of-tree block keeps P / subtree leaves in
+// shared memory).
+constexpr int64_t kMaxLeaves = int64_t{1} << 28;
+
+// per_push, part 1 (one block): slots from an exclusive prefix sum over `wants`, leaf priorities,
+// write_head and size. `slots` gets -1 for rows that write nothing.
+cudaError_t launch_push_slots(const bool* wants, const float* new_priority, const float* max_multiplier,
+                              const float* max_priority, int64_t* head_size, double* tree, int64_t* slots,
+                              int64_t n, int64_t capacity, int64_t n_leaves, double alpha,
+                              cudaStream_t stream);
+
+// per_push, part 2 (grid): copy the rows with slot >= 0 into the replay ring.
+cudaError_t launch_push_rows(const int64_t* slots, const float* new_obs, const float* new_next_obs,
+                             const int64_t* new_action, const float* new_reward, const float* new_done,
+                             const int8_t* new_kind, float* obs, float* next_obs, int64_t* action,
+                             float* reward, float* done, int8_t* kind, int64_t n, int64_t obs_dim,
+                             int64_t n_branches, cudaStream_t stream);
+
+// per_tree_rebuild: recompute internal nodes as left + right (float64). Subtrees that hold none of
+// `leaf_idx` may be skipped; the result equals a full bottom-up rebuild of a consistent tree.
+cudaError_t launch_tree_rebuild(double* tree, const int64_t* leaf_idx, int64_t m, int64_t n_leaves,
+                                cudaStream_t stream);
+
+// per_sample (one block): stratified descent, importance weights normalized by the batch maximum.
+cudaError_t launch_sample(const double* tree, const int64_t* head_size, const double* uniforms,
+                          int64_t* indices, float* weights, int64_t batch, int64_t n_leaves, double beta,
+                          cudaStream_t stream);
+
+// per_update (grid): leaf = (td_abs + eps) ** alpha, last duplicate wins; raises max_priority.
+cudaError_t launch_update(double* tree, float* max_priority, const int64_t* indices, const float* td_abs,
+                          int64_t batch, int64_t n_leaves, double alpha, float eps, cudaStream_t stream);
+
+}  // namespace per
+}  // namespace cuda_ext

@@ -1,0 +1,209 @@
+"""Pure-PyTorch references of the prioritized-replay ops: ``per_push``, ``per_tree_rebuild``,
+``per_sample`` and ``per_update``.
+
+They are the CPU path and the oracle the CUDA kernels are tested against; the semantics are those of
+``cuda_ext/README.md``. Arithmetic order is chosen so that the kernels can reproduce it exactly:
+
+* a pushed row's raw priority is ``new_priority + max_multiplier * max_priority`` in float32 (one
+  multiply, one add, no fused multiply-add), its leaf ``float64(p) ** alpha``;
+* an updated row's raw priority is ``td_abs + float32(eps)`` in float32, its leaf ``float64(p) ** alpha``;
+* every tree node is ``left + right`` in float64, so any rebuild order gives the same bits;
+* a sampling target is ``(i + u_i) / B * total`` in float64.
+
+The replay state layout (``tree [2P] float64``, ``head_size [2] int64``, ``max_priority [1] float32``)
+is described in ``cuda_ext/README.md``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def tree_leaf_count(tree: torch.Tensor) -> int:
+    """Number of leaves ``P`` of a sum tree stored as ``[2P]``.
+
+    :param tree: the sum tree, ``[2P] float64`` with ``P`` a power of two.
+    :return: ``P``.
+    """
+    if tree.dim() != 1 or tree.dtype != torch.float64:
+        raise ValueError(f"tree (shape={tuple(tree.shape)}, dtype={tree.dtype}) must be a 1-D float64 tensor")
+    n_nodes = tree.shape[0]
+    if n_nodes < 2 or n_nodes % 2 or (n_nodes // 2) & (n_nodes // 2 - 1):
+        raise ValueError(f"tree length={n_nodes} must be 2P with P a power of two")
+    return n_nodes // 2
+
+
+def per_push(
+    obs: torch.Tensor,
+    next_obs: torch.Tensor,
+    action: torch.Tensor,
+    reward: torch.Tensor,
+    done: torch.Tensor,
+    kind: torch.Tensor,
+    tree: torch.Tensor,
+    head_size: torch.Tensor,
+    max_priority: torch.Tensor,
+    new_obs: torch.Tensor,
+    new_next_obs: torch.Tensor,
+    new_action: torch.Tensor,
+    new_reward: torch.Tensor,
+    new_done: torch.Tensor,
+    new_kind: torch.Tensor,
+    wants: torch.Tensor,
+    new_priority: torch.Tensor,
+    max_multiplier: torch.Tensor,
+    alpha: float,
+) -> torch.Tensor:
+    """Write the wanted rows of a batch into the replay ring at prefix-sum slots and set their leaves.
+
+    Slots come from one exclusive prefix sum over ``wants``: ``slot = (write_head + prefix) % C``. If more
+    than ``C`` rows want a slot, only the last ``C`` are written; the others, and unwanted rows, get -1.
+    A written row's leaf becomes ``(new_priority + max_multiplier * max_priority[0]) ** alpha``.
+    ``head_size`` advances by the number of wanted rows. Only leaves change: call
+    :func:`per_tree_rebuild` with the returned slots next.
+
+    :param obs: replay observations ``[C, D]`` (written in place).
+    :param next_obs: replay next observations ``[C, D]`` (written in place).
+    :param action: replay actions ``[C, NB] int64`` (written in place).
+    :param reward: replay rewards ``[C]`` (written in place).
+    :param done: replay done flags ``[C]`` (written in place).
+    :param kind: replay row kinds ``[C] int8`` (written in place).
+    :param tree: sum tree ``[2P] float64`` (leaves written in place).
+    :param head_size: ``(write_head, size)`` ``[2] int64`` (updated in place).
+    :param max_priority: running max raw priority ``[1] float32`` (read only).
+    :param new_obs: incoming observations ``[N, D]``.
+    :param new_next_obs: incoming next observations ``[N, D]``.
+    :param new_action: incoming actions ``[N, NB] int64``.
+    :param new_reward: incoming rewards ``[N]``.
+    :param new_done: incoming done flags ``[N]``.
+    :param new_kind: incoming row kinds ``[N] int8``.
+    :param wants: which incoming rows want a slot ``[N] bool``.
+    :param new_priority: raw priority term ``[N] float32``.
+    :param max_multiplier: multiplier of the running max priority ``[N] float32``.
+    :param alpha: priority exponent.
+    :return: the slot of each incoming row, -1 where nothing was written, ``[N] int64``.
+    """
+    capacity = obs.shape[0]
+    n_leaves = tree_leaf_count(tree)
+    if capacity > n_leaves:
+        raise ValueError(f"capacity={capacity} exceeds the tree's leaf count P={n_leaves}")
+    wants_count = wants.to(torch.int64)
+    prefix = torch.cumsum(wants_count, 0) - wants_count
+    total = wants_count.sum()
+    keep = wants & (prefix >= total - capacity)
+    slots = torch.where(keep, (head_size[0] + prefix) % capacity, torch.full_like(prefix, -1))
+
+    rows = slots[keep]
+    obs[rows] = new_obs[keep].to(obs.dtype)
+    next_obs[rows] = new_next_obs[keep].to(next_obs.dtype)
+    action[rows] = new_action[keep].to(action.dtype)
+    reward[rows] = new_reward[keep].to(reward.dtype)
+    done[rows] = new_done[keep].to(done.dtype)
+    kind[rows] = new_kind[keep].to(kind.dtype)
+    raw = new_priority[keep].float() + max_multiplier[keep].float() * max_priority[0].float()
+    tree[n_leaves + rows] = raw.double() ** alpha
+
+    head_size[0] = (head_size[0] + total) % capacity
+    head_size[1] = torch.clamp(head_size[1] + total, max=capacity)
+    return slots
+
+
+def per_tree_rebuild(tree: torch.Tensor, leaf_idx: torch.Tensor) -> None:
+    """Recompute every ancestor of the given leaves as the float64 sum of its two children.
+
+    Entries below 0 are ignored and duplicates are fine; passing every leaf index is a full rebuild.
+
+    :param tree: sum tree ``[2P] float64`` (internal nodes written in place).
+    :param leaf_idx: leaf indices ``[M] int64``, each in ``[-inf, P)``.
+    """
+    n_leaves = tree_leaf_count(tree)
+    leaves = leaf_idx[leaf_idx >= 0]
+    if leaves.numel() and int(leaves.max()) >= n_leaves:
+        raise ValueError(f"leaf_idx max={int(leaves.max())} must be < P={n_leaves}")
+    nodes = torch.unique(leaves + n_leaves)
+    while n_leaves > 1:
+        nodes = torch.unique(nodes // 2)
+        tree[nodes] = tree[2 * nodes] + tree[2 * nodes + 1]
+        n_leaves //= 2
+
+
+def per_sample(
+    tree: torch.Tensor, head_size: torch.Tensor, uniforms: torch.Tensor, beta: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stratified proportional sampling of ``B`` rows with importance weights.
+
+    ``target_i = (i + u_i) / B * tree[1]``; the descent goes left when ``target < left`` and otherwise
+    subtracts the left sum and goes right, but never enters a child whose sum is 0 (so a target pushed
+    past the end by rounding ends on the last non-zero leaf). ``w_i = (size * leaf_i / total) ** -beta``,
+    divided by the batch maximum. Undefined on an empty tree.
+
+    :param tree: sum tree ``[2P] float64``.
+    :param head_size: ``(write_head, size)`` ``[2] int64``.
+    :param uniforms: one uniform draw in ``[0, 1)`` per sample, ``[B] float64``.
+    :param beta: importance-sampling exponent.
+    :return: ``(indices [B] int64, weights [B] float32)``.
+    """
+    n_leaves = tree_leaf_count(tree)
+    batch = uniforms.shape[0]
+    total = tree[1]
+    strata = torch.arange(batch, dtype=torch.float64, device=uniforms.device)
+    target = (strata + uniforms.double()) / batch * total
+    node = torch.ones(batch, dtype=torch.int64, device=uniforms.device)
+    while n_leaves > 1:
+        left = tree[2 * node]
+        right = tree[2 * node + 1]
+        go_left = ((target < left) & (left > 0)) | (right == 0)
+        target = torch.where(go_left, target, target - left)
+        node = 2 * node + (~go_left).to(torch.int64)
+        n_leaves //= 2
+    indices = node - tree.shape[0] // 2
+    probability = tree[node] / total
+    weights = (head_size[1].double() * probability) ** -beta
+    weights = weights / weights.max()
+    return indices, weights.float()
+
+
+def last_occurrence_mask(indices: torch.Tensor) -> torch.Tensor:
+    """Mark, for every repeated value, only its last position in ``indices``.
+
+    :param indices: ``[B] int64``.
+    :return: ``[B] bool``, True where no later entry holds the same value.
+    """
+    sorted_values, order = torch.sort(indices, stable=True)
+    is_last_of_run = torch.ones_like(indices, dtype=torch.bool)
+    is_last_of_run[:-1] = sorted_values[:-1] != sorted_values[1:]
+    winner = torch.empty_like(is_last_of_run)
+    winner[order] = is_last_of_run
+    return winner
+
+
+def per_update(
+    tree: torch.Tensor,
+    max_priority: torch.Tensor,
+    indices: torch.Tensor,
+    td_abs: torch.Tensor,
+    alpha: float,
+    eps: float,
+) -> None:
+    """Set the leaves of sampled rows from their absolute TD errors and raise the running max priority.
+
+    ``p = td_abs + eps`` (float32), leaf ``= p ** alpha``; for duplicate indices the last occurrence wins;
+    ``max_priority = max(max_priority, max p)``. Call :func:`per_tree_rebuild` with ``indices`` next.
+
+    :param tree: sum tree ``[2P] float64`` (leaves written in place).
+    :param max_priority: running max raw priority ``[1] float32`` (updated in place).
+    :param indices: leaf indices ``[B] int64`` in ``[0, P)``.
+    :param td_abs: absolute TD errors ``[B] float32``.
+    :param alpha: priority exponent.
+    :param eps: added to every ``td_abs``.
+    """
+    n_leaves = tree_leaf_count(tree)
+    if indices.numel() == 0:
+        return
+    lowest, highest = int(indices.min()), int(indices.max())
+    if lowest < 0 or highest >= n_leaves:
+        raise ValueError(f"indices range=[{lowest}, {highest}] must lie in [0, P={n_leaves})")
+    raw = td_abs.float() + torch.tensor(eps, dtype=torch.float32, device=td_abs.device)
+    winner = last_occurrence_mask(indices)
+    tree[n_leaves + indices[winner]] = raw[winner].double() ** alpha
+    max_priority.copy_(torch.maximum(max_priority, raw.max().reshape(1)))
