@@ -62,9 +62,12 @@ def _local_quantile_iqr(samples: th.Tensor) -> th.Tensor:
 def quantile_iqr(samples: th.Tensor) -> th.Tensor:
     """Inter-quartile range over the last dim via ``torch.ops.cuda_ext.quantile_iqr`` (local fallback).
 
+    Not differentiable (an exploration statistic): the samples are detached.
+
     :param samples: ``[..., N]`` values.
     :return: ``[...]`` ``Q(0.75) - Q(0.25)``.
     """
+    samples = samples.detach()
     op = getattr(th.ops.cuda_ext, "quantile_iqr", None)
     if op is None:
         return _local_quantile_iqr(samples)

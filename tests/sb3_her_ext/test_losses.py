@@ -1,0 +1,125 @@
+"""Hand-worked cases for the quantile-Huber loss, the C51 projection and the C51 cross-entropy."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch as th
+
+from sb3_her_ext.losses import c51_cross_entropy, c51_project, quantile_huber_loss
+
+# current = [0, 1] at taus [0.25, 0.75], target = [0.5, 2.0]: delta_ij = target_j - current_i is
+# i=0: [0.5, 2.0] (both >= 0, weight 0.25); i=1: [-0.5, 1.0] (weights 0.25, 0.75).
+CURRENT = th.tensor([0.0, 1.0])
+TAUS = th.tensor([0.25, 0.75])
+TARGET = th.tensor([0.5, 2.0])
+
+
+@pytest.mark.parametrize(
+    ("kappa", "expected"),
+    [
+        # Huber_1: 0.125, 1.5 | 0.125, 0.5 -> 0.25*(0.125+1.5)/2 + (0.25*0.125 + 0.75*0.5)/2
+        (1.0, 0.203125 + 0.203125),
+        # Huber_2 / 2: (0.125, 2.0 | 0.125, 0.5) / 2 -> 0.25*2.125/4 + (0.03125+0.375)/4
+        (2.0, 0.1328125 + 0.1015625),
+        # Huber_0.5 / 0.5: (0.125, 0.875 | 0.125, 0.375) / 0.5 -> 0.25*1.0/1 + (0.03125+0.28125)/1
+        (0.5, 0.25 + 0.3125),
+    ],
+)
+def test_quantile_huber_2x2_by_hand(kappa: float, expected: float) -> None:
+    loss = quantile_huber_loss(CURRENT, TARGET, TAUS, kappa=kappa)
+    assert loss.shape == ()
+    assert loss.item() == pytest.approx(expected, abs=1e-7)
+
+
+def test_quantile_huber_batched_rows_match_single_rows() -> None:
+    th.manual_seed(0)
+    current = th.randn(3, 4, 5)
+    target = th.randn(3, 4, 7)
+    taus = th.rand(3, 4, 5)
+    loss = quantile_huber_loss(current, target, taus)
+    assert loss.shape == (3, 4)
+    for a in range(3):
+        for b in range(4):
+            single = quantile_huber_loss(current[a, b], target[a, b], taus[a, b])
+            assert th.allclose(loss[a, b], single)
+
+
+def test_quantile_huber_gradient_pushes_quantile_towards_tau_fraction() -> None:
+    # One prediction at tau = 0.9 below all targets: the loss must fall when the prediction rises.
+    current = th.tensor([0.0], requires_grad=True)
+    loss = quantile_huber_loss(current, th.tensor([5.0, 6.0]), th.tensor([0.9]))
+    loss.backward()
+    assert current.grad is not None and current.grad.item() == pytest.approx(-0.9)
+
+
+def test_quantile_huber_rejects_bad_kappa_and_shapes() -> None:
+    with pytest.raises(ValueError, match="kappa=0"):
+        quantile_huber_loss(CURRENT, TARGET, TAUS, kappa=0.0)
+    with pytest.raises(ValueError, match="taus.shape"):
+        quantile_huber_loss(CURRENT, TARGET, th.tensor([0.5, 0.5, 0.5]))
+
+
+SUPPORT = th.tensor([-1.0, 0.0, 1.0])
+PROBS = th.tensor([0.2, 0.3, 0.5])
+
+
+@pytest.mark.parametrize(
+    ("reward", "done", "gamma", "expected"),
+    [
+        # shifted atoms [0, 0.5, 1]: 0.2 -> atom 1; 0.3 split 0.15/0.15 to atoms 1, 2; 0.5 -> atom 2
+        (0.5, 0.0, 0.5, [0.0, 0.35, 0.65]),
+        # done: everything at r = 0.25 -> 0.75 on atom 1, 0.25 on atom 2
+        (0.25, 1.0, 0.5, [0.0, 0.75, 0.25]),
+        # clipped at v_max: [2.1, 3, 3.9] -> all on atom 2
+        (3.0, 0.0, 0.9, [0.0, 0.0, 1.0]),
+        # done and clipped at v_min
+        (-5.0, 1.0, 0.9, [1.0, 0.0, 0.0]),
+        # [-1.5, -0.5, 0.5] -> clip [-1, -0.5, 0.5]: 0.2 -> atom 0; 0.3 -> 0.15/0.15 atoms 0, 1;
+        # 0.5 -> 0.25/0.25 atoms 1, 2
+        (-0.5, 0.0, 1.0, [0.35, 0.4, 0.25]),
+    ],
+)
+def test_c51_project_by_hand(reward: float, done: float, gamma: float, expected: list[float]) -> None:
+    projected = c51_project(PROBS[None], th.tensor([reward]), th.tensor([done]), gamma, SUPPORT)
+    assert th.allclose(projected, th.tensor([expected]), atol=1e-6)
+
+
+def test_c51_project_batch_branches_bool_dones_and_mass() -> None:
+    th.manual_seed(1)
+    support = th.linspace(-10.0, 10.0, 51)
+    probs = th.softmax(th.randn(8, 4, 51), dim=-1)
+    rewards = th.randn(8, 1) * 5
+    dones = th.tensor([True, False] * 4)[:, None]
+    projected = c51_project(probs, rewards, dones, 0.99, support)
+    assert projected.shape == (8, 4, 51)
+    assert th.allclose(projected.sum(-1), th.ones(8, 4), atol=1e-5)
+    assert (projected >= 0).all()
+    # the projected mean equals the shifted mean when nothing is clipped (rows with small |r|)
+    shifted_mean = rewards + 0.99 * (~dones) * (probs * support).sum(-1)
+    inside = (rewards.abs() < 0.5).expand(8, 4)
+    assert th.allclose((projected * support).sum(-1)[inside], shifted_mean[inside], atol=1e-4)
+    # a done row puts all its mass on the two atoms around r, identically for every branch
+    assert th.allclose(projected[0], projected[0, :1].expand(4, 51))
+
+
+def test_c51_project_rejects_mismatched_shapes() -> None:
+    probs = th.full((2, 4, 3), 1 / 3)
+    with pytest.raises(ValueError, match="rewards.shape"):
+        c51_project(probs, th.zeros(2), th.zeros(2, 1), 0.9, SUPPORT)
+    with pytest.raises(ValueError, match="dones.shape"):
+        c51_project(probs, th.zeros(2, 1), th.zeros(3, 1), 0.9, SUPPORT)
+    with pytest.raises(ValueError, match="next_probs.shape"):
+        c51_project(probs, th.zeros(2, 1), th.zeros(2, 1), 0.9, th.linspace(-1, 1, 5))
+    with pytest.raises(ValueError, match="support.shape"):
+        c51_project(probs[..., :1], th.zeros(2, 1), th.zeros(2, 1), 0.9, th.zeros(1))
+
+
+def test_c51_cross_entropy_by_hand() -> None:
+    logits = th.tensor([[0.0, 0.0], [0.0, math.log(3.0)]])  # softmax: [0.5, 0.5], [0.25, 0.75]
+    target = th.tensor([[1.0, 0.0], [0.5, 0.5]])
+    expected = th.tensor([math.log(2.0), -(0.5 * math.log(0.25) + 0.5 * math.log(0.75))])
+    assert th.allclose(c51_cross_entropy(logits, target), expected, atol=1e-6)
+    with pytest.raises(ValueError, match="target_probs.shape"):
+        c51_cross_entropy(logits, target[:, :1])
