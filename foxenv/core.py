@@ -298,7 +298,7 @@ class BatchedLOB:
         self._order_target = torch.where(filled_out, torch.zeros_like(order_target), order_target)
 
         # One fill per book: either the marketable order's or the resting order's.
-        maker_notional = maker_fill * order_tick * tick
+        maker_notional = maker_fill * order_tick.to(torch.float64) * tick
         taker_notional = notional * tick
         quantity = torch.where(marketable, side * taken, order_side * maker_fill)
         signed_notional = torch.where(marketable, side * taker_notional, order_side * maker_notional)
@@ -338,7 +338,7 @@ class BatchedLOB:
             "realized_pnl": ledger.realized,
             "unrealized_pnl": ledger.unrealized(mid),
             "order_active": active,
-            "order_price": torch.where(active, self._order_tick * tick, torch.zeros_like(mid)),
+            "order_price": torch.where(active, self._order_tick.to(torch.float64) * tick, torch.zeros_like(mid)),
             "order_queue_ahead": self._order_ahead,
             "order_remaining": self._order_remaining,
             "step": self._step,
@@ -360,7 +360,7 @@ class BatchedLOB:
             ledger.unrealized(mid),
             mid,
             self._order_side,
-            self._order_tick * self._tick,
+            self._order_tick.to(torch.float64) * self._tick,
             self._order_ahead,
             self._order_remaining,
             time_in_trade,

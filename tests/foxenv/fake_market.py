@@ -18,7 +18,9 @@ Levels = list[tuple[float, float]]
 Flow = dict[int, dict[float, float]]
 
 
-def _side(snapshots: list[Levels], num_levels: int, tick: float, sign: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _side(
+    snapshots: list[Levels], num_levels: int, tick: float, sign: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Prices ``[T, L]`` (float64) and sizes ``[T, L]`` (float32) of one side; ``sign`` -1 bids, +1 asks."""
     prices = torch.zeros(len(snapshots), num_levels, dtype=torch.float64)
     sizes = torch.zeros(len(snapshots), num_levels, dtype=torch.float32)
