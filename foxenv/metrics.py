@@ -84,16 +84,26 @@ def max_drawdown(equity: ArrayLike) -> float | np.ndarray:
     return _scalar_or_array((running_peak - curve).max(axis=-1))
 
 
-def turnover(positions: ArrayLike, initial_position: float = 0.0) -> float | np.ndarray:
+def turnover(
+    positions: ArrayLike, initial_position: float = 0.0, episode_starts: ArrayLike | None = None
+) -> float | np.ndarray:
     """Total traded quantity implied by a position path: ``sum_t |position_t - position_{t-1}|``.
 
     :param positions: ``[..., T]`` signed position (lots) after each step.
-    :param initial_position: the position before the first step.
+    :param initial_position: the position before the first step (and before each episode start).
+    :param episode_starts: optional ``[..., T]`` bool, True where a step is the first of a new episode
+        (the book was reset before it, so the position it changed from is ``initial_position``).
     :return: the summed absolute position change, per book, in lots.
     """
     path = _as_float64(positions, "positions")
     start = np.full((*path.shape[:-1], 1), float(initial_position))
-    return _scalar_or_array(np.abs(np.diff(path, axis=-1, prepend=start)).sum(axis=-1))
+    previous = np.concatenate([start, path[..., :-1]], axis=-1)
+    if episode_starts is not None:
+        starts = _as_float64(episode_starts, "episode_starts") != 0
+        if starts.shape != path.shape:
+            raise ValueError(f"episode_starts has shape {starts.shape}, positions has shape {path.shape}")
+        previous = np.where(starts, float(initial_position), previous)
+    return _scalar_or_array(np.abs(path - previous).sum(axis=-1))
 
 
 def hit_rate(trade_pnls: ArrayLike, closed: ArrayLike | None = None) -> float | np.ndarray:
@@ -159,6 +169,7 @@ def summarize(
     positions: ArrayLike,
     trade_pnl: ArrayLike,
     trade_closed: ArrayLike,
+    episode_starts: ArrayLike | None = None,
     actions: ArrayLike | None = None,
     episode_rewards: ArrayLike | None = None,
     nvec: Sequence[int] = (3, 3, 3, 3),
@@ -174,6 +185,7 @@ def summarize(
     :param positions: ``[..., T]`` position (lots) after each step.
     :param trade_pnl: ``[..., T]`` realised PnL of the trade closed in each step.
     :param trade_closed: ``[..., T]`` bool, a trade closed in the step.
+    :param episode_starts: optional ``[..., T]`` bool, the step began a new episode (for the turnover).
     :param actions: optional ``[..., T, n_branches]`` actions taken, for the action mix.
     :param episode_rewards: optional 1-D total reward of each finished episode.
     :param nvec: choices per branch (for the action mix).
@@ -192,7 +204,7 @@ def summarize(
         "steps": int(pnl.size),
         "sharpe": float(np.mean(sharpe_ratio(pnl, periods_per_year))),
         "max_drawdown": float(np.mean(max_drawdown(cumulative))),
-        "turnover": float(np.mean(turnover(positions))) / num_steps,
+        "turnover": float(np.mean(turnover(positions, episode_starts=episode_starts))) / num_steps,
         "total_pnl": float(cumulative[..., -1].mean()),
         "hit_rate": float(hit_rate(pnls.reshape(-1), closed.reshape(-1))),
         "num_trades": int(closed.sum()),

@@ -54,6 +54,15 @@ def test_turnover_hand_computed() -> None:
     np.testing.assert_allclose(metrics.turnover(torch.tensor([[0.0, 0.0], [-2.0, 2.0]])), [0.0, 6.0])
 
 
+def test_turnover_restarts_at_episode_starts() -> None:
+    # the book was reset to flat before step 2: |1| + |3-1| + |2-0| + |-2-2| = 1 + 2 + 2 + 4
+    positions = [1.0, 3.0, 2.0, -2.0]
+    starts = [False, False, True, False]
+    assert metrics.turnover(positions, episode_starts=starts) == pytest.approx(9.0)
+    with pytest.raises(ValueError, match="episode_starts"):
+        metrics.turnover(positions, episode_starts=starts[:3])
+
+
 def test_hit_rate_hand_computed() -> None:
     # winners: 1 and 3 (0 is not a win) -> 2 of 4
     assert metrics.hit_rate([1.0, -2.0, 0.0, 3.0]) == pytest.approx(0.5)

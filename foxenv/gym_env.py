@@ -1,0 +1,219 @@
+"""The single-book Gymnasium environment: one book of the batched core, numpy in and out.
+
+``gymnasium.make("foxenv/LOB-v0", data="synthetic")`` builds a :class:`LOBEnv`. It owns a
+:class:`~foxenv.core.BatchedLOB` with one book on the CPU and converts at the boundary only:
+the action goes in with ``torch.from_numpy``, the observation comes out as a float32 array and the
+info as Python scalars. :func:`make_core` is the shared factory that the vector env uses too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from os import PathLike
+from typing import Any
+
+import gymnasium
+import numpy as np
+import torch
+from gymnasium import spaces
+
+from foxenv.config import EnvConfig
+from foxenv.core import BatchedLOB
+from foxenv.data.market import MarketData
+
+#: What ``data=`` may be: ``"synthetic"``, a LOBSTER folder, a ``(message, orderbook)`` file pair,
+#: or an already loaded :class:`MarketData`.
+DataSource = str | PathLike | tuple[str | PathLike, str | PathLike] | MarketData
+
+#: Keyword arguments that go to :func:`foxenv.data.load_market` (``levels`` goes to both).
+MARKET_KWARGS = ("step_events", "step_seconds", "split", "train_fraction", "num_steps", "cache_dir")
+
+#: Steps of mid history kept for rendering.
+RENDER_HISTORY = 200
+
+
+def split_env_kwargs(
+    config: EnvConfig | None, kwargs: dict[str, Any]
+) -> tuple[EnvConfig, dict[str, Any]]:
+    """Sort keyword arguments into the env config and the market loader's options.
+
+    :param config: a base config (``None``: the defaults); config keywords override its fields.
+    :param kwargs: any mix of :class:`EnvConfig` field names and :data:`MARKET_KWARGS`.
+    :return: the final config and the keyword arguments for ``load_market``.
+    """
+    config_names = {field.name for field in dataclasses.fields(EnvConfig)}
+    config_kwargs: dict[str, Any] = {}
+    market_kwargs: dict[str, Any] = {}
+    for key, value in kwargs.items():
+        if key in config_names:
+            config_kwargs[key] = value
+        elif key in MARKET_KWARGS:
+            market_kwargs[key] = value
+        else:
+            raise ValueError(
+                f"{key}={value!r} is neither an EnvConfig field {sorted(config_names)} "
+                f"nor a load_market option {list(MARKET_KWARGS)}"
+            )
+    if config is not None and not isinstance(config, EnvConfig):
+        raise ValueError(f"config={config!r} must be an EnvConfig or None")
+    base = config if config is not None else EnvConfig()
+    return dataclasses.replace(base, **config_kwargs), market_kwargs
+
+
+def make_core(
+    data: DataSource = "synthetic",
+    num_books: int = 1,
+    *,
+    device: torch.device | str = "cpu",
+    seed: int | None = None,
+    config: EnvConfig | None = None,
+    validate_actions: bool | None = None,
+    **kwargs: Any,
+) -> BatchedLOB:
+    """Load a market and build the batched book core over it.
+
+    :param data: ``"synthetic"``, a LOBSTER folder, a ``(message, orderbook)`` pair of files, or a
+        loaded :class:`MarketData` (then no market keywords may be given).
+    :param num_books: number of books ``B``.
+    :param device: device of the core (and of the loaded market).
+    :param seed: seeds the core; also the synthetic generator's seed (0 when ``None``).
+    :param config: base env config; keyword arguments naming its fields override it.
+    :param validate_actions: let the core check action ranges (a host sync); ``None``: on the CPU only.
+    :param kwargs: :class:`EnvConfig` fields and :func:`~foxenv.data.load_market` options
+        (``step_events``, ``step_seconds``, ``split``, ``train_fraction``, ``num_steps``, ``cache_dir``).
+    :return: the core, not yet reset.
+    """
+    env_config, market_kwargs = split_env_kwargs(config, kwargs)
+    if isinstance(data, MarketData):
+        if market_kwargs:
+            raise ValueError(
+                f"market options {sorted(market_kwargs)} cannot apply to an already loaded MarketData"
+            )
+        market = data.to(device)
+    else:
+        from foxenv.data import load_market
+
+        market = load_market(
+            data,
+            levels=env_config.levels,
+            seed=0 if seed is None else seed,
+            device=device,
+            **market_kwargs,
+        )
+    return BatchedLOB(
+        market, num_books, config=env_config, device=device, seed=seed, validate_actions=validate_actions
+    )
+
+
+def observation_space_of(core: BatchedLOB) -> spaces.Box:
+    """The single-book observation space of a core.
+
+    :param core: the batched core.
+    :return: ``Box(-inf, inf, (observation_dim,), float32)``.
+    """
+    return spaces.Box(-np.inf, np.inf, shape=(core.observation_dim,), dtype=np.float32)
+
+
+def action_space_of(core: BatchedLOB) -> spaces.MultiDiscrete:
+    """The single-book action space of a core.
+
+    :param core: the batched core.
+    :return: ``MultiDiscrete(core.ACTION_NVEC)``, int64.
+    """
+    return spaces.MultiDiscrete(np.array(core.ACTION_NVEC, dtype=np.int64))
+
+
+class LOBEnv(gymnasium.Env[np.ndarray, np.ndarray]):
+    """One limit-order book as a Gymnasium environment (the batched core with ``B = 1`` on the CPU).
+
+    Action: ``MultiDiscrete([3, 3, 3, 3])`` = (direction, magnitude, order, urgency), see DESIGN.md.
+    Observation: ``Box(-inf, inf, (D,), float32)``, the first ``n_market_features`` entries are market
+    features, the rest portfolio features. Info after a step: the core's info as Python scalars
+    (``mid``, ``best_bid``, ``best_ask``, ``position``, ``trade_closed``, ``trade_pnl``, ``equity``,
+    ``fees``, ...). ``reset`` returns an empty info.
+
+    :param data: ``"synthetic"``, a LOBSTER folder, a ``(message, orderbook)`` pair, or a :class:`MarketData`.
+    :param render_mode: ``None`` or ``"rgb_array"`` (a picture of the book, see :mod:`foxenv.render`).
+    :param seed: seed of the core (and of the synthetic market); ``reset(seed=...)`` reseeds.
+    :param config: base :class:`EnvConfig`; keyword arguments naming its fields override it.
+    :param kwargs: :class:`EnvConfig` fields and ``load_market`` options, see :func:`make_core`.
+    """
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
+
+    def __init__(
+        self,
+        data: DataSource = "synthetic",
+        render_mode: str | None = None,
+        seed: int | None = None,
+        config: EnvConfig | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            modes = self.metadata["render_modes"]
+            raise ValueError(f"render_mode={render_mode!r} must be None or one of {modes}")
+        self.render_mode = render_mode
+        self.core = make_core(data, 1, device="cpu", seed=seed, config=config, **kwargs)
+        self.config: EnvConfig = self.core.config
+        self.market: MarketData = self.core.market
+        self.n_market_features: int = int(self.core.n_market_features)
+        self.observation_space = observation_space_of(self.core)
+        self.action_space = action_space_of(self.core)
+        self._nvec = self.action_space.nvec
+        self._mids: deque[float] = deque(maxlen=RENDER_HISTORY)
+        self._last_info: dict[str, Any] = {}
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        """Start a new episode.
+
+        :param seed: reseeds the core (and ``np_random``) when given.
+        :param options: unused.
+        :return: the first observation and an empty info.
+        """
+        super().reset(seed=seed)
+        obs = self.core.reset(seed=seed)
+        self._mids.clear()
+        self._last_info = {}
+        return obs[0].numpy().copy(), {}
+
+    def check_action(self, action: Any) -> np.ndarray:
+        """Check one action's shape and dtype (the core checks the value range on the CPU).
+
+        :param action: anything array-like of 4 integers.
+        :return: the action as an int64 array of shape ``(4,)``.
+        """
+        array = np.asarray(action)
+        if array.shape != self._nvec.shape or array.dtype.kind not in "iu":
+            raise ValueError(
+                f"action={action!r} must be {self._nvec.shape[0]} integers "
+                f"(got shape {array.shape}, dtype {array.dtype})"
+            )
+        return array.astype(np.int64, copy=False)
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        """Advance the book by one step.
+
+        :param action: ``[direction, magnitude, order, urgency]`` integers.
+        :return: observation, reward, terminated, truncated, info (Python scalars).
+        """
+        action_tensor = torch.from_numpy(self.check_action(action)).view(1, -1)
+        obs, reward, terminated, truncated, core_info = self.core.step(action_tensor)
+        info = {key: value.item() for key, value in core_info.items()}
+        if self.render_mode is not None:
+            self._mids.append(info["mid"])
+            self._last_info = info
+        return obs[0].numpy().copy(), reward.item(), terminated.item(), truncated.item(), info
+
+    def render(self) -> np.ndarray | None:
+        """Draw the book, the agent's resting order, its position and the recent mid path.
+
+        :return: an ``H x W x 3`` uint8 image in ``"rgb_array"`` mode, else ``None``.
+        """
+        if self.render_mode is None:
+            return None
+        from foxenv.render import render_core_book
+
+        return render_core_book(self.core, 0, list(self._mids), self._last_info)
