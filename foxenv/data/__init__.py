@@ -1,0 +1,107 @@
+"""Market data sources: the LOBSTER replay and the synthetic market, both producing :class:`MarketData`.
+
+Quick start::
+
+    from foxenv.data import load_market
+
+    market = load_market()                                   # synthetic, 50,000 steps, no files needed
+    real = load_market("/path/to/lobster", split="train")    # a folder with one LOBSTER pair
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from foxenv.data.lobster import find_lobster_files, load_lobster
+from foxenv.data.market import FLOW_WIDTH, MarketData
+from foxenv.data.synthetic import SyntheticProfile, generate_synthetic
+
+__all__ = [
+    "FLOW_WIDTH",
+    "MarketData",
+    "SyntheticProfile",
+    "find_lobster_files",
+    "generate_synthetic",
+    "load_lobster",
+    "load_market",
+]
+
+#: Steps of the synthetic market when ``num_steps`` is not given.
+DEFAULT_SYNTHETIC_STEPS = 50_000
+#: Levels of the synthetic market when ``levels`` is not given.
+DEFAULT_SYNTHETIC_LEVELS = 10
+
+
+def load_market(
+    source: str | os.PathLike | tuple = "synthetic",
+    *,
+    levels: int | None = None,
+    step_events: int | None = None,
+    step_seconds: float | None = None,
+    split: Literal["all", "train", "test"] = "all",
+    train_fraction: float = 0.8,
+    num_steps: int | None = None,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+    cache_dir: str | os.PathLike | None = None,
+) -> MarketData:
+    """Load a market timeline from the synthetic generator or LOBSTER files, on ``device``.
+
+    :param source: ``"synthetic"``; a folder holding one ``*_message_*.csv`` / ``*_orderbook_*.csv``
+        pair; or a ``(message_path, orderbook_path)`` tuple.
+    :param levels: book levels per side; synthetic default 10, LOBSTER default all levels of the file.
+    :param step_events: LOBSTER only: messages per step (default 100 unless ``step_seconds`` is set).
+    :param step_seconds: LOBSTER: seconds per step (fixed time buckets). Synthetic: clock seconds per step.
+    :param split: ``"all"``, or the first ``train_fraction`` of steps (``"train"``) or the rest (``"test"``).
+    :param train_fraction: share of steps in the train split.
+    :param num_steps: synthetic: steps to generate (default 50,000). LOBSTER: keep only the first
+        ``num_steps`` aggregated steps (None keeps all). Applied before ``split``.
+    :param seed: synthetic only: the random seed (LOBSTER replay is deterministic).
+    :param device: device of the returned tensors.
+    :param cache_dir: LOBSTER only: cache folder (default ``$FOXHUNT_CACHE_DIR`` or
+        ``~/.cache/foxhunt/lobster``).
+    :return: the timeline.
+    :raises ValueError: on a bad source, parameter or data file, naming the field and the value.
+    """
+    if split not in ("all", "train", "test"):
+        raise ValueError(f"split={split!r} must be 'all', 'train' or 'test'")
+    bad_steps = isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1
+    if num_steps is not None and bad_steps:
+        raise ValueError(f"num_steps={num_steps!r} must be a positive int or None")
+    if isinstance(source, str) and source == "synthetic":
+        if step_events is not None:
+            raise ValueError(f"step_events={step_events} applies to LOBSTER sources only, not 'synthetic'")
+        profile = {} if step_seconds is None else {"step_seconds": step_seconds}
+        data = generate_synthetic(
+            DEFAULT_SYNTHETIC_STEPS if num_steps is None else num_steps,
+            levels=DEFAULT_SYNTHETIC_LEVELS if levels is None else levels,
+            seed=seed,
+            **profile,
+        )
+    else:
+        if isinstance(source, tuple):
+            if len(source) != 2:
+                raise ValueError(f"source={source!r} must be a (message_path, orderbook_path) pair")
+            message_path, orderbook_path = source
+        elif isinstance(source, str | os.PathLike) and Path(source).is_dir():
+            message_path, orderbook_path = find_lobster_files(source)
+        else:
+            raise ValueError(
+                f"source={source!r} is neither 'synthetic', an existing folder, nor a pair of files"
+            )
+        data = load_lobster(message_path, orderbook_path, levels=levels, step_events=step_events,
+                            step_seconds=step_seconds, cache_dir=cache_dir)
+        if num_steps is not None:
+            if num_steps > data.num_steps:
+                raise ValueError(f"num_steps={num_steps} exceeds the {data.num_steps} steps of {data.name}")
+            data = data.slice(0, num_steps)
+    if split != "all":
+        train, test = data.split(train_fraction)
+        data = train if split == "train" else test
+    elif not 0.0 < train_fraction < 1.0:
+        raise ValueError(f"train_fraction={train_fraction} must lie strictly between 0 and 1")
+    return data.to(device)

@@ -1,0 +1,340 @@
+"""A seeded synthetic limit-order-book market: the built-in data source that needs no files.
+
+The mid follows regime-switching drift (trends of both signs and varied length, plus flat regimes)
+on top of volatility-clustered noise, with a weak pull back to the start price over very long
+horizons. The spread, the gaps between levels and the level sizes follow the statistics of the real
+GOOG LOBSTER file (2012-06-21, 10 levels, aggregated at 100 messages per step), measured on this
+project's development machine (CPU) from ``/work/shared/data/lobster``:
+
+=========================================  ==========================================
+statistic (GOOG, per 100-message step)      value
+=========================================  ==========================================
+mid price                                   563.73 to 579.82 USD (start 579.815)
+L1 spread, ticks: 1/5/10/25/50 %            5 / 11 / 14 / 20 / 28
+L1 spread, ticks: 75/90/95/99 %, mean       36 / 46 / 52 / 75, 29.6
+gap between adjacent levels, ticks          10/25/50/75/90 % = 1 / 1 / 2-3 / 5 / 8-9, mean 3.9 (bid) 4.5 (ask)
+level size, shares: 10/25/50/75/90/99 %     8 / 12 / 100 / 100 / 200 / 1000 (round lots dominate)
+mid change per step, ticks                  std 14.2, mean abs 10.6
+autocorrelation of abs change, lags 1-50    0.10 to 0.12 (volatility clustering)
+executed volume per step (types 4 + 5)      mean 477 shares (333 visible + 144 hidden)
+seconds per step                            mean 15.8, median 13.3
+=========================================  ==========================================
+
+The default profile (seed 0, 50,000 steps, same machine) gives: L1 spread percentiles
+1/5/10/25/50/75/90/95/99 % = 10 / 13 / 16 / 21 / 27 / 36 / 47 / 55 / 72 ticks (mean 29.9); level gaps
+10/25/50/75/90 % = 1 / 2 / 3 / 5 / 9 ticks (mean 4.0); level sizes 10/25/50/75/90/99 % = 2 / 25 / 100 /
+100 / 200 / 1100; mid change per step std 13.9 ticks, mean abs 10.6; autocorrelation of the abs change
+0.13 / 0.12 / 0.08 at lags 1 / 10 / 50; executed volume 361 shares per step; the mid ranged over
+551.66 to 636.71 USD.
+
+Everything is drawn on CPU from one ``torch.Generator`` seeded with ``seed`` and moved to
+``device`` at the end, so a seed gives the same timeline on every device. The generator is
+vectorised: smoothing is a ``conv1d``/FFT, regimes come from a ``searchsorted`` over cumulative
+regime lengths, flows are placed with ``scatter_add_``; there is no Python loop over steps.
+
+Order flow in step ``t`` is derived from the book at the end of step ``t - 1`` (the step's start) and
+the book at its end: ask levels the new best ask has moved past were taken out, mostly by
+buyer-initiated executions (the rest cancelled), and symmetrically for bids when the price falls;
+the touch that survives is partly executed, more so on the side the price moved towards;
+cancellations hit the levels near the touch most.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+
+import torch
+
+from foxenv.data.market import FLOW_WIDTH, MarketData
+
+_HALF = FLOW_WIDTH // 2
+
+
+@dataclass(frozen=True)
+class SyntheticProfile:
+    """Knobs of the synthetic market; defaults follow the GOOG file (see the module docstring).
+
+    :param start_price: mid price of the first step, in currency.
+    :param step_seconds: clock seconds per step (``time`` is ``step_seconds * (t + 1)``).
+    :param regime_steps: mean length of a drift regime, in steps (lengths are exponential, >= 1).
+    :param flat_fraction: share of regimes with no drift.
+    :param drift_ticks: standard deviation of a trending regime's drift, in ticks per step.
+    :param vol_ticks: median standard deviation of the per-step noise, in ticks.
+    :param vol_of_vol: standard deviation of the log-volatility.
+    :param vol_memory: e-folding time of the log-volatility, in steps.
+    :param reversion_steps: e-folding time of the pull of the (log) mid back to ``start_price``.
+    :param spread_median_ticks: median L1 spread, in ticks.
+    :param spread_log_std: standard deviation of the log spread.
+    :param spread_memory: e-folding time of the spread's own noise, in steps.
+    :param spread_vol_corr: correlation of the log spread with the log-volatility.
+    :param gap_scale_ticks: a level gap is ``1 + floor(Exponential * gap_scale_ticks)`` ticks.
+    :param odd_lot_fraction: share of levels holding an odd lot (1 to 99 shares).
+    :param round_lot: shares per round lot.
+    :param lot_tail_alpha: a level holds ``floor(Pareto(lot_tail_alpha))`` round lots: ``P(lots >= k) =
+        k ** -lot_tail_alpha``.
+    :param max_lots: most round lots on one level (bounds the Pareto tail).
+    :param exec_fraction: mean share of the surviving touch executed per step.
+    :param consumed_exec_min: a level the price moved past was at least this share executed.
+    :param cancel_fraction: mean share of the touch cancelled per step.
+    :param cancel_decay: cancellation share falls by this factor per level away from the touch.
+    """
+
+    start_price: float = 580.0
+    step_seconds: float = 15.8
+    regime_steps: float = 400.0
+    flat_fraction: float = 0.25
+    drift_ticks: float = 1.5
+    vol_ticks: float = 12.5
+    vol_of_vol: float = 0.3
+    vol_memory: float = 100.0
+    reversion_steps: float = 20_000.0
+    spread_median_ticks: float = 28.0
+    spread_log_std: float = 0.42
+    spread_memory: float = 10.0
+    spread_vol_corr: float = 0.5
+    gap_scale_ticks: float = 3.5
+    odd_lot_fraction: float = 0.4
+    round_lot: int = 100
+    lot_tail_alpha: float = 1.7
+    max_lots: int = 100
+    exec_fraction: float = 0.5
+    consumed_exec_min: float = 0.5
+    cancel_fraction: float = 0.6
+    cancel_decay: float = 0.7
+
+    def validate(self) -> SyntheticProfile:
+        """Check every knob's range.
+
+        :return: ``self``.
+        :raises ValueError: naming the knob and its value.
+        """
+        for name, value in asdict(self).items():
+            if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+                raise ValueError(f"{name}={value!r} must be a finite number")
+        positive = ("start_price", "step_seconds", "regime_steps", "vol_ticks", "vol_memory",
+                    "reversion_steps", "spread_median_ticks", "spread_memory", "round_lot",
+                    "lot_tail_alpha", "max_lots")
+        non_negative = ("drift_ticks", "vol_of_vol", "spread_log_std", "gap_scale_ticks",
+                        "exec_fraction", "cancel_fraction")
+        unit_interval = ("flat_fraction", "odd_lot_fraction", "consumed_exec_min", "cancel_decay")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be > 0")
+        for name in non_negative:
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
+        for name in unit_interval:
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name}={getattr(self, name)} must lie in [0, 1]")
+        if not -1.0 <= self.spread_vol_corr <= 1.0:
+            raise ValueError(f"spread_vol_corr={self.spread_vol_corr} must lie in [-1, 1]")
+        return self
+
+
+def _smoothed_noise(length: int, memory: float, generator: torch.Generator) -> torch.Tensor:
+    """Stationary unit-variance AR(1) noise with e-folding time ``memory`` (by FFT, no loop).
+
+    :param length: number of samples.
+    :param memory: e-folding time, in samples.
+    :param generator: the random source.
+    :return: ``[length]`` float64.
+    """
+    decay = math.exp(-1.0 / memory)
+    innovation_scale = math.sqrt(1.0 - decay**2)
+    white = torch.randn(length, generator=generator, dtype=torch.float64) * innovation_scale
+    white[0] = white[0] / innovation_scale  # start in the stationary distribution
+    return _decaying_sum(white, decay)
+
+
+def _decaying_sum(values: torch.Tensor, decay: float) -> torch.Tensor:
+    """``out[t] = sum_{k <= t} decay**(t - k) * values[k]``, by FFT convolution.
+
+    :param values: ``[n]`` float64.
+    :param decay: factor in ``(0, 1]``.
+    :return: ``[n]`` float64.
+    """
+    length = values.numel()
+    kernel = decay ** torch.arange(length, dtype=torch.float64)
+    size = 2 * length
+    product = torch.fft.rfft(values, n=size) * torch.fft.rfft(kernel, n=size)
+    return torch.fft.irfft(product, n=size)[:length]
+
+
+def _regime_drift(length: int, profile: SyntheticProfile, generator: torch.Generator) -> torch.Tensor:
+    """Per-step drift, piecewise constant over regimes of exponential length.
+
+    :param length: number of steps.
+    :param profile: the knobs.
+    :param generator: the random source.
+    :return: ``[length]`` float64 drift in ticks per step.
+    """
+    count = int(2 * length / profile.regime_steps) + 16
+    durations = 1.0 + torch.empty(count, dtype=torch.float64).exponential_(generator=generator) * (
+        profile.regime_steps - 1.0
+    )
+    ends = torch.cumsum(durations, 0)
+    while ends[-1] < length:  # rare: draw more regimes (a handful of iterations at most)
+        more = 1.0 + torch.empty(count, dtype=torch.float64).exponential_(generator=generator) * (
+            profile.regime_steps - 1.0
+        )
+        ends = torch.cat([ends, ends[-1] + torch.cumsum(more, 0)])
+    regimes = ends.numel()
+    drift = torch.randn(regimes, generator=generator, dtype=torch.float64) * profile.drift_ticks
+    flat = torch.rand(regimes, generator=generator, dtype=torch.float64) < profile.flat_fraction
+    drift = torch.where(flat, torch.zeros_like(drift), drift)
+    regime_of_step = torch.searchsorted(ends, torch.arange(length, dtype=torch.float64), right=True)
+    return drift[regime_of_step]
+
+
+def _level_sizes(
+    shape: tuple[int, ...], profile: SyntheticProfile, generator: torch.Generator
+) -> torch.Tensor:
+    """Visible sizes: round lots (a Pareto number of them) mostly, odd lots (skewed small) sometimes.
+
+    :param shape: output shape.
+    :param profile: the knobs.
+    :param generator: the random source.
+    :return: float64 sizes >= 1.
+    """
+    odd = torch.rand(shape, generator=generator, dtype=torch.float64) < profile.odd_lot_fraction
+    odd_size = 1.0 + torch.floor((profile.round_lot - 1) * torch.rand(shape, generator=generator,
+                                                                      dtype=torch.float64) ** 3)
+    uniform = 1.0 - torch.rand(shape, generator=generator, dtype=torch.float64)  # in (0, 1]
+    lots = torch.floor(uniform ** (-1.0 / profile.lot_tail_alpha)).clamp(max=profile.max_lots)
+    return torch.where(odd, odd_size, profile.round_lot * lots)
+
+
+def _side_flow(
+    prev_price: torch.Tensor,
+    prev_size: torch.Tensor,
+    consumed: torch.Tensor,
+    pressure: torch.Tensor,
+    ref_tick: torch.Tensor,
+    profile: SyntheticProfile,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Executed and cancelled volume of one side during each step, on the flow grid.
+
+    :param prev_price: ``[T, L]`` int64 tick prices of the side at the step's start.
+    :param prev_size: ``[T, L]`` sizes at the step's start.
+    :param consumed: ``[T, L]`` bool, levels the price moved past during the step.
+    :param pressure: ``[T]`` in ``[0, 1]``, share of aggressive flow hitting this side.
+    :param ref_tick: ``[T]`` int64 grid reference (floor of the start mid, in ticks).
+    :param profile: the knobs.
+    :param generator: the random source.
+    :return: ``(executed, cancelled)``, each ``[T, FLOW_WIDTH]`` float32.
+    """
+    steps, levels = prev_price.shape
+    uniform = torch.rand((steps, levels), generator=generator, dtype=torch.float64)
+    consumed_exec = prev_size * (profile.consumed_exec_min + (1.0 - profile.consumed_exec_min) * uniform)
+    touch_share = profile.exec_fraction * 2.0 * pressure * torch.empty(
+        steps, dtype=torch.float64).exponential_(generator=generator)
+    touch_exec = torch.zeros_like(prev_size)
+    touch_exec[:, 0] = prev_size[:, 0] * touch_share.clamp(max=1.0)
+    executed = torch.where(consumed, consumed_exec, touch_exec)
+    decay = profile.cancel_decay ** torch.arange(levels, dtype=torch.float64)
+    cancel_share = profile.cancel_fraction * decay * torch.empty(
+        (steps, levels), dtype=torch.float64).exponential_(generator=generator)
+    remaining = prev_size - executed
+    cancelled = torch.where(consumed, remaining, remaining * cancel_share.clamp(max=1.0))
+    column = (prev_price - ref_tick[:, None] + _HALF).clamp(0, FLOW_WIDTH - 1)
+    executed_grid = torch.zeros((steps, FLOW_WIDTH), dtype=torch.float64).scatter_add_(1, column, executed)
+    cancelled_grid = torch.zeros((steps, FLOW_WIDTH), dtype=torch.float64).scatter_add_(1, column, cancelled)
+    return executed_grid.float(), cancelled_grid.float()
+
+
+def generate_synthetic(
+    num_steps: int = 50_000,
+    *,
+    levels: int = 10,
+    seed: int = 0,
+    tick_size: float = 0.01,
+    device: str | torch.device = "cpu",
+    **profile: float,
+) -> MarketData:
+    """Generate a synthetic market timeline.
+
+    :param num_steps: number of steps ``T``.
+    :param levels: book levels per side ``L``.
+    :param seed: random seed; the same seed gives the same tensors on every device.
+    :param tick_size: price increment in currency.
+    :param device: device of the returned tensors.
+    :param profile: overrides of :class:`SyntheticProfile` fields (e.g. ``drift_ticks=0.0``).
+    :return: the timeline, validated, on ``device``.
+    :raises ValueError: on a bad argument or profile knob, naming it and its value.
+    """
+    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
+        raise ValueError(f"num_steps={num_steps!r} must be a positive int")
+    if isinstance(levels, bool) or not isinstance(levels, int) or levels < 1:
+        raise ValueError(f"levels={levels!r} must be a positive int")
+    if not isinstance(tick_size, int | float) or not math.isfinite(tick_size) or tick_size <= 0:
+        raise ValueError(f"tick_size={tick_size!r} must be > 0")
+    known = set(asdict(SyntheticProfile()))
+    unknown = sorted(set(profile) - known)
+    if unknown:
+        raise ValueError(f"unknown synthetic profile knob(s) {unknown}; known: {sorted(known)}")
+    knobs = replace(SyntheticProfile(), **profile).validate()
+    generator = torch.Generator(device="cpu").manual_seed(int(seed))
+    length = num_steps + 1  # row 0 is the book before the first step
+
+    # Mid: regime drift + clustered noise, accumulated with a weak pull back, in log space.
+    log_vol = _smoothed_noise(length, knobs.vol_memory, generator)
+    volatility = knobs.vol_ticks * torch.exp(knobs.vol_of_vol * log_vol)
+    noise = torch.randn(length, generator=generator, dtype=torch.float64)
+    increments = _regime_drift(length, knobs, generator) + volatility * noise
+    increments[0] = 0.0
+    start_ticks = knobs.start_price / tick_size
+    deviation = _decaying_sum(increments, 1.0 - 1.0 / knobs.reversion_steps)
+    mid = start_ticks * torch.exp(deviation / start_ticks)
+
+    # Spread, correlated with volatility; levels at random gaps; sizes.
+    own_noise = _smoothed_noise(length, knobs.spread_memory, generator)
+    spread_noise = knobs.spread_vol_corr * log_vol + math.sqrt(1.0 - knobs.spread_vol_corr**2) * own_noise
+    spread = torch.round(knobs.spread_median_ticks * torch.exp(knobs.spread_log_std * spread_noise))
+    spread = spread.clamp(min=1)  # a spread below one tick would cross the book
+    best_bid = torch.floor(mid - spread / 2.0)
+    best_ask = best_bid + spread
+
+    def side_prices() -> torch.Tensor:
+        gaps = 1.0 + torch.floor(
+            torch.empty((length, levels - 1), dtype=torch.float64).exponential_(generator=generator)
+            * knobs.gap_scale_ticks
+        )
+        return torch.cat([torch.zeros((length, 1), dtype=torch.float64), torch.cumsum(gaps, 1)], dim=1)
+
+    bid_ticks = (best_bid[:, None] - side_prices()).to(torch.int64)
+    ask_ticks = (best_ask[:, None] + side_prices()).to(torch.int64)
+    bid_size = _level_sizes((length, levels), knobs, generator)
+    ask_size = _level_sizes((length, levels), knobs, generator)
+    if int(bid_ticks[:, -1].min()) <= 0:
+        raise ValueError(
+            f"the profile drives bid prices to <= 0 (start_price={knobs.start_price}, "
+            f"tick_size={tick_size}); "
+            "raise start_price or lower drift_ticks / vol_ticks"
+        )
+
+    # Flows of step t (rows 1..T) from the book at its start (row t-1) and its end (row t).
+    ref_tick = (bid_ticks[:-1, 0] + ask_ticks[:-1, 0]).div(2, rounding_mode="floor")
+    buy_pressure = torch.sigmoid(2.0 * increments[1:] / volatility[1:])
+    exec_ask, cancel_ask = _side_flow(ask_ticks[:-1], ask_size[:-1], ask_ticks[:-1] < ask_ticks[1:, :1],
+                                      buy_pressure, ref_tick, knobs, generator)
+    exec_bid, cancel_bid = _side_flow(bid_ticks[:-1], bid_size[:-1], bid_ticks[:-1] > bid_ticks[1:, :1],
+                                      1.0 - buy_pressure, ref_tick, knobs, generator)
+
+    data = MarketData(
+        bid_price=bid_ticks[1:].to(torch.float64) * tick_size,
+        bid_size=bid_size[1:].float(),
+        ask_price=ask_ticks[1:].to(torch.float64) * tick_size,
+        ask_size=ask_size[1:].float(),
+        flow_ref_tick=ref_tick,
+        exec_bid=exec_bid,
+        exec_ask=exec_ask,
+        cancel_bid=cancel_bid,
+        cancel_ask=cancel_ask,
+        time=knobs.step_seconds * torch.arange(1, num_steps + 1, dtype=torch.float64),
+        halted=torch.zeros(num_steps, dtype=torch.bool),
+        tick_size=float(tick_size),
+        name=f"synthetic seed={seed} steps={num_steps} levels={levels}",
+    )
+    return data.validate().to(device)
