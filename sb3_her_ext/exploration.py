@@ -1,0 +1,170 @@
+"""Per-branch exploration: ε and bonus schedules, per-branch settings, and the ``branch_select`` call.
+
+Every branch ``b`` explores with its own rate ``ε_b = min(1, ε · mult_b)``, where ``ε`` follows DQN's
+linear schedule. Chosen branches (by default order and urgency) sample from a Boltzmann distribution
+over their scores instead of taking the argmax. Scores carry an optimism bonus
+``α · IQR + β · ensemble-std`` whose ``α`` is annealed linearly over training. The selection itself
+is one ``torch.ops.cuda_ext.branch_select`` call; its uniforms are drawn on the device from the
+algorithm's generator, so the same seed on the same device gives the same actions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch as th
+
+import cuda_ext  # noqa: F401  (defines torch.ops.cuda_ext.*)
+
+#: Branch names of foxenv's four-branch action space, in order.
+LOB_BRANCH_NAMES: tuple[str, ...] = ("direction", "magnitude", "order", "urgency")
+#: Default ε multipliers of the four LOB branches.
+LOB_EXPLORATION_MULTS: dict[str, float] = {"direction": 1.0, "magnitude": 2.0, "order": 1.5, "urgency": 1.5}
+#: Default Boltzmann branches of the four LOB branches.
+LOB_BOLTZMANN_BRANCHES: tuple[str, ...] = ("order", "urgency")
+
+
+def default_branch_names(n_branches: int) -> tuple[str, ...]:
+    """Branch names used when the env publishes none.
+
+    :param n_branches: number of action branches.
+    :return: foxenv's four names when there are four branches, else ``"0", "1", ...``.
+    """
+    if n_branches == len(LOB_BRANCH_NAMES):
+        return LOB_BRANCH_NAMES
+    return tuple(str(b) for b in range(n_branches))
+
+
+def branch_index(key: int | str, branch_names: Sequence[str], field: str) -> int:
+    """Resolve a branch given by index or by name.
+
+    :param key: a branch index (``0 <= key < NB``) or one of ``branch_names``.
+    :param branch_names: the names of the ``NB`` branches, in order.
+    :param field: the argument name, quoted in errors.
+    :return: the branch index.
+    """
+    n_branches = len(branch_names)
+    if isinstance(key, bool):
+        raise ValueError(f"{field}: branch key {key!r} must be an index or a branch name")
+    if isinstance(key, int):
+        if not 0 <= key < n_branches:
+            raise ValueError(f"{field}: branch index {key} must lie in [0, {n_branches})")
+        return key
+    if isinstance(key, str) and key in branch_names:
+        return list(branch_names).index(key)
+    raise ValueError(f"{field}: unknown branch {key!r}; branches are {list(branch_names)}")
+
+
+def resolve_exploration_mults(
+    mults: Sequence[float] | Mapping[int | str, float] | None, branch_names: Sequence[str]
+) -> list[float]:
+    """Per-branch ε multipliers from a list, a dict (by name or index) or the defaults.
+
+    Branches a dict leaves out keep their default (the LOB defaults for foxenv's branch names, else 1).
+
+    :param mults: ``None`` for the defaults, a sequence of length ``NB``, or a mapping branch → multiplier.
+    :param branch_names: the names of the ``NB`` branches, in order.
+    :return: one non-negative multiplier per branch.
+    """
+    resolved = [LOB_EXPLORATION_MULTS.get(name, 1.0) for name in branch_names]
+    if mults is None:
+        return resolved
+    if isinstance(mults, Mapping):
+        for key, value in mults.items():
+            resolved[branch_index(key, branch_names, "exploration_mults")] = float(value)
+    elif isinstance(mults, Sequence) and not isinstance(mults, str):
+        if len(mults) != len(branch_names):
+            raise ValueError(
+                f"exploration_mults has length {len(mults)} but the action space has "
+                f"{len(branch_names)} branches {list(branch_names)}"
+            )
+        resolved = [float(value) for value in mults]
+    else:
+        raise ValueError(f"exploration_mults={mults!r} must be a list, tuple or dict")
+    for name, value in zip(branch_names, resolved, strict=True):
+        if not value >= 0.0:
+            raise ValueError(f"exploration_mults[{name!r}]={value} must be >= 0")
+    return resolved
+
+
+def resolve_boltzmann_branches(
+    branches: Sequence[int | str] | None, branch_names: Sequence[str]
+) -> list[bool]:
+    """Per-branch Boltzmann flags.
+
+    :param branches: ``None`` for the defaults (order and urgency when the branches carry those names,
+        else none), or the branches (names or indices) that sample from a Boltzmann distribution.
+    :param branch_names: the names of the ``NB`` branches, in order.
+    :return: one flag per branch.
+    """
+    if branches is None:
+        branches = [name for name in LOB_BOLTZMANN_BRANCHES if name in branch_names]
+    if isinstance(branches, str | int):
+        raise ValueError(f"boltzmann_branches={branches!r} must be a list of branch names or indices")
+    flags = [False] * len(branch_names)
+    for key in branches:
+        flags[branch_index(key, branch_names, "boltzmann_branches")] = True
+    return flags
+
+
+def linear_anneal(start: float, end: float, progress_remaining: float) -> float:
+    """Linear interpolation over the whole of training.
+
+    :param start: value at ``progress_remaining = 1`` (start of training).
+    :param end: value at ``progress_remaining = 0`` (end of training).
+    :param progress_remaining: SB3's progress, from 1 down to 0.
+    :return: ``start + (1 - progress_remaining) * (end - start)``.
+    """
+    progress = min(max(1.0 - progress_remaining, 0.0), 1.0)
+    return start + progress * (end - start)
+
+
+def branch_epsilons(epsilon: float, mults: th.Tensor) -> th.Tensor:
+    """Per-branch exploration rates ``ε_b = min(1, ε · mult_b)``.
+
+    :param epsilon: the scheduled ε.
+    :param mults: ``[NB]`` float32 multipliers.
+    :return: ``[NB]`` float32 rates.
+    """
+    return th.clamp(mults * epsilon, max=1.0)
+
+
+def select_actions(
+    q: th.Tensor,
+    iqr: th.Tensor,
+    ens_std: th.Tensor,
+    n_actions: th.Tensor,
+    eps: th.Tensor,
+    boltzmann: th.Tensor,
+    iqr_bonus: float,
+    ensemble_bonus: float,
+    generator: th.Generator | None,
+) -> th.Tensor:
+    """Exploratory actions through ``torch.ops.cuda_ext.branch_select``.
+
+    :param q: ``[B, NB, A]`` action values (padded actions ``-inf``).
+    :param iqr: ``[B, NB, A]`` quantile IQRs.
+    :param ens_std: ``[B, NB, A]`` ensemble standard deviations.
+    :param n_actions: ``[NB]`` int64 number of valid actions per branch.
+    :param eps: ``[NB]`` float32 per-branch ε.
+    :param boltzmann: ``[NB]`` bool, branches that sample from a Boltzmann distribution.
+    :param iqr_bonus: weight ``α`` of the IQR bonus.
+    :param ensemble_bonus: weight ``β`` of the ensemble-std bonus.
+    :param generator: generator on ``q``'s device for the uniforms (``None``: the global one).
+    :return: ``[B, NB]`` int64 actions.
+    """
+    batch, n_branches = q.shape[0], q.shape[1]
+    u_explore = th.rand((batch, n_branches), generator=generator, device=q.device, dtype=th.float32)
+    u_action = th.rand((batch, n_branches), generator=generator, device=q.device, dtype=th.float32)
+    return th.ops.cuda_ext.branch_select(
+        q.float(),
+        iqr.float(),
+        ens_std.float(),
+        n_actions,
+        eps,
+        boltzmann,
+        u_explore,
+        u_action,
+        float(iqr_bonus),
+        float(ensemble_bonus),
+    )
