@@ -1,4 +1,4 @@
-"""Command line of cuda_ext: ``python -m cuda_ext build`` (ahead-of-time build) and ``python -m cuda_ext info``."""
+"""Command line of cuda_ext: ``python -m cuda_ext build`` (build ahead of time) and ``... info``."""
 
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ def main(argv: list[str] | None = None) -> int:
     :return: the process exit status.
     """
     parser = argparse.ArgumentParser(prog="python -m cuda_ext", description=__doc__)
-    parser.add_argument("command", choices=["build", "info"], help="build: compile, link and load the extension")
+    parser.add_argument(
+        "command", choices=["build", "info"], help="build: compile, link and load the extension; info: status"
+    )
     parser.add_argument("--verbose", action="store_true", help="show the compiler commands")
     args = parser.parse_args(argv)
     if args.command == "build":

@@ -66,7 +66,8 @@ def _cache_key() -> str:
 def build_directory() -> Path:
     """Where the compiled extension for the current sources and torch version lives.
 
-    :return: ``$FOXHUNT_CUDA_EXT_DIR/<key>`` if that variable is set, else ``~/.cache/foxhunt/cuda_ext/<key>``.
+    :return: ``$FOXHUNT_CUDA_EXT_DIR/<key>`` if that variable is set,
+        else ``~/.cache/foxhunt/cuda_ext/<key>``.
     """
     root = os.environ.get("FOXHUNT_CUDA_EXT_DIR")
     base = Path(root) if root else Path.home() / ".cache" / "foxhunt" / "cuda_ext"
@@ -74,7 +75,7 @@ def build_directory() -> Path:
 
 
 def find_cuda_home() -> Path | None:
-    """Locate the CUDA toolkit: ``CUDA_HOME``/``CUDA_PATH``, ``/usr/local/cuda``, or the folder above ``nvcc``.
+    """Locate the CUDA toolkit: ``CUDA_HOME``/``CUDA_PATH``, ``/usr/local/cuda``, or above ``nvcc``.
 
     A candidate counts only if it holds ``bin/nvcc`` and ``include/cuda_runtime.h`` (a wrapper script such as
     ``/usr/local/bin/nvcc`` does not make ``/usr/local`` a toolkit).
@@ -164,7 +165,7 @@ def load_if_possible() -> bool:
         return True
     if os.environ.get("FOXHUNT_CUDA_EXT", "").lower() in ("0", "reference", "off"):
         _load_error = "disabled by FOXHUNT_CUDA_EXT"
-        logger.warning("cuda_ext: extension disabled by FOXHUNT_CUDA_EXT; ops run the pure-PyTorch references")
+        logger.warning("cuda_ext: extension disabled by FOXHUNT_CUDA_EXT; ops run the references")
         return False
     if not torch.cuda.is_available():
         _load_error = "no CUDA device"
@@ -174,7 +175,7 @@ def load_if_possible() -> bool:
         build()
     except Exception as error:  # noqa: BLE001  (any build failure falls back to the references)
         _load_error = f"{type(error).__name__}: {error}"
-        logger.warning("cuda_ext: could not build/load the CUDA extension (%s); ops run the references", error)
+        logger.warning("cuda_ext: could not build/load the extension (%s); ops run the references", error)
         return False
     return True
 
