@@ -9,6 +9,7 @@ info as Python scalars. :func:`make_core` is the shared factory that the vector 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections import deque
 from os import PathLike
 from typing import Any
@@ -61,6 +62,22 @@ def split_env_kwargs(
     return dataclasses.replace(base, **config_kwargs), market_kwargs
 
 
+@functools.lru_cache(maxsize=4)
+def _cached_synthetic_market(
+    levels: int, seed: int, market_kwargs: tuple[tuple[str, Any], ...]
+) -> MarketData:
+    """Generate a synthetic market on the CPU once per process for each set of arguments.
+
+    :param levels: book levels per side.
+    :param seed: the generator's seed.
+    :param market_kwargs: the other ``load_market`` options, as sorted ``(name, value)`` pairs.
+    :return: the (immutable) market, shared by every env built with the same arguments.
+    """
+    from foxenv.data import load_market
+
+    return load_market("synthetic", levels=levels, seed=seed, device="cpu", **dict(market_kwargs))
+
+
 def make_core(
     data: DataSource = "synthetic",
     num_books: int = 1,
@@ -76,7 +93,8 @@ def make_core(
     :param data: ``"synthetic"``, a LOBSTER folder, a ``(message, orderbook)`` pair of files, or a
         loaded :class:`MarketData` (then no market keywords may be given).
     :param num_books: number of books ``B``.
-    :param device: device of the core (and of the loaded market).
+    :param device: device of the core (and of the loaded market). A synthetic market is generated once
+        per process for each set of arguments and shared (markets are never modified).
     :param seed: seeds the core; also the synthetic generator's seed (0 when ``None``).
     :param config: base env config; keyword arguments naming its fields override it.
     :param validate_actions: let the core check action ranges (a host sync); ``None``: on the CPU only.
@@ -91,6 +109,10 @@ def make_core(
                 f"market options {sorted(market_kwargs)} cannot apply to an already loaded MarketData"
             )
         market = data.to(device)
+    elif isinstance(data, str) and data == "synthetic":
+        market_seed = 0 if seed is None else int(seed)
+        options = tuple(sorted(market_kwargs.items()))
+        market = _cached_synthetic_market(env_config.levels, market_seed, options).to(device)
     else:
         from foxenv.data import load_market
 
