@@ -288,10 +288,10 @@ def _validate_book(book: np.ndarray) -> None:
                                      ("bid", bid_price, bid_size, -DUMMY_PRICE)):
         empty = price == dummy
         for name, bad, rule in (
+            (f"{side}_price", empty[:, :-1] & ~empty[:, 1:], "is empty but a deeper level is occupied"),
             (f"{side}_price", ~empty & (price <= 0), "must be > 0"),
             (f"{side}_size", empty & (size != 0), "must be 0 on an empty level"),
             (f"{side}_size", ~empty & (size <= 0), "must be > 0 on an occupied level"),
-            (f"{side}_price", empty[:, :-1] & ~empty[:, 1:], "is empty but a deeper level is occupied"),
         ):
             if bad.any():
                 row, level = np.argwhere(bad)[0]
