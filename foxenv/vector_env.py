@@ -24,19 +24,22 @@ from foxenv.gym_env import RENDER_HISTORY, DataSource, action_space_of, make_cor
 ArrayOrTensor = np.ndarray | torch.Tensor
 
 
-def tensors_to_numpy(tensors: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+def tensors_to_numpy(tensors: dict[str, torch.Tensor], pack: bool | None = None) -> dict[str, np.ndarray]:
     """Copy a dict of tensors to numpy arrays with their own memory.
 
     On an accelerator the tensors are packed into one float64 buffer so there is a single
     device-to-host transfer (exact for float32, bool and integers below 2**53).
 
     :param tensors: tensors with a common leading (batch) dimension, one device.
+    :param pack: force (True) or skip (False) the packing; ``None``: pack unless on the CPU.
     :return: the same keys, numpy arrays of the same dtypes and shapes.
     """
     if not tensors:
         return {}
     values = list(tensors.values())
-    if values[0].device.type == "cpu":
+    if pack is None:
+        pack = values[0].device.type != "cpu"
+    if not pack:
         return {key: value.numpy().copy() for key, value in tensors.items()}
     batch = values[0].shape[0]
     packed = torch.cat([value.reshape(batch, -1).to(torch.float64) for value in values], dim=1).cpu().numpy()
