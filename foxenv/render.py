@@ -75,7 +75,7 @@ def render_book(
     depth_axes.axvline(0.0, color="black", linewidth=0.5)
     if order_price is not None:
         depth_axes.axhline(order_price, color=ORDER_COLOR, linestyle="--", linewidth=1.2,
-                           label=f"own order {order_remaining:g} @ {order_price:.4g}")
+                           label=f"own order {order_remaining:g} @ {order_price:g}")
     depth_axes.set_xlabel("size (bid < 0 < ask)")
     depth_axes.set_ylabel("price")
     depth_axes.legend(loc="upper left", fontsize=6)

@@ -25,6 +25,7 @@ def random_rollout(
     seed: int = 0,
     device: torch.device | str = "cpu",
     progress: bool = True,
+    market_steps: int | None = None,
     **kwargs: Any,
 ) -> dict[str, Any]:
     """Run a uniformly random policy for ``num_steps`` vector steps and summarise it.
@@ -38,6 +39,8 @@ def random_rollout(
     :param seed: seeds the env and the random policy.
     :param device: device of the env and of the recorded series.
     :param progress: show a tqdm progress bar.
+    :param market_steps: ``load_market``'s ``num_steps`` (length of the market timeline; the name
+        ``num_steps`` is taken by the rollout length).
     :param kwargs: :class:`~foxenv.config.EnvConfig` fields and ``load_market`` options.
     :return: :func:`foxenv.metrics.summarize`'s dict (``sharpe``, ``max_drawdown``, ``turnover``,
         ``total_pnl``, ``hit_rate``, ``num_trades``, ``steps``, ``episodes``, ``mean_episode_reward``,
@@ -46,6 +49,8 @@ def random_rollout(
     """
     if int(num_steps) != num_steps or num_steps < 2:
         raise ValueError(f"num_steps={num_steps} must be an integer >= 2")
+    if market_steps is not None:
+        kwargs["num_steps"] = market_steps
     env = make_vec(num_envs, data=data, device=device, seed=seed, return_tensors=True, **kwargs)
     dev = env.device
     generator = torch.Generator(device=dev).manual_seed(int(seed))
