@@ -12,6 +12,7 @@ tensors plus ``TimeLimit.truncated``), the form the replay buffer's tensor path 
 from __future__ import annotations
 
 import inspect
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import fields
@@ -50,16 +51,17 @@ class LOBVecEnv(VecEnv):
 
     :param num_envs: number of books; >= 1.
     :param device: device the book core runs on (observations come back as numpy).
-    :param seed: seed of the book core and of the first reset (and of the synthetic market, when
-        ``data`` is a source name); ``None`` = random.
-    :param data: a :class:`~foxenv.data.market.MarketData`, or a ``source`` name for
-        ``foxenv.data.load_market`` (e.g. ``"synthetic"``).
+    :param seed: seed of the book core (episode start offsets) and of the first reset; ``None`` = random.
+        It does not change the market: train and evaluation envs with different seeds see the same data.
+    :param data: a :class:`~foxenv.data.market.MarketData`, or a ``source`` for ``foxenv.data.load_market``
+        (``"synthetic"``, or a LOBSTER folder).
     :param env_kwargs: ``foxenv.config.EnvConfig`` fields and ``foxenv.data.load_market`` keyword
-        arguments (``levels`` goes to both); anything else raises ``ValueError``.
+        arguments (``levels`` goes to both; ``market_seed`` is ``load_market``'s ``seed``); anything else
+        raises ``ValueError``.
     """
 
     def __init__(self, num_envs: int, device: str = "cpu", seed: int | None = None,
-                 data: str | MarketData = "synthetic", **env_kwargs: Any) -> None:
+                 data: str | os.PathLike | MarketData = "synthetic", **env_kwargs: Any) -> None:
         if isinstance(num_envs, bool) or int(num_envs) != num_envs or num_envs < 1:
             raise ValueError(f"num_envs={num_envs} must be an integer >= 1")
         from foxenv.core import BatchedLOB
@@ -69,17 +71,18 @@ class LOBVecEnv(VecEnv):
             config_kwargs, _ = _split_env_kwargs(env_kwargs, ())
             self.config = EnvConfig(**config_kwargs)
             market = data
-        elif isinstance(data, str):
+        elif isinstance(data, str | os.PathLike):
             from foxenv.data import load_market
 
             market_params = [
                 name for name, p in inspect.signature(load_market).parameters.items()
-                if p.kind is inspect.Parameter.KEYWORD_ONLY
+                if p.kind is inspect.Parameter.KEYWORD_ONLY and name != "seed"
             ]
+            market_seed = env_kwargs.pop("market_seed", None)
             config_kwargs, market_kwargs = _split_env_kwargs(env_kwargs, market_params)
             self.config = EnvConfig(**config_kwargs)
-            if "seed" in market_params and seed is not None:
-                market_kwargs.setdefault("seed", seed)
+            if market_seed is not None:
+                market_kwargs["seed"] = market_seed
             if "device" in market_params:
                 market_kwargs.setdefault("device", device)
             market = load_market(data, **market_kwargs)

@@ -307,6 +307,7 @@ def test_pickle_round_trip_keeps_everything():
     assert_same_state(buffer, loaded)
 
 
+@pytest.mark.slow
 def test_sb3_save_and_load_replay_buffer(tmp_path):
     import gymnasium as gym
 
@@ -358,9 +359,8 @@ def test_reset_empties_everything():
 @pytest.mark.slow
 def test_lob_vec_env_random_steps_inject_hindsight():
     from sb3_her_ext.vec_env import LOBVecEnv
-    from tests.foxenv.fake_market import random_market
 
-    env = LOBVecEnv(4, seed=0, data=random_market(600, num_levels=5, seed=1), levels=5, episode_length=100,
+    env = LOBVecEnv(4, seed=0, data="synthetic", num_steps=3000, levels=5, episode_length=100,
                     max_position=10.0)
     buffer = PrioritizedHindsightReplayBuffer(
         8192, env.observation_space, env.action_space, device="cpu", n_envs=env.num_envs,

@@ -200,3 +200,24 @@ def test_evaluate_policy_runs_without_monitor(market):
     mean, std = evaluate_policy(RandomModel(0), env, n_eval_episodes=4)
     assert np.isfinite(mean) and np.isfinite(std)
     assert std > 0.0  # random trading on a random walk: episodes differ
+
+
+def test_synthetic_source_market_does_not_depend_on_the_env_seed():
+    settings = {"num_steps": 400, "levels": 5, "episode_length": 20}
+    a = LOBVecEnv(1, seed=1, **settings)
+    b = LOBVecEnv(1, seed=2, **settings)
+    c = LOBVecEnv(1, seed=2, market_seed=3, **settings)
+    assert a.lob.market.num_steps == 400 and a.lob.market.num_levels == 5
+    assert torch.equal(a.lob.market.bid_price, b.lob.market.bid_price)
+    assert not torch.equal(a.lob.market.bid_price, c.lob.market.bid_price)
+    with pytest.raises(ValueError, match="market_seed"):
+        LOBVecEnv(1, data=a.lob.market, market_seed=3, levels=5, episode_length=20)
+
+
+@pytest.mark.slow
+def test_lobster_folder_source(lobster_dir):
+    env = LOBVecEnv(2, seed=0, data=lobster_dir, split="test", episode_length=30)
+    obs = env.reset()
+    assert obs.shape == (2, env.lob.observation_dim) and np.isfinite(obs).all()
+    _, _, _, infos = env.step(np.tile(FLAT, (2, 1)))
+    assert 500.0 < infos[0]["mid"] < 650.0  # GOOG on 2012-06-21 traded around 560-590 USD
