@@ -1,0 +1,427 @@
+// Hindsight kernels (see hindsight_kernels.cuh). Torch-free: CUDA runtime and the package headers only.
+//
+// Candidate-row kernels share one shape: a block owns kRows consecutive rows; its first warp decides
+// each row (wants, source pointers, reward, state updates) into shared memory, then all kThreads copy
+// the rows' observations with coalesced loads/stores (zeros for rows not wanted) and write the actions.
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "common.h"
+#include "hindsight_kernels.cuh"
+
+namespace cuda_ext {
+namespace hindsight {
+namespace {
+
+constexpr int kThreads = 256;   // threads per block
+constexpr int kRows = 32;       // candidate rows per block (decided by warp 0)
+constexpr int kBookThreads = 256;  // books per block in the forward ring's entry scan
+
+// Copy `n_rows` rows of `dim` floats from per-row sources (nullptr: zeros) to `out + first_row * dim`.
+__device__ inline void copy_rows(float* out, const float* const* sources, int64_t first_row, int n_rows,
+                                 int64_t dim) {
+  const int64_t n = static_cast<int64_t>(n_rows) * dim;
+  float* dst = out + first_row * dim;
+  for (int64_t idx = threadIdx.x; idx < n; idx += blockDim.x) {
+    const int r = static_cast<int>(idx / dim);
+    const float* src = sources[r];
+    dst[idx] = src != nullptr ? src[idx - r * dim] : 0.0f;
+  }
+}
+
+// Add the number of rows the first warp wants to `*count` (one atomic per block).
+__device__ inline void count_wanted(bool want, int64_t* count) {
+  const unsigned ballot = __ballot_sync(0xffffffffu, want);
+  if (threadIdx.x == 0 && ballot != 0u) {
+    atomicAdd(reinterpret_cast<unsigned long long*>(count), static_cast<unsigned long long>(__popc(ballot)));
+  }
+}
+
+__global__ void track_kernel(float* __restrict__ ring, int64_t* __restrict__ ring_len,
+                             float* __restrict__ entry_mid, int64_t* __restrict__ direction,
+                             float* __restrict__ peak, int64_t* __restrict__ peak_row,
+                             const float* __restrict__ position, const float* __restrict__ best_bid,
+                             const float* __restrict__ best_ask, const int64_t* __restrict__ row,
+                             int64_t n_books, int64_t ring_size) {
+  for (int64_t b = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; b < n_books;
+       b += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float mid = __fmul_rn(__fadd_rn(best_bid[b], best_ask[b]), 0.5f);
+    const float pos = position[b];
+    const int64_t sign = static_cast<int64_t>(pos > 0.0f) - static_cast<int64_t>(pos < 0.0f);
+    if (sign == 0) {  // flat (or NaN): reset
+      ring_len[b] = 0;
+      direction[b] = 0;
+      entry_mid[b] = 0.0f;
+      peak[b] = 0.0f;
+      peak_row[b] = -1;
+      continue;
+    }
+    int64_t len = ring_len[b];
+    float best = peak[b];
+    int64_t best_row = peak_row[b];
+    if (sign != direction[b]) {  // a new trade: from flat or by a flip
+      direction[b] = sign;
+      entry_mid[b] = mid;
+      len = 0;
+      best = mid;
+      best_row = row[b];
+    }
+    ring[b * ring_size + len % ring_size] = mid;
+    ring_len[b] = len + 1;
+    if (sign > 0 ? mid > best : mid < best) {
+      best = mid;
+      best_row = row[b];
+    }
+    peak[b] = best;
+    peak_row[b] = best_row;
+  }
+}
+
+__global__ void inject_kernel(int64_t* __restrict__ ring_len, float* __restrict__ entry_mid,
+                              int64_t* __restrict__ direction, float* __restrict__ peak,
+                              int64_t* __restrict__ peak_row, const bool* __restrict__ trade_closed,
+                              const float* __restrict__ raw_reward, const float* __restrict__ lots,
+                              const float* __restrict__ obs, const float* __restrict__ next_obs,
+                              const int64_t* __restrict__ action, const float* __restrict__ replay_next_obs,
+                              int64_t n_books, int64_t obs_dim, int64_t n_branches, int64_t n_replay_rows,
+                              float reward_scale, float threshold, int anchor, int64_t direction_branch,
+                              int64_t flat_action, float* __restrict__ out_obs,
+                              float* __restrict__ out_next_obs, int64_t* __restrict__ out_action,
+                              float* __restrict__ out_reward, bool* __restrict__ wants,
+                              int64_t* __restrict__ count) {
+  __shared__ const float* s_obs[kRows];
+  __shared__ const float* s_next_obs[kRows];
+  __shared__ bool s_wants[kRows];
+  __shared__ bool s_exit[kRows];
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kRows;
+  if (threadIdx.x < kRows) {
+    const int64_t b = first + threadIdx.x;
+    bool want = false;
+    bool use_peak = false;
+    const float* src_obs = nullptr;
+    const float* src_next_obs = nullptr;
+    if (b < n_books) {
+      const bool closed = trade_closed[b];
+      const float peak_pnl = __fmul_rn(fabsf(__fsub_rn(peak[b], entry_mid[b])), lots[b]);
+      const float actual = __fdiv_rn(fabsf(raw_reward[b]), reward_scale);
+      want = closed && direction[b] != 0 && peak_pnl > __fmul_rn(threshold, actual);
+      out_reward[b] = want ? __fmul_rn(peak_pnl, reward_scale) : 0.0f;
+      wants[b] = want;
+      if (want) {
+        const int64_t prow = peak_row[b];
+        use_peak = anchor == 1 && prow >= 0 && prow < n_replay_rows;
+        src_obs = use_peak ? replay_next_obs + prow * obs_dim : obs + b * obs_dim;
+        src_next_obs = use_peak ? replay_next_obs + prow * obs_dim : next_obs + b * obs_dim;
+      }
+      if (closed) {  // every closed book's tracker resets, fired or not
+        ring_len[b] = 0;
+        entry_mid[b] = 0.0f;
+        direction[b] = 0;
+        peak[b] = 0.0f;
+        peak_row[b] = -1;
+      }
+    }
+    s_obs[threadIdx.x] = src_obs;
+    s_next_obs[threadIdx.x] = src_next_obs;
+    s_wants[threadIdx.x] = want;
+    s_exit[threadIdx.x] = use_peak;
+    count_wanted(want, count);
+  }
+  __syncthreads();
+  const int n_rows = static_cast<int>(n_books - first < kRows ? n_books - first : kRows);
+  copy_rows(out_obs, s_obs, first, n_rows, obs_dim);
+  copy_rows(out_next_obs, s_next_obs, first, n_rows, obs_dim);
+  for (int64_t idx = threadIdx.x; idx < n_rows * n_branches; idx += blockDim.x) {
+    const int r = static_cast<int>(idx / n_branches);
+    const int64_t k = idx - r * n_branches;
+    const int64_t at = first * n_branches + idx;
+    out_action[at] = !s_wants[r] ? 0 : (s_exit[r] && k == direction_branch ? flat_action : action[at]);
+  }
+}
+
+// Forward phase 1 (blocks [0, slot_blocks)): judge slots, write one candidate row per slot, per-block
+// fire counts to workspace[blk] and the ring head to workspace[head_at]. Blocks [slot_blocks, ...):
+// count the books that enter the ring into workspace[blk].
+__global__ void forward_judge_kernel(bool* __restrict__ slot_valid, const float* __restrict__ slot_entry,
+                                     const int64_t* __restrict__ slot_close_step,
+                                     const int64_t* __restrict__ slot_direction,
+                                     const float* __restrict__ slot_actual,
+                                     const float* __restrict__ slot_lots, const int64_t* __restrict__ slot_book,
+                                     const float* __restrict__ slot_obs, const int64_t* __restrict__ slot_action,
+                                     const int64_t* __restrict__ ring_head, const int64_t* __restrict__ step,
+                                     const float* __restrict__ mid, const bool* __restrict__ book_reset,
+                                     const bool* __restrict__ trade_closed,
+                                     const int64_t* __restrict__ closed_direction, int64_t n_slots,
+                                     int64_t n_books, int64_t obs_dim, int64_t n_branches, int64_t lookahead,
+                                     float threshold, float reward_scale, int64_t direction_branch,
+                                     float* __restrict__ out_obs, float* __restrict__ out_next_obs,
+                                     int64_t* __restrict__ out_action, float* __restrict__ out_reward,
+                                     bool* __restrict__ wants, int64_t* __restrict__ workspace,
+                                     int slot_blocks, int64_t head_at) {
+  if (static_cast<int>(blockIdx.x) >= slot_blocks) {
+    const int64_t b = static_cast<int64_t>(blockIdx.x - slot_blocks) * kBookThreads + threadIdx.x;
+    const bool enters = b < n_books && trade_closed[b] && closed_direction[b] != 0;
+    const int entering = __syncthreads_count(enters);
+    if (threadIdx.x == 0) workspace[blockIdx.x] = entering;
+    return;
+  }
+  __shared__ const float* s_obs[kRows];
+  __shared__ bool s_wants[kRows];
+  __shared__ int64_t s_stay[kRows];
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kRows;
+  if (threadIdx.x < kRows) {
+    const int64_t i = first + threadIdx.x;
+    bool want = false;
+    int64_t stay = 0;
+    if (i < n_slots) {
+      if (i == 0) workspace[head_at] = ring_head[0];
+      float reward = 0.0f;
+      if (slot_valid[i]) {
+        const int64_t book = slot_book[i];
+        const bool reset = book < 0 || book >= n_books || book_reset[book];
+        const int64_t age = step[0] - slot_close_step[i];
+        const int64_t dir = slot_direction[i];
+        float fwd = 0.0f;
+        if (!reset) {
+          fwd = __fmul_rn(__fmul_rn(static_cast<float>(dir), __fsub_rn(mid[book], slot_entry[i])), slot_lots[i]);
+        }
+        const bool mature = age >= lookahead && age < 2 * lookahead;
+        want = !reset && mature && fwd > __fmul_rn(threshold, slot_actual[i]);
+        if (reset || age >= 2 * lookahead || want) slot_valid[i] = false;
+        if (want) reward = __fmul_rn(fwd, reward_scale);
+        stay = dir > 0 ? 2 : 0;
+      }
+      out_reward[i] = reward;
+      wants[i] = want;
+    }
+    s_obs[threadIdx.x] = want ? slot_obs + i * obs_dim : nullptr;
+    s_wants[threadIdx.x] = want;
+    s_stay[threadIdx.x] = stay;
+    const unsigned ballot = __ballot_sync(0xffffffffu, want);
+    if (threadIdx.x == 0) workspace[blockIdx.x] = __popc(ballot);
+  }
+  __syncthreads();
+  const int n_rows = static_cast<int>(n_slots - first < kRows ? n_slots - first : kRows);
+  copy_rows(out_obs, s_obs, first, n_rows, obs_dim);
+  copy_rows(out_next_obs, s_obs, first, n_rows, obs_dim);
+  for (int64_t idx = threadIdx.x; idx < n_rows * n_branches; idx += blockDim.x) {
+    const int r = static_cast<int>(idx / n_branches);
+    const int64_t k = idx - r * n_branches;
+    const int64_t at = first * n_branches + idx;
+    out_action[at] = !s_wants[r] ? 0 : (k == direction_branch ? s_stay[r] : slot_action[at]);
+  }
+}
+
+// Forward phase 2: every block sums the entry counts before it, scans its own books and writes the
+// entrants that are among the last n_slots into the ring. Block 0 also writes count and ring_head.
+__global__ void forward_enter_kernel(bool* __restrict__ slot_valid, float* __restrict__ slot_entry,
+                                     int64_t* __restrict__ slot_close_step, int64_t* __restrict__ slot_direction,
+                                     float* __restrict__ slot_actual, float* __restrict__ slot_lots,
+                                     int64_t* __restrict__ slot_book, float* __restrict__ slot_obs,
+                                     int64_t* __restrict__ slot_action, int64_t* __restrict__ ring_head,
+                                     const int64_t* __restrict__ step, const bool* __restrict__ trade_closed,
+                                     const float* __restrict__ entry_mid,
+                                     const int64_t* __restrict__ closed_direction,
+                                     const float* __restrict__ actual, const float* __restrict__ lots,
+                                     const float* __restrict__ obs, const int64_t* __restrict__ action,
+                                     int64_t n_slots, int64_t n_books, int64_t obs_dim, int64_t n_branches,
+                                     int64_t* __restrict__ count, const int64_t* __restrict__ workspace,
+                                     int slot_blocks, int book_blocks, int64_t head_at) {
+  __shared__ int64_t s_pos[kBookThreads];
+  __shared__ int64_t s_book[kBookThreads];
+  const int64_t* entering = workspace + slot_blocks;
+  int64_t before = 0;
+  int64_t all = 0;
+  for (int j = threadIdx.x; j < book_blocks; j += blockDim.x) {
+    all += entering[j];
+    if (j < static_cast<int>(blockIdx.x)) before += entering[j];
+  }
+  int64_t before_total = 0;
+  int64_t total = 0;
+  block_exclusive_scan(before, &before_total);
+  block_exclusive_scan(all, &total);
+  const int64_t head = workspace[head_at];
+
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * kBookThreads + threadIdx.x;
+  const bool enters = b < n_books && trade_closed[b] && closed_direction[b] != 0;
+  int64_t block_entering = 0;
+  const int64_t prefix = before_total + block_exclusive_scan(enters ? 1 : 0, &block_entering);
+  const bool kept = enters && prefix >= total - n_slots;
+  const int64_t pos = (head + prefix) % n_slots;
+  if (kept) {
+    slot_valid[pos] = true;
+    slot_entry[pos] = entry_mid[b];
+    slot_close_step[pos] = step[0];
+    slot_direction[pos] = closed_direction[b];
+    slot_actual[pos] = actual[b];
+    slot_lots[pos] = lots[b];
+    slot_book[pos] = b;
+  }
+  int64_t n_kept = 0;
+  const int64_t kept_at = block_exclusive_scan(kept ? 1 : 0, &n_kept);
+  if (kept) {
+    s_pos[kept_at] = pos;
+    s_book[kept_at] = b;
+  }
+  __syncthreads();
+  for (int64_t idx = threadIdx.x; idx < n_kept * obs_dim; idx += blockDim.x) {
+    const int64_t e = idx / obs_dim;
+    const int64_t d = idx - e * obs_dim;
+    slot_obs[s_pos[e] * obs_dim + d] = obs[s_book[e] * obs_dim + d];
+  }
+  for (int64_t idx = threadIdx.x; idx < n_kept * n_branches; idx += blockDim.x) {
+    const int64_t e = idx / n_branches;
+    const int64_t k = idx - e * n_branches;
+    slot_action[s_pos[e] * n_branches + k] = action[s_book[e] * n_branches + k];
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    int64_t fired = 0;
+    for (int j = 0; j < slot_blocks; ++j) fired += workspace[j];
+    count[0] = fired;
+    ring_head[0] = (head + total) % n_slots;
+  }
+}
+
+__global__ void relabel_kernel(const bool* __restrict__ trade_closed, const float* __restrict__ obs,
+                               const float* __restrict__ next_obs, const int64_t* __restrict__ action,
+                               const float* __restrict__ reward, const float* __restrict__ magnitudes,
+                               int64_t n_books, int64_t obs_dim, int64_t n_branches, int64_t n_mags,
+                               int64_t magnitude_branch, float* __restrict__ out_obs,
+                               float* __restrict__ out_next_obs, int64_t* __restrict__ out_action,
+                               float* __restrict__ out_reward, float* __restrict__ out_priority,
+                               bool* __restrict__ wants, int64_t* __restrict__ count) {
+  __shared__ const float* s_obs[kRows];
+  __shared__ const float* s_next_obs[kRows];
+  __shared__ const int64_t* s_action[kRows];
+  __shared__ int64_t s_target[kRows];
+  const int64_t n_rows_total = (n_mags - 1) * n_books;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kRows;
+  if (threadIdx.x < kRows) {
+    const int64_t r = first + threadIdx.x;
+    bool want = false;
+    int64_t target = 0;
+    const float* src_obs = nullptr;
+    const float* src_next_obs = nullptr;
+    const int64_t* src_action = nullptr;
+    if (r < n_rows_total) {
+      const int64_t j = r / n_books;
+      const int64_t b = r - j * n_books;
+      const int64_t current = action[b * n_branches + magnitude_branch];
+      want = trade_closed[b] && current >= 0 && current < n_mags;
+      target = j + (j >= current ? 1 : 0);
+      float relabeled = 0.0f;
+      float priority = 0.0f;
+      if (want) {
+        const float r0 = reward[b];
+        relabeled = __fdiv_rn(__fmul_rn(r0, magnitudes[target]), magnitudes[current]);
+        priority = fabsf(__fsub_rn(relabeled, r0));
+        src_obs = obs + b * obs_dim;
+        src_next_obs = next_obs + b * obs_dim;
+        src_action = action + b * n_branches;
+      }
+      out_reward[r] = relabeled;
+      out_priority[r] = priority;
+      wants[r] = want;
+    }
+    s_obs[threadIdx.x] = src_obs;
+    s_next_obs[threadIdx.x] = src_next_obs;
+    s_action[threadIdx.x] = src_action;
+    s_target[threadIdx.x] = target;
+    count_wanted(want, count);
+  }
+  __syncthreads();
+  const int n_rows = static_cast<int>(n_rows_total - first < kRows ? n_rows_total - first : kRows);
+  copy_rows(out_obs, s_obs, first, n_rows, obs_dim);
+  copy_rows(out_next_obs, s_next_obs, first, n_rows, obs_dim);
+  for (int64_t idx = threadIdx.x; idx < n_rows * n_branches; idx += blockDim.x) {
+    const int r = static_cast<int>(idx / n_branches);
+    const int64_t k = idx - r * n_branches;
+    const int64_t* src = s_action[r];
+    out_action[first * n_branches + idx] = src == nullptr ? 0 : (k == magnitude_branch ? s_target[r] : src[k]);
+  }
+}
+
+int blocks_for(int64_t n, int per_block) {
+  const int64_t blocks = (n + per_block - 1) / per_block;
+  return static_cast<int>(blocks < 1 ? 1 : blocks);
+}
+
+}  // namespace
+
+cudaError_t launch_track(float* ring, int64_t* ring_len, float* entry_mid, int64_t* direction, float* peak,
+                         int64_t* peak_row, const float* position, const float* best_bid,
+                         const float* best_ask, const int64_t* row, int64_t n_books, int64_t ring_size,
+                         cudaStream_t stream) {
+  if (n_books == 0) return cudaSuccess;
+  track_kernel<<<grid_for(n_books, kThreads, 1 << 20), kThreads, 0, stream>>>(
+      ring, ring_len, entry_mid, direction, peak, peak_row, position, best_bid, best_ask, row, n_books,
+      ring_size);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_inject(int64_t* ring_len, float* entry_mid, int64_t* direction, float* peak,
+                          int64_t* peak_row, const bool* trade_closed, const float* raw_reward,
+                          const float* lots, const float* obs, const float* next_obs, const int64_t* action,
+                          const float* replay_next_obs, int64_t n_books, int64_t obs_dim,
+                          int64_t n_branches, int64_t n_replay_rows, float reward_scale, float threshold,
+                          int anchor, int64_t direction_branch, int64_t flat_action, float* out_obs,
+                          float* out_next_obs, int64_t* out_action, float* out_reward, bool* wants,
+                          int64_t* count, cudaStream_t stream) {
+  cudaError_t status = cudaMemsetAsync(count, 0, sizeof(int64_t), stream);
+  if (status != cudaSuccess || n_books == 0) return status;
+  inject_kernel<<<blocks_for(n_books, kRows), kThreads, 0, stream>>>(
+      ring_len, entry_mid, direction, peak, peak_row, trade_closed, raw_reward, lots, obs, next_obs, action,
+      replay_next_obs, n_books, obs_dim, n_branches, n_replay_rows, reward_scale, threshold, anchor,
+      direction_branch, flat_action, out_obs, out_next_obs, out_action, out_reward, wants, count);
+  return cudaGetLastError();
+}
+
+int64_t forward_workspace_size(int64_t n_slots, int64_t n_books) {
+  return blocks_for(n_slots, kRows) + (n_books + kBookThreads - 1) / kBookThreads + 1;
+}
+
+cudaError_t launch_forward(bool* slot_valid, float* slot_entry, int64_t* slot_close_step,
+                           int64_t* slot_direction, float* slot_actual, float* slot_lots, int64_t* slot_book,
+                           float* slot_obs, int64_t* slot_action, int64_t* ring_head, const int64_t* step,
+                           const float* mid, const bool* book_reset, const bool* trade_closed,
+                           const float* entry_mid, const int64_t* closed_direction, const float* actual,
+                           const float* lots, const float* obs, const int64_t* action, int64_t n_slots,
+                           int64_t n_books, int64_t obs_dim, int64_t n_branches, int64_t lookahead,
+                           float threshold, float reward_scale, int64_t direction_branch, float* out_obs,
+                           float* out_next_obs, int64_t* out_action, float* out_reward, bool* wants,
+                           int64_t* count, int64_t* workspace, cudaStream_t stream) {
+  const int slot_blocks = blocks_for(n_slots, kRows);
+  const int book_blocks = static_cast<int>((n_books + kBookThreads - 1) / kBookThreads);
+  const int64_t head_at = slot_blocks + book_blocks;
+  forward_judge_kernel<<<slot_blocks + book_blocks, kThreads, 0, stream>>>(
+      slot_valid, slot_entry, slot_close_step, slot_direction, slot_actual, slot_lots, slot_book, slot_obs,
+      slot_action, ring_head, step, mid, book_reset, trade_closed, closed_direction, n_slots, n_books, obs_dim,
+      n_branches, lookahead, threshold, reward_scale, direction_branch, out_obs, out_next_obs, out_action,
+      out_reward, wants, workspace, slot_blocks, head_at);
+  cudaError_t status = cudaGetLastError();
+  if (status != cudaSuccess) return status;
+  forward_enter_kernel<<<book_blocks < 1 ? 1 : book_blocks, kBookThreads, 0, stream>>>(
+      slot_valid, slot_entry, slot_close_step, slot_direction, slot_actual, slot_lots, slot_book, slot_obs,
+      slot_action, ring_head, step, trade_closed, entry_mid, closed_direction, actual, lots, obs, action,
+      n_slots, n_books, obs_dim, n_branches, count, workspace, slot_blocks, book_blocks, head_at);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_relabel(const bool* trade_closed, const float* obs, const float* next_obs,
+                           const int64_t* action, const float* reward, const float* magnitudes,
+                           int64_t n_books, int64_t obs_dim, int64_t n_branches, int64_t n_mags,
+                           int64_t magnitude_branch, float* out_obs, float* out_next_obs,
+                           int64_t* out_action, float* out_reward, float* out_priority, bool* wants,
+                           int64_t* count, cudaStream_t stream) {
+  cudaError_t status = cudaMemsetAsync(count, 0, sizeof(int64_t), stream);
+  const int64_t n_rows = (n_mags - 1) * n_books;
+  if (status != cudaSuccess || n_rows == 0) return status;
+  relabel_kernel<<<blocks_for(n_rows, kRows), kThreads, 0, stream>>>(
+      trade_closed, obs, next_obs, action, reward, magnitudes, n_books, obs_dim, n_branches, n_mags,
+      magnitude_branch, out_obs, out_next_obs, out_action, out_reward, out_priority, wants, count);
+  return cudaGetLastError();
+}
+
+}  // namespace hindsight
+}  // namespace cuda_ext

@@ -1,0 +1,209 @@
+// Action-selection kernels (see select_kernels.cuh). Torch-free: CUDA runtime and the package headers only.
+#include <cmath>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "common.h"
+#include "select_kernels.cuh"
+
+namespace cuda_ext {
+namespace action_select {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kRowsPerBlock = 128;  // quantile_iqr: rows staged through shared memory per block
+constexpr float kMinTemperature = 0.01f;
+
+// score = (q + alpha * iqr) + beta * ens_std, one rounding per operation as in the reference.
+__device__ inline float score_at(const float* q, const float* iqr, const float* ens_std, int64_t at, float alpha,
+                                 float beta) {
+  return __fadd_rn(__fadd_rn(q[at], __fmul_rn(alpha, iqr[at])), __fmul_rn(beta, ens_std[at]));
+}
+
+// Boltzmann weight exp((score - best) / tau), evaluated in float64 and rounded to float32.
+__device__ inline float boltzmann_weight(float score, float best, float tau) {
+  const float scaled = __fdiv_rn(__fsub_rn(score, best), tau);
+  return static_cast<float>(exp(static_cast<double>(scaled)));
+}
+
+__global__ void branch_select_kernel(const float* __restrict__ q, const float* __restrict__ iqr,
+                                     const float* __restrict__ ens_std, const int64_t* __restrict__ n_actions,
+                                     const float* __restrict__ eps, const bool* __restrict__ boltzmann,
+                                     const float* __restrict__ u_explore, const float* __restrict__ u_action,
+                                     int64_t n_pairs, int64_t n_branches, int64_t max_actions, float alpha,
+                                     float beta, int64_t* __restrict__ actions) {
+  for (int64_t pair = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; pair < n_pairs;
+       pair += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t branch = pair % n_branches;
+    const int64_t n = n_actions[branch];
+    if (n < 1 || n > max_actions) {
+      actions[pair] = -1;
+      continue;
+    }
+    const float u = u_action[pair];
+    if (u_explore[pair] < eps[branch]) {  // explore: uniform draw by u
+      const int64_t drawn = static_cast<int64_t>(floorf(__fmul_rn(u, static_cast<float>(n))));
+      actions[pair] = drawn < n - 1 ? drawn : n - 1;
+      continue;
+    }
+    const int64_t first = pair * max_actions;
+    float best = score_at(q, iqr, ens_std, first, alpha, beta);
+    float worst = best;
+    int64_t greedy = 0;
+    for (int64_t a = 1; a < n; ++a) {
+      const float s = score_at(q, iqr, ens_std, first + a, alpha, beta);
+      if (s > best) {  // strict: the lowest index wins ties
+        best = s;
+        greedy = a;
+      }
+      worst = fminf(worst, s);
+    }
+    if (!boltzmann[branch]) {
+      actions[pair] = greedy;
+      continue;
+    }
+    const float tau = fmaxf(__fsub_rn(best, worst), kMinTemperature);
+    float total = 0.0f;
+    for (int64_t a = 0; a < n; ++a) {
+      total = __fadd_rn(total, boltzmann_weight(score_at(q, iqr, ens_std, first + a, alpha, beta), best, tau));
+    }
+    const float target = __fmul_rn(u, total);
+    float running = 0.0f;
+    int64_t chosen = n - 1;  // when rounding leaves no running sum above the target
+    for (int64_t a = 0; a < n; ++a) {
+      running = __fadd_rn(running, boltzmann_weight(score_at(q, iqr, ens_std, first + a, alpha, beta), best, tau));
+      if (running > target) {
+        chosen = a;
+        break;
+      }
+    }
+    actions[pair] = chosen;
+  }
+}
+
+// Positions of the 25% and 75% quantiles: pos = float(q) * float(n - 1) in float32, like torch.quantile.
+struct IqrPositions {
+  int64_t lo25, hi25, lo75, hi75;
+  float w25, w75;
+};
+
+IqrPositions iqr_positions(int64_t n_samples) {
+  const float last = static_cast<float>(n_samples - 1);
+  const float pos25 = 0.25f * last;
+  const float pos75 = 0.75f * last;
+  const float lo25 = std::floor(pos25);
+  const float lo75 = std::floor(pos75);
+  return {static_cast<int64_t>(lo25), static_cast<int64_t>(std::ceil(pos25)), static_cast<int64_t>(lo75),
+          static_cast<int64_t>(std::ceil(pos75)), pos25 - lo25, pos75 - lo75};
+}
+
+__device__ inline float interpolate(float below, float above, float weight) {
+  return __fadd_rn(below, __fmul_rn(weight, __fsub_rn(above, below)));
+}
+
+// Rows of at most NMAX samples: the block stages kRowsPerBlock rows in shared memory with coalesced loads,
+// each thread sorts one row in registers (bitonic network, +inf padding) and interpolates.
+template <int NMAX>
+__global__ void iqr_register_kernel(const float* __restrict__ samples, int64_t n_rows, int n_samples,
+                                    IqrPositions at, float* __restrict__ out) {
+  __shared__ float tile[kRowsPerBlock * (NMAX + 1)];
+  const int64_t first_row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock;
+  const int64_t rows_here = n_rows - first_row < kRowsPerBlock ? n_rows - first_row : kRowsPerBlock;
+  const float* src = samples + first_row * n_samples;
+  for (int64_t idx = threadIdx.x; idx < rows_here * n_samples; idx += blockDim.x) {
+    const int64_t r = idx / n_samples;
+    tile[r * (NMAX + 1) + (idx - r * n_samples)] = src[idx];
+  }
+  __syncthreads();
+  if (threadIdx.x >= rows_here) return;
+  float v[NMAX];
+  bool has_nan = false;
+#pragma unroll
+  for (int i = 0; i < NMAX; ++i) {
+    float x = i < n_samples ? tile[threadIdx.x * (NMAX + 1) + i] : INFINITY;
+    has_nan |= isnan(x);
+    v[i] = isnan(x) ? INFINITY : x;
+  }
+#pragma unroll
+  for (int k = 2; k <= NMAX; k <<= 1) {
+#pragma unroll
+    for (int j = k >> 1; j > 0; j >>= 1) {
+#pragma unroll
+      for (int i = 0; i < NMAX; ++i) {
+        const int partner = i ^ j;
+        if (partner > i) {
+          const float lo = fminf(v[i], v[partner]);
+          const float hi = fmaxf(v[i], v[partner]);
+          const bool ascending = (i & k) == 0;
+          v[i] = ascending ? lo : hi;
+          v[partner] = ascending ? hi : lo;
+        }
+      }
+    }
+  }
+  float lo25 = 0.0f, hi25 = 0.0f, lo75 = 0.0f, hi75 = 0.0f;
+#pragma unroll
+  for (int i = 0; i < NMAX; ++i) {
+    if (i == at.lo25) lo25 = v[i];
+    if (i == at.hi25) hi25 = v[i];
+    if (i == at.lo75) lo75 = v[i];
+    if (i == at.hi75) hi75 = v[i];
+  }
+  const float iqr = __fsub_rn(interpolate(lo75, hi75, at.w75), interpolate(lo25, hi25, at.w25));
+  out[first_row + threadIdx.x] = has_nan ? NAN : iqr;
+}
+
+// Rows already sorted ascending with NaN last: one thread per row reads its four order statistics.
+__global__ void iqr_sorted_kernel(const float* __restrict__ sorted, int64_t n_rows, int64_t n_samples,
+                                  IqrPositions at, float* __restrict__ out) {
+  for (int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; row < n_rows;
+       row += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float* v = sorted + row * n_samples;
+    const float iqr =
+        __fsub_rn(interpolate(v[at.lo75], v[at.hi75], at.w75), interpolate(v[at.lo25], v[at.hi25], at.w25));
+    out[row] = isnan(v[n_samples - 1]) ? NAN : iqr;
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_branch_select(const float* q, const float* iqr, const float* ens_std,
+                                 const int64_t* n_actions, const float* eps, const bool* boltzmann,
+                                 const float* u_explore, const float* u_action, int64_t n_books,
+                                 int64_t n_branches, int64_t max_actions, float alpha, float beta,
+                                 int64_t* actions, cudaStream_t stream) {
+  const int64_t n_pairs = n_books * n_branches;
+  if (n_pairs == 0) return cudaSuccess;
+  branch_select_kernel<<<grid_for(n_pairs, kThreads, 1 << 20), kThreads, 0, stream>>>(
+      q, iqr, ens_std, n_actions, eps, boltzmann, u_explore, u_action, n_pairs, n_branches, max_actions, alpha,
+      beta, actions);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_quantile_iqr(const float* samples, int64_t n_rows, int64_t n_samples, bool presorted,
+                                float* out, cudaStream_t stream) {
+  if (n_rows == 0) return cudaSuccess;
+  const IqrPositions at = iqr_positions(n_samples);
+  if (presorted) {
+    iqr_sorted_kernel<<<grid_for(n_rows, kThreads, 1 << 20), kThreads, 0, stream>>>(samples, n_rows, n_samples,
+                                                                                     at, out);
+  } else {
+    const int64_t blocks = (n_rows + kRowsPerBlock - 1) / kRowsPerBlock;
+    if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+    const int n = static_cast<int>(n_samples);
+    if (n_samples <= 32) {
+      iqr_register_kernel<32><<<static_cast<unsigned>(blocks), kRowsPerBlock, 0, stream>>>(samples, n_rows, n,
+                                                                                          at, out);
+    } else if (n_samples <= kMaxRegisterSamples) {
+      iqr_register_kernel<64><<<static_cast<unsigned>(blocks), kRowsPerBlock, 0, stream>>>(samples, n_rows, n,
+                                                                                          at, out);
+    } else {
+      return cudaErrorInvalidValue;
+    }
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace action_select
+}  // namespace cuda_ext
