@@ -17,6 +17,8 @@ level size, shares: 10/25/50/75/90/99 %     8 / 12 / 100 / 100 / 200 / 1000 (rou
 mid change per step, ticks                  std 14.2, mean abs 10.6
 autocorrelation of abs change, lags 1-50    0.10 to 0.12 (volatility clustering)
 executed volume per step (types 4 + 5)      mean 477 shares (333 visible + 144 hidden)
+visible executions (type 4) by level        100 % at the touch of the book before the message
+cancelled volume by level 1..10 (2 + 3)     27 / 19 / 11 / 9 / 8 / 7 / 6 / 5 / 4 / 4 % (bid, ask alike)
 seconds per step                            mean 15.8, median 13.3
 =========================================  ==========================================
 
@@ -24,8 +26,9 @@ The default profile (seed 0, 50,000 steps, same machine) gives: L1 spread percen
 1/5/10/25/50/75/90/95/99 % = 10 / 13 / 16 / 21 / 27 / 36 / 47 / 55 / 72 ticks (mean 29.9); level gaps
 10/25/50/75/90 % = 1 / 2 / 3 / 5 / 9 ticks (mean 4.0); level sizes 10/25/50/75/90/99 % = 2 / 25 / 100 /
 100 / 200 / 1100; mid change per step std 13.9 ticks, mean abs 10.6; autocorrelation of the abs change
-0.13 / 0.12 / 0.08 at lags 1 / 10 / 50; executed volume 361 shares per step; the mid ranged over
-551.66 to 636.71 USD.
+0.13 / 0.12 / 0.08 at lags 1 / 10 / 50; executed volume 361 shares per step; cancelled volume at the
+previous book's levels 1..10, relative to levels 1-3, 44 / 33 / 23 / 17 / 13 / 11 / 9 / 6-9 / 5-6 / 4 %
+(GOOG: 46 / 35 / 19 / 16 / 13 / 11 / 10 / 8 / 7 / 7 %); the mid ranged over 551.66 to 636.71 USD.
 
 Everything is drawn on CPU from one ``torch.Generator`` seeded with ``seed`` and moved to
 ``device`` at the end, so a seed gives the same timeline on every device. The generator is
@@ -77,7 +80,8 @@ class SyntheticProfile:
     :param exec_fraction: mean share of the surviving touch executed per step.
     :param consumed_exec_min: a level the price moved past was at least this share executed.
     :param cancel_fraction: mean share of the touch cancelled per step.
-    :param cancel_decay: cancellation share falls by this factor per level away from the touch.
+    :param cancel_power: the cancelled share of level ``k`` (0 = touch) scales as
+        ``(k + 1) ** -cancel_power``.
     """
 
     start_price: float = 580.0
@@ -101,7 +105,7 @@ class SyntheticProfile:
     exec_fraction: float = 0.5
     consumed_exec_min: float = 0.5
     cancel_fraction: float = 0.6
-    cancel_decay: float = 0.7
+    cancel_power: float = 1.5
 
     def validate(self) -> SyntheticProfile:
         """Check every knob's range.
@@ -116,8 +120,8 @@ class SyntheticProfile:
                     "reversion_steps", "spread_median_ticks", "spread_memory", "round_lot",
                     "lot_tail_alpha", "max_lots")
         non_negative = ("drift_ticks", "vol_of_vol", "spread_log_std", "gap_scale_ticks",
-                        "exec_fraction", "cancel_fraction")
-        unit_interval = ("flat_fraction", "odd_lot_fraction", "consumed_exec_min", "cancel_decay")
+                        "exec_fraction", "cancel_fraction", "cancel_power")
+        unit_interval = ("flat_fraction", "odd_lot_fraction", "consumed_exec_min")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be > 0")
@@ -233,7 +237,7 @@ def _side_flow(
     touch_exec = torch.zeros_like(prev_size)
     touch_exec[:, 0] = prev_size[:, 0] * touch_share.clamp(max=1.0)
     executed = torch.where(consumed, consumed_exec, touch_exec)
-    decay = profile.cancel_decay ** torch.arange(levels, dtype=torch.float64)
+    decay = (1.0 + torch.arange(levels, dtype=torch.float64)) ** -profile.cancel_power
     cancel_share = profile.cancel_fraction * decay * torch.empty(
         (steps, levels), dtype=torch.float64).exponential_(generator=generator)
     remaining = prev_size - executed

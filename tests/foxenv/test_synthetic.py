@@ -1,0 +1,181 @@
+"""Synthetic market: determinism, contract shapes, a valid book, trends, clustering, spreads, flows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from foxenv.data import FLOW_WIDTH, MarketData, SyntheticProfile, generate_synthetic, load_market
+
+STEPS = 20_000
+TENSOR_FIELDS = ("bid_price", "bid_size", "ask_price", "ask_size", "flow_ref_tick", "exec_bid", "exec_ask",
+                 "cancel_bid", "cancel_ask", "time", "halted")
+
+
+@pytest.fixture(scope="module")
+def market() -> MarketData:
+    """The default profile, seed 0."""
+    return generate_synthetic(STEPS, seed=0)
+
+
+def abs_change_autocorrelation(mid: torch.Tensor, lag: int) -> float:
+    """Autocorrelation at ``lag`` of the absolute step-to-step mid change."""
+    change = (mid[1:] - mid[:-1]).abs()
+    change = change - change.mean()
+    return float((change[:-lag] * change[lag:]).mean() / change.var(unbiased=False))
+
+
+def test_same_seed_same_tensors_and_different_seeds_differ(market: MarketData) -> None:
+    again = generate_synthetic(STEPS, seed=0)
+    other = generate_synthetic(STEPS, seed=1)
+    for name in TENSOR_FIELDS:
+        assert torch.equal(getattr(market, name), getattr(again, name)), name
+    for name in ("bid_price", "ask_size", "exec_bid", "cancel_ask"):
+        assert not torch.equal(getattr(market, name), getattr(other, name)), name
+
+
+def test_shapes_and_dtypes_follow_the_contract(market: MarketData) -> None:
+    levels = 10
+    assert market.num_steps == STEPS and market.num_levels == levels
+    for name in ("bid_price", "ask_price"):
+        assert getattr(market, name).shape == (STEPS, levels) and getattr(market, name).dtype == torch.float64
+    for name in ("bid_size", "ask_size"):
+        assert getattr(market, name).shape == (STEPS, levels) and getattr(market, name).dtype == torch.float32
+    for name in ("exec_bid", "exec_ask", "cancel_bid", "cancel_ask"):
+        grid = getattr(market, name)
+        assert grid.shape == (STEPS, FLOW_WIDTH) and grid.dtype == torch.float32
+    assert market.flow_ref_tick.shape == (STEPS,) and market.flow_ref_tick.dtype == torch.int64
+    assert market.time.dtype == torch.float64 and market.halted.dtype == torch.bool
+    assert market.tick_size == 0.01
+    assert market.validate() is market
+    three = generate_synthetic(50, levels=3, tick_size=0.05, seed=4)
+    assert three.bid_price.shape == (50, 3) and three.tick_size == 0.05
+    three.validate()
+
+
+def test_book_is_valid_on_the_tick_grid(market: MarketData) -> None:
+    for name in TENSOR_FIELDS:
+        value = getattr(market, name)
+        if value.is_floating_point():
+            assert bool(torch.isfinite(value).all()), name
+    assert bool((market.bid_price[:, 0] < market.ask_price[:, 0]).all())
+    assert bool((market.bid_price[:, 1:] < market.bid_price[:, :-1]).all())
+    assert bool((market.ask_price[:, 1:] > market.ask_price[:, :-1]).all())
+    for name in ("bid_price", "ask_price"):
+        ticks = getattr(market, name) / market.tick_size
+        assert float((ticks - ticks.round()).abs().max()) < 1e-6
+    assert bool((market.bid_size >= 1).all()) and bool((market.ask_size >= 1).all())
+    assert bool((market.time[1:] > market.time[:-1]).all())
+    assert not market.halted.any()
+    # The grid reference is the floor of the previous step's end mid, in ticks.
+    mid_ticks = torch.round(market.mid_price() * 2 / market.tick_size).to(torch.int64)  # 2 * mid, exact
+    assert torch.equal(market.flow_ref_tick[1:], mid_ticks[:-1].div(2, rounding_mode="floor"))
+
+
+def test_default_starts_near_the_goog_price(market: MarketData) -> None:
+    assert abs(float(market.mid_price()[0]) - 580.0) < 1.0
+
+
+def test_both_trend_signs_present(market: MarketData) -> None:
+    mid = market.mid_price()
+    window = 500
+    move = mid[window:] - mid[:-window]
+    noise_scale = 13.0 * window**0.5 * market.tick_size  # what pure noise of ~13 ticks/step would give
+    assert float(move.max()) > 2 * noise_scale
+    assert float(move.min()) < -2 * noise_scale
+    flat = generate_synthetic(STEPS, seed=0, drift_ticks=0.0)
+    flat_move = flat.mid_price()[window:] - flat.mid_price()[:-window]
+    assert float(move.abs().max()) > float(flat_move.abs().max())
+
+
+def test_absolute_returns_cluster(market: MarketData) -> None:
+    clustered = [abs_change_autocorrelation(market.mid_price(), lag) for lag in (1, 5, 20)]
+    assert min(clustered) > 0.05  # GOOG: 0.10-0.12; independent returns give about 0 +- 0.01 here
+    calm = generate_synthetic(STEPS, seed=0, vol_of_vol=0.0, drift_ticks=0.0)
+    assert abs(abs_change_autocorrelation(calm.mid_price(), 1)) < 0.03
+
+
+def test_spread_and_depth_resemble_goog(market: MarketData) -> None:
+    spread = market.spread_ticks().double()
+    quantiles = torch.quantile(spread, torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)).tolist()
+    assert 10 <= quantiles[0] <= 20  # GOOG 14
+    assert 23 <= quantiles[1] <= 33  # GOOG 28
+    assert 38 <= quantiles[2] <= 56  # GOOG 46
+    gaps = torch.cat([(market.ask_price[:, 1:] - market.ask_price[:, :-1]).flatten(),
+                      (market.bid_price[:, :-1] - market.bid_price[:, 1:]).flatten()]) / market.tick_size
+    gaps = gaps.round()
+    assert 3.0 <= float(gaps.mean()) <= 5.5  # GOOG 3.9 (bid) / 4.5 (ask)
+    assert 2.0 <= float(gaps.median()) <= 4.0  # GOOG 2-3
+    sizes = torch.cat([market.bid_size.flatten(), market.ask_size.flatten()])
+    assert float(sizes.median()) == 100.0  # GOOG: round lots dominate, median 100
+
+
+def test_flow_follows_the_price_path(market: MarketData) -> None:
+    mid = market.mid_price()
+    up = mid[1:] > mid[:-1]
+    down = mid[1:] < mid[:-1]
+    exec_ask = market.exec_ask.sum(dim=1)[1:]
+    exec_bid = market.exec_bid.sum(dim=1)[1:]
+    assert float(exec_ask[up].mean()) > 3 * float(exec_ask[down].mean())
+    assert float(exec_bid[down].mean()) > 3 * float(exec_bid[up].mean())
+    # When the best ask moved up, the previous best ask's column saw buyer-initiated executions.
+    ask_moved_up = market.ask_price[1:, 0] > market.ask_price[:-1, 0]
+    previous_ask_tick = torch.round(market.ask_price[:-1, 0] / market.tick_size).to(torch.int64)
+    column = (previous_ask_tick - market.flow_ref_tick[1:] + FLOW_WIDTH // 2).clamp(0, FLOW_WIDTH - 1)
+    at_previous_ask = market.exec_ask[1:].gather(1, column[:, None]).squeeze(1)
+    assert bool((at_previous_ask[ask_moved_up] > 0).all())
+    for name in ("exec_bid", "exec_ask", "cancel_bid", "cancel_ask"):
+        assert bool((getattr(market, name) >= 0).all())
+    # Cancellations hit the touch most: more at the previous best bid's column than two levels deeper.
+    def cancelled_at(level: int) -> torch.Tensor:
+        tick = torch.round(market.bid_price[:-1, level] / market.tick_size).to(torch.int64)
+        column = tick - market.flow_ref_tick[1:] + FLOW_WIDTH // 2
+        inside = (column >= 0) & (column < FLOW_WIDTH)
+        values = market.cancel_bid[1:].gather(1, column.clamp(0, FLOW_WIDTH - 1)[:, None]).squeeze(1)
+        return values[inside]
+
+    assert float(cancelled_at(0).mean()) > 1.5 * float(cancelled_at(2).mean())
+
+
+def test_profile_knobs_and_bad_input() -> None:
+    slow = generate_synthetic(100, seed=0, step_seconds=2.0)
+    torch.testing.assert_close(slow.time, 2.0 * torch.arange(1, 101, dtype=torch.float64))
+    wide = generate_synthetic(2000, seed=0, spread_median_ticks=60.0)
+    assert float(wide.spread_ticks().double().median()) > 45
+    with pytest.raises(ValueError, match="num_steps=0"):
+        generate_synthetic(0)
+    with pytest.raises(ValueError, match="levels=0"):
+        generate_synthetic(10, levels=0)
+    with pytest.raises(ValueError, match="tick_size=0"):
+        generate_synthetic(10, tick_size=0.0)
+    with pytest.raises(ValueError, match="unknown synthetic profile knob.*'volatility'"):
+        generate_synthetic(10, volatility=3.0)
+    with pytest.raises(ValueError, match="vol_ticks=-1"):
+        generate_synthetic(10, vol_ticks=-1.0)
+    with pytest.raises(ValueError, match="flat_fraction=1.5"):
+        generate_synthetic(10, flat_fraction=1.5)
+    with pytest.raises(ValueError, match="spread_vol_corr=2"):
+        generate_synthetic(10, spread_vol_corr=2.0)
+    with pytest.raises(ValueError, match="start_price=0.05"):
+        generate_synthetic(500, start_price=0.05)
+    assert SyntheticProfile().validate().spread_median_ticks == 28.0
+
+
+@pytest.mark.slow
+def test_load_market_default_is_synthetic() -> None:
+    data = load_market()
+    assert data.num_steps == 50_000 and data.num_levels == 10 and data.tick_size == 0.01
+    assert data.name.startswith("synthetic")
+    first = generate_synthetic(1000, seed=3)
+    assert torch.equal(load_market(num_steps=1000, seed=3).bid_price, first.bid_price)
+    with pytest.raises(ValueError, match="step_events=5"):
+        load_market("synthetic", step_events=5)
+
+
+@pytest.mark.gpu
+def test_same_tensors_on_cuda_as_on_cpu() -> None:
+    cpu = generate_synthetic(5000, seed=7)
+    cuda = generate_synthetic(5000, seed=7, device="cuda")
+    assert cuda.device.type == "cuda"
+    for name in TENSOR_FIELDS:
+        assert torch.equal(getattr(cuda, name).cpu(), getattr(cpu, name)), name
