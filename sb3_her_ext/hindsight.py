@@ -51,7 +51,9 @@ class HindsightConfig:
     :param priority_boost: backward rows enter with ``priority_boost`` x the running max priority; > 0.
     :param lookahead: steps after a close at which the forward check runs (slots expire at twice that); >= 1.
     :param anchor: ``"close"``: a backward row uses the closing step's transition; ``"peak"``: the
-        transition into the peak step (its ``next_obs`` as state) with the exit action.
+        transition into the peak step (its ``next_obs`` as state) with the exit action. The peak row is
+        read from the replay at close time: if the ring wrapped past it during a very long trade, that
+        slot holds a newer row (size the buffer well above ``n_envs`` x the longest trade).
     :param forward_capacity: closed trades the forward ring holds; >= 1.
     :param reward_scale: the env's reward per unit of currency (the algorithm takes it from the env); > 0.
     :param direction_branch: index of the direction branch of the action.
@@ -183,15 +185,22 @@ class RowBlock(NamedTuple):
         """
         n, device = reward.shape[0], reward.device
         f32 = torch.float32
+
+        def column(value: torch.Tensor | float) -> torch.Tensor:
+            # torch.full, not as_tensor(float): a host scalar copied to the GPU would synchronise
+            if isinstance(value, torch.Tensor):
+                return value.to(dtype=f32).reshape(n)
+            return torch.full((n,), float(value), dtype=f32, device=device)
+
         return cls(
             obs=obs.to(f32),
             next_obs=next_obs.to(f32),
             action=action.to(torch.int64),
             reward=reward.to(f32),
-            done=torch.as_tensor(done, dtype=f32, device=device).expand(n).contiguous(),
+            done=column(done),
             kind=torch.full((n,), kind, dtype=torch.int8, device=device),
             wants=wants.to(torch.bool),
-            priority=torch.as_tensor(priority, dtype=f32, device=device).expand(n).contiguous(),
+            priority=column(priority),
             max_multiplier=torch.full((n,), max_multiplier, dtype=f32, device=device),
         )
 

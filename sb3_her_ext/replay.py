@@ -13,6 +13,17 @@ whose storage is the DESIGN.md layout as torch tensors on one device, driven by 
 Counts (``write_head``, ``size``, hindsight counters) stay device tensors; ``add``/``sample``/
 ``update_priorities`` never read a device value on the host. ``size()``, ``pos``, ``full``,
 ``max_priority()`` and ``mean_weight()`` read the device and so synchronise: call them at log time.
+
+Usage (the algorithm does this through SB3's ``replay_buffer_class``)::
+
+    env = LOBVecEnv(8, seed=0)
+    buffer = PrioritizedHindsightReplayBuffer(
+        100_000, env.observation_space, env.action_space, device="cuda", n_envs=8,
+        hindsight=HindsightConfig(reward_scale=env.reward_scale, magnitudes=env.magnitudes),
+    )
+    buffer.add(obs, next_obs, actions, rewards, dones, infos)   # SB3's numpy path, or torch + dict of tensors
+    batch = buffer.sample(256)                                  # batch.weights, batch.indices, batch.kinds
+    buffer.update_priorities(batch.indices, td_abs)
 """
 
 from __future__ import annotations
