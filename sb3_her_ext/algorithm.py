@@ -85,22 +85,32 @@ def resolve_hindsight(hindsight: bool | str | Mapping[str, Any] | HindsightConfi
     :param hindsight: ``True`` (defaults), ``False`` (off), ``"auto"`` (on when the env provides the
         foxenv info contract, i.e. has ``n_market_features``), a dict of :class:`HindsightConfig` fields,
         or a config.
-    :param env: the (vectorized) env, used by ``"auto"``.
+    :param env: the (vectorized) env, used by ``"auto"`` and for the fields a dict or ``True`` leaves
+        out that the env publishes (``reward_scale``, ``magnitudes``).
     :return: the config, or ``None`` when hindsight is off.
     """
     if isinstance(hindsight, HindsightConfig):
         return hindsight
     if isinstance(hindsight, bool):
-        return HindsightConfig() if hindsight else None
-    if hindsight == "auto":
-        return HindsightConfig() if env is not None and env.has_attr("n_market_features") else None
-    if isinstance(hindsight, Mapping):
+        fields: Mapping[str, Any] | None = {} if hindsight else None
+    elif isinstance(hindsight, str) and hindsight == "auto":
+        fields = {} if env is not None and env.has_attr("n_market_features") else None
+    elif isinstance(hindsight, Mapping):
         known = {f.name for f in dataclasses.fields(HindsightConfig)}
         unknown = sorted(set(hindsight) - known)
         if unknown:
             raise ValueError(f"hindsight has unknown fields {unknown}; known fields are {sorted(known)}")
-        return HindsightConfig(**hindsight)
-    raise ValueError(f"hindsight={hindsight!r} must be True, False, 'auto', a dict or a HindsightConfig")
+        fields = hindsight
+    else:
+        raise ValueError(f"hindsight={hindsight!r} must be True, False, 'auto', a dict or a HindsightConfig")
+    if fields is None:
+        return None
+    from_env: dict[str, Any] = {}
+    if env is not None and "reward_scale" not in fields and env.has_attr("reward_scale"):
+        from_env["reward_scale"] = float(env.get_attr("reward_scale")[0])
+    if env is not None and "magnitudes" not in fields and env.has_attr("magnitudes"):
+        from_env["magnitudes"] = tuple(float(m) for m in env.get_attr("magnitudes")[0])
+    return HindsightConfig(**{**from_env, **fields})
 
 
 class BranchingIQN(OffPolicyAlgorithm):
