@@ -27,8 +27,11 @@ from foxenv.data.market import MarketData
 #: or an already loaded :class:`MarketData`.
 DataSource = str | PathLike | tuple[str | PathLike, str | PathLike] | MarketData
 
-#: Keyword arguments that go to :func:`foxenv.data.load_market` (``levels`` goes to both).
-MARKET_KWARGS = ("step_events", "step_seconds", "split", "train_fraction", "num_steps", "cache_dir")
+#: Keyword arguments that go to :func:`foxenv.data.load_market` (``levels`` goes to both;
+#: ``market_seed`` is its ``seed``, the synthetic generator's seed, 0 by default).
+MARKET_KWARGS = (
+    "step_events", "step_seconds", "split", "train_fraction", "num_steps", "cache_dir", "market_seed"
+)
 
 #: Steps of mid history kept for rendering.
 RENDER_HISTORY = 200
@@ -49,6 +52,8 @@ def split_env_kwargs(
     for key, value in kwargs.items():
         if key in config_names:
             config_kwargs[key] = value
+        elif key == "market_seed":
+            market_kwargs["seed"] = value
         elif key in MARKET_KWARGS:
             market_kwargs[key] = value
         else:
@@ -95,11 +100,13 @@ def make_core(
     :param num_books: number of books ``B``.
     :param device: device of the core (and of the loaded market). A synthetic market is generated once
         per process for each set of arguments and shared (markets are never modified).
-    :param seed: seeds the core; also the synthetic generator's seed (0 when ``None``).
+    :param seed: seeds the core (the books' episode start offsets); it does not change the market, so
+        envs with different seeds see the same data (``market_seed`` picks another synthetic market).
     :param config: base env config; keyword arguments naming its fields override it.
     :param validate_actions: let the core check action ranges (a host sync); ``None``: on the CPU only.
     :param kwargs: :class:`EnvConfig` fields and :func:`~foxenv.data.load_market` options
-        (``step_events``, ``step_seconds``, ``split``, ``train_fraction``, ``num_steps``, ``cache_dir``).
+        (``step_events``, ``step_seconds``, ``split``, ``train_fraction``, ``num_steps``, ``cache_dir``,
+        ``market_seed``).
     :return: the core, not yet reset.
     """
     env_config, market_kwargs = split_env_kwargs(config, kwargs)
@@ -110,19 +117,13 @@ def make_core(
             )
         market = data.to(device)
     elif isinstance(data, str) and data == "synthetic":
-        market_seed = 0 if seed is None else int(seed)
+        market_seed = market_kwargs.pop("seed", 0)
         options = tuple(sorted(market_kwargs.items()))
         market = _cached_synthetic_market(env_config.levels, market_seed, options).to(device)
     else:
         from foxenv.data import load_market
 
-        market = load_market(
-            data,
-            levels=env_config.levels,
-            seed=0 if seed is None else seed,
-            device=device,
-            **market_kwargs,
-        )
+        market = load_market(data, levels=env_config.levels, device=device, **market_kwargs)
     return BatchedLOB(
         market, num_books, config=env_config, device=device, seed=seed, validate_actions=validate_actions
     )
@@ -157,7 +158,8 @@ class LOBEnv(gymnasium.Env[np.ndarray, np.ndarray]):
 
     :param data: ``"synthetic"``, a LOBSTER folder, a ``(message, orderbook)`` pair, or a :class:`MarketData`.
     :param render_mode: ``None`` or ``"rgb_array"`` (a picture of the book, see :mod:`foxenv.render`).
-    :param seed: seed of the core (and of the synthetic market); ``reset(seed=...)`` reseeds.
+    :param seed: seed of the core (episode start offsets); ``reset(seed=...)`` reseeds. The market does
+        not depend on it (``market_seed=`` picks the synthetic market).
     :param config: base :class:`EnvConfig`; keyword arguments naming its fields override it.
     :param kwargs: :class:`EnvConfig` fields and ``load_market`` options, see :func:`make_core`.
     """

@@ -72,7 +72,7 @@ class LOBVectorEnv(VectorEnv):
     :param num_envs: number of books ``N``.
     :param data: ``"synthetic"``, a LOBSTER folder, a ``(message, orderbook)`` pair, or a ``MarketData``.
     :param device: device of the core.
-    :param seed: seed of the core (and of the synthetic market).
+    :param seed: seed of the core (episode start offsets; the market does not depend on it).
     :param return_tensors: accept and return torch tensors on ``device`` instead of numpy arrays.
     :param render_mode: ``None`` or ``"rgb_array"`` (``render()`` draws the first book).
     :param check_action_range: check that every action lies inside ``nvec``; this needs a host sync,
@@ -222,7 +222,7 @@ def make_vec(
     :param num_envs: number of books.
     :param data: ``"synthetic"``, a LOBSTER folder, a ``(message, orderbook)`` pair, or a ``MarketData``.
     :param device: device of the core.
-    :param seed: seed of the core (and of the synthetic market).
+    :param seed: seed of the core (episode start offsets; the market does not depend on it).
     :param return_tensors: accept and return torch tensors on ``device``.
     :param kwargs: ``render_mode``, ``check_action_range``, ``config``, :class:`EnvConfig` fields and
         ``load_market`` options.

@@ -186,3 +186,13 @@ def test_real_goog_episode_runs(lobster_dir: Path) -> None:
             break
     assert truncated and steps == 300
     assert math.isfinite(total)
+
+
+def test_market_does_not_depend_on_env_seed() -> None:
+    first = LOBEnv(seed=1, num_steps=400, episode_length=20)
+    second = LOBEnv(seed=2, num_steps=400, episode_length=20)
+    other = LOBEnv(seed=1, num_steps=400, episode_length=20, market_seed=5)
+    assert torch.equal(first.market.bid_price, second.market.bid_price)
+    assert not torch.equal(first.market.bid_price, other.market.bid_price)
+    with pytest.raises(ValueError, match="market"):
+        LOBEnv(data=first.market, market_seed=5)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import gymnasium
 import numpy as np
 import pytest
@@ -204,3 +206,25 @@ def test_tensors_to_numpy_keeps_dtypes_and_values(pack: bool) -> None:
         np.testing.assert_array_equal(arrays[key], value.numpy())
     arrays["f"][0] = 99.0
     assert tensors["f"][0].item() == 1.5  # a copy, not a view
+
+
+@pytest.mark.slow
+def test_env_throughput_benchmark_quick_smoke(tmp_path: Path) -> None:
+    import importlib.util
+    import json
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "env_throughput.py"
+    spec = importlib.util.spec_from_file_location("env_throughput", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "env_throughput.json"
+    results = module.main(["--quick", "--device", "cpu", "--sizes", "1", "8", "--single-steps", "50",
+                           "--out", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(results))
+    vector_rows = [row for row in results["rows"] if row["kind"] == "vector"]
+    assert {(row["data"], row["num_books"]) for row in vector_rows} >= {("synthetic", 1), ("synthetic", 8)}
+    for row in vector_rows:
+        assert row["book_steps_per_s"] > 0 and row["steps"] >= 3
+    single = {row["env"]: row for row in results["rows"] if row["kind"] == "single"}
+    assert single["foxenv LOBEnv"]["steps_per_s"] > 0
+    assert "gym-trading-env TradingEnv" in single

@@ -1,0 +1,298 @@
+"""Environment throughput: book-steps per second of the batched env, and the single-book Gymnasium rate.
+
+Measures, in one run on one machine:
+
+1. ``LOBVectorEnv(return_tensors=True).step`` (the batched core plus same-step autoreset) with uniformly
+   random actions, for ``B`` = 1, 16, 256, 4096, 65536 books, on the CPU and (when present) CUDA, on the
+   synthetic market and on LOBSTER replay. CUDA timings synchronize before and after; every size
+   gets warm-up steps first.
+2. The single-book ``gymnasium.Env`` step rate on the CPU: :class:`foxenv.gym_env.LOBEnv` bare and
+   through ``gymnasium.make`` (with Gymnasium's checker wrappers), next to gym-trading-env's
+   ``TradingEnv`` (a popular single-asset trading env) on a price series of the same length.
+
+Usage::
+
+    python benchmarks/env_throughput.py                    # everything available
+    python benchmarks/env_throughput.py --quick            # small sizes, a few seconds
+    python benchmarks/env_throughput.py --device cuda --lobster /path/to/lobster --out results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from foxenv.data import load_market
+from foxenv.data.market import MarketData
+from foxenv.gym_env import LOBEnv
+from foxenv.vector_env import make_vec
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "env_throughput.json"
+DEFAULT_LOBSTER = REPO_ROOT.parent / "shared" / "data" / "lobster"
+FULL_SIZES = (1, 16, 256, 4096, 65536)
+QUICK_SIZES = (1, 16, 256)
+
+#: (kind, device, num_books) -> target rate, printed beside the measured number.
+TARGETS: dict[tuple[str, str, int | None], float] = {
+    ("vector", "cuda", 65536): 1e8,
+    ("vector", "cpu", 256): 5e5,
+    ("single", "cpu", None): 1e4,
+}
+
+
+def time_loop(
+    step: Callable[[int], Any], min_seconds: float, min_steps: int, sync: Callable[[], None]
+) -> dict[str, float]:
+    """Call ``step(i)`` until both ``min_steps`` calls and ``min_seconds`` have passed.
+
+    :param step: one step; gets the running index.
+    :param min_seconds: least wall time to measure.
+    :param min_steps: least number of calls.
+    :param sync: waits for queued device work (a no-op on the CPU).
+    :return: ``{"steps": n, "seconds": t}``.
+    """
+    sync()
+    started = time.perf_counter()
+    count = 0
+    while count < min_steps or time.perf_counter() - started < min_seconds:
+        step(count)
+        count += 1
+        if count % 8 == 0 or count >= min_steps:
+            sync()
+    sync()
+    return {"steps": count, "seconds": time.perf_counter() - started}
+
+
+def bench_vector(
+    market: MarketData, data_name: str, device: str, num_books: int, episode_length: int, quick: bool
+) -> dict[str, Any]:
+    """Book-steps per second of the vector env in tensor mode.
+
+    :param market: the market (on the CPU; moved to ``device``).
+    :param data_name: label of the data source.
+    :param device: ``"cpu"`` or ``"cuda"``.
+    :param num_books: ``B``.
+    :param episode_length: steps per episode.
+    :param quick: shorter timing.
+    :return: one result row.
+    """
+    row: dict[str, Any] = {"kind": "vector", "device": device, "data": data_name, "num_books": num_books}
+    sync = (lambda: torch.cuda.synchronize()) if device == "cuda" else (lambda: None)
+    try:
+        env = make_vec(num_books, data=market, device=device, seed=0, return_tensors=True,
+                       episode_length=episode_length)
+        env.reset(seed=0)
+        generator = torch.Generator(device=device).manual_seed(0)
+        pool = torch.randint(0, 3, (8, num_books, 4), generator=generator, device=device)
+        for i in range(3 if quick else 10):
+            env.step(pool[i % 8])
+        timing = time_loop(lambda i: env.step(pool[i % 8]), 0.2 if quick else 2.0, 3 if quick else 10, sync)
+    except (torch.cuda.OutOfMemoryError, MemoryError) as error:
+        row["skipped"] = f"out of memory: {str(error).splitlines()[0][:120]}"
+        return row
+    row.update(timing)
+    row["book_steps_per_s"] = num_books * timing["steps"] / timing["seconds"]
+    return row
+
+
+def bench_single_book(market: MarketData, episode_length: int, steps: int) -> list[dict[str, Any]]:
+    """Steps per second of the single-book Gymnasium env, bare and through ``gymnasium.make``.
+
+    :param market: the market.
+    :param episode_length: steps per episode.
+    :param steps: steps to time.
+    :return: two result rows.
+    """
+    import gymnasium
+
+    rows = []
+    actions = np.random.default_rng(0).integers(0, 3, size=(steps, 4))
+    envs = {
+        "foxenv LOBEnv": LOBEnv(data=market, seed=0, episode_length=episode_length),
+        "foxenv via gymnasium.make": gymnasium.make("foxenv/LOB-v0", data=market, seed=0,
+                                                    episode_length=episode_length),
+    }
+    for name, env in envs.items():
+        env.reset(seed=0)
+        for action in actions[:20]:
+            env.step(action)
+        env.reset(seed=0)
+        started = time.perf_counter()
+        for action in actions:
+            _, _, terminated, truncated, _ = env.step(action)
+            if terminated or truncated:
+                env.reset()
+        seconds = time.perf_counter() - started
+        rows.append({"kind": "single", "device": "cpu", "env": name, "steps": steps, "seconds": seconds,
+                     "steps_per_s": steps / seconds})
+    return rows
+
+
+def bench_gym_trading_env(num_prices: int, steps: int) -> dict[str, Any]:
+    """Steps per second of gym-trading-env's ``TradingEnv`` on a random-walk price series.
+
+    :param num_prices: length of the price series.
+    :param steps: steps to time.
+    :return: one result row (``skipped`` when the package is not importable).
+    """
+    row: dict[str, Any] = {"kind": "single", "device": "cpu", "env": "gym-trading-env TradingEnv"}
+    saved_filters = list(warnings.filters)
+    try:
+        import pandas as pd
+        from gym_trading_env.environments import TradingEnv
+    except ImportError as error:
+        row["skipped"] = f"gym-trading-env not importable ({error}); pip install -e '.[bench]'"
+        return row
+    finally:
+        # gym_trading_env turns every warning into an error at import; undo that for everyone else.
+        warnings.filters[:] = saved_filters
+    rng = np.random.default_rng(0)
+    close = 100.0 * np.exp(np.cumsum(rng.normal(0.0, 1e-3, num_prices)))
+    frame = pd.DataFrame(
+        {"open": close, "high": close * 1.001, "low": close * 0.999, "close": close,
+         "volume": rng.integers(1, 1000, num_prices).astype(float)},
+        index=pd.date_range("2024-01-01", periods=num_prices, freq="1min"),
+    )
+    frame["feature_return"] = frame["close"].pct_change().fillna(0.0)
+    frame["feature_volume"] = np.log1p(frame["volume"])
+    env = TradingEnv(frame, positions=[-1, 0, 1], verbose=0)
+    actions = rng.integers(0, 3, steps)
+    env.reset(seed=0)
+    started = time.perf_counter()
+    for action in actions:
+        _, _, terminated, truncated, _ = env.step(int(action))
+        if terminated or truncated:
+            env.reset()
+    seconds = time.perf_counter() - started
+    row.update(steps=steps, seconds=seconds, steps_per_s=steps / seconds)
+    return row
+
+
+def machine_info() -> dict[str, Any]:
+    """What this run ran on.
+
+    :return: platform, CPU count, torch version and GPU name.
+    """
+    info = {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "cuda_device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+    return info
+
+
+def target_for(row: dict[str, Any]) -> float | None:
+    """The target rate for a result row, if one is set.
+
+    :param row: a result row.
+    :return: the target or ``None``.
+    """
+    if row["kind"] == "vector":
+        return TARGETS.get(("vector", row["device"], row["num_books"]))
+    if row.get("env") == "foxenv LOBEnv":
+        return TARGETS.get(("single", "cpu", None))
+    return None
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    """Print the results as a fixed-width table.
+
+    :param rows: result rows.
+    """
+    print(f"{'what':<34} {'device':<6} {'books':>7} {'rate (steps/s)':>16} {'target':>10}  note")
+    for row in rows:
+        what = f"vector env, {row['data']}" if row["kind"] == "vector" else row["env"]
+        books = str(row.get("num_books", 1))
+        rate = row.get("book_steps_per_s", row.get("steps_per_s"))
+        target = target_for(row)
+        rate_text = f"{rate:16.4g}" if rate is not None else f"{'-':>16}"
+        target_text = f"{target:10.0e}" if target is not None else f"{'':>10}"
+        note = row.get("skipped", "")
+        if target is not None and rate is not None:
+            note = "meets target" if rate >= target else f"{rate / target:.2g}x of target"
+        print(f"{what:<34} {row['device']:<6} {books:>7} {rate_text} {target_text}  {note}")
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the benchmark, print the table and write the JSON.
+
+    :param argv: command-line arguments (``None``: ``sys.argv``).
+    :return: the results dict that was written.
+    """
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="small sizes and short timings (seconds)")
+    parser.add_argument("--device", choices=("all", "cpu", "cuda"), default="all",
+                        help="devices for the batched rows (default: cpu, plus cuda when available)")
+    parser.add_argument("--lobster", type=Path, default=None,
+                        help="LOBSTER folder (default: $FOXHUNT_LOBSTER_DIR, else ../shared/data/lobster)")
+    parser.add_argument("--sizes", type=int, nargs="+", default=None, help="numbers of books to measure")
+    parser.add_argument("--single-steps", type=int, default=None,
+                        help="steps timed for the single-book rows (default 300 quick, 3000 full)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON output (default {DEFAULT_OUT})")
+    args = parser.parse_args(argv)
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda, but torch.cuda.is_available() is False")
+    devices = ["cpu", "cuda"] if args.device == "all" else [args.device]
+    devices = [d for d in devices if d == "cpu" or torch.cuda.is_available()]
+    sizes = tuple(args.sizes) if args.sizes else (QUICK_SIZES if args.quick else FULL_SIZES)
+    episode_length = 200 if args.quick else 1000
+    markets: dict[str, MarketData] = {
+        "synthetic": load_market("synthetic", num_steps=2000 if args.quick else None, seed=0)
+    }
+    notes: list[str] = []
+    lobster = args.lobster or (Path(os.environ["FOXHUNT_LOBSTER_DIR"]) if "FOXHUNT_LOBSTER_DIR" in os.environ
+                               else DEFAULT_LOBSTER)
+    if lobster.is_dir() and any(lobster.glob("*_message_*.csv")):
+        markets["lobster"] = load_market(lobster)
+    else:
+        notes.append(f"no LOBSTER files at {lobster}: replay rows skipped")
+
+    rows: list[dict[str, Any]] = []
+    for device in devices:
+        for data_name, market in markets.items():
+            for num_books in sizes:
+                rows.append(bench_vector(market, data_name, device, num_books, episode_length, args.quick))
+    single_steps = args.single_steps or (300 if args.quick else 3000)
+    rows += bench_single_book(markets["synthetic"], episode_length, single_steps)
+    rows.append(bench_gym_trading_env(markets["synthetic"].num_steps, single_steps))
+
+    print_table(rows)
+    for note in notes:
+        print(f"note: {note}")
+    results = {
+        "benchmark": "env_throughput",
+        "quick": args.quick,
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": machine_info(),
+        "episode_length": episode_length,
+        "markets": {name: {"name": m.name, "steps": m.num_steps, "levels": m.num_levels} for name, m in
+                    markets.items()},
+        "targets": {"vector_cuda_65536": 1e8, "vector_cpu_256": 5e5, "single_book_cpu": 1e4},
+        "notes": notes,
+        "rows": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2))
+    print(f"wrote {args.out}")
+    return results
+
+
+if __name__ == "__main__":
+    main()
