@@ -49,12 +49,14 @@ def check_branch_select(
     u_action: Tensor,
     alpha: float,
     beta: float,
+    check_values: bool = True,
 ) -> None:
     """Validate the arguments of :func:`branch_select`; raise ``ValueError`` naming the bad one.
 
     ``n_actions`` values are checked only when it lives on the CPU (reading them elsewhere would sync).
 
     :param q: see :func:`branch_select`; the other parameters likewise.
+    :param check_values: also check the values of a CPU ``n_actions`` (not for fake tensors).
     """
     _check("q", q, torch.float32, (None, None, None))
     n_books, n_branches, max_actions = q.shape
@@ -73,7 +75,7 @@ def check_branch_select(
     ):
         if tensor.device != q.device:
             raise ValueError(f"{name}.device={tensor.device} must match q.device={q.device}")
-    if n_actions.device.type == "cpu" and n_actions.numel() > 0:
+    if check_values and n_actions.device.type == "cpu" and n_actions.numel() > 0:
         bad = (n_actions < 1) | (n_actions > max_actions)
         if bad.any():
             branch = int(bad.long().argmax())
