@@ -29,6 +29,12 @@ from foxenv.config import EnvConfig
 from foxenv.data.market import MarketData
 
 
+def _numpy_dtype(dtype: torch.dtype) -> type:
+    if dtype == torch.bool:
+        return np.bool_
+    return np.float64 if dtype.is_floating_point else np.int64
+
+
 class UnknownEnvMethodError(AttributeError, ValueError):
     """``env_method`` named a method the batched book core does not have."""
 
@@ -150,7 +156,10 @@ class LOBVecEnv(VecEnv):
         timeout = truncated & ~terminated
         self.last_info_tensors = {**info, "TimeLimit.truncated": timeout}
         keys = list(info)
-        columns = [info[k].detach().cpu().numpy().tolist() for k in keys]  # one transfer per key
+        # one device-to-host transfer for every info value (float64 holds the int64 step counts exactly),
+        # then each column back to its dtype so bools stay bools and counts stay ints
+        table = torch.stack([info[k].detach().to(torch.float64) for k in keys]).cpu().numpy()
+        columns = [table[j].astype(_numpy_dtype(info[k].dtype)).tolist() for j, k in enumerate(keys)]
         infos: list[dict[str, Any]] = [
             dict(zip(keys, row, strict=True)) for row in zip(*columns, strict=True)
         ]

@@ -66,7 +66,8 @@ def test_spaces_shapes_and_infos(market):
     for info in infos:
         assert set(CONTRACT_KEYS) <= set(info)
         assert all(isinstance(info[k], (bool, int, float)) for k in CONTRACT_KEYS)
-        assert info["step"] == 1
+        assert info["step"] == 1 and isinstance(info["step"], int)
+        assert isinstance(info["trade_closed"], bool) and isinstance(info["mid"], float)
     # the batched tensors of the same step are kept for the buffer's tensor path
     np.testing.assert_allclose(env.last_info_tensors["mid"].numpy(), [i["mid"] for i in infos])
     assert not env.last_info_tensors["TimeLimit.truncated"].any()
@@ -87,6 +88,7 @@ def test_autoreset_terminal_observation_and_episode_info(market):
     for _ in range(5):
         twin.step(random_actions(twin, rng_twin))
     terminal_expected = twin.lob.step(torch.as_tensor(random_actions(twin, rng_twin)))[0].numpy()
+    next_episode_expected = twin.lob.reset(mask=torch.ones(2, dtype=torch.bool)).numpy()
 
     env = make_env(market, num_envs=2, episode_length=6)
     env.reset()
@@ -109,7 +111,7 @@ def test_autoreset_terminal_observation_and_episode_info(market):
         assert info["episode"]["t"] >= 0.0
     # the returned obs is the first observation of the next episode, and the next step is step 1
     assert not np.array_equal(obs, terminal_expected)
-    np.testing.assert_array_equal(obs, env.lob._observe(env.lob._offset + env.lob._step).numpy())
+    np.testing.assert_array_equal(obs, next_episode_expected)
     _, _, done, infos = env.step(random_actions(env, rng))
     assert not done.any() and all(i["step"] == 1 for i in infos)
 
