@@ -163,6 +163,8 @@ def load_if_possible() -> bool:
     global _load_error
     if _loaded_path is not None:
         return True
+    if _load_error is not None:
+        return False  # already tried and said why
     if os.environ.get("FOXHUNT_CUDA_EXT", "").lower() in ("0", "reference", "off"):
         _load_error = "disabled by FOXHUNT_CUDA_EXT"
         logger.warning("cuda_ext: extension disabled by FOXHUNT_CUDA_EXT; ops run the references")

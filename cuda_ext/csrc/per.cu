@@ -159,6 +159,7 @@ __global__ void sample_kernel(const double* __restrict__ tree, const int64_t* __
                               float* __restrict__ weights, int64_t batch, int64_t n_leaves, double beta) {
   __shared__ double cached[kCachedNodes];
   __shared__ double reduce_buffer[kSampleThreads / 32];
+  __shared__ double block_extreme;
   const int64_t n_cached = (2 * n_leaves < kCachedNodes) ? 2 * n_leaves : kCachedNodes;
   for (int64_t i = threadIdx.x; i < n_cached; i += blockDim.x) cached[i] = tree[i];
   __syncthreads();
@@ -214,11 +215,11 @@ __global__ void sample_kernel(const double* __restrict__ tree, const int64_t* __
       const double other = __shfl_down_sync(0xffffffffu, extreme, offset);
       extreme = want_min ? fmin(extreme, other) : fmax(extreme, other);
     }
-    if (threadIdx.x == 0) reduce_buffer[0] = extreme;
+    if (threadIdx.x == 0) block_extreme = extreme;
   }
   __syncthreads();
   const double size = static_cast<double>(head_size[1]);
-  const double max_weight = pow(size * (reduce_buffer[0] / total), -beta);
+  const double max_weight = pow(size * (block_extreme / total), -beta);
   // Pass 2: weights (each thread re-reads the indices it wrote itself).
   for (int64_t round = 0; round < batch; round += per_round) {
 #pragma unroll
