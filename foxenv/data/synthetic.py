@@ -160,7 +160,7 @@ def _decaying_sum(values: torch.Tensor, decay: float) -> torch.Tensor:
     """
     length = values.numel()
     kernel = decay ** torch.arange(length, dtype=torch.float64)
-    size = 2 * length
+    size = 1 << (2 * length - 1).bit_length()  # a power of two: FFT sizes with large primes are slow
     product = torch.fft.rfft(values, n=size) * torch.fft.rfft(kernel, n=size)
     return torch.fft.irfft(product, n=size)[:length]
 
