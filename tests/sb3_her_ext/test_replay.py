@@ -362,9 +362,11 @@ def test_lob_vec_env_random_steps_inject_hindsight():
 
     env = LOBVecEnv(4, seed=0, data="synthetic", num_steps=3000, levels=5, episode_length=100,
                     max_position=10.0)
-    buffer = PrioritizedHindsightReplayBuffer(
-        8192, env.observation_space, env.action_space, device="cpu", n_envs=env.num_envs,
-        hindsight=HindsightConfig(lookahead=10, reward_scale=env.reward_scale, magnitudes=env.magnitudes),
+    config = HindsightConfig(lookahead=10, reward_scale=env.reward_scale, magnitudes=env.magnitudes)
+    buffer, tensor_buffer = (
+        PrioritizedHindsightReplayBuffer(8192, env.observation_space, env.action_space, device="cpu",
+                                         n_envs=env.num_envs, hindsight=config)
+        for _ in range(2)
     )
     rng = np.random.default_rng(0)
     obs = env.reset()
@@ -374,8 +376,11 @@ def test_lob_vec_env_random_steps_inject_hindsight():
         stored_next = next_obs.copy()
         for i in np.flatnonzero(done):
             stored_next[i] = infos[i]["terminal_observation"]
-        buffer.add(obs, stored_next, actions, reward, done, infos)
+        buffer.add(obs, stored_next, actions, reward, done, infos)  # SB3's path
+        tensor_buffer.add(torch.as_tensor(obs), torch.as_tensor(stored_next), torch.as_tensor(actions),
+                          torch.as_tensor(reward), torch.as_tensor(done), env.last_info_tensors)
         obs = next_obs
+    assert_same_state(buffer, tensor_buffer)  # the batched-info path stores exactly the same rows
     counts = {k: int(v) for k, v in buffer.hindsight_counts.items()}
     assert counts["backward"] > 0 and counts["relabel"] > 0
     kinds = torch.bincount(buffer.kinds[: buffer.size()].long(), minlength=4).tolist()

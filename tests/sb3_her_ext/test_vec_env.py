@@ -223,3 +223,14 @@ def test_lobster_folder_source(lobster_dir):
     assert obs.shape == (2, env.lob.observation_dim) and np.isfinite(obs).all()
     _, _, _, infos = env.step(np.tile(FLAT, (2, 1)))
     assert 500.0 < infos[0]["mid"] < 650.0  # GOOG on 2012-06-21 traded around 560-590 USD
+
+
+@pytest.mark.gpu
+def test_cuda_env_matches_cpu_env_shapes_and_infos(market):
+    cuda_env = LOBVecEnv(3, device="cuda", seed=7, data=market, levels=5, episode_length=6)
+    obs = cuda_env.reset()
+    assert isinstance(obs, np.ndarray) and obs.shape == (3, cuda_env.lob.observation_dim)
+    for _ in range(6):
+        obs, reward, done, infos = cuda_env.step(np.tile(FLAT, (3, 1)))
+    assert done.all() and all(i["episode"]["l"] == 6 for i in infos)
+    assert cuda_env.last_info_tensors["mid"].is_cuda
