@@ -95,9 +95,9 @@ def bench_vector(
         env.reset(seed=0)
         generator = torch.Generator(device=device).manual_seed(0)
         pool = torch.randint(0, 3, (8, num_books, 4), generator=generator, device=device)
-        for i in range(3 if quick else 10):
+        for i in range(3 if quick else 5):
             env.step(pool[i % 8])
-        timing = time_loop(lambda i: env.step(pool[i % 8]), 0.2 if quick else 2.0, 3 if quick else 10, sync)
+        timing = time_loop(lambda i: env.step(pool[i % 8]), 0.2 if quick else 2.0, 3 if quick else 5, sync)
     except (torch.cuda.OutOfMemoryError, MemoryError) as error:
         row["skipped"] = f"out of memory: {str(error).splitlines()[0][:120]}"
         return row
@@ -107,17 +107,33 @@ def bench_vector(
 
 
 def bench_single_book(market: MarketData, episode_length: int, steps: int) -> list[dict[str, Any]]:
-    """Steps per second of the single-book Gymnasium env, bare and through ``gymnasium.make``.
+    """Steps per second of one book: the bare core (``B = 1``), the Gymnasium env, and the env through
+    ``gymnasium.make``; the difference between the first two is the env's own overhead.
 
     :param market: the market.
     :param episode_length: steps per episode.
     :param steps: steps to time.
-    :return: two result rows.
+    :return: three result rows.
     """
     import gymnasium
 
+    from foxenv.core import BatchedLOB
+    from foxenv.gym_env import split_env_kwargs
+
     rows = []
     actions = np.random.default_rng(0).integers(0, 3, size=(steps, 4))
+    config, _ = split_env_kwargs(None, {"episode_length": episode_length})
+    core = BatchedLOB(market, 1, config=config, device="cpu", seed=0)
+    core_actions = [torch.from_numpy(action).view(1, 4) for action in actions]
+    core.reset(seed=0)
+    started = time.perf_counter()
+    for action in core_actions:
+        _, _, terminated, truncated, _ = core.step(action)
+        if terminated.item() or truncated.item():
+            core.reset()
+    seconds = time.perf_counter() - started
+    rows.append({"kind": "single", "device": "cpu", "env": "foxenv BatchedLOB core, B=1", "steps": steps,
+                 "seconds": seconds, "steps_per_s": steps / seconds})
     envs = {
         "foxenv LOBEnv": LOBEnv(data=market, seed=0, episode_length=episode_length),
         "foxenv via gymnasium.make": gymnasium.make("foxenv/LOB-v0", data=market, seed=0,
