@@ -50,6 +50,9 @@ KNOWN_EVENT_TYPES = (1, 2, 3, 4, 5, 6, 7)
 #: Messages per step when neither ``step_events`` nor ``step_seconds`` is given.
 DEFAULT_STEP_EVENTS = 100
 
+#: Time bucketing may make at most this many steps per message (beyond a floor of 1000 steps).
+MAX_EMPTY_STEPS_PER_MESSAGE = 10
+
 _HALF = FLOW_WIDTH // 2
 
 
@@ -421,6 +424,11 @@ def aggregate_lobster(
         origin = np.floor(time[0] / step_seconds) * step_seconds
         step_of = np.floor((time - origin) / step_seconds).astype(np.int64)
         num_steps = int(step_of[-1]) + 1
+        if num_steps > MAX_EMPTY_STEPS_PER_MESSAGE * count + 1000:
+            raise ValueError(
+                f"step_seconds={step_seconds} gives {num_steps} steps for {count} messages, nearly all "
+                "empty; choose a larger step_seconds"
+            )
         step_time = origin + step_seconds * np.arange(1, num_steps + 1)
         description = f"{name} step_seconds={step_seconds:g}"
     else:

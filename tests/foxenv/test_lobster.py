@@ -423,6 +423,8 @@ def test_step_parameter_errors(tmp_path: Path) -> None:
         load_lobster(*paths, step_events=0, cache_dir=tmp_path / "cache")
     with pytest.raises(ValueError, match="step_seconds=-1"):
         load_lobster(*paths, step_seconds=-1.0, cache_dir=tmp_path / "cache")
+    with pytest.raises(ValueError, match=r"step_seconds=1e-06 gives 3\d{6} steps for 6 messages"):
+        load_lobster(*paths, step_seconds=1e-6, cache_dir=tmp_path / "cache")
 
 
 # ----------------------------------------------------------------------------------------------

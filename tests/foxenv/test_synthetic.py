@@ -25,6 +25,7 @@ def abs_change_autocorrelation(mid: torch.Tensor, lag: int) -> float:
     return float((change[:-lag] * change[lag:]).mean() / change.var(unbiased=False))
 
 
+@pytest.mark.slow
 def test_same_seed_same_tensors_and_different_seeds_differ(market: MarketData) -> None:
     again = generate_synthetic(STEPS, seed=0)
     other = generate_synthetic(STEPS, seed=1)
@@ -76,6 +77,7 @@ def test_default_starts_near_the_goog_price(market: MarketData) -> None:
     assert abs(float(market.mid_price()[0]) - 580.0) < 1.0
 
 
+@pytest.mark.slow
 def test_both_trend_signs_present(market: MarketData) -> None:
     mid = market.mid_price()
     window = 500
@@ -88,6 +90,7 @@ def test_both_trend_signs_present(market: MarketData) -> None:
     assert float(move.abs().max()) > float(flat_move.abs().max())
 
 
+@pytest.mark.slow
 def test_absolute_returns_cluster(market: MarketData) -> None:
     clustered = [abs_change_autocorrelation(market.mid_price(), lag) for lag in (1, 5, 20)]
     assert min(clustered) > 0.05  # GOOG: 0.10-0.12; independent returns give about 0 +- 0.01 here
