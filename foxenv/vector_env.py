@@ -182,8 +182,12 @@ class LOBVectorEnv(VectorEnv):
             reset_obs = self.core.reset(mask=done)
             obs = torch.where(done[:, None], reset_obs, final_obs)
         if self.render_mode is not None:
-            self._last_info = {key: value[0].item() for key, value in step_info.items()}
-            self._mids.append(self._last_info["mid"])
+            if bool(done[0]):  # the first book starts afresh: nothing of its last episode to draw
+                self._last_info = {}
+                self._mids.clear()
+            else:
+                self._last_info = {key: value[0].item() for key, value in step_info.items()}
+                self._mids.append(self._last_info["mid"])
         info: dict[str, Any] = dict(step_info)
         info["final_obs"] = final_obs
         info["_final_obs"] = done

@@ -70,3 +70,14 @@ def test_vector_env_renders_first_book(market: MarketData) -> None:
     frames = env.render()
     assert isinstance(frames, tuple) and len(frames) == 1
     assert frames[0].shape == (360, 640, 3) and frames[0].dtype == np.uint8
+
+
+def test_vector_env_render_after_autoreset(market: MarketData) -> None:
+    env = make_vec(2, data=market, seed=0, episode_length=2, render_mode="rgb_array")
+    env.reset(seed=0)
+    for _ in range(2):
+        _, _, _, truncated, _ = env.step(np.full((2, 4), 2))
+    assert truncated.all()
+    frame = env.render()[0]
+    assert frame.shape == (360, 640, 3)
+    assert color_pixels(frame, BLUE) == 0  # the reset book has no resting order and no history
