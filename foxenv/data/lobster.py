@@ -39,8 +39,8 @@ import torch
 from foxenv.data.cache import cache_key, cache_path, load_market_file, save_market
 from foxenv.data.market import FLOW_WIDTH, MarketData
 
-#: Price unit of LOBSTER files, in currency.
-PRICE_UNIT = 1e-4
+#: LOBSTER price units per unit of currency (prices are in 1e-4 currency units).
+PRICE_SCALE = 10_000
 #: Price of an empty ask level (bids carry its negative).
 DUMMY_PRICE = 9_999_999_999
 #: Message columns, in file order.
@@ -464,7 +464,7 @@ def aggregate_lobster(
     halted = (np.bincount(step_of, weights=touches_halt, minlength=num_steps) > 0) | (
         (messages_per_step == 0) & halted_after[last_message]
     )
-    unit = 1.0 / PRICE_UNIT
+    unit = float(PRICE_SCALE)
     return MarketData(
         bid_price=torch.from_numpy(bid_price[last_message] / unit),
         bid_size=torch.from_numpy(bid_size[last_message].astype(np.float32)),
