@@ -7,7 +7,43 @@ None of them synchronises with the host.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch as th
+
+
+class _QuantileHuber(th.autograd.Function):
+    """Fused quantile-Huber loss with an analytic gradient (a few passes over the ``[..., N, N']`` pairs).
+
+    With ``delta = target_j - current_i``, ``c = clamp(delta, -kappa, kappa)`` and
+    ``g = |taus_i - 1{delta < 0}| * c = taus_i * c + (1 - 2 taus_i) * min(c, 0)``, the pair loss is
+    ``g * (delta - c / 2) / kappa`` and its derivative in ``delta`` is ``g / kappa``.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, current: th.Tensor, target: th.Tensor, taus: th.Tensor, kappa: float) -> th.Tensor:
+        delta = target.unsqueeze(-2) - current.unsqueeze(-1)  # [..., N, N']
+        clipped = delta.clamp(-kappa, kappa)
+        taus = taus.unsqueeze(-1)
+        weighted = th.addcmul(clipped * taus, clipped.clamp(max=0.0), 1.0 - 2.0 * taus)  # g
+        half_huber = delta.sub_(clipped, alpha=0.5)  # delta - c / 2 (delta is not needed any more)
+        pair_sum = half_huber.mul_(weighted).sum(dim=(-2, -1))
+        ctx.save_for_backward(weighted)
+        ctx.scale = 1.0 / (kappa * target.shape[-1])
+        ctx.shapes = (current.shape, target.shape)
+        return pair_sum * ctx.scale
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: th.Tensor) -> tuple[th.Tensor | None, th.Tensor | None, None, None]:
+        (weighted,) = ctx.saved_tensors
+        current_shape, target_shape = ctx.shapes
+        grad_pairs = weighted * (grad_out * ctx.scale)[..., None, None]
+        grad_current = grad_target = None
+        if ctx.needs_input_grad[0]:
+            grad_current = (-grad_pairs.sum(-1)).sum_to_size(current_shape)
+        if ctx.needs_input_grad[1]:
+            grad_target = grad_pairs.sum(-2).sum_to_size(target_shape)
+        return grad_current, grad_target, None, None
 
 
 def quantile_huber_loss(
@@ -19,11 +55,11 @@ def quantile_huber_loss(
 
         loss = sum_i mean_j |taus_i - 1{delta_ij < 0}| * Huber_kappa(delta_ij) / kappa
 
-    where ``Huber_kappa(d) = d^2 / 2`` if ``|d| <= kappa`` else ``kappa * (|d| - kappa / 2)``.
+    where ``Huber_kappa(d) = d^2 / 2`` if ``|d| <= kappa`` else ``kappa * (|d| - kappa / 2)``. Computed by a
+    fused autograd function (gradients for ``current`` and ``target``; ``taus`` is treated as a constant).
 
     :param current: predicted quantile values ``[..., N]`` at the fractions ``taus``.
-    :param target: target quantile samples ``[..., N']`` (no gradient is taken through them by the caller's
-        choice; this function does not detach).
+    :param target: target quantile samples ``[..., N']`` (the caller detaches them when they are a target).
     :param taus: quantile fractions of ``current``, ``[..., N]`` (broadcastable to ``current``).
     :param kappa: Huber threshold, > 0.
     :return: the loss per leading index, shape ``current.shape[:-1]`` broadcast with ``target.shape[:-1]``.
@@ -36,11 +72,7 @@ def quantile_huber_loss(
         )
     if taus.shape[-1] != current.shape[-1]:
         raise ValueError(f"taus.shape={tuple(taus.shape)} must end in N={current.shape[-1]} like current")
-    delta = target.unsqueeze(-2) - current.unsqueeze(-1)  # [..., N, N']
-    abs_delta = delta.abs()
-    huber = th.where(abs_delta <= kappa, 0.5 * delta.pow(2), kappa * (abs_delta - 0.5 * kappa))
-    weight = (taus.unsqueeze(-1) - (delta.detach() < 0).to(delta.dtype)).abs()
-    return (weight * huber / kappa).mean(dim=-1).sum(dim=-1)
+    return _QuantileHuber.apply(current, target, taus.detach(), float(kappa))
 
 
 def c51_project(

@@ -54,6 +54,32 @@ def test_quantile_huber_gradient_pushes_quantile_towards_tau_fraction() -> None:
     assert current.grad is not None and current.grad.item() == pytest.approx(-0.9)
 
 
+def _naive_quantile_huber(current: th.Tensor, target: th.Tensor, taus: th.Tensor, kappa: float) -> th.Tensor:
+    """The textbook formula, differentiated by autograd: the oracle for the fused implementation."""
+    delta = target.unsqueeze(-2) - current.unsqueeze(-1)
+    huber = th.where(delta.abs() <= kappa, 0.5 * delta**2, kappa * (delta.abs() - 0.5 * kappa))
+    weight = (taus.unsqueeze(-1) - (delta < 0).to(delta.dtype)).abs()
+    return (weight * huber / kappa).mean(-1).sum(-1)
+
+
+@pytest.mark.parametrize("kappa", [1.0, 0.3])
+def test_quantile_huber_values_and_gradients_match_autograd_of_formula(kappa: float) -> None:
+    gen = th.Generator().manual_seed(2)
+    # ensemble-like broadcasting: taus shared over the first dim, target shared over the first dim
+    current = th.randn(3, 2, 5, generator=gen, dtype=th.float64, requires_grad=True)
+    target = th.randn(1, 2, 4, generator=gen, dtype=th.float64, requires_grad=True)
+    taus = th.rand(1, 2, 5, generator=gen, dtype=th.float64)
+    upstream = th.randn(3, 2, generator=gen, dtype=th.float64)
+    fused = quantile_huber_loss(current, target, taus, kappa)
+    naive = _naive_quantile_huber(current, target, taus, kappa)
+    assert th.allclose(fused, naive)
+    grads = th.autograd.grad((fused * upstream).sum(), (current, target))
+    expected = th.autograd.grad((naive * upstream).sum(), (current, target))
+    assert grads[0].shape == current.shape and grads[1].shape == target.shape
+    assert th.allclose(grads[0], expected[0]) and th.allclose(grads[1], expected[1])
+    assert th.autograd.gradcheck(lambda c, t: quantile_huber_loss(c, t, taus, kappa), (current, target))
+
+
 def test_quantile_huber_rejects_bad_kappa_and_shapes() -> None:
     with pytest.raises(ValueError, match="kappa=0"):
         quantile_huber_loss(CURRENT, TARGET, TAUS, kappa=0.0)

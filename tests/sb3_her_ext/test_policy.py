@@ -267,3 +267,26 @@ def test_network_checks_obs_and_taus_shapes(obs: th.Tensor) -> None:
         net.quantiles(obs, th.rand(5, 4))
     with pytest.raises(ValueError, match="action_dims\\[1\\]=0"):
         BranchingQNetwork(OBS_DIM, N_MARKET, [3, 0], [4, 4])
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_quantiles_match_per_branch_loop_reference(shared: bool) -> None:
+    """The batched (folded-weight) head equals a plain per-branch IQN head written with a Python loop."""
+    th.manual_seed(9)
+    net = BranchingQNetwork(
+        OBS_DIM, N_MARKET, [2, 3, 3], [3, 4, 5], net_arch=[16, 8], n_ensemble=2, shared_tau_embedding=shared
+    )
+    obs, taus = th.randn(5, OBS_DIM), th.rand(5, 7)
+    features = net.branch_features(obs)  # [NB, B, H]
+    cosines = th.cos(taus[..., None] * th.arange(64) * th.pi)
+    embedding = th.relu(net.tau_embedding(cosines))  # [B, N, H] or [B, N, NB * H]
+    per_branch = []
+    for b in range(3):
+        branch_embedding = embedding if shared else embedding[..., b * 8 : (b + 1) * 8]
+        mixed = features[b][:, None, :] * branch_embedding  # [B, N, H]
+        out = (mixed @ net.iqn_out.weight[b] + net.iqn_out.bias[b]).view(5, 7, 2, 3)  # [B, N, E, A]
+        out[..., net.action_dims[b] :] = 0.0
+        per_branch.append(out.permute(2, 0, 3, 1))  # [E, B, A, N]
+    expected = th.stack(per_branch, dim=2)
+    assert th.allclose(net.quantiles(obs, taus), expected, atol=1e-5)
+    assert net.tau_embedding.out_features == (8 if shared else 24)
