@@ -196,3 +196,25 @@ def test_market_does_not_depend_on_env_seed() -> None:
     assert not torch.equal(first.market.bid_price, other.market.bid_price)
     with pytest.raises(ValueError, match="market"):
         LOBEnv(data=first.market, market_seed=5)
+
+
+def test_package_import_is_light_and_exports_the_api() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, importlib, gymnasium, foxenv\n"
+        "assert 'torch' not in sys.modules and 'matplotlib' not in sys.modules\n"
+        "assert 'foxenv/LOB-v0' in gymnasium.registry\n"
+        "importlib.reload(foxenv)\n"
+        "names = ['EnvConfig', 'BatchedLOB', 'LOBEnv', 'LOBVectorEnv', 'make_vec', 'load_market',"
+        " 'MarketData', 'metrics']\n"
+        "print([getattr(foxenv, n).__name__ for n in names])\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "Overriding" not in result.stderr
+    assert "'LOBEnv', 'LOBVectorEnv', 'make_vec'" in result.stdout
+    assert "'foxenv.metrics'" in result.stdout
+    with pytest.raises(AttributeError, match="no_such_name"):
+        foxenv.no_such_name  # noqa: B018
