@@ -198,9 +198,10 @@ def bench_gym_trading_env(num_prices: int, steps: int) -> dict[str, Any]:
 def machine_info() -> dict[str, Any]:
     """What this run ran on.
 
-    :return: platform, CPU count, torch version and GPU name.
+    :return: platform, CPU count, load average, torch version and GPU name.
     """
     info = {
+        "load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
@@ -290,6 +291,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rows.append(bench_gym_trading_env(markets["synthetic"].num_steps, single_steps))
 
     print_table(rows)
+    load = machine_info()["load_average_1min"]
+    print(f"machine: {os.cpu_count()} CPUs, load average {load}, torch {torch.__version__}, "
+          f"GPU {torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none'}")
     for note in notes:
         print(f"note: {note}")
     results = {
