@@ -116,38 +116,34 @@ class Ledger:
         """
         old = self.position
         new = torch.where(reached_target, target, old + quantity)
-        traded = quantity != 0
+        old_abs = old.abs()
         old_sign = torch.sign(old)
-        opening = (old_sign == 0) | (torch.sign(quantity) == old_sign)
-        closed_lots = torch.where(opening, torch.zeros_like(old), torch.minimum(quantity.abs(), old.abs()))
+        opening = old * quantity >= 0  # from flat, adding to the position, or no fill
+        closed_lots = torch.where(opening, 0.0, torch.minimum(quantity.abs(), old_abs))
         realized_now = closed_lots * (price - self.avg_price) * old_sign
-        flip = traded & (old_sign != 0) & (torch.sign(new) == -old_sign)
-        closes = traded & (old_sign != 0) & ((new == 0) | flip)
-        starts = traded & ((old_sign == 0) | flip)
-        fee_old_trade = torch.where(flip, fee * closed_lots / quantity.abs().clamp_min(1e-300), fee)
-
+        flip = old * new < 0
+        closes = (old != 0) & ((new == 0) | flip)
+        starts = (quantity != 0) & ((old == 0) | flip)
+        fee_old_trade = torch.where(flip, fee * closed_lots / quantity.abs(), fee)
         trade_realized = self.trade_realized + realized_now
         trade_fees = self.trade_fees + fee_old_trade
         result = TradeClose(
             closed=closes,
-            pnl=torch.where(closes, trade_realized - trade_fees, torch.zeros_like(old)),
-            lots=torch.where(closes, old.abs(), torch.zeros_like(old)),
-            entry_mid=torch.where(closes, self.entry_mid, torch.zeros_like(old)),
+            pnl=torch.where(closes, trade_realized - trade_fees, 0.0),
+            lots=torch.where(closes, old_abs, 0.0),
+            entry_mid=torch.where(closes, self.entry_mid, 0.0),
         )
 
-        opened_value = old * self.avg_price + quantity * price
-        avg = torch.where(
-            opening, opened_value / torch.where(new == 0, torch.ones_like(new), new), self.avg_price
-        )
-        avg = torch.where(flip, price, avg)
-        self.avg_price = torch.where(new == 0, torch.zeros_like(avg), avg)
-        self.trade_realized = torch.where(closes, torch.zeros_like(old), trade_realized)
+        flat = new == 0
+        cost = quantity * price
+        added = (old * self.avg_price + cost) / torch.where(flat, 1.0, new)
+        avg = torch.where(flip, price, torch.where(opening, added, self.avg_price))
+        self.avg_price = torch.where(flat, 0.0, avg)
+        self.trade_realized = torch.where(closes, 0.0, trade_realized)
         self.trade_fees = torch.where(closes, fee - fee_old_trade, trade_fees)
-        self.entry_mid = torch.where(
-            starts, mid, torch.where(new == 0, torch.zeros_like(mid), self.entry_mid)
-        )
+        self.entry_mid = torch.where(starts, mid, torch.where(flat, 0.0, self.entry_mid))
         self.trade_start = torch.where(starts, step, self.trade_start)
-        self.cash = self.cash - quantity * price - fee
+        self.cash = self.cash - cost - fee
         self.realized = self.realized + realized_now - fee
         self.position = new
         return result

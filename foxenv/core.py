@@ -34,11 +34,12 @@ from foxenv.config import EnvConfig
 from foxenv.data.market import FLOW_WIDTH, MarketData
 from foxenv.features import PORTFOLIO_FEATURES, market_feature_dim, market_features, portfolio_features
 from foxenv.matching import (
+    IOC_OFFSETS,
     MARKET_SLICES,
     NO_LIMIT,
     ioc_limit_tick,
     limit_maker_tick,
-    probqueue_cancel,
+    meet_flow,
     walk_book,
 )
 from foxenv.rewards import drawdown_hit, step_reward
@@ -105,7 +106,7 @@ class BatchedLOB:
         self._equity = zeros.clone()
         self._peak_equity = zeros.clone()
         self._order_side = zeros.clone()
-        self._order_tick = torch.zeros_like(self._offset)
+        self._order_tick = zeros.clone()
         self._order_ahead = zeros.clone()
         self._order_remaining = zeros.clone()
         self._order_target = zeros.clone()
@@ -114,36 +115,74 @@ class BatchedLOB:
     # ------------------------------------------------------------------ setup
 
     def _precompute(self, market: MarketData) -> None:
-        """Per-market-step tensors the step gathers from: prices in ticks, flows, features."""
+        """Per-market-step tables the step gathers from (one gather per table per step)."""
         tick = market.tick_size
         width = FLOW_WIDTH
+        levels = market.num_levels
         self._tick = float(tick)
         self._num_steps = market.num_steps
-        self._bid_ticks = torch.round(market.bid_price.double() / tick).to(torch.int64).contiguous()
-        self._ask_ticks = torch.round(market.ask_price.double() / tick).to(torch.int64).contiguous()
-        self._bid_sizes = market.bid_size.double().contiguous()
-        self._ask_sizes = market.ask_size.double().contiguous()
-        self._best_bid = market.bid_price[:, 0].double().contiguous()
-        self._best_ask = market.ask_price[:, 0].double().contiguous()
-        self._mid = (self._best_bid + self._best_ask) / 2
-        self._halted = market.halted.to(torch.bool).contiguous()
-        self._flow_ref = market.flow_ref_tick.to(torch.int64).contiguous()
-        # [T, 2, W]: side 0 = bid grids (met by resting buys), side 1 = ask grids (resting sells).
-        self._exec_flat = torch.stack([market.exec_bid, market.exec_ask], dim=1).double().reshape(-1)
-        self._cancel_flat = torch.stack([market.cancel_bid, market.cancel_ask], dim=1).double().reshape(-1)
-        # Trade-through volume, [T, 2, W + 1]: bids: executions strictly below column k = sum(exec[:k]);
-        # asks: executions at column k and above = sum(exec[k:]) (a sell at column j reads k = j + 1).
-        zero = torch.zeros(market.num_steps, 1, dtype=torch.float64, device=self.device)
-        below = torch.cat([zero, torch.cumsum(market.exec_bid.double(), dim=1)], dim=1)
-        above = torch.cat(
-            [torch.flip(torch.cumsum(torch.flip(market.exec_ask.double(), [1]), dim=1), [1]), zero], dim=1
-        )
-        self._through_flat = torch.stack([below, above], dim=1).reshape(-1)
+        self._levels = levels
         self._flow_width = width
+        # [T, 4L] float64: bid ticks, ask ticks, bid sizes, ask sizes (ticks are exact integers in float64).
+        self._book = torch.cat(
+            [
+                torch.round(market.bid_price.double() / tick),
+                torch.round(market.ask_price.double() / tick),
+                market.bid_size.double(),
+                market.ask_size.double(),
+            ],
+            dim=1,
+        ).contiguous()
+        best_bid = market.bid_price[:, 0].double()
+        best_ask = market.ask_price[:, 0].double()
+        # [T, 5] float64: mid, best bid, best ask, trading (1, or 0 when halted), flow grid reference tick.
+        self._scalars = torch.stack(
+            [
+                (best_bid + best_ask) / 2,
+                best_bid,
+                best_ask,
+                (~market.halted).double(),
+                market.flow_ref_tick.double(),
+            ],
+            dim=1,
+        ).contiguous()
+        # Flow at a price, [T, 2 sides, W columns, 3]: executed, cancelled, traded through. Side 0 = bid
+        # grids (met by resting buys), 1 = ask grids (resting sells). Traded through a buy at column j:
+        # executions below it, sum(exec_bid[:j]); a sell at column j: executions above, sum(exec_ask[j+1:]).
+        exec_bid, exec_ask = market.exec_bid.double(), market.exec_ask.double()
+        below = torch.cumsum(exec_bid, dim=1) - exec_bid
+        above = torch.flip(torch.cumsum(torch.flip(exec_ask, [1]), dim=1), [1]) - exec_ask
+        flow = torch.stack(
+            [
+                torch.stack([exec_bid, market.cancel_bid.double(), below], dim=2),
+                torch.stack([exec_ask, market.cancel_ask.double(), above], dim=2),
+            ],
+            dim=1,
+        )
+        self._flow = flow.reshape(-1, 3).contiguous()
         self._features = market_features(market, self.config)
-        self._magnitudes = torch.tensor(self.MAGNITUDES, dtype=torch.float64, device=self.device)
-        self._slices = torch.tensor(MARKET_SLICES, dtype=torch.float64, device=self.device)
-        self._nvec = torch.tensor(self.ACTION_NVEC, dtype=torch.int64, device=self.device)
+        self._targets = torch.tensor(
+            [(d - 1) * m * self.config.max_position for d in range(3) for m in self.MAGNITUDES],
+            dtype=torch.float64,
+            device=self.device,
+        )
+        # By order * 3 + urgency: the slice of the need a marketable order works (0 for LimitMaker) and
+        # its limit offset beyond the opposite touch in ticks.
+        self._slices = torch.tensor(
+            [*MARKET_SLICES, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0], dtype=torch.float64, device=self.device
+        )
+        self._limit_offsets = torch.tensor(
+            [NO_LIMIT] * 3 + [0.0] * 3 + [float(o) for o in IOC_OFFSETS],
+            dtype=torch.float64,
+            device=self.device,
+        )
+        self._nvec = np.array(self.ACTION_NVEC)
+        self._taker_rate = torch.tensor(
+            self.config.taker_fee_bps * 1e-4, dtype=torch.float64, device=self.device
+        )
+        self._maker_rate = torch.tensor(
+            self.config.maker_fee_bps * 1e-4, dtype=torch.float64, device=self.device
+        )
 
     # ------------------------------------------------------------------ reset
 
@@ -173,7 +212,8 @@ class BatchedLOB:
         self._ledger.reset(mask)
         for name in ("_equity", "_peak_equity", *(f"_{f}" for f in _ORDER_FIELDS)):
             setattr(self, name, getattr(self, name).masked_fill(mask, 0))
-        return self._observe(self._offset + self._step)
+        row = self._offset + self._step
+        return self._observe(row, self._scalars.index_select(0, row)[:, 0])
 
     # ------------------------------------------------------------------ step
 
@@ -190,18 +230,19 @@ class BatchedLOB:
             raise ValueError(f"action dtype {action.dtype} must be an integer dtype")
         action = action.to(device=self.device, dtype=torch.int64)
         if self.validate_actions:
-            bad = (action < 0) | (action >= self._nvec)
-            if bool(bad.any()):
-                book, branch = (int(v) for v in bad.nonzero()[0])
+            values = action.cpu().numpy()
+            bad = (values < 0) | (values >= self._nvec)
+            if bad.any():
+                book, branch = (int(v) for v in np.argwhere(bad)[0])
                 raise ValueError(
-                    f"action[{book}, {branch}]={int(action[book, branch])} out of range for branch "
+                    f"action[{book}, {branch}]={int(values[book, branch])} out of range for branch "
                     f"{self.BRANCH_NAMES[branch]!r} (0..{self.ACTION_NVEC[branch] - 1})"
                 )
-            over = self._step >= self.config.episode_length
-            if bool(over.any()):
-                book = int(over.nonzero()[0, 0])
+            steps = self._step.cpu().numpy()
+            if steps.max() >= self.config.episode_length:
+                book = int(np.argmax(steps))
                 raise ValueError(
-                    f"book {book} has step={int(self._step[book])} >= episode_length="
+                    f"book {book} has step={int(steps[book])} >= episode_length="
                     f"{self.config.episode_length}; reset it (reset(mask=done)) before stepping again"
                 )
         return action
@@ -219,114 +260,106 @@ class BatchedLOB:
         action = self._check_action(action)
         cfg = self.config
         ledger = self._ledger
-        tick = self._tick
+        levels = self._levels
         row = self._offset + self._step
         next_row = (row + 1).clamp_max(self._num_steps - 1)
+        book = self._book.index_select(0, row)
+        now = self._scalars.index_select(0, row)
+        after = self._scalars.index_select(0, next_row)
+        bid_ticks, ask_ticks = book[:, :levels], book[:, levels : 2 * levels]
+        bid_sizes, ask_sizes = book[:, 2 * levels : 3 * levels], book[:, 3 * levels :]
+        best_bid, best_ask = bid_ticks[:, 0], ask_ticks[:, 0]
+        trading = after[:, 3]  # 1.0 when the step trades, 0.0 when it is halted
 
-        target = (action[:, 0] - 1).to(torch.float64) * self._magnitudes[action[:, 1]] * cfg.max_position
-        order_type = action[:, 2]
-        urgency = action[:, 3]
+        direction, magnitude, order_type, urgency = action.unbind(dim=1)
+        how = order_type * 3 + urgency
+        target = self._targets.index_select(0, direction * 3 + magnitude)
         need = target - ledger.position
         side = torch.sign(need)
-        side_ticks = side.to(torch.int64)
+        need = need.abs()
         buy = (side > 0)[:, None]
-        bid_ticks, ask_ticks = self._bid_ticks[row], self._ask_ticks[row]
-        bid_sizes, ask_sizes = self._bid_sizes[row], self._ask_sizes[row]
-        best_bid, best_ask = bid_ticks[:, 0], ask_ticks[:, 0]
-        halted = self._halted[next_row]
 
-        # Marketable orders (Market walks the book for a slice of the need; IoC takes up to its limit).
-        is_market = order_type == 0
-        marketable = (order_type != 1) & (side != 0) & ~halted
-        full_slice = torch.where(is_market, self._slices[urgency], torch.ones_like(need))
-        wanted = torch.where(marketable, need.abs() * full_slice, torch.zeros_like(need))
-        limit = torch.where(
-            is_market, side_ticks * NO_LIMIT, ioc_limit_tick(best_bid, best_ask, side_ticks, urgency)
-        )
+        # Marketable orders: Market walks the book for a slice of the need, IoC takes it up to its limit.
+        wanted = need * self._slices.index_select(0, how) * trading
+        marketable = wanted > 0
+        limit = ioc_limit_tick(best_bid, best_ask, side, self._limit_offsets.index_select(0, how))
         taken, notional, reachable = walk_book(
             torch.where(buy, ask_ticks, bid_ticks),
             torch.where(buy, ask_sizes, bid_sizes),
-            side_ticks,
+            side,
             wanted,
             limit,
         )
-        taker_reached = marketable & (full_slice == 1.0) & (reachable >= wanted)
+        taker_reached = marketable & (wanted == need) & (reachable >= wanted)
 
-        # The resting order: keep it on an unchanged LimitMaker target, post a new one on a changed target.
+        # The resting order: kept on an unchanged LimitMaker target, replaced on a changed one, and
+        # cancelled by any other action.
         is_maker = order_type == 1
-        keep = is_maker & (self._order_side != 0) & (self._order_target == target)
+        keep = is_maker & (self._order_target == target) & (self._order_side != 0)
         post = is_maker & ~keep & (side != 0)
-        order_side = torch.where(post, side, torch.where(keep, self._order_side, torch.zeros_like(side)))
-        order_tick = torch.where(
-            post, limit_maker_tick(best_bid, best_ask, side_ticks, urgency), self._order_tick
-        )
+        order_side = torch.where(post, side, torch.where(keep, self._order_side, 0.0))
+        order_tick = torch.where(post, limit_maker_tick(best_bid, best_ask, side, urgency), self._order_tick)
         own_buy = (order_side > 0)[:, None]
         own_ticks = torch.where(own_buy, bid_ticks, ask_ticks)
         own_sizes = torch.where(own_buy, bid_sizes, ask_sizes)
-        visible = torch.where(own_ticks == order_tick[:, None], own_sizes, torch.zeros_like(own_sizes)).sum(
-            dim=1
-        )
-        order_ahead = torch.where(post, visible, self._order_ahead)
-        order_remaining = torch.where(
-            post, need.abs(), torch.where(keep, self._order_remaining, torch.zeros_like(need))
-        )
+        visible = torch.where(own_ticks == order_tick[:, None], own_sizes, 0.0).sum(dim=1)
+        ahead = torch.where(post, visible, self._order_ahead)
+        remaining = torch.where(post, need, torch.where(keep, self._order_remaining, 0.0))
         order_target = torch.where(post, target, self._order_target)
 
-        # The resting order meets the flow of the next market step.
+        # It meets the flow of the next market step at its price (grid column, clamped to the grid).
         width = self._flow_width
-        grid = next_row * 2 + (order_side < 0).to(torch.int64)
-        column = order_tick - self._flow_ref[next_row] + width // 2
-        in_grid = (column >= 0) & (column < width)
-        at_price = grid * width + column.clamp(0, width - 1)
-        executed = torch.where(in_grid, self._exec_flat[at_price], torch.zeros_like(need))
-        cancelled = torch.where(in_grid, self._cancel_flat[at_price], torch.zeros_like(need))
-        through_column = torch.where(order_side > 0, column, column + 1).clamp(0, width)
-        traded_through = self._through_flat[grid * (width + 1) + through_column] > 0
-        can_fill = (order_side != 0) & ~halted
-        ahead_after_cancel = probqueue_cancel(order_ahead, visible, cancelled, cfg.queue_power)
-        maker_fill = torch.minimum((executed - ahead_after_cancel).clamp_min(0.0), order_remaining)
-        maker_fill = torch.where(traded_through, order_remaining, maker_fill)
-        maker_fill = torch.where(can_fill, maker_fill, torch.zeros_like(maker_fill))
-        order_ahead = torch.where(can_fill, (ahead_after_cancel - executed).clamp_min(0.0), order_ahead)
-        order_remaining = order_remaining - maker_fill
-        maker_reached = can_fill & (maker_fill > 0) & (order_remaining <= 0)
-        filled_out = order_remaining <= 0
-        self._order_side = torch.where(filled_out, torch.zeros_like(order_side), order_side)
-        self._order_tick = torch.where(filled_out, torch.zeros_like(order_tick), order_tick)
-        self._order_ahead = torch.where(filled_out, torch.zeros_like(order_ahead), order_ahead)
-        self._order_remaining = order_remaining
-        self._order_target = torch.where(filled_out, torch.zeros_like(order_target), order_target)
+        column = order_tick - after[:, 4] + width // 2
+        clamped = column.clamp(0, width - 1)
+        grid = next_row * (2 * width) + torch.where(order_side < 0, clamped + width, clamped).to(torch.int64)
+        executed, cancelled, through = self._flow.index_select(0, grid).unbind(dim=1)
+        at_price = column == clamped
+        beyond_grid = order_side * (column - clamped) > 0  # the edge column lies at a worse price
+        traded_through = torch.where(beyond_grid, through + executed, through) > 0
+        fill, ahead_after = meet_flow(
+            ahead,
+            remaining,
+            visible,
+            torch.where(at_price, executed, 0.0),
+            torch.where(at_price, cancelled, 0.0),
+            traded_through,
+            cfg.queue_power,
+        )
+        fill = fill * trading  # a halted step executes nothing and leaves the queue as it was
+        ahead = torch.where(trading > 0, ahead_after, ahead)
+        left = remaining - fill
+        maker_reached = (fill > 0) & (left <= 0)
+        alive = left > 0
+        still_resting = torch.sign(left)  # 1.0 while some of the order is left, else 0.0 (left >= 0)
+        self._order_side = order_side * still_resting
+        self._order_tick = order_tick * still_resting
+        self._order_ahead = ahead * still_resting
+        self._order_target = order_target * still_resting
+        self._order_remaining = left
 
         # One fill per book: either the marketable order's or the resting order's.
-        maker_notional = maker_fill * order_tick.to(torch.float64) * tick
-        taker_notional = notional * tick
-        quantity = torch.where(marketable, side * taken, order_side * maker_fill)
-        signed_notional = torch.where(marketable, side * taker_notional, order_side * maker_notional)
-        price = signed_notional / torch.where(quantity == 0, torch.ones_like(quantity), quantity)
-        fees = torch.where(
-            marketable,
-            taker_notional * (cfg.taker_fee_bps * 1e-4),
-            maker_notional * (cfg.maker_fee_bps * 1e-4),
-        )
+        quantity = torch.where(marketable, side * taken, order_side * fill)
+        notional = torch.where(marketable, notional, fill * order_tick) * self._tick
+        fees = notional * torch.where(marketable, self._taker_rate, self._maker_rate)
+        price = notional / torch.where(quantity == 0, 1.0, quantity.abs())
         reached = torch.where(marketable, taker_reached, maker_reached)
-        closed = ledger.apply_fill(quantity, price, fees, self._mid[row], self._step, target, reached)
+        closed = ledger.apply_fill(quantity, price, fees, now[:, 0], self._step, target, reached)
 
         # Advance the market, mark to market, reward.
         self._step = self._step + 1
-        mid = self._mid[next_row]
+        mid = after[:, 0]
         equity = ledger.equity(mid)
         reward = step_reward(self._equity, equity, ledger.position, cfg)
         self._equity = equity
         self._peak_equity = torch.maximum(self._peak_equity, equity)
         terminated = drawdown_hit(self._peak_equity, equity, cfg)
         truncated = self._step >= cfg.episode_length
-        obs = self._observe(next_row)
+        obs = self._observe(next_row, mid)
 
-        active = self._order_side != 0
         info = {
             "mid": mid,
-            "best_bid": self._best_bid[next_row],
-            "best_ask": self._best_ask[next_row],
+            "best_bid": after[:, 1],
+            "best_ask": after[:, 2],
             "position": ledger.position,
             "trade_closed": closed.closed,
             "trade_pnl": closed.pnl,
@@ -337,8 +370,8 @@ class BatchedLOB:
             "cash": ledger.cash,
             "realized_pnl": ledger.realized,
             "unrealized_pnl": ledger.unrealized(mid),
-            "order_active": active,
-            "order_price": torch.where(active, self._order_tick.to(torch.float64) * tick, torch.zeros_like(mid)),
+            "order_active": alive,
+            "order_price": self._order_tick * self._tick,
             "order_queue_ahead": self._order_ahead,
             "order_remaining": self._order_remaining,
             "step": self._step,
@@ -347,28 +380,24 @@ class BatchedLOB:
 
     # ------------------------------------------------------------------ observation
 
-    def _observe(self, row: torch.Tensor) -> torch.Tensor:
+    def _observe(self, row: torch.Tensor, mid: torch.Tensor) -> torch.Tensor:
         """Observation ``[B, D]`` of every book at market rows ``row`` (market features, then portfolio)."""
         ledger = self._ledger
-        mid = self._mid[row]
-        in_trade = ledger.position != 0
-        time_in_trade = torch.where(
-            in_trade, (self._step - ledger.trade_start).to(torch.float64), torch.zeros_like(mid)
-        )
+        time_in_trade = (self._step - ledger.trade_start) * (ledger.position != 0)
         portfolio = portfolio_features(
             ledger.position,
             ledger.unrealized(mid),
             mid,
             self._order_side,
-            self._order_tick.to(torch.float64) * self._tick,
+            self._order_tick * self._tick,
             self._order_ahead,
             self._order_remaining,
-            time_in_trade,
-            self._step.to(torch.float64),
+            time_in_trade.double(),
+            self._step.double(),
             self.config,
             self._tick,
         )
-        return torch.cat([self._features[row], portfolio], dim=1)
+        return torch.cat([self._features.index_select(0, row), portfolio], dim=1)
 
     # ------------------------------------------------------------------ checkpointing
 

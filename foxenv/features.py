@@ -25,6 +25,8 @@ Portfolio features (:func:`portfolio_features`, :data:`PORTFOLIO_FEATURES`) foll
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from foxenv.config import EnvConfig
@@ -120,6 +122,27 @@ def market_features(market: MarketData, config: EnvConfig) -> torch.Tensor:
     return features.contiguous()
 
 
+@functools.lru_cache(maxsize=16)
+def _portfolio_affine(
+    config: EnvConfig, tick_size: float, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scale and offset turning the raw portfolio columns into :data:`PORTFOLIO_FEATURES`."""
+    length = float(config.episode_length)
+    scale = [
+        1 / config.max_position,
+        1e4 / config.max_position,
+        1.0,
+        1 / tick_size,
+        1.0,
+        1 / config.max_position,
+        1 / length,
+        -1 / length,
+    ]
+    bias = [0.0] * 7 + [1.0]
+    as_tensor = functools.partial(torch.tensor, dtype=torch.float64, device=device)
+    return as_tensor(scale), as_tensor(bias)
+
+
 def portfolio_features(
     position: torch.Tensor,
     unrealized: torch.Tensor,
@@ -135,29 +158,32 @@ def portfolio_features(
 ) -> torch.Tensor:
     """Portfolio features of each book, in the order of :data:`PORTFOLIO_FEATURES`.
 
-    :param position: ``[B]`` signed position in lots.
+    :param position: ``[B]`` signed position in lots (float64).
     :param unrealized: ``[B]`` unrealized PnL in currency.
     :param mid: ``[B]`` current mid price.
     :param order_side: ``[B]`` +1 / -1 for a resting buy / sell order, 0 for none.
     :param order_price: ``[B]`` resting order price (ignored where there is none).
     :param order_ahead: ``[B]`` shares ahead of the resting order.
     :param order_remaining: ``[B]`` unfilled size of the resting order (0 when none).
-    :param time_in_trade: ``[B]`` steps since the open trade began (0 when flat).
-    :param step: ``[B]`` steps into the episode.
+    :param time_in_trade: ``[B]`` steps since the open trade began (0 when flat), float64.
+    :param step: ``[B]`` steps into the episode, float64.
     :param config: environment settings.
     :param tick_size: price increment in currency.
     :return: ``[B, len(PORTFOLIO_FEATURES)]`` float32.
     """
-    length = float(config.episode_length)
-    active = order_side != 0
-    columns = (
-        position / config.max_position,
-        1e4 * unrealized / (config.max_position * mid),
-        order_side,
-        torch.where(active, (order_price - mid) / tick_size, torch.zeros_like(mid)),
-        torch.log1p(order_ahead),
-        order_remaining / config.max_position,
-        time_in_trade / length,
-        (length - step) / length,
+    distance = (order_price - mid) * order_side.abs()
+    raw = torch.stack(
+        [
+            position,
+            unrealized / mid,
+            order_side,
+            distance,
+            torch.log1p(order_ahead),
+            order_remaining,
+            time_in_trade,
+            step,
+        ],
+        dim=1,
     )
-    return torch.stack([c.to(torch.float32) for c in columns], dim=1)
+    scale, bias = _portfolio_affine(config, float(tick_size), raw.device)
+    return torch.addcmul(bias, raw, scale).to(torch.float32)

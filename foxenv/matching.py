@@ -15,8 +15,8 @@ import torch
 MARKET_SLICES = (1.0 / 3.0, 2.0 / 3.0, 1.0)
 #: IoC limit price offsets beyond the opposite touch, in ticks, by urgency.
 IOC_OFFSETS = (0, 1, 3)
-#: A limit far enough away that a Market order is never stopped by it.
-NO_LIMIT = 1 << 50
+#: A limit, in ticks beyond the touch, far enough away that a Market order is never stopped by it.
+NO_LIMIT = float(1 << 50)
 
 
 def walk_book(
@@ -32,19 +32,19 @@ def walk_book(
     the quantity is not filled (immediate-or-cancel). No Python loop over books or levels: cumulative
     sizes and a clamp.
 
-    :param level_ticks: ``[B, L]`` int64 prices of the opposite side (asks for a buy, bids for a sell).
+    :param level_ticks: ``[B, L]`` prices of the opposite side in ticks (asks for a buy, bids for a sell).
     :param level_sizes: ``[B, L]`` visible sizes there.
-    :param side: ``[B]`` +1 buy, -1 sell (0: nothing is taken).
+    :param side: ``[B]`` +1 buy, -1 sell (0: nothing is taken), same dtype as ``level_ticks``.
     :param quantity: ``[B]`` shares wanted, >= 0.
-    :param limit_tick: ``[B]`` int64 worst acceptable price (use ``side * NO_LIMIT`` for a Market order).
+    :param limit_tick: ``[B]`` worst acceptable price in ticks (``side * NO_LIMIT`` beyond the touch for a
+        Market order).
     :return: ``(filled, notional, reachable)``: ``[B]`` shares filled, ``[B]`` sum of shares * price in
         ticks, and ``[B]`` total size within the limit.
     """
-    reachable = side[:, None] * (level_ticks - limit_tick[:, None]) <= 0
-    sizes = torch.where(reachable, level_sizes, torch.zeros_like(level_sizes))
-    before = torch.cumsum(sizes, dim=1) - sizes
-    taken = torch.minimum((quantity[:, None] - before).clamp_min(0.0), sizes)
-    return taken.sum(dim=1), (taken * level_ticks).sum(dim=1), sizes.sum(dim=1)
+    sizes = level_sizes * (side[:, None] * (level_ticks - limit_tick[:, None]) <= 0)
+    cumulative = torch.cumsum(sizes, dim=1)
+    taken = torch.minimum((quantity[:, None] - (cumulative - sizes)).clamp_min(0.0), sizes)
+    return taken.sum(dim=1), (taken * level_ticks).sum(dim=1), cumulative[:, -1]
 
 
 def limit_maker_tick(
@@ -54,32 +54,30 @@ def limit_maker_tick(
     the own-side touch. Aggressive falls back to the touch when the spread is under 2 ticks, so the
     price never reaches the opposite touch.
 
-    :param best_bid: ``[B]`` int64 best bid tick.
-    :param best_ask: ``[B]`` int64 best ask tick.
-    :param side: ``[B]`` +1 buy, -1 sell.
-    :param urgency: ``[B]`` int64 0 passive, 1 normal, 2 aggressive.
-    :return: ``[B]`` int64 order price in ticks.
+    :param best_bid: ``[B]`` best bid in ticks.
+    :param best_ask: ``[B]`` best ask in ticks.
+    :param side: ``[B]`` +1 buy, -1 sell (same dtype as the prices).
+    :param urgency: ``[B]`` 0 passive, 1 normal, 2 aggressive.
+    :return: ``[B]`` order price in ticks.
     """
     touch = torch.where(side > 0, best_bid, best_ask)
-    improve = urgency - 1
-    improve = torch.where((improve > 0) & (best_ask - best_bid < 2), torch.zeros_like(improve), improve)
-    return touch + side.to(touch.dtype) * improve
+    improve = (urgency - 1).clamp_max(0) + (urgency == 2) * (best_ask - best_bid >= 2)
+    return touch + side * improve
 
 
 def ioc_limit_tick(
-    best_bid: torch.Tensor, best_ask: torch.Tensor, side: torch.Tensor, urgency: torch.Tensor
+    best_bid: torch.Tensor, best_ask: torch.Tensor, side: torch.Tensor, offset: torch.Tensor
 ) -> torch.Tensor:
-    """Limit price of an IoC order: the opposite touch plus 0, 1 or 3 ticks by urgency.
+    """Limit price of a marketable order: the opposite touch plus ``offset`` ticks in the order's direction
+    (IoC: :data:`IOC_OFFSETS` by urgency; Market: :data:`NO_LIMIT`).
 
-    :param best_bid: ``[B]`` int64 best bid tick.
-    :param best_ask: ``[B]`` int64 best ask tick.
-    :param side: ``[B]`` +1 buy, -1 sell.
-    :param urgency: ``[B]`` int64 0 passive, 1 normal, 2 aggressive.
-    :return: ``[B]`` int64 limit price in ticks.
+    :param best_bid: ``[B]`` best bid in ticks.
+    :param best_ask: ``[B]`` best ask in ticks.
+    :param side: ``[B]`` +1 buy, -1 sell (same dtype as the prices).
+    :param offset: ``[B]`` ticks beyond the opposite touch.
+    :return: ``[B]`` limit price in ticks.
     """
-    offsets = torch.tensor(IOC_OFFSETS, dtype=torch.int64, device=urgency.device)[urgency]
-    touch = torch.where(side > 0, best_ask, best_bid)
-    return touch + side.to(touch.dtype) * offsets
+    return torch.where(side > 0, best_ask, best_bid) + side * offset
 
 
 def probqueue_cancel(
@@ -96,8 +94,33 @@ def probqueue_cancel(
     :param power: exponent ``n`` of ``f``.
     :return: ``[B]`` new queue ahead.
     """
-    behind = (visible - ahead).clamp_min(0.0)
     weight_ahead = ahead.pow(power)
-    total = weight_ahead + behind.pow(power)
-    share = torch.where(total > 0, weight_ahead / total.clamp_min(1e-300), torch.zeros_like(total))
+    total = weight_ahead + (visible - ahead).clamp_min(0.0).pow(power)
+    share = torch.where(total > 0, weight_ahead / total, 0.0)
     return (ahead - cancelled * share).clamp_min(0.0)
+
+
+def meet_flow(
+    ahead: torch.Tensor,
+    remaining: torch.Tensor,
+    visible: torch.Tensor,
+    executed: torch.Tensor,
+    cancelled: torch.Tensor,
+    traded_through: torch.Tensor,
+    power: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One market step of flow at a resting order's price: cancellations shrink the queue ahead (ProbQueue),
+    then executions consume the queue ahead and fill the order; a trade through its price fills it all.
+
+    :param ahead: ``[B]`` shares ahead of the order.
+    :param remaining: ``[B]`` unfilled size of the order (0 where there is none).
+    :param visible: ``[B]`` visible size at its price at the start of the step.
+    :param executed: ``[B]`` shares executed at its price during the step.
+    :param cancelled: ``[B]`` shares cancelled at its price during the step.
+    :param traded_through: ``[B]`` bool, shares executed at a worse price (below a bid, above an ask).
+    :param power: ProbQueue exponent.
+    :return: ``(fill, ahead)``: ``[B]`` shares filled (<= ``remaining``) and the new queue ahead.
+    """
+    ahead = probqueue_cancel(ahead, visible, cancelled, power)
+    fill = torch.where(traded_through, remaining, torch.minimum((executed - ahead).clamp_min(0.0), remaining))
+    return fill, (ahead - executed).clamp_min(0.0)

@@ -7,7 +7,7 @@ import torch
 
 from foxenv.config import EnvConfig
 from foxenv.core import BatchedLOB
-from foxenv.matching import ioc_limit_tick, limit_maker_tick, probqueue_cancel, walk_book
+from foxenv.matching import IOC_OFFSETS, ioc_limit_tick, meet_flow, limit_maker_tick, probqueue_cancel, walk_book
 from tests.foxenv.fake_market import flat_market, make_market
 
 # Direction, magnitude, order type and urgency codes.
@@ -68,12 +68,12 @@ def test_market_order_beyond_visible_depth_fills_only_the_depth() -> None:
 
 
 def test_walk_book_directly() -> None:
-    ticks = torch.tensor([[10002, 10003, 10004], [10000, 9999, 9998]])
+    ticks = torch.tensor([[10002, 10003, 10004], [10000, 9999, 9998]], dtype=torch.float64)
     sizes = torch.tensor([[10.0, 20.0, 30.0], [10.0, 20.0, 30.0]], dtype=torch.float64)
-    side = torch.tensor([1, -1])
-    filled, notional, reachable = walk_book(
-        ticks, sizes, side, torch.tensor([25.0, 35.0], dtype=torch.float64), torch.tensor([10003, 9999])
-    )
+    side = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    wanted = torch.tensor([25.0, 35.0], dtype=torch.float64)
+    limit = torch.tensor([10003, 9999], dtype=torch.float64)
+    filled, notional, reachable = walk_book(ticks, sizes, side, wanted, limit)
     assert filled.tolist() == [25.0, 30.0]
     assert notional.tolist() == [10 * 10002 + 15 * 10003, 10 * 10000 + 20 * 9999]
     assert reachable.tolist() == [30.0, 30.0]
@@ -104,10 +104,10 @@ def test_ioc_sell_normal_takes_two_bid_levels() -> None:
 
 
 def test_ioc_limit_tick_offsets() -> None:
-    bid, ask = torch.tensor([100, 100, 100]), torch.tensor([102, 102, 102])
-    urgency = torch.tensor([0, 1, 2])
-    assert ioc_limit_tick(bid, ask, torch.tensor([1, 1, 1]), urgency).tolist() == [102, 103, 105]
-    assert ioc_limit_tick(bid, ask, torch.tensor([-1, -1, -1]), urgency).tolist() == [100, 99, 97]
+    bid, ask = torch.full((3,), 100.0, dtype=torch.float64), torch.full((3,), 102.0, dtype=torch.float64)
+    offset = torch.tensor(IOC_OFFSETS, dtype=torch.float64)
+    assert ioc_limit_tick(bid, ask, torch.ones(3, dtype=torch.float64), offset).tolist() == [102, 103, 105]
+    assert ioc_limit_tick(bid, ask, -torch.ones(3, dtype=torch.float64), offset).tolist() == [100, 99, 97]
 
 
 # ---------------------------------------------------------------------------- LimitMaker
@@ -133,9 +133,9 @@ def test_limit_maker_aggressive_stays_at_the_touch_when_spread_is_one_tick() -> 
 
 def test_limit_maker_tick_never_crosses() -> None:
     gen = torch.Generator().manual_seed(3)
-    bid = torch.randint(1000, 1100, (500,), generator=gen)
+    bid = torch.randint(1000, 1100, (500,), generator=gen).double()
     ask = bid + torch.randint(1, 5, (500,), generator=gen)
-    side = torch.randint(0, 2, (500,), generator=gen) * 2 - 1
+    side = (torch.randint(0, 2, (500,), generator=gen) * 2 - 1).double()
     urgency = torch.randint(0, 3, (500,), generator=gen)
     price = limit_maker_tick(bid, ask, side, urgency)
     assert bool(torch.where(side > 0, price < ask, price > bid).all())
@@ -176,6 +176,21 @@ def test_probqueue_cancel_function() -> None:
     new = probqueue_cancel(ahead, visible, cancelled, power=1.0)
     # power 1: 6 * 10/30 = 2; nothing behind: all 4 from ahead; empty queue stays 0; 6 * 5/30 = 1.
     assert new.tolist() == pytest.approx([8.0, 6.0, 0.0, 4.0])
+
+
+def test_meet_flow_function() -> None:
+    def f64(*values: float) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.float64)
+
+    fill, ahead = meet_flow(
+        ahead=f64(10, 10, 10, 0), remaining=f64(5, 5, 5, 5), visible=f64(30, 30, 10, 0),
+        executed=f64(12, 8, 30, 2), cancelled=f64(0, 4, 0, 0),
+        traded_through=torch.tensor([False, False, False, True]), power=1.0,
+    )
+    # 12 executed behind 10: 2 fill; cancels 4 * 10/30 then 8 executed: ahead 8.667 -> 0.667 left, no fill;
+    # 30 executed: fill capped at 5; trade-through fills all 5.
+    assert fill.tolist() == pytest.approx([2.0, 0.0, 5.0, 5.0])
+    assert ahead.tolist() == pytest.approx([0.0, 10 - 4 / 3 - 8, 0.0, 0.0])
 
 
 def test_trade_through_fills_the_resting_order_completely() -> None:
