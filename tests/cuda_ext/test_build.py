@@ -6,6 +6,7 @@ In CI (``CI`` set) a missing nvcc fails the compile tests; elsewhere they skip.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -109,3 +110,25 @@ def test_python_m_cuda_ext_build_compiles_links_and_loads() -> None:
     )
     assert loaded.returncode == 0, loaded.stderr[-4000:]
     assert loaded.stdout.split() == ["True", "4.0"]
+
+
+@pytest.mark.slow
+def test_replay_benchmark_quick_smoke_on_cpu(tmp_path: Path) -> None:
+    out = tmp_path / "replay.json"
+    result = subprocess.run(
+        [sys.executable, "benchmarks/replay_throughput.py", "--quick", "--device", "cpu", "--out", str(out)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "us/cycle" in result.stdout
+    report = json.loads(out.read_text())
+    assert report["config"]["batch_sizes"] == [256, 4096]
+    timed = {(row["contender"], row["batch_size"]): row for row in report["rows"]}
+    for batch_size in (256, 4096):
+        for contender in ("cuda_ext", "plain PyTorch PER", "SB3 ReplayBuffer (uniform)"):
+            assert timed[(contender, batch_size)]["us_per_cycle"] > 0
+        assert timed[("plain PyTorch PER", batch_size)]["speedup_vs_plain_per"] == 1.0
+        assert (("TorchRL PER (CPU tree)", batch_size)) in timed  # timed, or skipped with a note

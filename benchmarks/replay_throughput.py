@@ -1,0 +1,429 @@
+"""Replay-buffer throughput: one training-iteration cycle, cuda_ext against its peers, in one run.
+
+A cycle = push 4096 transitions (obs dim 64, 4 action branches), sample B rows, update B priorities
+(and rebuild the sum tree where there is one), capacity 2^20, for B = 256 and 4096. Contenders:
+
+* ``cuda_ext``: the ``torch.ops.cuda_ext`` PER ops (CUDA kernels on a GPU; the references on CPU);
+* ``cuda_ext (CUDA graph)``: the same cycle captured once and replayed (GPU only);
+* ``plain PyTorch PER``: priorities in a flat tensor, ``cumsum`` + ``searchsorted`` sampling (this file);
+* ``TorchRL PER (CPU tree)``: ``TensorDictPrioritizedReplayBuffer`` with CPU storage and CPU sum tree,
+  sampled batches moved to the device (skipped with a note when torchrl is not importable);
+* ``SB3 ReplayBuffer (uniform)``: Stable-Baselines3's buffer, add + uniform sample (no priorities).
+
+Timing: warm-up, then ``repeats`` timings of ``inner`` back-to-back cycles (CUDA events on a GPU,
+``perf_counter`` on CPU), median per cycle in µs. Ratios are speed-ups over the plain-PyTorch PER
+(> 1: faster). If ``benchmarks/op_timings.py`` exists, its ``run(device, quick)`` rows are included.
+
+Usage::
+
+    python benchmarks/replay_throughput.py [--quick] [--device cuda|cpu] [--out PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import cuda_ext
+from cuda_ext.ops_per import new_tree
+
+OPS = torch.ops.cuda_ext
+ALPHA, BETA, EPS = 0.6, 0.4, 1e-6
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "replay_throughput.json"
+
+
+class Timer:
+    """Median time per call of a zero-argument function, with warm-up.
+
+    :param device: where the work runs (CUDA events on a GPU, ``perf_counter`` otherwise).
+    :param repeats: number of timed groups.
+    :param inner: calls per timed group.
+    """
+
+    def __init__(self, device: torch.device, repeats: int, inner: int) -> None:
+        self.device = device
+        self.repeats = repeats
+        self.inner = inner
+
+    def __call__(self, fn: Callable[[], object]) -> float:
+        """Time ``fn``.
+
+        :param fn: one cycle.
+        :return: median µs per call.
+        """
+        for _ in range(max(3, self.inner // 2)):
+            fn()
+        samples = []
+        for _ in range(self.repeats):
+            if self.device.type == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                torch.cuda.synchronize(self.device)
+                start.record()
+                for _ in range(self.inner):
+                    fn()
+                end.record()
+                torch.cuda.synchronize(self.device)
+                samples.append(start.elapsed_time(end) * 1e3 / self.inner)
+            else:
+                begin = time.perf_counter()
+                for _ in range(self.inner):
+                    fn()
+                samples.append((time.perf_counter() - begin) * 1e6 / self.inner)
+        return statistics.median(samples)
+
+
+class Batch:
+    """One push worth of transitions on a device (fixed contents; the cost measured is the buffer's).
+
+    :param n: transitions per push.
+    :param obs_dim: observation width.
+    :param n_branches: action branches.
+    :param device: where the tensors live.
+    :param seed: random seed.
+    """
+
+    def __init__(self, n: int, obs_dim: int, n_branches: int, device: torch.device, seed: int = 0) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        self.obs = torch.randn(n, obs_dim, generator=generator).to(device)
+        self.next_obs = torch.randn(n, obs_dim, generator=generator).to(device)
+        self.action = torch.randint(0, 3, (n, n_branches), generator=generator).to(device)
+        self.reward = torch.randn(n, generator=generator).to(device)
+        self.done = torch.zeros(n, device=device)
+        self.kind = torch.zeros(n, dtype=torch.int8, device=device)
+        self.wants = torch.ones(n, dtype=torch.bool, device=device)
+        self.priority = torch.zeros(n, device=device)
+        self.multiplier = torch.ones(n, device=device)
+
+
+class CudaExtPER:
+    """The cuda_ext ops driven the way ``sb3_her_ext``'s replay buffer drives them.
+
+    :param capacity: rows.
+    :param obs_dim: observation width.
+    :param n_branches: action branches.
+    :param device: where the buffer lives.
+    """
+
+    def __init__(self, capacity: int, obs_dim: int, n_branches: int, device: torch.device) -> None:
+        self.obs = torch.zeros(capacity, obs_dim, device=device)
+        self.next_obs = torch.zeros(capacity, obs_dim, device=device)
+        self.action = torch.zeros(capacity, n_branches, dtype=torch.int64, device=device)
+        self.reward = torch.zeros(capacity, device=device)
+        self.done = torch.zeros(capacity, device=device)
+        self.kind = torch.zeros(capacity, dtype=torch.int8, device=device)
+        self.tree = new_tree(capacity, device)
+        self.head_size = torch.zeros(2, dtype=torch.int64, device=device)
+        self.max_priority = torch.ones(1, device=device)
+
+    def push(self, batch: Batch) -> torch.Tensor:
+        """Push a batch and rebuild the tree.
+
+        :param batch: the transitions.
+        :return: their slots.
+        """
+        slots = OPS.per_push(
+            self.obs, self.next_obs, self.action, self.reward, self.done, self.kind, self.tree,
+            self.head_size, self.max_priority, batch.obs, batch.next_obs, batch.action, batch.reward,
+            batch.done, batch.kind, batch.wants, batch.priority, batch.multiplier, ALPHA,
+        )  # fmt: skip
+        OPS.per_tree_rebuild(self.tree, slots)
+        return slots
+
+    def cycle(self, batch: Batch, uniforms: torch.Tensor, td_abs: torch.Tensor) -> tuple:
+        """Push, sample (with the row gather a learner needs), update priorities, rebuild.
+
+        :param batch: the transitions to push.
+        :param uniforms: ``[B] float64`` draws (refilled in place each cycle).
+        :param td_abs: ``[B]`` absolute TD errors.
+        :return: the sampled rows and weights.
+        """
+        self.push(batch)
+        uniforms.uniform_()
+        indices, weights = OPS.per_sample(self.tree, self.head_size, uniforms, BETA)
+        rows = (self.obs[indices], self.next_obs[indices], self.action[indices], self.reward[indices])
+        OPS.per_update(self.tree, self.max_priority, indices, td_abs, ALPHA, EPS)
+        OPS.per_tree_rebuild(self.tree, indices)
+        return rows, weights
+
+
+class PlainTorchPER:
+    """A plain-PyTorch GPU PER: flat priority tensor, ``cumsum`` + ``searchsorted`` sampling, no host sync.
+
+    :param capacity: rows.
+    :param obs_dim: observation width.
+    :param n_branches: action branches.
+    :param device: where the buffer lives.
+    """
+
+    def __init__(self, capacity: int, obs_dim: int, n_branches: int, device: torch.device) -> None:
+        self.capacity = capacity
+        self.obs = torch.zeros(capacity, obs_dim, device=device)
+        self.next_obs = torch.zeros(capacity, obs_dim, device=device)
+        self.action = torch.zeros(capacity, n_branches, dtype=torch.int64, device=device)
+        self.reward = torch.zeros(capacity, device=device)
+        self.done = torch.zeros(capacity, device=device)
+        self.priority = torch.zeros(capacity, dtype=torch.float64, device=device)  # p ** alpha
+        self.max_priority = torch.ones(1, device=device)
+        self.head = 0
+        self.size = 0
+
+    def push(self, batch: Batch) -> None:
+        """Write a batch at the ring head with the running max priority.
+
+        :param batch: the transitions.
+        """
+        n = batch.obs.shape[0]
+        slots = (self.head + torch.arange(n, device=self.obs.device)) % self.capacity
+        self.obs[slots] = batch.obs
+        self.next_obs[slots] = batch.next_obs
+        self.action[slots] = batch.action
+        self.reward[slots] = batch.reward
+        self.done[slots] = batch.done
+        self.priority[slots] = self.max_priority.double() ** ALPHA
+        self.head = (self.head + n) % self.capacity
+        self.size = min(self.size + n, self.capacity)
+
+    def cycle(self, batch: Batch, uniforms: torch.Tensor, td_abs: torch.Tensor) -> tuple:
+        """Push, stratified sample by ``cumsum`` + ``searchsorted``, update priorities.
+
+        :param batch: the transitions to push.
+        :param uniforms: ``[B] float64`` draws (refilled in place each cycle).
+        :param td_abs: ``[B]`` absolute TD errors.
+        :return: the sampled rows and weights.
+        """
+        self.push(batch)
+        n_samples = uniforms.shape[0]
+        uniforms.uniform_()
+        cumulative = torch.cumsum(self.priority, 0)
+        total = cumulative[-1]
+        targets = (torch.arange(n_samples, device=uniforms.device) + uniforms) / n_samples * total
+        indices = torch.searchsorted(cumulative, targets, right=True).clamp_(max=self.size - 1)
+        weights = (self.size * self.priority[indices] / total) ** -BETA
+        weights = (weights / weights.max()).float()
+        rows = (self.obs[indices], self.next_obs[indices], self.action[indices], self.reward[indices])
+        raw = td_abs + EPS
+        self.priority[indices] = raw.double() ** ALPHA
+        torch.maximum(self.max_priority, raw.max(), out=self.max_priority)
+        return rows, weights
+
+
+def _torchrl_cycle(
+    capacity: int, obs_dim: int, n_branches: int, batch_size: int, device: torch.device
+) -> tuple[Callable[[], object] | None, str | None]:
+    """A TorchRL prioritized buffer (CPU storage and sum tree) and its cycle, or a note why not.
+
+    :return: ``(cycle_fn, None)`` or ``(None, note)``.
+    """
+    try:
+        from tensordict import TensorDict
+        from torchrl.data import LazyTensorStorage, TensorDictPrioritizedReplayBuffer
+    except Exception as error:  # noqa: BLE001  (any import failure means: skip with a note)
+        return None, f"torchrl not importable ({type(error).__name__}: {error})"
+    try:
+        buffer = TensorDictPrioritizedReplayBuffer(
+            alpha=ALPHA, beta=BETA, eps=EPS, storage=LazyTensorStorage(capacity, device="cpu"),
+            batch_size=batch_size, priority_key="td_error",
+        )  # fmt: skip
+    except Exception as error:  # noqa: BLE001  (e.g. its C++ sum tree not built for this torch)
+        return None, f"torchrl unusable ({type(error).__name__}: {error})"
+    cpu_batch = Batch(4096, obs_dim, n_branches, torch.device("cpu"))
+    data = TensorDict(
+        {"obs": cpu_batch.obs, "next_obs": cpu_batch.next_obs, "action": cpu_batch.action,
+         "reward": cpu_batch.reward, "done": cpu_batch.done},
+        batch_size=[cpu_batch.obs.shape[0]],
+    )  # fmt: skip
+    td_abs = torch.rand(batch_size, device=device)
+
+    def cycle() -> object:
+        buffer.extend(data)
+        sample = buffer.sample()
+        on_device = sample.to(device)  # the learner trains on the device
+        sample.set("td_error", td_abs.cpu())
+        buffer.update_tensordict_priority(sample)
+        return on_device
+
+    return cycle, None
+
+
+def _sb3_cycle(
+    capacity: int, obs_dim: int, n_branches: int, batch_size: int, device: torch.device
+) -> Callable[[], object]:
+    """Stable-Baselines3's uniform ``ReplayBuffer`` (numpy storage) and its add + sample cycle.
+
+    :return: the cycle function.
+    """
+    from gymnasium import spaces
+    from stable_baselines3.common.buffers import ReplayBuffer
+
+    n_envs = 4096
+    buffer = ReplayBuffer(
+        capacity,
+        spaces.Box(-np.inf, np.inf, (obs_dim,), np.float32),
+        spaces.MultiDiscrete([3] * n_branches),
+        device=device,
+        n_envs=n_envs,
+    )
+    rng = np.random.default_rng(0)
+    obs = rng.standard_normal((n_envs, obs_dim), dtype=np.float32)
+    next_obs = rng.standard_normal((n_envs, obs_dim), dtype=np.float32)
+    action = rng.integers(0, 3, (n_envs, n_branches))
+    reward = rng.standard_normal(n_envs).astype(np.float32)
+    done = np.zeros(n_envs, dtype=np.float32)
+    infos = [{} for _ in range(n_envs)]
+
+    def cycle() -> object:
+        buffer.add(obs, next_obs, action, reward, done, infos)
+        return buffer.sample(batch_size)
+
+    return cycle
+
+
+def _op_timing_rows(device: torch.device, quick: bool) -> list[dict]:
+    path = Path(__file__).resolve().parent / "op_timings.py"
+    if not path.exists():
+        return []
+    spec = importlib.util.spec_from_file_location("op_timings", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return list(module.run(str(device), quick))
+
+
+def _time_contenders(
+    timer: Timer, batch: Batch, capacity: int, batch_size: int, device: torch.device
+) -> dict[str, tuple[float | None, str]]:
+    """Time one cycle of every contender at one batch size.
+
+    :return: contender name -> (µs per cycle or None if skipped, note).
+    """
+    obs_dim, n_branches = batch.obs.shape[1], batch.action.shape[1]
+    uniforms = torch.zeros(batch_size, dtype=torch.float64, device=device)
+    td_abs = torch.rand(batch_size, generator=torch.Generator().manual_seed(1)).to(device)
+    results: dict[str, tuple[float | None, str]] = {}
+
+    plain = PlainTorchPER(capacity, obs_dim, n_branches, device)
+    results["plain PyTorch PER"] = (timer(lambda: plain.cycle(batch, uniforms, td_abs)), "")
+
+    ours = CudaExtPER(capacity, obs_dim, n_branches, device)
+    results["cuda_ext"] = (timer(lambda: ours.cycle(batch, uniforms, td_abs)), cuda_ext.backend())
+
+    if device.type == "cuda":
+        graphed = CudaExtPER(capacity, obs_dim, n_branches, device)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                graphed.cycle(batch, uniforms, td_abs)
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            graphed.cycle(batch, uniforms, td_abs)
+        results["cuda_ext (CUDA graph)"] = (timer(graph.replay), cuda_ext.backend())
+
+    cycle, note = _torchrl_cycle(capacity, obs_dim, n_branches, batch_size, device)
+    results["TorchRL PER (CPU tree)"] = (timer(cycle) if cycle else None, note or "CPU storage + tree")
+
+    results["SB3 ReplayBuffer (uniform)"] = (
+        timer(_sb3_cycle(capacity, obs_dim, n_branches, batch_size, device)),
+        "numpy storage, no priorities",
+    )
+    return results
+
+
+def run(device: torch.device, quick: bool) -> dict:
+    """Time every contender for every batch size.
+
+    :param device: where the GPU buffers live (``cpu`` runs the references: a smoke test).
+    :param quick: small capacity and few repeats.
+    :return: the JSON-ready result.
+    """
+    capacity = 1 << 16 if quick else 1 << 20
+    obs_dim, n_branches, n_push = 64, 4, 4096
+    batch_sizes = [256, 4096]
+    timer = Timer(device, repeats=3 if quick else 30, inner=2 if quick else 20)
+    rows: list[dict] = []
+    batch = Batch(n_push, obs_dim, n_branches, device)
+    for batch_size in batch_sizes:
+        results = _time_contenders(timer, batch, capacity, batch_size, device)
+        plain_us = results["plain PyTorch PER"][0]
+        for name, (us, note) in results.items():
+            rows.append(
+                {
+                    "contender": name,
+                    "batch_size": batch_size,
+                    "us_per_cycle": us,
+                    "speedup_vs_plain_per": (plain_us / us) if us and plain_us else None,
+                    "note": note,
+                }
+            )
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return {
+        "benchmark": "replay_throughput",
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
+        "torch": torch.__version__,
+        "cuda_ext_backend": cuda_ext.backend(),
+        "config": {
+            "capacity": capacity, "obs_dim": obs_dim, "n_branches": n_branches, "push": n_push,
+            "batch_sizes": batch_sizes, "repeats": timer.repeats, "inner": timer.inner, "quick": quick,
+        },  # fmt: skip
+        "rows": rows,
+        "op_timings": _op_timing_rows(device, quick),
+    }
+
+
+def print_table(result: dict) -> None:
+    """Print the cycle table (and the op timings, if any) to stdout.
+
+    :param result: from :func:`run`.
+    """
+    config = result["config"]
+    print(
+        f"replay cycle on {result['device']} ({result['device_name']}), capacity {config['capacity']}, "
+        f"push {config['push']} x obs {config['obs_dim']}, {config['n_branches']} branches"
+    )
+    print(f"{'contender':<28} {'B':>5} {'us/cycle':>10} {'x plain PER':>12}  note")
+    for row in result["rows"]:
+        us = f"{row['us_per_cycle']:.1f}" if row["us_per_cycle"] is not None else "skipped"
+        ratio = f"{row['speedup_vs_plain_per']:.2f}" if row["speedup_vs_plain_per"] else "-"
+        print(f"{row['contender']:<28} {row['batch_size']:>5} {us:>10} {ratio:>12}  {row['note']}")
+    for row in result["op_timings"]:
+        print("op_timings:", json.dumps(row))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments, run, print, write JSON.
+
+    :param argv: command-line arguments.
+    :return: exit status.
+    """
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="capacity 2^16, few repeats (smoke test)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON output path")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={args.device!r} but no CUDA device is available")
+    result = run(device, args.quick)
+    print_table(result)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
