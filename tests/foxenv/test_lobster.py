@@ -155,6 +155,18 @@ def test_flow_beyond_grid_goes_to_edge_columns(tmp_path: Path) -> None:
     torch.testing.assert_close(data.exec_ask, grid({(0, FLOW_WIDTH - 1): 4.0, (0, 59): 3.0}, 1))
 
 
+def test_off_tick_hidden_executions_round_towards_the_inside(tmp_path: Path) -> None:
+    messages = [
+        [1.0, 5, 0, 8, 100050, 1],  # hidden buy order hit at 10.005 -> tick 1001 (up), column 31
+        [1.1, 5, 0, 6, 100450, -1],  # hidden sell order lifted at 10.045 -> tick 1004 (down), column 34
+    ]
+    data = load_lobster(*write_pair(tmp_path / "data", messages, [BASE_BOOK] * 2), step_events=2,
+                        cache_dir=tmp_path / "cache")
+    assert data.tick_size == pytest.approx(0.01)  # hidden prices do not shrink the detected tick
+    torch.testing.assert_close(data.exec_bid, grid({(0, 31): 8.0}, 1))
+    torch.testing.assert_close(data.exec_ask, grid({(0, 34): 6.0}, 1))
+
+
 def test_empty_levels_continue_one_tick_per_level(tmp_path: Path) -> None:
     books = [
         book_row((100500, 100), (DUMMY, 0), (100000, 300), (-DUMMY, 0)),  # one level each side
