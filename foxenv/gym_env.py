@@ -215,7 +215,7 @@ class LOBEnv(gymnasium.Env[np.ndarray, np.ndarray]):
                 f"action={action!r} must be {self._nvec.shape[0]} integers "
                 f"(got shape {array.shape}, dtype {array.dtype})"
             )
-        return array.astype(np.int64, copy=False)
+        return np.ascontiguousarray(array, dtype=np.int64)
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         """Advance the book by one step.

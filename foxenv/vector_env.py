@@ -159,7 +159,7 @@ class LOBVectorEnv(VectorEnv):
             array = np.asarray(actions)
             if array.dtype.kind not in "iu":
                 raise ValueError(f"action has dtype {array.dtype}; integer actions are needed")
-            tensor = torch.from_numpy(array.astype(np.int64, copy=False))
+            tensor = torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64))
         if tuple(tensor.shape) != expected:
             raise ValueError(f"action has shape {tuple(tensor.shape)}; expected {expected}")
         return tensor.to(self.device, torch.int64)

@@ -218,3 +218,17 @@ def test_package_import_is_light_and_exports_the_api() -> None:
     assert "'foxenv.metrics'" in result.stdout
     with pytest.raises(AttributeError, match="no_such_name"):
         foxenv.no_such_name  # noqa: B018
+
+
+@pytest.mark.parametrize(
+    "action",
+    [[0, 0, 0, 2], (0, 0, 0, 2), np.array([9, 2, 9, 0, 9, 0, 9, 0])[::-2], torch.tensor([0, 0, 0, 2]),
+     np.array([0, 0, 0, 2], dtype=np.uint8)],
+    ids=["list", "tuple", "strided", "tensor", "uint8"],
+)
+def test_action_array_likes_are_accepted(market: MarketData, action: object) -> None:
+    env = LOBEnv(data=market, seed=0, episode_length=20)
+    env.reset(seed=0)
+    info = env.step(action)[4]
+    # short, Small magnitude, Market, aggressive (the whole need at once): -0.25 * 100 lots
+    assert info["position"] == pytest.approx(-25.0)
