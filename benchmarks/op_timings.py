@@ -1,0 +1,242 @@
+"""Time every hindsight and action-selection op: the CUDA kernel against the pure-PyTorch reference.
+
+Each row: ``op``, ``B``, ``cuda_us`` (GPU time per call: the op captured 10 times in a CUDA graph, replayed,
+timed with CUDA events, median of repeats), ``cuda_eager_us`` (the same, called eagerly from Python: includes
+dispatch and launch overhead), ``reference_us`` (the reference on the same device, timed like ``cuda_us``, or
+eagerly when it cannot be captured), ``ratio`` = ``reference_us / cuda_us`` (> 1: the kernel is faster).
+On a CPU only the reference is timed (``time.perf_counter``, median).
+
+Problem size (issue #3): B = 65536 books (``quick``: 1024), obs dim 64, 4 branches of 3 actions, K = 32
+IQN quantiles per action for ``quantile_iqr``, S = 256 forward slots, 3 magnitudes; about 5% of books close a
+trade per step. Usage::
+
+    python benchmarks/op_timings.py [--device cuda] [--quick] [--out benchmarks/results/op_timings.json]
+
+``benchmarks/replay_throughput.py`` imports :func:`run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+import cuda_ext
+from cuda_ext.reference import hindsight as ref_hindsight
+from cuda_ext.reference import select as ref_select
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "op_timings.json"
+OBS_DIM, N_BRANCHES, N_ACTIONS, N_QUANTILES, N_SLOTS, RING = 64, 4, 3, 32, 256, 512
+CLOSE_FRACTION = 0.05
+
+
+def _cases(n_books: int, device: torch.device) -> dict[str, tuple[Callable, Callable, Callable[[], tuple]]]:
+    """op name -> (op handle, reference function, maker of fresh arguments on ``device``)."""
+    gen = torch.Generator().manual_seed(0)
+    capacity = 4 * n_books
+
+    def on(*tensors: object) -> tuple:
+        return tuple(t.to(device) if isinstance(t, torch.Tensor) else t for t in tensors)
+
+    closed = torch.rand(n_books, generator=gen) < CLOSE_FRACTION
+    direction = torch.randint(-1, 2, (n_books,), generator=gen)
+    mid = 100 + torch.randn(n_books, generator=gen)
+    obs = torch.randn(n_books, OBS_DIM, generator=gen)
+    action = torch.randint(0, N_ACTIONS, (n_books, N_BRANCHES), generator=gen)
+
+    def track() -> tuple:
+        return on(
+            torch.zeros(n_books, RING), torch.zeros(n_books, dtype=torch.int64), mid.clone(),
+            direction.clone(), mid + 0.5, torch.zeros(n_books, dtype=torch.int64),
+            direction.to(torch.float32), mid - 0.01, mid + 0.01, torch.arange(n_books),
+        )
+
+    def inject() -> tuple:
+        return on(
+            torch.full((n_books,), 5), mid.clone(), direction.clone(), mid + direction * 2.0,
+            torch.randint(0, capacity, (n_books,), generator=gen), closed, torch.rand(n_books, generator=gen),
+            torch.ones(n_books), obs, obs.clone(), action, torch.randn(capacity, OBS_DIM, generator=gen),
+            1.0, 1.0, 0, 0, 1,
+        )
+
+    def forward() -> tuple:
+        return on(
+            torch.ones(N_SLOTS, dtype=torch.bool), 100 + torch.randn(N_SLOTS, generator=gen),
+            torch.randint(0, 20, (N_SLOTS,), generator=gen),
+            torch.randint(0, 2, (N_SLOTS,), generator=gen) * 2 - 1,
+            torch.rand(N_SLOTS, generator=gen), torch.ones(N_SLOTS),
+            torch.randint(0, n_books, (N_SLOTS,), generator=gen),
+            torch.randn(N_SLOTS, OBS_DIM, generator=gen),
+            torch.randint(0, N_ACTIONS, (N_SLOTS, N_BRANCHES), generator=gen),
+            torch.zeros(1, dtype=torch.int64),
+            torch.tensor([20]), mid, torch.zeros(n_books, dtype=torch.bool), closed, mid + 0.1, direction,
+            torch.rand(n_books, generator=gen), torch.ones(n_books), obs, action, 10, 1.0, 1.0, 0,
+        )
+
+    def relabel() -> tuple:
+        return on(closed, obs, obs.clone(), action, torch.randn(n_books, generator=gen),
+                  torch.tensor([0.25, 0.5, 1.0]), 1)
+
+    def select() -> tuple:
+        shape = (n_books, N_BRANCHES, N_ACTIONS)
+        return on(
+            torch.randn(shape, generator=gen), torch.rand(shape, generator=gen),
+            torch.rand(shape, generator=gen),
+            torch.full((N_BRANCHES,), N_ACTIONS), torch.full((N_BRANCHES,), 0.05),
+            torch.tensor([True, False, True, False]), torch.rand(n_books, N_BRANCHES, generator=gen),
+            torch.rand(n_books, N_BRANCHES, generator=gen), 0.5, 0.1,
+        )
+
+    def iqr() -> tuple:
+        return on(torch.randn(n_books, N_BRANCHES, N_ACTIONS, N_QUANTILES, generator=gen))
+
+    ops = torch.ops.cuda_ext
+    return {
+        "hindsight_track": (ops.hindsight_track, ref_hindsight.hindsight_track, track),
+        "hindsight_inject": (ops.hindsight_inject, ref_hindsight.hindsight_inject, inject),
+        "hindsight_forward": (ops.hindsight_forward, ref_hindsight.hindsight_forward, forward),
+        "magnitude_relabel": (ops.magnitude_relabel, ref_hindsight.magnitude_relabel, relabel),
+        "branch_select": (ops.branch_select, ref_select.branch_select, select),
+        "quantile_iqr": (ops.quantile_iqr, ref_select.quantile_iqr, iqr),
+    }
+
+
+def _median_event_us(run_once: Callable[[], None], calls: int, repeats: int) -> float:
+    """Median over ``repeats`` of the CUDA-event time of ``run_once``, divided by ``calls``, in µs."""
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run_once()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0 / calls)
+    return statistics.median(times)
+
+
+def time_graph_us(fn: Callable[[], object], calls: int = 10, repeats: int = 20) -> float:
+    """GPU time per call of ``fn``: ``calls`` calls captured in one CUDA graph, replayed and timed.
+
+    :param fn: the call to time (all its inputs static on the GPU).
+    :param calls: calls per graph.
+    :param repeats: timed replays; the median is returned.
+    :return: µs per call.
+    """
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    return _median_event_us(graph.replay, calls, repeats)
+
+
+def time_eager_us(fn: Callable[[], object], calls: int = 10, repeats: int = 20) -> float:
+    """Time per call of ``fn`` called eagerly, back to back, measured with CUDA events.
+
+    :param fn: the call to time.
+    :param calls: calls per measurement.
+    :param repeats: measurements; the median is returned.
+    :return: µs per call.
+    """
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+
+    def run_calls() -> None:
+        for _ in range(calls):
+            fn()
+
+    return _median_event_us(run_calls, calls, repeats)
+
+
+def time_cpu_us(fn: Callable[[], object], repeats: int = 10) -> float:
+    """Median wall time of ``fn`` on the CPU in µs.
+
+    :param fn: the call to time.
+    :param repeats: measurements.
+    :return: µs per call.
+    """
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e6)
+    return statistics.median(times)
+
+
+def run(device: str = "cuda", quick: bool = False) -> list[dict]:
+    """Time every hindsight and selection op at B = 65536 (``quick``: 1024).
+
+    :param device: ``"cuda"`` (kernel and reference) or ``"cpu"`` (reference only).
+    :param quick: small problem for a smoke run.
+    :return: one dict per op: ``op``, ``B``, ``device``, ``cuda_us``, ``cuda_eager_us``,
+        ``reference_us``, ``reference_timing`` (``"graph"``, ``"eager"`` or ``"cpu"``),
+        ``ratio`` (reference / CUDA; None on CPU).
+    """
+    torch_device = torch.device(device)
+    if torch_device.type == "cuda" and cuda_ext.backend() != "cuda":
+        reason = cuda_ext.build.load_error()
+        raise RuntimeError(f"device={device!r} but the CUDA extension is not loaded: {reason}")
+    n_books = 1024 if quick else 65536
+    rows = []
+    for name, (op, reference, make_args) in _cases(n_books, torch_device).items():
+        kernel_args, reference_args = make_args(), make_args()
+        row: dict = {"op": name, "B": n_books, "device": str(torch_device)}
+        if torch_device.type == "cuda":
+            row["cuda_us"] = time_graph_us(lambda op=op, a=kernel_args: op(*a))
+            row["cuda_eager_us"] = time_eager_us(lambda op=op, a=kernel_args: op(*a))
+            try:
+                row["reference_us"] = time_graph_us(lambda f=reference, a=reference_args: f(*a))
+                row["reference_timing"] = "graph"
+            except RuntimeError:  # not capturable: time it eagerly
+                torch.cuda.synchronize()
+                row["reference_us"] = time_eager_us(lambda f=reference, a=reference_args: f(*a))
+                row["reference_timing"] = "eager"
+            row["ratio"] = row["reference_us"] / row["cuda_us"]
+        else:
+            row.update(cuda_us=None, cuda_eager_us=None, ratio=None, reference_timing="cpu")
+            row["reference_us"] = time_cpu_us(lambda f=reference, a=reference_args: f(*a))
+        rows.append(row)
+    return rows
+
+
+def _format(value: float | None) -> str:
+    return "-" if value is None else f"{value:10.1f}"
+
+
+def main() -> None:
+    """Print the table and write the JSON file."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--quick", action="store_true", help="B = 1024 instead of 65536")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args()
+    rows = run(args.device, args.quick)
+    print(f"{'op':20s} {'B':>7s} {'cuda µs':>10s} {'eager µs':>10s} {'ref µs':>10s} {'ratio':>8s}")
+    for row in rows:
+        ratio = "-" if row["ratio"] is None else f"{row['ratio']:8.1f}"
+        print(f"{row['op']:20s} {row['B']:7d} {_format(row['cuda_us'])} {_format(row['cuda_eager_us'])} "
+              f"{_format(row['reference_us'])} {ratio:>8s}")
+    device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor()
+    result = {"device": device_name, "torch": torch.__version__, "quick": args.quick, "rows": rows}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
