@@ -177,8 +177,8 @@ class LOBVectorEnv(VectorEnv):
         done = terminated | truncated
         obs = final_obs
         if not self._may_sync or bool(done.any()):
-            # The core's reset may zero some of its state in place, and info tensors can alias it.
-            step_info = {key: value.clone() for key, value in step_info.items()}
+            # No copy of the step's tensors is needed: the core's reset builds new state tensors
+            # (it never writes in place), so the info and final_obs of this step stay as they are.
             reset_obs = self.core.reset(mask=done)
             obs = torch.where(done[:, None], reset_obs, final_obs)
         if self.render_mode is not None:

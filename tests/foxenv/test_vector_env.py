@@ -119,13 +119,18 @@ def test_return_tensors_mode_uses_tensors_throughout(market: MarketData) -> None
     obs, _ = env.reset(seed=0)
     assert isinstance(obs, torch.Tensor) and obs.device == env.device and obs.dtype == torch.float32
     for _ in range(3):
-        obs, reward, terminated, truncated, info = env.step(torch.randint(0, 3, (4, 4)))
+        # full long, Market, aggressive: 100 lots
+        obs, reward, terminated, truncated, info = env.step(torch.tensor([[2, 2, 0, 2]] * 4))
     assert isinstance(reward, torch.Tensor) and reward.dtype == torch.float32
     assert truncated.dtype == torch.bool and bool(truncated.all())
     assert isinstance(info["final_obs"], torch.Tensor) and info["final_obs"].shape == obs.shape
     assert isinstance(info["final_info"]["equity"], torch.Tensor)
     assert torch.equal(info["_final_obs"], truncated)
     assert bool((obs[:, -1] == 1.0).all())  # all books were reset: time_left = 1
+    # the reset made the books flat, but the info of the finished step still shows their position
+    assert torch.equal(info["final_info"]["position"], torch.full((4,), 100.0, dtype=torch.float64))
+    assert torch.equal(info["position"], info["final_info"]["position"])
+    assert torch.equal(env.core.state_dict()["ledger.position"], torch.zeros(4, dtype=torch.float64))
 
 
 @pytest.mark.gpu
