@@ -138,18 +138,21 @@ class CudaExtPER:
         OPS.per_tree_rebuild(self.tree, slots)
         return slots
 
-    def cycle(self, batch: Batch, uniforms: torch.Tensor, td_abs: torch.Tensor) -> tuple:
+    def cycle(self, batch: Batch, uniforms: torch.Tensor, td_abs: torch.Tensor, gather: bool = True) -> tuple:
         """Push, sample (with the row gather a learner needs), update priorities, rebuild.
 
         :param batch: the transitions to push.
         :param uniforms: ``[B] float64`` draws (refilled in place each cycle).
         :param td_abs: ``[B]`` absolute TD errors.
-        :return: the sampled rows and weights.
+        :param gather: also gather the sampled rows (off: the ops alone, issue #3's target cycle).
+        :return: the sampled rows (empty without ``gather``) and weights.
         """
         self.push(batch)
         uniforms.uniform_()
         indices, weights = OPS.per_sample(self.tree, self.head_size, uniforms, BETA)
-        rows = (self.obs[indices], self.next_obs[indices], self.action[indices], self.reward[indices])
+        rows: tuple = ()
+        if gather:
+            rows = (self.obs[indices], self.next_obs[indices], self.action[indices], self.reward[indices])
         OPS.per_update(self.tree, self.max_priority, indices, td_abs, ALPHA, EPS)
         OPS.per_tree_rebuild(self.tree, indices)
         return rows, weights
@@ -298,6 +301,25 @@ def _op_timing_rows(device: torch.device, quick: bool) -> list[dict]:
     return list(module.run(str(device), quick))
 
 
+def _capture_cycle(
+    buffer: CudaExtPER, batch: Batch, uniforms: torch.Tensor, td_abs: torch.Tensor, gather: bool
+) -> torch.cuda.CUDAGraph:
+    """Capture one cuda_ext cycle in a CUDA graph (after a warm-up on a side stream).
+
+    :return: the graph; ``replay()`` runs one cycle.
+    """
+    side = torch.cuda.Stream(uniforms.device)
+    side.wait_stream(torch.cuda.current_stream(uniforms.device))
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            buffer.cycle(batch, uniforms, td_abs, gather)
+    torch.cuda.current_stream(uniforms.device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        buffer.cycle(batch, uniforms, td_abs, gather)
+    return graph
+
+
 def _time_contenders(
     timer: Timer, batch: Batch, capacity: int, batch_size: int, device: torch.device
 ) -> dict[str, tuple[float | None, str]]:
@@ -314,20 +336,14 @@ def _time_contenders(
     results["plain PyTorch PER"] = (timer(lambda: plain.cycle(batch, uniforms, td_abs)), "")
 
     ours = CudaExtPER(capacity, obs_dim, n_branches, device)
-    results["cuda_ext"] = (timer(lambda: ours.cycle(batch, uniforms, td_abs)), cuda_ext.backend())
+    backend = f"backend {cuda_ext.backend()}"
+    results["cuda_ext"] = (timer(lambda: ours.cycle(batch, uniforms, td_abs)), backend)
 
     if device.type == "cuda":
-        graphed = CudaExtPER(capacity, obs_dim, n_branches, device)
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                graphed.cycle(batch, uniforms, td_abs)
-        torch.cuda.current_stream(device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            graphed.cycle(batch, uniforms, td_abs)
-        results["cuda_ext (CUDA graph)"] = (timer(graph.replay), cuda_ext.backend())
+        for name, gather in [("cuda_ext (CUDA graph)", True), ("cuda_ext ops only (CUDA graph)", False)]:
+            buffer = CudaExtPER(capacity, obs_dim, n_branches, device)
+            graph = _capture_cycle(buffer, batch, uniforms, td_abs, gather)
+            results[name] = (timer(graph.replay), "no row gather: issue #3 target" if not gather else "")
 
     cycle, note = _torchrl_cycle(capacity, obs_dim, n_branches, batch_size, device)
     results["TorchRL PER (CPU tree)"] = (timer(cycle) if cycle else None, note or "CPU storage + tree")
@@ -374,8 +390,14 @@ def run(device: torch.device, quick: bool) -> dict:
         "torch": torch.__version__,
         "cuda_ext_backend": cuda_ext.backend(),
         "config": {
-            "capacity": capacity, "obs_dim": obs_dim, "n_branches": n_branches, "push": n_push,
-            "batch_sizes": batch_sizes, "repeats": timer.repeats, "inner": timer.inner, "quick": quick,
+            "capacity": capacity,
+            "obs_dim": obs_dim,
+            "n_branches": n_branches,
+            "push": n_push,
+            "batch_sizes": batch_sizes,
+            "repeats": timer.repeats,
+            "inner": timer.inner,
+            "quick": quick,
         },  # fmt: skip
         "rows": rows,
         "op_timings": _op_timing_rows(device, quick),
@@ -392,11 +414,11 @@ def print_table(result: dict) -> None:
         f"replay cycle on {result['device']} ({result['device_name']}), capacity {config['capacity']}, "
         f"push {config['push']} x obs {config['obs_dim']}, {config['n_branches']} branches"
     )
-    print(f"{'contender':<28} {'B':>5} {'us/cycle':>10} {'x plain PER':>12}  note")
+    print(f"{'contender':<32} {'B':>5} {'us/cycle':>10} {'x plain PER':>12}  note")
     for row in result["rows"]:
         us = f"{row['us_per_cycle']:.1f}" if row["us_per_cycle"] is not None else "skipped"
         ratio = f"{row['speedup_vs_plain_per']:.2f}" if row["speedup_vs_plain_per"] else "-"
-        print(f"{row['contender']:<28} {row['batch_size']:>5} {us:>10} {ratio:>12}  {row['note']}")
+        print(f"{row['contender']:<32} {row['batch_size']:>5} {us:>10} {ratio:>12}  {row['note']}")
     for row in result["op_timings"]:
         print("op_timings:", json.dumps(row))
 
