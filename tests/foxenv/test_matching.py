@@ -7,7 +7,14 @@ import torch
 
 from foxenv.config import EnvConfig
 from foxenv.core import BatchedLOB
-from foxenv.matching import IOC_OFFSETS, ioc_limit_tick, meet_flow, limit_maker_tick, probqueue_cancel, walk_book
+from foxenv.matching import (
+    IOC_OFFSETS,
+    ioc_limit_tick,
+    limit_maker_tick,
+    meet_flow,
+    probqueue_cancel,
+    walk_book,
+)
 from tests.foxenv.fake_market import flat_market, make_market
 
 # Direction, magnitude, order type and urgency codes.
@@ -248,3 +255,17 @@ def test_halted_step_executes_nothing() -> None:
     env = make_env(market)
     _, _, _, _, info = act(env, LONG, SMALL, MAKER, NORMAL)  # the trade-through happens in a halted step
     assert info["position"].item() == 0.0 and info["order_active"].item()
+
+
+def test_resting_order_far_off_the_flow_grid_is_traded_through_at_the_grid_edge() -> None:
+    # The buy rests at 100.00; the market then drops 50 ticks, so in row 2 its price lies beyond the top of
+    # the flow grid (reference 99.51 + 32 ticks). Sells at 99.90 land in the edge column, below its price.
+    bids = [BID, [(99.50, 10.0)], [(99.50, 10.0)]]
+    asks = [ASK, [(99.52, 10.0)], [(99.52, 10.0)]]
+    market = make_market(bids, asks, exec_bid={2: {99.90: 1.0}})
+    env = make_env(market, maker_fee_bps=0.0)
+    _, _, _, _, info = act(env, LONG, SMALL, MAKER, NORMAL)
+    assert info["order_active"].item() and info["position"].item() == 0.0
+    _, _, _, _, info = act(env, LONG, SMALL, MAKER, NORMAL)
+    assert info["position"].item() == 25.0
+    assert info["cash"].item() == pytest.approx(-25 * 100.00, abs=1e-9)
