@@ -67,7 +67,8 @@ __global__ void track_kernel(float* __restrict__ ring, int64_t* __restrict__ rin
       best = mid;
       best_row = row[b];
     }
-    ring[b * ring_size + len % ring_size] = mid;
+    const int64_t at = ((len % ring_size) + ring_size) % ring_size;  // floor modulo, as torch's %
+    ring[b * ring_size + at] = mid;
     ring_len[b] = len + 1;
     if (sign > 0 ? mid > best : mid < best) {
       best = mid;
@@ -241,7 +242,7 @@ __global__ void forward_enter_kernel(bool* __restrict__ slot_valid, float* __res
   int64_t total = 0;
   block_exclusive_scan(before, &before_total);
   block_exclusive_scan(all, &total);
-  const int64_t head = workspace[head_at];
+  const int64_t head = ((workspace[head_at] % n_slots) + n_slots) % n_slots;  // floor modulo, as torch's %
 
   const int64_t b = static_cast<int64_t>(blockIdx.x) * kBookThreads + threadIdx.x;
   const bool enters = b < n_books && trade_closed[b] && closed_direction[b] != 0;
