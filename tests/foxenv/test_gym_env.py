@@ -198,6 +198,7 @@ def test_market_does_not_depend_on_env_seed() -> None:
         LOBEnv(data=first.market, market_seed=5)
 
 
+@pytest.mark.slow
 def test_package_import_is_light_and_exports_the_api() -> None:
     import subprocess
     import sys
