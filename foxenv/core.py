@@ -110,6 +110,10 @@ class BatchedLOB:
         self._order_ahead = zeros.clone()
         self._order_remaining = zeros.clone()
         self._order_target = zeros.clone()
+        self._graph: torch.cuda.CUDAGraph | None = None
+        self._graph_state: dict[str, torch.Tensor] = {}
+        self._graph_outputs: tuple = ()
+        self._graph_action = torch.empty(0)
         self.reset()
 
     # ------------------------------------------------------------------ setup
@@ -212,6 +216,7 @@ class BatchedLOB:
         self._ledger.reset(mask)
         for name in ("_equity", "_peak_equity", *(f"_{f}" for f in _ORDER_FIELDS)):
             setattr(self, name, getattr(self, name).masked_fill(mask, 0))
+        self._pin_state()
         row = self._offset + self._step
         return self._observe(row, self._scalars.index_select(0, row)[:, 0])
 
@@ -258,6 +263,23 @@ class BatchedLOB:
             No autoreset: reset finished books with ``reset(mask=terminated | truncated)``.
         """
         action = self._check_action(action)
+        if self._graph is None:
+            return self._advance(action)
+        self._graph_action.copy_(action)
+        self._graph.replay()
+        obs, reward, terminated, truncated, info = self._graph_outputs
+        return (
+            obs.clone(),
+            reward.clone(),
+            terminated.clone(),
+            truncated.clone(),
+            {key: value.clone() for key, value in info.items()},
+        )
+
+    def _advance(
+        self, action: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """The step itself, on a validated ``[B, 4]`` int64 action (no host sync: capturable)."""
         cfg = self.config
         ledger = self._ledger
         levels = self._levels
@@ -401,22 +423,43 @@ class BatchedLOB:
 
     # ------------------------------------------------------------------ checkpointing
 
+    def _state_tensors(self) -> dict[str, torch.Tensor]:
+        """The per-book state tensors by their ``state_dict`` names (not copies)."""
+        state = {
+            "offset": self._offset,
+            "step": self._step,
+            "equity": self._equity,
+            "peak_equity": self._peak_equity,
+        }
+        for name in _ORDER_FIELDS:
+            state[name] = getattr(self, f"_{name}")
+        for name, value in vars(self._ledger).items():
+            state[f"ledger.{name}"] = value
+        return state
+
+    def _set_state_tensors(self, state: dict[str, torch.Tensor]) -> None:
+        """Point the per-book state at ``state``'s tensors (no copies)."""
+        for key, value in state.items():
+            if key.startswith("ledger."):
+                setattr(self._ledger, key.removeprefix("ledger."), value)
+            else:
+                setattr(self, f"_{key}", value)
+
+    def _pin_state(self) -> None:
+        """With a CUDA graph, copy the state into the graph's static input tensors and point at them."""
+        if self._graph is None:
+            return
+        for key, value in self._state_tensors().items():
+            self._graph_state[key].copy_(value)
+        self._set_state_tensors(self._graph_state)
+
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume stepping exactly where this env is.
 
-        :return: a dict of cloned tensors plus the generator state.
+        :return: a dict of cloned ``[B]`` tensors plus the generator state (``"generator"``).
         """
-        state: dict[str, Any] = {
-            "offset": self._offset.clone(),
-            "step": self._step.clone(),
-            "equity": self._equity.clone(),
-            "peak_equity": self._peak_equity.clone(),
-            "generator": self._generator.get_state(),
-        }
-        for name in _ORDER_FIELDS:
-            state[name] = getattr(self, f"_{name}").clone()
-        for name, value in vars(self._ledger).items():
-            state[f"ledger.{name}"] = value.clone()
+        state: dict[str, Any] = {key: value.clone() for key, value in self._state_tensors().items()}
+        state["generator"] = self._generator.get_state()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -427,17 +470,55 @@ class BatchedLOB:
         expected = set(self.state_dict())
         if set(state) != expected:
             raise ValueError(f"state keys {sorted(set(state) ^ expected)} differ from this env's state")
-        for key, value in state.items():
-            if key == "generator":
-                continue
-            if tuple(value.shape) != (self.num_books,):
-                raise ValueError(f"state[{key!r}] shape {tuple(value.shape)} must be ({self.num_books},)")
+        current = self._state_tensors()
+        for key in current:
+            if tuple(state[key].shape) != (self.num_books,):
+                raise ValueError(
+                    f"state[{key!r}] shape {tuple(state[key].shape)} must be ({self.num_books},)"
+                )
         self._generator.set_state(state["generator"])
-        self._offset = state["offset"].to(self.device).clone()
-        self._step = state["step"].to(self.device).clone()
-        self._equity = state["equity"].to(self.device).clone()
-        self._peak_equity = state["peak_equity"].to(self.device).clone()
-        for name in _ORDER_FIELDS:
-            setattr(self, f"_{name}", state[name].to(self.device).clone())
-        for name in vars(self._ledger):
-            setattr(self._ledger, name, state[f"ledger.{name}"].to(self.device).clone())
+        self._set_state_tensors(
+            {
+                key: state[key].to(device=self.device, dtype=value.dtype).clone()
+                for key, value in current.items()
+            }
+        )
+        self._pin_state()
+
+    # ------------------------------------------------------------------ CUDA graph
+
+    def enable_cuda_graph(self) -> None:
+        """Capture :meth:`step` in a CUDA graph, so each later step is one graph launch (CUDA only).
+
+        The environment's state is unchanged by the capture. After it, ``step`` copies the action into a
+        static buffer, replays the graph and returns clones of the outputs (so they stay valid); ``reset``
+        and ``load_state_dict`` copy the new state into the graph's static tensors. Action validation
+        still follows ``validate_actions``.
+
+        :raises ValueError: when the env is not on a CUDA device.
+        """
+        if self.device.type != "cuda":
+            raise ValueError(f"device={self.device}: enable_cuda_graph needs a CUDA device")
+        if self._graph is not None:
+            return
+        saved = self.state_dict()
+        self._graph_action = torch.ones(
+            self.num_books, len(self.ACTION_NVEC), dtype=torch.int64, device=self.device
+        )
+        side_stream = torch.cuda.Stream(device=self.device)
+        side_stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side_stream):
+            for _ in range(3):  # warm up caches and allocator outside the capture
+                self._advance(self._graph_action)
+        torch.cuda.current_stream(self.device).wait_stream(side_stream)
+        self.load_state_dict(saved)
+        static_state = self._state_tensors()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outputs = self._advance(self._graph_action)
+            for key, value in self._state_tensors().items():
+                static_state[key].copy_(value)
+        self._set_state_tensors(static_state)
+        self._graph_state = static_state
+        self._graph_outputs = outputs
+        self._graph = graph

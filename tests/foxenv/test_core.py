@@ -234,6 +234,36 @@ def test_cuda_matches_cpu() -> None:
         assert torch.allclose(info_c["equity"], info_g["equity"].cpu(), atol=1e-8)
 
 
+def test_cuda_graph_needs_cuda(env: BatchedLOB) -> None:
+    with pytest.raises(ValueError, match="device=cpu"):
+        env.enable_cuda_graph()
+
+
+@pytest.mark.gpu
+def test_cuda_graph_matches_eager() -> None:
+    market = random_market(600, 5, seed=8)
+    cfg = EnvConfig(levels=5, episode_length=20, max_drawdown=50.0)
+    eager = BatchedLOB(market, 64, cfg, device="cuda", seed=3)
+    graphed = BatchedLOB(market, 64, cfg, device="cuda", seed=3)
+    graphed.enable_cuda_graph()
+    kept = []
+    for action in random_actions(64, 70, seed=4):
+        out_e = eager.step(action.cuda())
+        out_g = graphed.step(action.cuda())
+        kept.append(out_g[0])
+        for a, b in zip(out_e[:4], out_g[:4], strict=True):
+            assert torch.equal(a, b)
+        for key in out_e[4]:
+            assert torch.equal(out_e[4][key], out_g[4][key]), key
+        done = out_e[2] | out_e[3]
+        torch.testing.assert_close(eager.reset(mask=done), graphed.reset(mask=done), rtol=0, atol=0)
+    assert not torch.equal(kept[0], kept[-1])  # returned observations are copies, not the graph's buffers
+    saved = eager.state_dict()
+    graphed.load_state_dict(saved)
+    action = torch.ones(64, 4, dtype=torch.int64, device="cuda")
+    assert torch.equal(eager.step(action)[0], graphed.step(action)[0])
+
+
 def test_full_long_position_is_capped_at_max_position() -> None:
     env = make_env(flat_market(4, [(100.00, 1000.0)], [(100.02, 1000.0)]), max_position=70.0)
     for _ in range(3):
