@@ -57,11 +57,12 @@ def test_make_registers_spaces_and_scalar_info(market: MarketData) -> None:
     assert info["best_bid"] < info["mid"] < info["best_ask"]
 
 
-def test_gymnasium_and_sb3_env_checkers_pass(market: MarketData) -> None:
+@pytest.mark.parametrize("render_mode", [None, "rgb_array"])
+def test_gymnasium_and_sb3_env_checkers_pass(market: MarketData, render_mode: str | None) -> None:
     from gymnasium.utils.env_checker import check_env as gym_check_env
     from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
-    env = LOBEnv(data=market, seed=0, episode_length=50)
+    env = LOBEnv(data=market, seed=0, episode_length=50, render_mode=render_mode)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the infinite Box bounds draw a warning, not an error
         gym_check_env(env)
