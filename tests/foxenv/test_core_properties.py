@@ -97,3 +97,28 @@ def test_random_actions_keep_books_consistent(config: dict, seed: int, steps: li
             prev_cash, prev_position = torch.where(done, zero, cash), torch.where(done, zero, position)
             prev_equity = torch.where(done, zero, prev_equity)
             closed_pnl = torch.where(done, zero, closed_pnl)
+
+
+@pytest.mark.slow
+def test_real_lobster_rollout_stays_finite_and_bounded(lobster_dir) -> None:
+    from foxenv.data import load_market
+
+    market = load_market(str(lobster_dir))
+    cfg = EnvConfig(levels=10, episode_length=200, max_position=50.0)
+    env = BatchedLOB(market, 16, cfg, seed=0)
+    env.reset()
+    gen = torch.Generator().manual_seed(0)
+    closed = 0
+    for _ in range(250):
+        action = torch.randint(0, 3, (16, 4), generator=gen)
+        obs, reward, terminated, truncated, info = env.step(action)
+        assert bool(torch.isfinite(obs).all()) and bool(torch.isfinite(reward).all())
+        assert bool((info["position"].abs() <= cfg.max_position).all())
+        assert torch.allclose(info["equity"], info["realized_pnl"] + info["unrealized_pnl"], atol=1e-6)
+        assert bool((info["fees"][action[:, 2] != 1] >= 0).all())  # takers always pay
+        assert bool((info["fees"][action[:, 2] == 1] <= 0).all())  # the default maker fee is a rebate
+        closed += int(info["trade_closed"].sum())
+        done = terminated | truncated
+        if bool(done.any()):
+            env.reset(mask=done)
+    assert closed > 0  # random agents do complete round trips on real data
