@@ -150,12 +150,15 @@ class BatchedLOB:
             ],
             dim=1,
         ).contiguous()
-        # Flow at a price, [T, 2 sides, W columns, 3]: executed, cancelled, traded through. Side 0 = bid
-        # grids (met by resting buys), 1 = ask grids (resting sells). Traded through a buy at column j:
-        # executions below it, sum(exec_bid[:j]); a sell at column j: executions above, sum(exec_ask[j+1:]).
+        # Flow at a price, [T, 2 sides, W columns, 3] float32 (share counts): executed, cancelled, traded
+        # through. Side 0 = bid grids (met by resting buys), 1 = ask grids (resting sells). Traded through a
+        # buy at column j: executions below it, sum(exec_bid[:j]); a sell: above it, sum(exec_ask[j+1:]).
         exec_bid, exec_ask = market.exec_bid.double(), market.exec_ask.double()
-        below = torch.cumsum(exec_bid, dim=1) - exec_bid
-        above = torch.flip(torch.cumsum(torch.flip(exec_ask, [1]), dim=1), [1]) - exec_ask
+        no_volume = torch.zeros_like(exec_bid[:, :1])
+        below = torch.cat([no_volume, torch.cumsum(exec_bid, dim=1)[:, :-1]], dim=1)
+        above = torch.cat(
+            [torch.flip(torch.cumsum(torch.flip(exec_ask, [1]), dim=1), [1])[:, 1:], no_volume], dim=1
+        )
         flow = torch.stack(
             [
                 torch.stack([exec_bid, market.cancel_bid.double(), below], dim=2),
@@ -163,7 +166,7 @@ class BatchedLOB:
             ],
             dim=1,
         )
-        self._flow = flow.reshape(-1, 3).contiguous()
+        self._flow = flow.reshape(-1, 3).to(torch.float32).contiguous()
         self._features = market_features(market, self.config)
         self._targets = torch.tensor(
             [(d - 1) * m * self.config.max_position for d in range(3) for m in self.MAGNITUDES],
@@ -334,7 +337,7 @@ class BatchedLOB:
         column = order_tick - after[:, 4] + width // 2
         clamped = column.clamp(0, width - 1)
         grid = next_row * (2 * width) + torch.where(order_side < 0, clamped + width, clamped).to(torch.int64)
-        executed, cancelled, through = self._flow.index_select(0, grid).unbind(dim=1)
+        executed, cancelled, through = self._flow.index_select(0, grid).double().unbind(dim=1)
         at_price = column == clamped
         beyond_grid = order_side * (column - clamped) > 0  # the edge column lies at a worse price
         traded_through = torch.where(beyond_grid, through + executed, through) > 0
