@@ -221,7 +221,8 @@ class BatchedLOB:
             setattr(self, name, getattr(self, name).masked_fill(mask, 0))
         self._pin_state()
         row = self._offset + self._step
-        return self._observe(row, self._scalars.index_select(0, row)[:, 0])
+        mid = self._scalars.index_select(0, row)[:, 0]
+        return self._observe(row, mid, self._ledger.unrealized(mid), self._order_tick * self._tick)
 
     # ------------------------------------------------------------------ step
 
@@ -263,6 +264,10 @@ class BatchedLOB:
         :param action: ``[B, 4]`` integer tensor (direction, magnitude, order, urgency), any device.
         :return: ``(obs [B, D] float32, reward [B] float32, terminated [B] bool, truncated [B] bool, info)``;
             ``info`` maps names to ``[B]`` tensors (float64 money and prices, bool flags, int64 ``step``).
+            ``mid``, ``best_bid``, ``best_ask``, ``equity`` are those of the new snapshot (the new obs);
+            ``entry_mid`` is the closed trade's where ``trade_closed``, else the open trade's (0 when flat);
+            ``fees`` are this step's; ``cash``, ``realized_pnl`` (net of all fees) and ``unrealized_pnl``
+            (average entry price) satisfy ``equity = cash + position * mid = realized + unrealized``.
             No autoreset: reset finished books with ``reset(mask=terminated | truncated)``.
         """
         action = self._check_action(action)
@@ -379,7 +384,9 @@ class BatchedLOB:
         self._peak_equity = torch.maximum(self._peak_equity, equity)
         terminated = drawdown_hit(self._peak_equity, equity, cfg)
         truncated = self._step >= cfg.episode_length
-        obs = self._observe(next_row, mid)
+        unrealized = ledger.unrealized(mid)
+        order_price = self._order_tick * self._tick
+        obs = self._observe(next_row, mid, unrealized, order_price)
 
         info = {
             "mid": mid,
@@ -394,9 +401,9 @@ class BatchedLOB:
             "fees": fees,
             "cash": ledger.cash,
             "realized_pnl": ledger.realized,
-            "unrealized_pnl": ledger.unrealized(mid),
+            "unrealized_pnl": unrealized,
             "order_active": alive,
-            "order_price": self._order_tick * self._tick,
+            "order_price": order_price,
             "order_queue_ahead": self._order_ahead,
             "order_remaining": self._order_remaining,
             "step": self._step,
@@ -405,16 +412,18 @@ class BatchedLOB:
 
     # ------------------------------------------------------------------ observation
 
-    def _observe(self, row: torch.Tensor, mid: torch.Tensor) -> torch.Tensor:
+    def _observe(
+        self, row: torch.Tensor, mid: torch.Tensor, unrealized: torch.Tensor, order_price: torch.Tensor
+    ) -> torch.Tensor:
         """Observation ``[B, D]`` of every book at market rows ``row`` (market features, then portfolio)."""
         ledger = self._ledger
         time_in_trade = (self._step - ledger.trade_start) * (ledger.position != 0)
         portfolio = portfolio_features(
             ledger.position,
-            ledger.unrealized(mid),
+            unrealized,
             mid,
             self._order_side,
-            self._order_tick * self._tick,
+            order_price,
             self._order_ahead,
             self._order_remaining,
             time_in_trade.double(),
