@@ -275,6 +275,7 @@ class BranchingIQN(OffPolicyAlgorithm):
             self.exploration_mults = resolve_exploration_mults(exploration_mults, self.branch_names)
             self.boltzmann_flags = resolve_boltzmann_branches(boltzmann_branches, self.branch_names)
             self.hindsight_config = resolve_hindsight(hindsight, self.env)
+            self.policy_kwargs = dict(self.policy_kwargs)  # never modify the caller's dict
             if self.env is not None and self.env.has_attr("n_market_features"):
                 n_market = int(self.env.get_attr("n_market_features")[0])
                 self.policy_kwargs.setdefault("n_market_features", n_market)
@@ -303,7 +304,8 @@ class BranchingIQN(OffPolicyAlgorithm):
         if isinstance(action_space, spaces.MultiDiscrete) and action_space.nvec.ndim == 1:
             return [int(n) for n in action_space.nvec]
         raise ValueError(
-            f"action_space={action_space} is not supported: it must be MultiDiscrete (1-D) or Discrete"
+            f"action_space={' '.join(str(action_space).split())} is not supported: "
+            "it must be MultiDiscrete (1-D) or Discrete"
         )
 
     @staticmethod

@@ -1,0 +1,94 @@
+"""Diagnostics: hand-worked accumulators, JSONL keys, logger scalars."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch as th
+from stable_baselines3.common.logger import Logger
+
+from sb3_her_ext.diagnostics import (
+    DIAGNOSTICS_KEYS,
+    HINDSIGHT_KEYS,
+    TrainingDiagnostics,
+    flatten_scalars,
+    read_diagnostics,
+)
+
+
+def _diag(tmp_path: Path) -> TrainingDiagnostics:
+    return TrainingDiagnostics(tmp_path / "sub" / "diag.jsonl", [3, 2], ["direction", "magnitude"])
+
+
+def test_flush_means_counts_and_keys_by_hand(tmp_path: Path) -> None:
+    diag = _diag(tmp_path)
+    diag.add_train_step(th.tensor(1.0), th.tensor(4.0), th.tensor(2.5), th.tensor(0.5))
+    diag.add_train_step(th.tensor(3.0), th.tensor(2.0), th.tensor(2.5), th.tensor(1.0))
+    diag.add_vaccine(th.tensor(0.2), th.tensor(True))
+    diag.add_vaccine(th.tensor(-0.4), th.tensor(False))
+    diag.add_actions(np.array([[0, 1], [2, 1], [2, 0], [2, 1]]))
+    iqr = th.tensor([[[1.0, 3.0, 0.0], [2.0, 2.0, 99.0]]])  # padded action (branch 1, action 2) ignored
+    valid = th.tensor([[True, True, True], [True, True, False]])
+    diag.add_selection(iqr, th.ones_like(iqr), valid)
+    record = diag.flush(
+        100,
+        eps=[0.1, 0.2],
+        popart_mu=0.5,
+        popart_sigma=2.0,
+        per={"size": 10, "max_priority": 3.0, "beta": 0.4},
+        hindsight_totals={"backward": th.tensor(5), "forward": th.tensor(1), "relabel": th.tensor(8)},
+        threshold=1.5,
+        priority_boost=3.0,
+        iqr_bonus=0.3,
+        ep_rew_mean=None,
+        n_updates=2,
+    )
+    assert tuple(record) == DIAGNOSTICS_KEYS
+    assert record["l_q"] == pytest.approx(2.0)
+    assert record["l_c51"] == pytest.approx(3.0)
+    assert record["per"]["mean_weight"] == pytest.approx(0.75)
+    assert record["vaccine"] == {"cos": pytest.approx(-0.1), "corrections": 1}
+    assert record["action_mix"] == {"direction": [0.25, 0.0, 0.75], "magnitude": [0.25, 0.75]}
+    assert record["iqr_mean"] == pytest.approx((1 + 3 + 0 + 2 + 2) / 5)
+    assert record["eps"] == {"direction": 0.1, "magnitude": 0.2}
+    expected_hindsight = {"backward": 5, "forward": 1, "relabel": 8, "threshold": 1.5, "priority_boost": 3.0}
+    assert record["hindsight"] == expected_hindsight
+
+    # the second interval reports the increase of the cumulative hindsight counters, and resets the sums
+    second = diag.flush(200, hindsight_totals={"backward": 7, "forward": 1, "relabel": 20})
+    assert [second["hindsight"][k] for k in HINDSIGHT_KEYS[:3]] == [2, 0, 12]
+    assert math.isnan(second["l_q"]) and second["vaccine"]["corrections"] == 0
+    assert second["action_mix"]["direction"] == [0.0, 0.0, 0.0]
+
+    lines = read_diagnostics(tmp_path / "sub" / "diag.jsonl")
+    assert len(lines) == 2
+    assert all(tuple(line) == DIAGNOSTICS_KEYS for line in lines)
+    assert lines[1]["l_q"] is None  # NaN is written as null: strict JSON
+    json.loads((tmp_path / "sub" / "diag.jsonl").read_text().splitlines()[0])
+
+
+def test_flush_records_scalars_in_the_logger(tmp_path: Path) -> None:
+    logger = Logger(folder=None, output_formats=[])
+    diag = _diag(tmp_path)
+    diag.add_train_step(th.tensor(1.0), th.tensor(2.0), th.tensor(1.5), th.tensor(1.0))
+    diag.flush(10, logger, eps=[0.5, 1.0], hindsight_totals={"backward": 3})
+    values = logger.name_to_value
+    assert values["diagnostics/l_q"] == pytest.approx(1.0)
+    assert values["diagnostics/eps/magnitude"] == pytest.approx(1.0)
+    assert values["diagnostics/hindsight/backward"] == pytest.approx(3.0)
+    assert values["diagnostics/action_mix/direction/0"] == 0.0
+    assert "diagnostics/step" not in values
+
+
+def test_flatten_scalars_by_hand() -> None:
+    flat = flatten_scalars({"a": 1, "b": {"c": [2.0, float("nan")], "d": None}, "e": True, "f": "x"})
+    assert flat == {"a": 1.0, "b/c/0": 2.0}
+
+
+def test_branch_names_must_match_branches(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="branch_names has 1 names for 2 branches"):
+        TrainingDiagnostics(None, [3, 3], ["direction"])

@@ -1,0 +1,169 @@
+"""Per-branch exploration: ε = min(1, ε·mult), schedules by hand, branch settings, branch_select calls."""
+
+from __future__ import annotations
+
+import pytest
+import torch as th
+
+import cuda_ext  # noqa: F401
+from sb3_her_ext.exploration import (
+    branch_epsilons,
+    default_branch_names,
+    linear_anneal,
+    resolve_boltzmann_branches,
+    resolve_exploration_mults,
+    select_actions,
+)
+
+
+def _reference_branch_select(q, iqr, ens_std, n_actions, eps, boltzmann, u_explore, u_action, alpha, beta):
+    """Stand-in for ``cuda_ext.branch_select`` (README semantics), used only until the op lands."""
+    _, _, max_actions = q.shape
+    valid = th.arange(max_actions, device=q.device)[None, :] < n_actions[:, None]
+    score = (q + alpha * iqr + beta * ens_std).masked_fill(~valid[None], -th.inf)
+    greedy = score.argmax(-1)
+    top = score.max(-1, keepdim=True).values
+    bottom = score.masked_fill(~valid[None], th.inf).min(-1, keepdim=True).values
+    temperature = (top - bottom).clamp(min=0.01)
+    weights = th.exp((score - top) / temperature).masked_fill(~valid[None], 0.0)
+    running = weights.cumsum(-1)
+    sampled = (running <= (u_action * running[..., -1])[..., None]).sum(-1).clamp(max=max_actions - 1)
+    uniform = th.minimum((u_action * n_actions).floor().long(), n_actions - 1)
+    return th.where(u_explore < eps[None], uniform, th.where(boltzmann[None], sampled, greedy))
+
+
+def ensure_branch_select() -> None:
+    """Define the stand-in op when cuda_ext does not (yet) define ``branch_select``."""
+    if not hasattr(th.ops.cuda_ext, "branch_select"):
+        from cuda_ext._library import define_op
+
+        define_op(
+            "branch_select(Tensor q, Tensor iqr, Tensor ens_std, Tensor n_actions, Tensor eps, "
+            "Tensor boltzmann, Tensor u_explore, Tensor u_action, float alpha, float beta) -> Tensor",
+            _reference_branch_select,
+            lambda q, *args: q.new_empty(q.shape[:2], dtype=th.int64),
+        )
+
+
+ensure_branch_select()
+
+LOB = list(default_branch_names(4))
+
+
+def test_branch_epsilons_by_hand() -> None:
+    mults = th.tensor([1.0, 2.0, 1.5, 1.5])
+    assert branch_epsilons(0.3, mults).tolist() == pytest.approx([0.3, 0.6, 0.45, 0.45])
+    # ε·mult above 1 is capped at 1, per branch
+    assert branch_epsilons(0.6, mults).tolist() == pytest.approx([0.6, 1.0, 0.9, 0.9])
+    assert branch_epsilons(0.0, mults).tolist() == [0.0, 0.0, 0.0, 0.0]
+
+
+def test_linear_anneal_by_hand() -> None:
+    assert linear_anneal(0.3, 0.05, 1.0) == pytest.approx(0.3)
+    assert linear_anneal(0.3, 0.05, 0.5) == pytest.approx(0.175)
+    assert linear_anneal(0.3, 0.05, 0.0) == pytest.approx(0.05)
+    assert linear_anneal(0.4, 1.0, 0.25) == pytest.approx(0.85)
+
+
+def test_default_mults_and_boltzmann_for_the_lob_branches() -> None:
+    assert LOB == ["direction", "magnitude", "order", "urgency"]
+    assert resolve_exploration_mults(None, LOB) == [1.0, 2.0, 1.5, 1.5]
+    assert resolve_boltzmann_branches(None, LOB) == [False, False, True, True]
+    # other action spaces: multiplier 1 and no Boltzmann branch by default
+    assert resolve_exploration_mults(None, ["0", "1"]) == [1.0, 1.0]
+    assert resolve_boltzmann_branches(None, ["0"]) == [False]
+
+
+def test_mults_by_list_name_and_index() -> None:
+    assert resolve_exploration_mults([1, 1, 1, 3], LOB) == [1.0, 1.0, 1.0, 3.0]
+    assert resolve_exploration_mults({"order": 4.0, 0: 0.5}, LOB) == [0.5, 2.0, 4.0, 1.5]
+    assert resolve_boltzmann_branches(["direction", 3], LOB) == [True, False, False, True]
+    assert resolve_boltzmann_branches([], LOB) == [False] * 4
+
+
+@pytest.mark.parametrize(
+    ("mults", "match"),
+    [
+        ([1.0, 2.0], "exploration_mults has length 2"),
+        ({"speed": 1.0}, "exploration_mults: unknown branch 'speed'"),
+        ({7: 1.0}, "exploration_mults: branch index 7"),
+        ([1.0, -1.0, 1.0, 1.0], r"exploration_mults\['magnitude'\]=-1.0"),
+    ],
+)
+def test_bad_mults_raise_naming_the_field(mults, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        resolve_exploration_mults(mults, LOB)
+
+
+def test_bad_boltzmann_branch_raises() -> None:
+    with pytest.raises(ValueError, match="boltzmann_branches: unknown branch 'speed'"):
+        resolve_boltzmann_branches(["speed"], LOB)
+
+
+def _stats(batch: int) -> tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor]:
+    """Two branches (3 and 2 actions, padded to 3): q prefers action 2 / action 0."""
+    q = th.tensor([[0.0, 1.0, 2.0], [1.0, 0.0, -th.inf]]).expand(batch, -1, -1).contiguous()
+    zeros = th.zeros_like(q).masked_fill(q.isinf(), 0.0)
+    return q, zeros, zeros.clone(), th.tensor([3, 2])
+
+
+def test_greedy_without_exploration() -> None:
+    q, iqr, ens, n_actions = _stats(64)
+    gen = th.Generator().manual_seed(0)
+    actions = select_actions(q, iqr, ens, n_actions, th.zeros(2), th.zeros(2, dtype=th.bool), 0.3, 0.2, gen)
+    assert actions.shape == (64, 2) and actions.dtype == th.int64
+    assert (actions[:, 0] == 2).all() and (actions[:, 1] == 0).all()
+
+
+def test_iqr_bonus_changes_the_greedy_action() -> None:
+    q, iqr, ens, n_actions = _stats(8)
+    iqr = iqr.clone()
+    iqr[:, 0, 0] = 10.0  # score of action 0 in branch 0: 0 + 0.3 * 10 = 3 > 2
+    gen = th.Generator().manual_seed(0)
+    eps, flags = th.zeros(2), th.zeros(2, dtype=th.bool)
+    assert (select_actions(q, iqr, ens, n_actions, eps, flags, 0.3, 0.0, gen)[:, 0] == 0).all()
+    assert (select_actions(q, iqr, ens, n_actions, eps, flags, 0.0, 0.0, gen)[:, 0] == 2).all()
+
+
+def test_full_exploration_is_uniform_over_valid_actions() -> None:
+    q, iqr, ens, n_actions = _stats(6000)
+    gen = th.Generator().manual_seed(1)
+    actions = select_actions(q, iqr, ens, n_actions, th.ones(2), th.zeros(2, dtype=th.bool), 0.0, 0.0, gen)
+    counts0 = th.bincount(actions[:, 0], minlength=3).float() / 6000
+    counts1 = th.bincount(actions[:, 1], minlength=3).float() / 6000
+    assert th.allclose(counts0, th.full((3,), 1 / 3), atol=0.03)
+    assert th.allclose(counts1, th.tensor([0.5, 0.5, 0.0]), atol=0.03)  # padded action 2 never chosen
+
+
+def test_per_branch_eps_explores_only_that_branch() -> None:
+    q, iqr, ens, n_actions = _stats(4000)
+    gen = th.Generator().manual_seed(2)
+    actions = select_actions(
+        q, iqr, ens, n_actions, th.tensor([0.0, 0.5]), th.zeros(2, dtype=th.bool), 0.0, 0.0, gen
+    )
+    assert (actions[:, 0] == 2).all()
+    # branch 1 explores half the time, uniformly over 2 actions: the greedy action 0 is taken 75%
+    assert (actions[:, 1] == 0).float().mean().item() == pytest.approx(0.75, abs=0.03)
+
+
+def test_boltzmann_flag_samples_by_score() -> None:
+    q, iqr, ens, n_actions = _stats(6000)
+    gen = th.Generator().manual_seed(3)
+    flags = th.tensor([True, False])
+    actions = select_actions(q, iqr, ens, n_actions, th.zeros(2), flags, 0.0, 0.0, gen)
+    # branch 0: tau = 2 - 0 = 2, p ∝ exp([-1, -0.5, 0])
+    expected = th.softmax(th.tensor([-1.0, -0.5, 0.0]), dim=0)
+    freq = th.bincount(actions[:, 0], minlength=3).float() / 6000
+    assert th.allclose(freq, expected, atol=0.03)
+    assert (actions[:, 1] == 0).all()  # the non-Boltzmann branch stays greedy
+
+
+def test_same_generator_seed_same_actions() -> None:
+    q, iqr, ens, n_actions = _stats(256)
+    eps, flags = th.tensor([0.5, 0.5]), th.tensor([True, False])
+
+    def draw(seed: int) -> th.Tensor:
+        return select_actions(q, iqr, ens, n_actions, eps, flags, 0.1, 0.1, th.Generator().manual_seed(seed))
+
+    assert th.equal(draw(5), draw(5))
+    assert not th.equal(draw(5), draw(6))
