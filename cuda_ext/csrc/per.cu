@@ -261,6 +261,40 @@ __global__ void update_kernel(double* __restrict__ tree, float* __restrict__ max
   if (last && mine >= 0 && mine < n_leaves) tree[n_leaves + mine] = pow(static_cast<double>(raw), alpha);
 }
 
+// Large batches: "last occurrence wins" without scratch memory, in two passes over the batch.
+// Pass 1 claims each listed leaf with atomicMax of a marker above every non-negative double's bit
+// pattern plus the position, so the leaf ends up holding the marker of its last occurrence. Pass 2:
+// each entry's compare-and-swap of its own marker with its leaf value succeeds only for that last
+// occurrence (a loser sees the winner's marker or the winner's value, never its own marker).
+constexpr unsigned long long kClaimMarker = 0xFFF0000000000001ULL;  // above -inf; a NaN pattern
+
+__global__ void update_claim_kernel(double* __restrict__ tree, float* __restrict__ max_priority,
+                                    const int64_t* __restrict__ indices, const float* __restrict__ td_abs,
+                                    int64_t batch, int64_t n_leaves, float eps) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= batch) return;
+  const float raw = __fadd_rn(td_abs[i], eps);
+  atomicMax(reinterpret_cast<int*>(max_priority), __float_as_int(raw));
+  const int64_t leaf = indices[i];
+  if (leaf < 0 || leaf >= n_leaves) return;
+  atomicMax(reinterpret_cast<unsigned long long*>(tree + n_leaves + leaf),
+            kClaimMarker + static_cast<unsigned long long>(i));
+}
+
+__global__ void update_write_kernel(double* __restrict__ tree, const int64_t* __restrict__ indices,
+                                    const float* __restrict__ td_abs, int64_t batch, int64_t n_leaves,
+                                    double alpha, float eps) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= batch) return;
+  const int64_t leaf = indices[i];
+  if (leaf < 0 || leaf >= n_leaves) return;
+  const float raw = __fadd_rn(td_abs[i], eps);
+  const double value = pow(static_cast<double>(raw), alpha);
+  atomicCAS(reinterpret_cast<unsigned long long*>(tree + n_leaves + leaf),
+            kClaimMarker + static_cast<unsigned long long>(i),
+            static_cast<unsigned long long>(__double_as_longlong(value)));
+}
+
 }  // namespace
 
 cudaError_t launch_push_slots(const bool* wants, const float* new_priority, const float* max_multiplier,
@@ -315,9 +349,18 @@ cudaError_t launch_sample(const double* tree, const int64_t* head_size, const do
 cudaError_t launch_update(double* tree, float* max_priority, const int64_t* indices, const float* td_abs,
                           int64_t batch, int64_t n_leaves, double alpha, float eps, cudaStream_t stream) {
   if (batch == 0) return cudaSuccess;
+  if (batch <= kUpdateThreads) {  // one block: duplicates found by comparing in shared memory
+    update_kernel<<<1, kUpdateThreads, 0, stream>>>(tree, max_priority, indices, td_abs, batch, n_leaves,
+                                                    alpha, eps);
+    return cudaGetLastError();
+  }
   const int blocks = static_cast<int>((batch + kUpdateThreads - 1) / kUpdateThreads);
-  update_kernel<<<blocks, kUpdateThreads, 0, stream>>>(tree, max_priority, indices, td_abs, batch, n_leaves,
-                                                       alpha, eps);
+  update_claim_kernel<<<blocks, kUpdateThreads, 0, stream>>>(tree, max_priority, indices, td_abs, batch,
+                                                             n_leaves, eps);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  update_write_kernel<<<blocks, kUpdateThreads, 0, stream>>>(tree, indices, td_abs, batch, n_leaves, alpha,
+                                                             eps);
   return cudaGetLastError();
 }
 

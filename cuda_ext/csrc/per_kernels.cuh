@@ -38,7 +38,9 @@ cudaError_t launch_sample(const double* tree, const int64_t* head_size, const do
                           int64_t* indices, float* weights, int64_t batch, int64_t n_leaves, double beta,
                           cudaStream_t stream);
 
-// per_update (grid): leaf = (td_abs + eps) ** alpha, last duplicate wins; raises max_priority.
+// per_update: leaf = (td_abs + eps) ** alpha, last duplicate wins; raises max_priority. Up to 256 rows:
+// one block comparing positions in shared memory; more: two grid passes (claim each leaf with
+// atomicMax of a marker + position, then compare-and-swap the marker of the last occurrence).
 cudaError_t launch_update(double* tree, float* max_priority, const int64_t* indices, const float* td_abs,
                           int64_t batch, int64_t n_leaves, double alpha, float eps, cudaStream_t stream);
 

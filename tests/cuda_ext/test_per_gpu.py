@@ -172,7 +172,7 @@ def _check_update(device: str, capacity: int, batch: int, seed: int) -> None:
     assert torch.equal(actual_max.cpu(), max_priority)
 
 
-@pytest.mark.parametrize("batch", SIZES)
+@pytest.mark.parametrize("batch", [*SIZES, 256, 257])  # <= 256: one-block path; above: two passes
 def test_update_matches_reference_with_duplicates(batch: int) -> None:
     _check_update("cuda", capacity=70000, batch=batch, seed=batch)
 
@@ -192,9 +192,10 @@ def _training_cycle(state: dict, rows: dict, uniforms: torch.Tensor, td_abs: tor
     return slots, indices, weights
 
 
-def test_cuda_graph_capture_and_replay_of_a_training_cycle() -> None:
+@pytest.mark.parametrize("batch", [256, 4096])  # per_update: the one-block path and the two-pass path
+def test_cuda_graph_capture_and_replay_of_a_training_cycle(batch: int) -> None:
     generator = torch.Generator().manual_seed(11)
-    capacity, n, batch = 1 << 16, 4096, 256
+    capacity, n = 1 << 16, 4096
     initial = make_state(capacity, obs_dim=5)
     warm_rows = _random_rows(5000, generator)
     warm_rows["wants"][:] = True
