@@ -53,3 +53,18 @@ def test_random_rollout_on_synthetic_data_and_bad_length() -> None:
     assert math.isfinite(summary["sharpe"]) and summary["episodes"] == 0
     with pytest.raises(ValueError, match="num_steps=1"):
         random_rollout(num_steps=1, progress=False)
+
+
+@pytest.mark.gpu
+def test_random_rollout_on_cuda_is_finite_and_deterministic(market: MarketData) -> None:
+    def run() -> dict:
+        summary = random_rollout(num_steps=40, num_envs=256, data=market, seed=3, device="cuda",
+                                 progress=False, episode_length=20)
+        summary.pop("book_steps_per_second")
+        return summary
+
+    first = run()
+    assert first["device"].startswith("cuda") and first["episodes"] == 512
+    for key in ("sharpe", "max_drawdown", "turnover", "hit_rate", "mean_episode_reward"):
+        assert math.isfinite(first[key]), key
+    assert run() == first
