@@ -160,7 +160,8 @@ def train(args: argparse.Namespace) -> Path:
     }
     config = {
         "command": "train", "data": args.data, "steps": args.steps, "n_envs": args.n_envs,
-        "device": args.device, "seed": args.seed, "hindsight": args.hindsight, "eval_steps": args.eval_steps,
+        "device": args.device, "seed": args.seed, "threads": args.threads, "hindsight": args.hindsight,
+        "eval_steps": args.eval_steps,
         "eval_data": "test split" if args.data != "synthetic" else f"synthetic, seed {eval_seed}",
         "model_kwargs": model_kwargs, "policy_kwargs": DEFAULT_POLICY_KWARGS,
         "env_kwargs": DEFAULT_ENV_KWARGS,
@@ -225,6 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
         p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                        help="show a progress bar (default: on)")
+        p.add_argument("--threads", type=int, default=1,
+                       help="torch CPU threads (default: 1, fastest for these small networks)")
 
     train_parser = sub.add_parser(
         "train", help="train BranchingIQN and write a run folder",
@@ -254,6 +257,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     :return: the exit status.
     """
     args = build_parser().parse_args(argv)
+    if args.threads < 1:
+        raise ValueError(f"--threads={args.threads} must be >= 1")
+    th.set_num_threads(args.threads)
     if args.device.startswith("cuda") and not th.cuda.is_available():
         print(f"--device={args.device}: no CUDA device available", file=sys.stderr)
         return 2
