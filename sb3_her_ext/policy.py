@@ -208,6 +208,8 @@ class BranchingQNetwork(nn.Module):
             th.arange(n_actions)[None, :] < th.tensor(self.action_dims)[:, None],
             persistent=False,
         )  # [NB, A] bool, True for real actions
+        self.padded_actions = min(self.action_dims) < n_actions  # masking is skipped when False
+        self.uneven_bottlenecks = min(self.bottleneck_dims) < max_bottleneck
         iqn_output_mask = self.action_mask[:, None, :].expand(n_branches, self.n_ensemble, n_actions)
         self.register_buffer(
             "iqn_output_mask", iqn_output_mask.reshape(n_branches, 1, -1).float(), persistent=False
@@ -244,7 +246,9 @@ class BranchingQNetwork(nn.Module):
         :param market: ``[B, n_market_features]``.
         :return: ``[NB, B, max(bottleneck_dims)]``; columns ``>= bottleneck_dims[b]`` of branch ``b`` are 0.
         """
-        weight = self.bottleneck_weight * self.bottleneck_mask
+        weight = self.bottleneck_weight
+        if self.uneven_bottlenecks:
+            weight = weight * self.bottleneck_mask
         return th.tanh(th.matmul(market.unsqueeze(0), weight))
 
     def _iqn_from_features(self, features: th.Tensor, taus: th.Tensor) -> th.Tensor:
@@ -259,8 +263,9 @@ class BranchingQNetwork(nn.Module):
         cosines = th.cos(taus.unsqueeze(-1) * self.cos_frequencies)  # [B, N, n_cos]
         embedding = self.activation(self.tau_embedding(cosines))  # [B, N, H] shared, or [B, N, NB * H]
         # Padded actions get zero weight and bias, so their outputs are exactly 0.
-        weight = self.iqn_out.weight * self.iqn_output_mask  # [NB, H, E * A]
-        bias = self.iqn_out.bias * self.iqn_output_mask[:, 0]  # [NB, E * A]
+        weight, bias = self.iqn_out.weight, self.iqn_out.bias  # [NB, H, E * A], [NB, E * A]
+        if self.padded_actions:
+            weight, bias = weight * self.iqn_output_mask, bias * self.iqn_output_mask[:, 0]
         # Fold the branch features into the output weights, folded[b, h, nb, o] = features[nb, b, h] *
         # weight[nb, h, o], so the [B, N, NB, H] product of features and embedding is never materialised.
         features_bhn = features.permute(1, 2, 0).contiguous().unsqueeze(-1)  # [B, H, NB, 1]
@@ -295,7 +300,8 @@ class BranchingQNetwork(nn.Module):
     def _c51_from_features(self, features: th.Tensor) -> th.Tensor:
         batch = features.shape[1]
         logits = self.c51_out(features).view(self.n_branches, batch, self.max_actions, self.n_atoms)
-        logits = logits * self.action_mask[:, None, :, None]
+        if self.padded_actions:
+            logits = logits * self.action_mask[:, None, :, None]
         return logits.transpose(0, 1)
 
     def quantiles_and_logits(self, obs: th.Tensor, taus: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
