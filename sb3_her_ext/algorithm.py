@@ -269,7 +269,7 @@ class BranchingIQN(OffPolicyAlgorithm):
         self._n_gradient_steps = 0
         self._last_diagnostics_step = 0
 
-        if self.action_space is not None:  # None only inside `load`, which restores everything below
+        if getattr(self, "action_space", None) is not None:  # unset only in `load`, which restores it all
             self.action_dims = self._check_spaces(self.observation_space, self.action_space)
             self.branch_names = self._branch_names(self.env, len(self.action_dims))
             self.exploration_mults = resolve_exploration_mults(exploration_mults, self.branch_names)

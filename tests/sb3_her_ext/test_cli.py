@@ -1,0 +1,79 @@
+"""The ``foxhunt`` command line: help, rollout metrics, and an end-to-end ``train`` run folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch as th
+
+from sb3_her_ext.cli import build_parser, main
+from tests.sb3_her_ext.test_exploration import ensure_branch_select
+
+ensure_branch_select()
+
+
+@pytest.fixture(autouse=True)
+def restore_torch_threads():
+    """``main`` sets the torch thread count (``--threads``); put it back afterwards."""
+    threads = th.get_num_threads()
+    yield
+    th.set_num_threads(threads)
+
+
+def test_help_documents_both_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    assert "train" in text and "rollout" in text
+    train_help = build_parser()._subparsers._group_actions[0].choices["train"].format_help()
+    for option in ("--data", "--steps", "--n-envs", "--device", "--seed", "--out", "--hindsight",
+                   "--no-hindsight"):
+        assert option in train_help, option
+
+
+def test_rollout_prints_metrics(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["rollout", "--steps", "30", "--n-envs", "2", "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    for metric in ("sharpe", "max_drawdown", "hit_rate", "action_mix", "direction"):
+        assert metric in text, metric
+
+
+def test_train_rejects_a_missing_data_folder(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="--data='.*nowhere' must be 'synthetic' or a folder"):
+        main(["train", "--data", str(tmp_path / "nowhere"), "--steps", "10", "--out", str(tmp_path / "run"),
+              "--no-progress"])
+
+
+@pytest.mark.slow
+def test_train_writes_the_run_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from sb3_her_ext import BranchingIQN
+    from sb3_her_ext.diagnostics import DIAGNOSTICS_KEYS, read_diagnostics
+
+    out = tmp_path / "run"
+    assert main(["train", "--steps", "240", "--n-envs", "2", "--out", str(out), "--no-progress",
+                 "--eval-steps", "20", "--no-hindsight", "--seed", "3"]) == 0
+    text = capsys.readouterr().out
+    for metric in ("sharpe", "max_drawdown", "hit_rate", "action_mix"):
+        assert metric in text, metric
+    assert str(out) in text
+    for name in ("model.zip", "config.json", "diagnostics.jsonl", "training.png", "evaluation.json"):
+        assert (out / name).is_file(), name
+    assert list((out / "tb").glob("*/events.out.tfevents.*"))
+    assert (out / "training.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    config = json.loads((out / "config.json").read_text())
+    assert config["steps"] == 240 and config["n_envs"] == 2 and config["hindsight"] is False
+    assert config["seed"] == 3
+    lines = read_diagnostics(out / "diagnostics.jsonl")
+    assert lines and all(tuple(line) == DIAGNOSTICS_KEYS for line in lines)
+    assert lines[-1]["step"] == 240
+    evaluation = json.loads((out / "evaluation.json").read_text())
+    assert evaluation["steps"] == 20 * 2
+    model = BranchingIQN.load(out / "model.zip")
+    assert model.hindsight_config is None and model.num_timesteps == 240
+    obs = np.zeros((2, model.observation_space.shape[0]), np.float32)
+    actions, _ = model.predict(obs, deterministic=True)
+    assert actions.shape == (2, 4)
