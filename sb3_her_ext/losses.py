@@ -25,7 +25,7 @@ class _QuantileHuber(th.autograd.Function):
         delta = target.unsqueeze(-2) - current.unsqueeze(-1)  # [..., N, N']
         clipped = delta.clamp(-kappa, kappa)
         taus = taus.unsqueeze(-1)
-        weighted = th.addcmul(clipped * taus, clipped.clamp(max=0.0), 1.0 - 2.0 * taus)  # g
+        weighted = clipped.clamp(max=0.0).mul_(1.0 - 2.0 * taus).addcmul_(clipped, taus)  # g, in place
         half_huber = delta.sub_(clipped, alpha=0.5)  # delta - c / 2 (delta is not needed any more)
         pair_sum = half_huber.mul_(weighted).sum(dim=(-2, -1))
         ctx.save_for_backward(weighted)
