@@ -448,14 +448,15 @@ class BranchingIQN(OffPolicyAlgorithm):
             next_q = q_net.quantiles(batch.next_observations, rand(batch_size, n_act)).mean(dim=(0, -1))
             next_actions = next_q.masked_fill(~self._valid_actions, -th.inf).argmax(dim=-1)  # [B, NB]
             # ... the target network evaluates it; BDQ averages the branches.
-            z_next = q_net_target.quantiles(batch.next_observations, rand(batch_size, n_target))
+            z_next, next_logits = q_net_target.quantiles_and_logits(  # [E, B, NB, A, N'], [B, NB, A, atoms]
+                batch.next_observations, rand(batch_size, n_target)
+            )
             n_ensemble = z_next.shape[0]
             index = next_actions[None, :, :, None, None].expand(n_ensemble, -1, -1, 1, n_target)
             z_next = z_next.gather(3, index).squeeze(3).mean(dim=2)  # [E, B, N']
             mu_old, sigma_old = self._popart_stats()
             not_done = (1.0 - dones)[None, :, None]
             y = rewards[None, :, None] + self.gamma * not_done * (sigma_old * z_next + mu_old)  # [E, B, N']
-            next_logits = q_net_target.c51_logits(batch.next_observations)  # [B, NB, A, n_atoms]
             n_atoms = next_logits.shape[-1]
             atom_index = next_actions[:, :, None, None].expand(-1, -1, 1, n_atoms)
             next_probs = th.softmax(next_logits.gather(2, atom_index).squeeze(2), dim=-1).mean(dim=1)
@@ -472,7 +473,7 @@ class BranchingIQN(OffPolicyAlgorithm):
                                        self.policy.support)
 
         taus = rand(batch_size, n_quantiles)
-        z = q_net.quantiles(batch.observations, taus)  # [E, B, NB, A, N]
+        z, logits = q_net.quantiles_and_logits(batch.observations, taus)  # [E, B, NB, A, N], [B, NB, A, M]
         index = actions[None, :, :, None, None].expand(z.shape[0], -1, -1, 1, n_quantiles)
         z_taken = z.gather(3, index).squeeze(3)  # [E, B, NB, N]
         l_q = quantile_huber_loss(
@@ -480,7 +481,6 @@ class BranchingIQN(OffPolicyAlgorithm):
             y_norm[:, :, None, :].expand(-1, -1, n_branches, -1),
             taus[None, :, None, :].expand_as(z_taken),
         ).mean(dim=(0, 2))  # [B]
-        logits = q_net.c51_logits(batch.observations)
         logits_taken = logits.gather(2, actions[:, :, None, None].expand(-1, -1, 1, n_atoms)).squeeze(2)
         l_c51 = c51_cross_entropy(logits_taken, target_probs[:, None, :].expand_as(logits_taken)).mean(dim=1)
         per_sample = (1.0 - self.c51_alpha) * l_q + self.c51_alpha * l_c51

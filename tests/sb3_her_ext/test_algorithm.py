@@ -278,6 +278,9 @@ class FixedQuantiles(th.nn.Module):
         nb, na = self.at_obs.shape
         return th.zeros(obs.shape[0], nb, na, self.n_atoms) + self.offset
 
+    def quantiles_and_logits(self, obs: th.Tensor, taus: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+        return self.quantiles(obs, taus), self.c51_logits(obs)
+
 
 def test_bdq_double_q_target_and_per_branch_td_by_hand() -> None:
     env = TinyEnv(spaces.MultiDiscrete([3, 3]))

@@ -1,0 +1,168 @@
+"""Gradient steps per second of BranchingIQN beside sb3-contrib's QR-DQN, in the same run.
+
+Both algorithms see the same observations (a ``Box`` of ``--obs-dim`` float32 features, like the LOB
+env's), the same batch size and the same hidden widths. QR-DQN needs a ``Discrete`` space, so it gets
+``Discrete(81)``: the joint space of BranchingIQN's ``MultiDiscrete([3, 3, 3, 3])``, i.e. the same set
+of actions. Both buffers are filled with random transitions first (``learn`` with ``learning_starts``
+equal to the fill size, so no training happens there); then ``model.train(gradient_steps=k,
+batch_size=b)`` is timed (after a warm-up), with a CUDA synchronize around it on the GPU.
+
+Rows: BranchingIQN with its defaults (5 ensemble heads, IQN + C51, GradVac every 5 steps, PER),
+BranchingIQN "lean" (1 head, vaccine off) to show what the extras cost, and QR-DQN
+(``n_quantiles`` = BranchingIQN's quantile count).
+
+Usage::
+
+    python benchmarks/train_step.py            # CPU, and CUDA when present
+    python benchmarks/train_step.py --quick    # small widths / batch / step counts (a smoke run)
+    python benchmarks/train_step.py --device cuda
+
+Prints a table and writes ``benchmarks/results/train_step.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch as th
+from gymnasium import spaces
+
+RESULTS = Path(__file__).resolve().parent / "results" / "train_step.json"
+NVEC = (3, 3, 3, 3)
+
+
+class RandomBoxEnv(gym.Env):
+    """Random ``obs_dim`` observations and rewards; the action space is given (only shapes matter)."""
+
+    def __init__(self, obs_dim: int, action_space: spaces.Space, episode_length: int = 200) -> None:
+        self.observation_space = spaces.Box(-np.inf, np.inf, (obs_dim,), np.float32)
+        self.action_space = action_space
+        self.episode_length = episode_length
+        self.t = 0
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self.t = 0
+        return self.np_random.standard_normal(self.observation_space.shape).astype(np.float32), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        self.t += 1
+        obs = self.np_random.standard_normal(self.observation_space.shape).astype(np.float32)
+        return obs, float(self.np_random.standard_normal()), False, self.t >= self.episode_length, {}
+
+
+def _time_train(model: Any, fill: int, steps: int, batch: int, device: th.device) -> float:
+    """Fill the buffer, warm up, then time ``model.train``; return gradient steps per second."""
+    model.learn(fill)
+    model.train(gradient_steps=max(steps // 10, 2), batch_size=batch)  # warm-up (allocations, lazy init)
+    if device.type == "cuda":
+        th.cuda.synchronize(device)
+    start = time.perf_counter()
+    model.train(gradient_steps=steps, batch_size=batch)
+    if device.type == "cuda":
+        th.cuda.synchronize(device)
+    return steps / (time.perf_counter() - start)
+
+
+def bench_device(device: str, widths: list[int], batch: int, steps: int, fill: int, obs_dim: int,
+                 n_quantiles: int) -> list[dict[str, Any]]:
+    """Time the three rows on ``device``.
+
+    :param device: ``"cpu"`` or ``"cuda"``.
+    :param widths: hidden widths of both networks.
+    :param batch: batch size.
+    :param steps: timed gradient steps.
+    :param fill: transitions in the buffer before timing.
+    :param obs_dim: observation features.
+    :param n_quantiles: quantiles per sample (IQN current and target; QR-DQN's ``n_quantiles``).
+    :return: one dict per row.
+    """
+    from sb3_contrib import QRDQN
+
+    from sb3_her_ext import BranchingIQN
+
+    dev = th.device(device)
+    common = dict(learning_starts=fill, buffer_size=max(fill * 2, 10_000), batch_size=batch, train_freq=1,
+                  gradient_steps=0, seed=0, device=device, verbose=0)
+    iqn_policy = dict(net_arch=widths, n_quantiles=n_quantiles, n_quantiles_target=n_quantiles,
+                      n_quantiles_act=n_quantiles)
+    md_env = RandomBoxEnv(obs_dim, spaces.MultiDiscrete(list(NVEC)))
+    rows = []
+    setups = [
+        ("BranchingIQN (defaults: 5 heads, IQN+C51, GradVac/5, PER)", "BranchingIQN",
+         lambda: BranchingIQN("MlpPolicy", md_env, policy_kwargs=iqn_policy, **common)),
+        ("BranchingIQN lean (1 head, no vaccine)", "BranchingIQN",
+         lambda: BranchingIQN("MlpPolicy", md_env, vaccine_interval=0,
+                              policy_kwargs={**iqn_policy, "n_ensemble": 1}, **common)),
+        (f"QR-DQN (Discrete({int(np.prod(NVEC))}))", "QRDQN",
+         lambda: QRDQN("MlpPolicy", RandomBoxEnv(obs_dim, spaces.Discrete(int(np.prod(NVEC)))),
+                       policy_kwargs=dict(net_arch=widths, n_quantiles=n_quantiles), **common)),
+    ]
+    for label, algo, make in setups:
+        th.manual_seed(0)
+        rate = _time_train(make(), fill, steps, batch, dev)
+        rows.append({"row": label, "algorithm": algo, "device": device, "grad_steps_per_s": rate})
+    peer = rows[-1]["grad_steps_per_s"]
+    for row in rows:
+        row["qrdqn_over_this"] = peer / row["grad_steps_per_s"]
+    return rows
+
+
+def main() -> None:
+    """Parse arguments, run the benchmark, print the table and write the JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small widths, batch and step counts")
+    parser.add_argument("--device", default="all", help="cpu, cuda, or all (cpu + cuda when present)")
+    parser.add_argument("--out", default=str(RESULTS), help=f"JSON file (default: {RESULTS})")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    args = parser.parse_args()
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads={args.threads} must be >= 1")
+        th.set_num_threads(args.threads)
+    if args.quick:
+        config = dict(widths=[64, 64], batch=64, steps=20, fill=500, obs_dim=56, n_quantiles=16)
+    else:
+        config = dict(widths=[256, 256], batch=256, steps=100, fill=5_000, obs_dim=56, n_quantiles=32)
+    if args.device == "all":
+        devices = ["cpu"] + (["cuda"] if th.cuda.is_available() else [])
+    elif args.device.startswith("cuda") and not th.cuda.is_available():
+        raise ValueError(f"--device={args.device}: no CUDA device available")
+    elif args.device in ("cpu",) or args.device.startswith("cuda"):
+        devices = [args.device]
+    else:
+        raise ValueError(f"--device={args.device!r} must be cpu, cuda or all")
+
+    rows = []
+    for device in devices:
+        rows += bench_device(device, **config)
+    print(f"\ntrain-step throughput  (batch {config['batch']}, widths {config['widths']}, "
+          f"obs dim {config['obs_dim']}, {config['n_quantiles']} quantiles, {config['steps']} timed steps)")
+    print(f"{'device':<7} {'row':<60} {'grad steps/s':>12} {'QR-DQN / this':>14}")
+    for row in rows:
+        rate, ratio = row["grad_steps_per_s"], row["qrdqn_over_this"]
+        print(f"{row['device']:<7} {row['row']:<60} {rate:>12.1f} {ratio:>14.2f}")
+    result = {
+        "benchmark": "train_step",
+        "config": {**config, "quick": args.quick, "action_space": f"MultiDiscrete({list(NVEC)})",
+                   "qrdqn_action_space": f"Discrete({int(np.prod(NVEC))})"},
+        "machine": {"platform": platform.platform(), "processor": platform.processor(),
+                    "torch": th.__version__, "torch_threads": th.get_num_threads(),
+                    "cuda_device": th.cuda.get_device_name(0) if th.cuda.is_available() else None},
+        "rows": rows,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()
