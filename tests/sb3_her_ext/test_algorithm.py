@@ -12,6 +12,7 @@ import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.callbacks import CheckpointCallback, EvalCallback
 from stable_baselines3.common.evaluation import evaluate_policy
+from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import DummyVecEnv
 
 from sb3_her_ext import BranchingIQN
@@ -205,7 +206,7 @@ def test_set_env_and_replay_buffer_save_load(lob_model: BranchingIQN, tmp_path: 
 
 @pytest.mark.slow
 def test_callbacks_and_evaluate_policy(tmp_path: Path) -> None:
-    eval_env = DummyVecEnv([TinyEnv])
+    eval_env = DummyVecEnv([lambda: Monitor(TinyEnv())])
     callbacks = [
         EvalCallback(eval_env, eval_freq=40, n_eval_episodes=2, log_path=str(tmp_path / "eval"),
                      best_model_save_path=str(tmp_path / "best")),
@@ -324,3 +325,19 @@ def test_c51_alpha_mixes_the_two_losses() -> None:
     assert th.allclose(losses[1.0].per_sample, losses[1.0].l_c51)
     mixed = losses[0.25]
     assert th.allclose(mixed.per_sample, 0.75 * mixed.l_q + 0.25 * mixed.l_c51)
+
+
+@pytest.mark.gpu
+def test_learn_on_cuda_is_deterministic(tmp_path: Path) -> None:
+    def run() -> tuple[list[th.Tensor], np.ndarray]:
+        env = LOBVecEnv(4, device="cuda", seed=0, data="synthetic", num_steps=1500, episode_length=100)
+        model = BranchingIQN("MlpPolicy", env, **{**TINY, "device": "cuda"},
+                             diagnostics_path=str(tmp_path / "diag.jsonl"), diagnostics_interval=100)
+        model.learn(400)
+        assert model.device.type == "cuda" and model._n_updates > 0
+        actions = model.predict(env.reset(), deterministic=True)[0]
+        return [p.detach().cpu() for p in model.policy.parameters()], actions
+
+    (params_a, actions_a), (params_b, actions_b) = run(), run()
+    assert all(th.equal(a, b) for a, b in zip(params_a, params_b, strict=True))
+    assert np.array_equal(actions_a, actions_b) and actions_a.shape == (4, 4)
