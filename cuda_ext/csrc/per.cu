@@ -94,29 +94,15 @@ __global__ void push_rows_kernel(const int64_t* __restrict__ slots, const float*
 
 // ---------------------------------------------------------------- per_tree_rebuild
 
-// Block b reduces the `width` nodes [level_start + b * width, level_start + (b + 1) * width) up to
-// their common ancestor, writing every node on the way (shared heap `local[1 .. width)`).
-// With `leaf_idx` non-null, a block none of whose leaves is listed returns at once.
-__global__ void subtree_reduce_kernel(double* __restrict__ tree, int64_t level_start, int64_t width,
-                                      const int64_t* __restrict__ leaf_idx, int64_t m) {
-  extern __shared__ double local[];
-  const int64_t first = level_start + blockIdx.x * width;
-  if (leaf_idx != nullptr) {
-    const int64_t lo = blockIdx.x * width;
-    const int64_t hi = lo + width;
-    int listed = 0;
-    for (int64_t i = threadIdx.x; i < m; i += blockDim.x) {
-      const int64_t leaf = leaf_idx[i];
-      listed |= (leaf >= lo && leaf < hi) ? 1 : 0;
-    }
-    if (!__syncthreads_or(listed)) return;
-  }
-  // Level 1 from global memory: local heap node h (width/2 <= h < width) covers global node
-  // first / 2 + (h - width / 2).
+// Reduce the `width` nodes [first, first + width) (first a multiple of width) up to their common
+// ancestor, writing every node on the way; the block's shared heap `local[1 .. width)` holds the
+// levels. `coherent` reads the bottom level from L2 (nodes another block wrote in this launch).
+__device__ void reduce_nodes(double* tree, int64_t first, int64_t width, double* local, bool coherent) {
   const int64_t half = width / 2;
   int64_t parent_first = first / 2;
   for (int64_t j = threadIdx.x; j < half; j += blockDim.x) {
-    const double sum = tree[first + 2 * j] + tree[first + 2 * j + 1];
+    const double* pair = tree + first + 2 * j;
+    const double sum = coherent ? __ldcg(pair) + __ldcg(pair + 1) : pair[0] + pair[1];
     local[half + j] = sum;
     tree[parent_first + j] = sum;
   }
@@ -133,18 +119,48 @@ __global__ void subtree_reduce_kernel(double* __restrict__ tree, int64_t level_s
   }
 }
 
-cudaError_t launch_reduce(double* tree, int64_t level_start, int64_t width, int64_t blocks,
-                          const int64_t* leaf_idx, int64_t m, cudaStream_t stream) {
-  const size_t shared_bytes = static_cast<size_t>(width) * sizeof(double);
-  if (shared_bytes > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(
-        subtree_reduce_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared_bytes));
-    if (err != cudaSuccess) return err;
+// Whole tree of n_leaves <= width in one block.
+__global__ void small_tree_kernel(double* tree, int64_t n_leaves) {
+  extern __shared__ double local[];
+  reduce_nodes(tree, n_leaves, n_leaves, local, false);
+}
+
+// Block b rebuilds the subtree over leaves [b * width, (b + 1) * width) (with `leaf_idx` non-null,
+// only if one of them is listed); the last block to finish then reduces the gridDim.x subtree roots
+// to the root. The arrival counter is the low 32 bits of tree[0] (unused by the tree, kept 0
+// between calls: atomicInc wraps it back to 0 on the last arrival).
+__global__ void tree_rebuild_kernel(double* tree, int64_t n_leaves, int64_t width,
+                                    const int64_t* __restrict__ leaf_idx, int64_t m) {
+  extern __shared__ double local[];
+  __shared__ int is_last;
+  bool listed = true;
+  if (leaf_idx != nullptr) {
+    const int64_t lo = blockIdx.x * width;
+    const int64_t hi = lo + width;
+    int found = 0;
+    for (int64_t i = threadIdx.x; i < m; i += blockDim.x) {
+      const int64_t leaf = leaf_idx[i];
+      found |= (leaf >= lo && leaf < hi) ? 1 : 0;
+    }
+    listed = __syncthreads_or(found) != 0;
   }
-  const int threads = static_cast<int>(width / 2 < 1024 ? width / 2 : 1024);
-  subtree_reduce_kernel<<<static_cast<unsigned>(blocks), threads, shared_bytes, stream>>>(
-      tree, level_start, width, leaf_idx, m);
-  return cudaGetLastError();
+  if (listed) reduce_nodes(tree, n_leaves + blockIdx.x * width, width, local, false);
+  __threadfence();  // this thread's node writes are visible device-wide before the block arrives
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned int arrived = atomicInc(reinterpret_cast<unsigned int*>(tree), gridDim.x - 1);
+    is_last = arrived == gridDim.x - 1 ? 1 : 0;
+  }
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  reduce_nodes(tree, gridDim.x, gridDim.x, local, true);
+}
+
+cudaError_t set_shared_limit(const void* kernel, size_t shared_bytes) {
+  if (shared_bytes <= 48 * 1024) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(shared_bytes));
 }
 
 // ---------------------------------------------------------------- per_sample
@@ -325,16 +341,23 @@ cudaError_t launch_push_rows(const int64_t* slots, const float* new_obs, const f
 cudaError_t launch_tree_rebuild(double* tree, const int64_t* leaf_idx, int64_t m, int64_t n_leaves,
                                 cudaStream_t stream) {
   if (n_leaves < 2) return cudaSuccess;
-  if (n_leaves <= kMinSubtreeLeaves) return launch_reduce(tree, n_leaves, n_leaves, 1, nullptr, 0, stream);
+  if (n_leaves <= kMinSubtreeLeaves) {
+    const int threads = static_cast<int>(n_leaves / 2 < 1024 ? n_leaves / 2 : 1024);
+    small_tree_kernel<<<1, threads, static_cast<size_t>(n_leaves) * sizeof(double), stream>>>(tree, n_leaves);
+    return cudaGetLastError();
+  }
   int64_t width = n_leaves / kTopLeaves;
   if (width < kMinSubtreeLeaves) width = kMinSubtreeLeaves;
   if (width > kMaxSubtreeLeaves) width = kMaxSubtreeLeaves;  // then n_leaves / width <= 16384 too
   const int64_t blocks = n_leaves / width;
+  const size_t shared_bytes = static_cast<size_t>(width > blocks ? width : blocks) * sizeof(double);
+  const cudaError_t err = set_shared_limit(reinterpret_cast<const void*>(tree_rebuild_kernel), shared_bytes);
+  if (err != cudaSuccess) return err;
   // Few listed leaves: skip the subtrees that hold none (each block scans the m indices).
   const int64_t* filter = m < blocks ? leaf_idx : nullptr;
-  const cudaError_t err = launch_reduce(tree, n_leaves, width, blocks, filter, m, stream);
-  if (err != cudaSuccess) return err;
-  return launch_reduce(tree, blocks, blocks, 1, nullptr, 0, stream);
+  tree_rebuild_kernel<<<static_cast<unsigned>(blocks), 1024, shared_bytes, stream>>>(tree, n_leaves, width,
+                                                                                     filter, m);
+  return cudaGetLastError();
 }
 
 cudaError_t launch_sample(const double* tree, const int64_t* head_size, const double* uniforms,

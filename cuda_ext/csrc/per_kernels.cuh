@@ -28,8 +28,9 @@ cudaError_t launch_push_rows(const int64_t* slots, const float* new_obs, const f
                              float* reward, float* done, int8_t* kind, int64_t n, int64_t obs_dim,
                              int64_t n_branches, cudaStream_t stream);
 
-// per_tree_rebuild: recompute internal nodes as left + right (float64). Subtrees that hold none of
-// `leaf_idx` may be skipped; the result equals a full bottom-up rebuild of a consistent tree.
+// per_tree_rebuild (one launch): recompute internal nodes as left + right (float64). Subtrees that
+// hold none of `leaf_idx` may be skipped; the result equals a full bottom-up rebuild of a consistent
+// tree. tree[0] must be 0: its low 32 bits count the finished blocks (left 0 again).
 cudaError_t launch_tree_rebuild(double* tree, const int64_t* leaf_idx, int64_t m, int64_t n_leaves,
                                 cudaStream_t stream);
 

@@ -105,7 +105,15 @@ def _check_rebuild(device: str, capacity: int, n_changed: int, seed: int) -> Non
     leaf_idx = torch.cat([changed, torch.tensor([-1, -5])])  # negatives are ignored
     actual = tree.to(device)
     OPS.per_tree_rebuild(actual, leaf_idx.to(device))
-    assert torch.equal(actual.cpu(), _full_rebuild(tree.clone()))  # bit-identical
+    expected = _full_rebuild(tree.clone())
+    assert torch.equal(actual.cpu(), expected)  # bit-identical, tree[0] still 0
+    for _ in range(2):  # again (the CUDA kernel's arrival counter must have returned to 0)
+        changed = torch.randperm(capacity, generator=generator)[:n_changed]  # distinct: no write races
+        values = torch.rand(changed.numel(), dtype=torch.float64, generator=generator)
+        expected[n_leaves + changed] = values
+        actual[n_leaves + changed.to(device)] = values.to(device)
+        OPS.per_tree_rebuild(actual, changed.to(device))
+        assert torch.equal(actual.cpu(), _full_rebuild(expected))
 
 
 @pytest.mark.parametrize("capacity", [1, 31, 4097, 65536, (1 << 20) + 3])
