@@ -70,7 +70,13 @@ def _make_env(data: str, n_envs: int, device: str, seed: int, split: str) -> Any
                          num_steps=SYNTHETIC_MARKET_STEPS, **DEFAULT_ENV_KWARGS)
     if not Path(data).is_dir():
         raise ValueError(f"--data={data!r} must be 'synthetic' or a folder of LOBSTER files")
-    return LOBVecEnv(n_envs, device=device, seed=seed, data=data, split=split, **DEFAULT_ENV_KWARGS)
+    from foxenv.data import load_market
+
+    market = load_market(data, split=split, device=device)
+    # a short split (the LOBSTER sample's test split has ~300 steps) gets episodes that fit in it
+    env_kwargs = {**DEFAULT_ENV_KWARGS}
+    env_kwargs["episode_length"] = min(env_kwargs["episode_length"], market.num_steps - 1)
+    return LOBVecEnv(n_envs, device=device, seed=seed, data=market, **env_kwargs)
 
 
 def evaluate_agent(model: Any, env: Any, num_steps: int) -> dict[str, Any]:

@@ -77,3 +77,15 @@ def test_train_writes_the_run_folder(tmp_path: Path, capsys: pytest.CaptureFixtu
     obs = np.zeros((2, model.observation_space.shape[0]), np.float32)
     actions, _ = model.predict(obs, deterministic=True)
     assert actions.shape == (2, 4)
+
+
+@pytest.mark.slow
+def test_train_on_lobster_evaluates_on_the_test_split(lobster_dir: Path, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(lobster_dir), "--steps", "160", "--n-envs", "2", "--out", str(out),
+                 "--no-progress", "--eval-steps", "10"]) == 0
+    assert "evaluation: deterministic policy, test split" in capsys.readouterr().out
+    config = json.loads((out / "config.json").read_text())
+    assert config["eval_data"] == "test split" and config["hindsight"] is True
+    assert json.loads((out / "evaluation.json").read_text())["steps"] == 10 * 2
