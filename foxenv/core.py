@@ -37,8 +37,6 @@ from foxenv.matching import (
     IOC_OFFSETS,
     MARKET_SLICES,
     NO_LIMIT,
-    ioc_limit_tick,
-    limit_maker_tick,
     meet_flow,
     walk_book,
 )
@@ -46,6 +44,22 @@ from foxenv.rewards import drawdown_hit, step_reward
 
 #: Names of the per-book resting order state tensors (for ``state_dict``).
 _ORDER_FIELDS = ("order_side", "order_tick", "order_ahead", "order_remaining", "order_target")
+#: The smallest positive double (subnormal): ``x.clamp_min(_SMALLEST_DOUBLE)`` is ``x`` for every ``x > 0``.
+_SMALLEST_DOUBLE = 5e-324
+#: Columns of the per-market-step row table ``BatchedLOB._rows`` (see ``_precompute``).
+_ROW_COLUMNS = (
+    "mid",
+    "bid_tick",
+    "ask_tick",
+    "wide",
+    "next_trading",
+    "next_mid",
+    "next_best_bid",
+    "next_best_ask",
+    "next_column_zero",
+    "next_flow_bid",
+    "next_flow_ask",
+)
 
 
 class BatchedLOB:
@@ -119,37 +133,52 @@ class BatchedLOB:
     # ------------------------------------------------------------------ setup
 
     def _precompute(self, market: MarketData) -> None:
-        """Per-market-step tables the step gathers from (one gather per table per step)."""
+        """Tables of everything that does not depend on the agent, so a step gathers rows instead of
+        recomputing: one row-table gather, one book-side gather per side, one flow gather, one feature
+        gather, and one action-table gather per step."""
         tick = market.tick_size
         width = FLOW_WIDTH
         levels = market.num_levels
+        num_steps = market.num_steps
         self._tick = float(tick)
-        self._num_steps = market.num_steps
+        self._num_steps = num_steps
         self._levels = levels
         self._flow_width = width
-        # [T, 4L] float64: bid ticks, ask ticks, bid sizes, ask sizes (ticks are exact integers in float64).
-        self._book = torch.cat(
+        # Book sides, [2T, 2L] float64: row 2 i = bid ticks then bid sizes of snapshot i, row 2 i + 1 = the
+        # asks (ticks are exact integers in float64). A step gathers the side it needs by 2 * row + is_ask.
+        bid_ticks = torch.round(market.bid_price.double() / tick)
+        ask_ticks = torch.round(market.ask_price.double() / tick)
+        sides = torch.stack(
             [
-                torch.round(market.bid_price.double() / tick),
-                torch.round(market.ask_price.double() / tick),
-                market.bid_size.double(),
-                market.ask_size.double(),
+                torch.cat([bid_ticks, market.bid_size.double()], dim=1),
+                torch.cat([ask_ticks, market.ask_size.double()], dim=1),
             ],
             dim=1,
-        ).contiguous()
+        )
+        self._sides = sides.reshape(2 * num_steps, 2 * levels).contiguous()
+        # Per-step scalars, [T, len(_ROW_COLUMNS)] float64, one row per book gathered by its row ``i``: what
+        # the step needs of snapshot i and of the next one, ``i + 1`` (clamped to the last row).
+        following = torch.arange(num_steps, device=self.device).add(1).clamp_max(num_steps - 1)
         best_bid = market.bid_price[:, 0].double()
         best_ask = market.ask_price[:, 0].double()
-        # [T, 5] float64: mid, best bid, best ask, trading (1, or 0 when halted), flow grid reference tick.
-        self._scalars = torch.stack(
-            [
-                (best_bid + best_ask) / 2,
-                best_bid,
-                best_ask,
-                (~market.halted).double(),
-                market.flow_ref_tick.double(),
-            ],
-            dim=1,
-        ).contiguous()
+        mid = (best_bid + best_ask) / 2
+        column_zero = market.flow_ref_tick.double() - width // 2  # price in ticks of flow grid column 0
+        flow_base = following.double() * (2 * width)  # the next row's first row in the flat flow table
+        columns = {
+            "mid": mid,
+            "bid_tick": bid_ticks[:, 0],
+            "ask_tick": ask_ticks[:, 0],
+            "wide": (ask_ticks[:, 0] - bid_ticks[:, 0] >= 2).double(),  # an aggressive maker can step in
+            "next_trading": (~market.halted).double()[following],  # 1, or 0 when the next step is halted
+            "next_mid": mid[following],
+            "next_best_bid": best_bid[following],
+            "next_best_ask": best_ask[following],
+            "next_column_zero": column_zero[following],
+            "next_flow_bid": flow_base,  # flow rows of the bid grid (met by resting buys)
+            "next_flow_ask": flow_base + width,  # and of the ask grid (resting sells)
+        }
+        assert tuple(columns) == _ROW_COLUMNS
+        self._rows = torch.stack(list(columns.values()), dim=1).contiguous()
         # Flow at a price, [T, 2 sides, W columns, 3] float32 (share counts): executed, cancelled, traded
         # through. Side 0 = bid grids (met by resting buys), 1 = ask grids (resting sells). Traded through a
         # buy at column j: executions below it, sum(exec_bid[:j]); a sell: above it, sum(exec_ask[j+1:]).
@@ -167,22 +196,32 @@ class BatchedLOB:
             dim=1,
         )
         self._flow = flow.reshape(-1, 3).to(torch.float32).contiguous()
+        # Market features of snapshot i (for reset) and of snapshot i + 1 (what a step from row i shows).
         self._features = market_features(market, self.config)
-        self._targets = torch.tensor(
-            [(d - 1) * m * self.config.max_position for d in range(3) for m in self.MAGNITUDES],
-            dtype=torch.float64,
-            device=self.device,
-        )
-        # By order * 3 + urgency: the slice of the need a marketable order works (0 for LimitMaker) and
-        # its limit offset beyond the opposite touch in ticks.
-        self._slices = torch.tensor(
-            [*MARKET_SLICES, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0], dtype=torch.float64, device=self.device
-        )
-        self._limit_offsets = torch.tensor(
-            [NO_LIMIT] * 3 + [0.0] * 3 + [float(o) for o in IOC_OFFSETS],
-            dtype=torch.float64,
-            device=self.device,
-        )
+        self._next_features = self._features[following].contiguous()
+        # The action table, [81, len(_ACTION_COLUMNS)] float64, by action code
+        # direction * 27 + magnitude * 9 + order * 3 + urgency: the target position; the slice of the need a
+        # marketable order works (0 for LimitMaker); its limit offset beyond the opposite touch in ticks;
+        # LimitMaker (1.0) or not; and the LimitMaker price improvement over the own touch in ticks,
+        # ``improve + aggressive * wide`` (behind, at, or one inside when the spread allows).
+        slices = [*MARKET_SLICES, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
+        limit_offsets = [NO_LIMIT] * 3 + [0.0] * 3 + [float(o) for o in IOC_OFFSETS]
+        actions = [
+            [
+                (direction - 1) * magnitude * self.config.max_position,
+                slices[order * 3 + urgency],
+                limit_offsets[order * 3 + urgency],
+                float(order == 1),
+                float(min(urgency - 1, 0)),
+                float(urgency == 2),
+            ]
+            for direction in range(3)
+            for magnitude in self.MAGNITUDES
+            for order in range(3)
+            for urgency in range(3)
+        ]
+        self._actions = torch.tensor(actions, dtype=torch.float64, device=self.device)
+        self._action_code = torch.tensor([27, 9, 3, 1], dtype=torch.int64, device=self.device)
         self._nvec = np.array(self.ACTION_NVEC)
         self._taker_rate = torch.tensor(
             self.config.taker_fee_bps * 1e-4, dtype=torch.float64, device=self.device
@@ -190,6 +229,7 @@ class BatchedLOB:
         self._maker_rate = torch.tensor(
             self.config.maker_fee_bps * 1e-4, dtype=torch.float64, device=self.device
         )
+        self._zero = torch.zeros((), dtype=torch.float64, device=self.device)  # torch.where's "else 0"
 
     # ------------------------------------------------------------------ reset
 
@@ -221,8 +261,9 @@ class BatchedLOB:
             setattr(self, name, getattr(self, name).masked_fill(mask, 0))
         self._pin_state()
         row = self._offset + self._step
-        mid = self._scalars.index_select(0, row)[:, 0]
-        return self._observe(row, mid, self._ledger.unrealized(mid), self._order_tick * self._tick)
+        mid = self._rows.index_select(0, row)[:, 0]
+        features = self._features.index_select(0, row)
+        return self._observe(features, mid, self._ledger.unrealized(mid), self._order_tick * self._tick)
 
     # ------------------------------------------------------------------ step
 
@@ -287,61 +328,70 @@ class BatchedLOB:
     def _advance(
         self, action: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-        """The step itself, on a validated ``[B, 4]`` int64 action (no host sync: capturable)."""
+        """The step itself, on a validated ``[B, 4]`` int64 action (no host sync: capturable).
+
+        A CPU step is bound by per-op overhead, so it gathers precomputed rows (``_precompute``) and uses
+        few ops; every float expression is the same as in the plain formulas the comments give.
+        """
         cfg = self.config
         ledger = self._ledger
         levels = self._levels
+        zero = self._zero
         row = self._offset + self._step
-        next_row = (row + 1).clamp_max(self._num_steps - 1)
-        book = self._book.index_select(0, row)
-        now = self._scalars.index_select(0, row)
-        after = self._scalars.index_select(0, next_row)
-        bid_ticks, ask_ticks = book[:, :levels], book[:, levels : 2 * levels]
-        bid_sizes, ask_sizes = book[:, 2 * levels : 3 * levels], book[:, 3 * levels :]
-        best_bid, best_ask = bid_ticks[:, 0], ask_ticks[:, 0]
-        trading = after[:, 3]  # 1.0 when the step trades, 0.0 when it is halted
-
-        direction, magnitude, order_type, urgency = action.unbind(dim=1)
-        how = order_type * 3 + urgency
-        target = self._targets.index_select(0, direction * 3 + magnitude)
+        (
+            mid_now,
+            best_bid,
+            best_ask,
+            wide,
+            trading,  # 1.0 when the step trades, 0.0 when it is halted
+            mid,
+            next_best_bid,
+            next_best_ask,
+            column_zero,
+            flow_bid,
+            flow_ask,
+        ) = self._rows.index_select(0, row).unbind(dim=1)
+        target, slice_of_need, limit_offset, is_maker, improve, aggressive = self._actions.index_select(
+            0, (action * self._action_code).sum(dim=1)
+        ).unbind(dim=1)
         need = target - ledger.position
         side = torch.sign(need)
         need = need.abs()
-        buy = (side > 0)[:, None]
+        buy = side > 0
+        side_row = row * 2  # a book's rows in the side table: + 0 bids, + 1 asks
 
-        # Marketable orders: Market walks the book for a slice of the need, IoC takes it up to its limit.
-        wanted = need * self._slices.index_select(0, how) * trading
+        # Marketable orders: Market walks the book for a slice of the need, IoC takes it up to its limit
+        # (the opposite touch + side * offset, matching.ioc_limit_tick). Buys take asks, sells take bids.
+        wanted = need * slice_of_need * trading
         marketable = wanted > 0
-        limit = ioc_limit_tick(best_bid, best_ask, side, self._limit_offsets.index_select(0, how))
+        limit = torch.addcmul(torch.where(buy, best_ask, best_bid), side, limit_offset)
+        opposite = self._sides.index_select(0, side_row + buy)
         taken, notional, reachable = walk_book(
-            torch.where(buy, ask_ticks, bid_ticks),
-            torch.where(buy, ask_sizes, bid_sizes),
-            side,
-            wanted,
-            limit,
+            opposite[:, :levels], opposite[:, levels:], side, wanted, limit
         )
         taker_reached = marketable & (wanted == need) & (reachable >= wanted)
 
         # The resting order: kept on an unchanged LimitMaker target, replaced on a changed one, and
-        # cancelled by any other action.
-        is_maker = order_type == 1
+        # cancelled by any other action. A new one is priced off the own touch (matching.limit_maker_tick).
+        is_maker = is_maker > 0
         keep = is_maker & (self._order_target == target) & (self._order_side != 0)
-        post = is_maker & ~keep & (side != 0)
-        order_side = torch.where(post, side, torch.where(keep, self._order_side, 0.0))
-        order_tick = torch.where(post, limit_maker_tick(best_bid, best_ask, side, urgency), self._order_tick)
-        own_buy = (order_side > 0)[:, None]
-        own_ticks = torch.where(own_buy, bid_ticks, ask_ticks)
-        own_sizes = torch.where(own_buy, bid_sizes, ask_sizes)
-        visible = torch.where(own_ticks == order_tick[:, None], own_sizes, 0.0).sum(dim=1)
+        post = torch.gt(is_maker & (side != 0), keep)  # and not keep
+        order_side = torch.where(post, side, self._order_side * keep)
+        maker_tick = torch.addcmul(
+            torch.where(buy, best_bid, best_ask), side, torch.addcmul(improve, aggressive, wide)
+        )
+        order_tick = torch.where(post, maker_tick, self._order_tick)
+        own = self._sides.index_select(0, side_row + (order_side <= 0))  # resting buys queue at the bids
+        visible = torch.where(own[:, :levels] == order_tick[:, None], own[:, levels:], zero).sum(dim=1)
         ahead = torch.where(post, visible, self._order_ahead)
-        remaining = torch.where(post, need, torch.where(keep, self._order_remaining, 0.0))
+        remaining = torch.where(post, need, self._order_remaining * keep)
         order_target = torch.where(post, target, self._order_target)
 
         # It meets the flow of the next market step at its price (grid column, clamped to the grid).
         width = self._flow_width
-        column = order_tick - after[:, 4] + width // 2
+        column = order_tick - column_zero
         clamped = column.clamp(0, width - 1)
-        grid = next_row * (2 * width) + torch.where(order_side < 0, clamped + width, clamped).to(torch.int64)
+        grid = (torch.where(order_side < 0, flow_ask, flow_bid) + clamped).to(torch.int64)
         executed, cancelled, through = self._flow.index_select(0, grid).double().unbind(dim=1)
         at_price = column == clamped
         beyond_grid = order_side * (column - clamped) > 0  # the edge column lies at a worse price
@@ -350,8 +400,8 @@ class BatchedLOB:
             ahead,
             remaining,
             visible,
-            torch.where(at_price, executed, 0.0),
-            torch.where(at_price, cancelled, 0.0),
+            executed * at_price,  # exact: where(at_price, executed, 0) on finite share counts
+            cancelled * at_price,
             traded_through,
             cfg.queue_power,
         )
@@ -367,17 +417,17 @@ class BatchedLOB:
         self._order_target = order_target * still_resting
         self._order_remaining = left
 
-        # One fill per book: either the marketable order's or the resting order's.
+        # One fill per book: either the marketable order's or the resting order's. Where nothing filled
+        # the notional is 0, so dividing by max(|quantity|, smallest double) gives the price 0.
         quantity = torch.where(marketable, side * taken, order_side * fill)
         notional = torch.where(marketable, notional, fill * order_tick) * self._tick
         fees = notional * torch.where(marketable, self._taker_rate, self._maker_rate)
-        price = notional / torch.where(quantity == 0, 1.0, quantity.abs())
+        price = notional / quantity.abs().clamp_min(_SMALLEST_DOUBLE)
         reached = torch.where(marketable, taker_reached, maker_reached)
-        closed = ledger.apply_fill(quantity, price, fees, now[:, 0], self._step, target, reached)
+        closed = ledger.apply_fill(quantity, price, fees, mid_now, self._step, target, reached)
 
         # Advance the market, mark to market, reward.
         self._step = self._step + 1
-        mid = after[:, 0]
         equity = ledger.equity(mid)
         reward = step_reward(self._equity, equity, ledger.position, cfg)
         self._equity = equity
@@ -386,12 +436,12 @@ class BatchedLOB:
         truncated = self._step >= cfg.episode_length
         unrealized = ledger.unrealized(mid)
         order_price = self._order_tick * self._tick
-        obs = self._observe(next_row, mid, unrealized, order_price)
+        obs = self._observe(self._next_features.index_select(0, row), mid, unrealized, order_price)
 
         info = {
             "mid": mid,
-            "best_bid": after[:, 1],
-            "best_ask": after[:, 2],
+            "best_bid": next_best_bid,
+            "best_ask": next_best_ask,
             "position": ledger.position,
             "trade_closed": closed.closed,
             "trade_pnl": closed.pnl,
@@ -413,9 +463,9 @@ class BatchedLOB:
     # ------------------------------------------------------------------ observation
 
     def _observe(
-        self, row: torch.Tensor, mid: torch.Tensor, unrealized: torch.Tensor, order_price: torch.Tensor
+        self, features: torch.Tensor, mid: torch.Tensor, unrealized: torch.Tensor, order_price: torch.Tensor
     ) -> torch.Tensor:
-        """Observation ``[B, D]`` of every book at market rows ``row`` (market features, then portfolio)."""
+        """Observation ``[B, D]`` of every book: its market ``features`` row, then its portfolio features."""
         ledger = self._ledger
         time_in_trade = (self._step - ledger.trade_start) * (ledger.position != 0)
         portfolio = portfolio_features(
@@ -431,7 +481,7 @@ class BatchedLOB:
             self.config,
             self._tick,
         )
-        return torch.cat([self._features.index_select(0, row), portfolio], dim=1)
+        return torch.cat([features, portfolio], dim=1)
 
     # ------------------------------------------------------------------ checkpointing
 

@@ -1,0 +1,138 @@
+"""Per-step cost of the batched book core: aten ops per ``BatchedLOB.step`` and microseconds per step.
+
+The op count is the noise-free metric (a CPU step is bound by per-op overhead, and wall time on a busy
+machine is noisy); the timings are medians over repeated blocks of steps, single-threaded, after warm-up.
+
+Usage::
+
+    python benchmarks/core_ops.py                      # B = 1, 256, 4096 on the CPU
+    python benchmarks/core_ops.py --sizes 1 256 --device cuda --out my.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from foxenv.config import EnvConfig
+from foxenv.core import BatchedLOB
+from foxenv.data.synthetic import generate_synthetic
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "core_ops.json"
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts every aten op dispatched while it is active, by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        self.counts[str(func.overloadpacket.__name__)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_ops(env: BatchedLOB, action: torch.Tensor) -> tuple[int, int, Counter[str]]:
+    """Aten ops of one ``env.step(action)`` and of its capturable part ``env._advance`` alone.
+
+    :param env: the env (stepped twice; reset first so no book is at its episode end).
+    :param action: ``[B, 4]`` action.
+    :return: ``(ops of step, ops of _advance, counts of step by op name)``.
+    """
+    env.reset()
+    with OpCounter() as whole:
+        env.step(action)
+    checked = env._check_action(action)
+    with OpCounter() as advance:
+        env._advance(checked)
+    return sum(whole.counts.values()), sum(advance.counts.values()), whole.counts
+
+
+def time_steps(env: BatchedLOB, actions: torch.Tensor, blocks: int, block_steps: int) -> float:
+    """Median microseconds per ``env.step`` over ``blocks`` blocks of ``block_steps`` steps.
+
+    :param env: the env.
+    :param actions: ``[N, B, 4]`` actions, used in turn.
+    :param blocks: timed blocks (after one warm-up block).
+    :param block_steps: steps per block; the env is reset between blocks (not timed).
+    :return: median µs per step.
+    """
+    sync = torch.cuda.synchronize if env.device.type == "cuda" else (lambda: None)
+    per_step = []
+    for block in range(blocks + 1):
+        env.reset()
+        sync()
+        started = time.perf_counter()
+        for i in range(block_steps):
+            env.step(actions[i % len(actions)])
+        sync()
+        if block > 0:  # block 0 warms up
+            per_step.append((time.perf_counter() - started) / block_steps * 1e6)
+    return statistics.median(per_step)
+
+
+def main() -> None:
+    """Parse arguments, measure, print a table and write JSON."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 256, 4096])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--blocks", type=int, default=7)
+    parser.add_argument("--block-steps", type=int, default=100)
+    parser.add_argument("--label", default="", help="free text stored with the results (e.g. a commit)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    market = generate_synthetic(5000, seed=0)
+    config = EnvConfig(episode_length=args.block_steps + 1)
+    rows: list[dict[str, Any]] = []
+    print(f"{'B':>6} {'ops/step':>9} {'ops/_advance':>13} {'us/step':>10} {'book-steps/s':>13}")
+    for num_books in args.sizes:
+        env = BatchedLOB(market, num_books, config=config, device=args.device, seed=0)
+        generator = torch.Generator().manual_seed(0)
+        actions = torch.randint(0, 3, (16, num_books, 4), generator=generator).to(args.device)
+        ops, advance_ops, by_name = count_ops(env, actions[0])
+        micros = time_steps(env, actions, args.blocks, args.block_steps)
+        rate = num_books / micros * 1e6
+        print(f"{num_books:>6} {ops:>9} {advance_ops:>13} {micros:>10.1f} {rate:>13.3g}")
+        rows.append({
+            "num_books": num_books,
+            "ops_per_step": ops,
+            "ops_per_advance": advance_ops,
+            "us_per_step": micros,
+            "book_steps_per_s": rate,
+            "ops_by_name": dict(by_name.most_common()),
+        })
+    result = {
+        "label": args.label,
+        "device": args.device,
+        "threads": args.threads,
+        "torch": torch.__version__,
+        "machine": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "load_average": os.getloadavg(),
+        "rows": rows,
+    }
+    print(f"load average {result['load_average']}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
