@@ -18,9 +18,6 @@ from stable_baselines3.common.vec_env import DummyVecEnv
 from sb3_her_ext import BranchingIQN
 from sb3_her_ext.replay import PrioritizedHindsightReplayBuffer
 from sb3_her_ext.vec_env import LOBVecEnv
-from tests.sb3_her_ext.test_exploration import ensure_branch_select
-
-ensure_branch_select()
 
 TINY_POLICY = dict(net_arch=[16], n_ensemble=2, n_cos=8, n_quantiles=4, n_quantiles_target=4,
                    n_quantiles_act=4, n_atoms=11)

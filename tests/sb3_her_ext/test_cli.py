@@ -10,9 +10,6 @@ import pytest
 import torch as th
 
 from sb3_her_ext.cli import build_parser, main
-from tests.sb3_her_ext.test_exploration import ensure_branch_select
-
-ensure_branch_select()
 
 
 @pytest.fixture(autouse=True)

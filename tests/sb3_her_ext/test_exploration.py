@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch as th
 
-import cuda_ext  # noqa: F401
 from sb3_her_ext.exploration import (
     branch_epsilons,
     default_branch_names,
@@ -14,38 +13,6 @@ from sb3_her_ext.exploration import (
     resolve_exploration_mults,
     select_actions,
 )
-
-
-def _reference_branch_select(q, iqr, ens_std, n_actions, eps, boltzmann, u_explore, u_action, alpha, beta):
-    """Stand-in for ``cuda_ext.branch_select`` (README semantics), used only until the op lands."""
-    _, _, max_actions = q.shape
-    valid = th.arange(max_actions, device=q.device)[None, :] < n_actions[:, None]
-    score = (q + alpha * iqr + beta * ens_std).masked_fill(~valid[None], -th.inf)
-    greedy = score.argmax(-1)
-    top = score.max(-1, keepdim=True).values
-    bottom = score.masked_fill(~valid[None], th.inf).min(-1, keepdim=True).values
-    temperature = (top - bottom).clamp(min=0.01)
-    weights = th.exp((score - top) / temperature).masked_fill(~valid[None], 0.0)
-    running = weights.cumsum(-1)
-    sampled = (running <= (u_action * running[..., -1])[..., None]).sum(-1).clamp(max=max_actions - 1)
-    uniform = th.minimum((u_action * n_actions).floor().long(), n_actions - 1)
-    return th.where(u_explore < eps[None], uniform, th.where(boltzmann[None], sampled, greedy))
-
-
-def ensure_branch_select() -> None:
-    """Define the stand-in op when cuda_ext does not (yet) define ``branch_select``."""
-    if not hasattr(th.ops.cuda_ext, "branch_select"):
-        from cuda_ext._library import define_op
-
-        define_op(
-            "branch_select(Tensor q, Tensor iqr, Tensor ens_std, Tensor n_actions, Tensor eps, "
-            "Tensor boltzmann, Tensor u_explore, Tensor u_action, float alpha, float beta) -> Tensor",
-            _reference_branch_select,
-            lambda q, *args: q.new_empty(q.shape[:2], dtype=th.int64),
-        )
-
-
-ensure_branch_select()
 
 LOB = list(default_branch_names(4))
 

@@ -16,9 +16,6 @@ from stable_baselines3.common.vec_env import DummyVecEnv
 from sb3_her_ext import BranchingIQN
 from sb3_her_ext.diagnostics import read_diagnostics
 from sb3_her_ext.vec_env import LOBVecEnv
-from tests.sb3_her_ext.test_exploration import ensure_branch_select
-
-ensure_branch_select()
 
 
 @pytest.fixture(autouse=True)
