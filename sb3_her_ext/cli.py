@@ -30,7 +30,7 @@ import numpy as np
 import torch as th
 
 #: Settings of ``foxhunt train`` sized to finish in a few minutes on a 2-core CPU.
-DEFAULT_TRAIN_STEPS = 10_000
+DEFAULT_TRAIN_STEPS = 15_000
 DEFAULT_N_ENVS = 8
 #: Steps of the generated synthetic market (train and evaluation markets each).
 SYNTHETIC_MARKET_STEPS = 20_000
