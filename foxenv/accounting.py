@@ -114,34 +114,34 @@ class Ledger:
             ``target`` (no rounding residue, so a close to flat is exactly 0).
         :return: the trades that closed.
         """
+        # Fewer ops than the plain formulas (the step is bound by per-op overhead), same floats:
+        # ``x.masked_fill(c, 0.0)`` is ``where(c, 0, x)``; dividing by ``new + flat`` is dividing by
+        # ``where(flat, 1, new)``; the three closed-trade values are zeroed as one stacked tensor.
         old = self.position
         new = torch.where(reached_target, target, old + quantity)
+        size = quantity.abs()
         old_abs = old.abs()
-        old_sign = torch.sign(old)
         opening = old * quantity >= 0  # from flat, adding to the position, or no fill
-        closed_lots = torch.where(opening, 0.0, torch.minimum(quantity.abs(), old_abs))
-        realized_now = closed_lots * (price - self.avg_price) * old_sign
+        closed_lots = torch.minimum(size, old_abs).masked_fill(opening, 0.0)
+        realized_now = closed_lots * (price - self.avg_price) * torch.sign(old)
+        flat = new == 0
         flip = old * new < 0
-        closes = (old != 0) & ((new == 0) | flip)
+        closes = (old != 0) & (flat | flip)
         starts = (quantity != 0) & ((old == 0) | flip)
-        fee_old_trade = torch.where(flip, fee * closed_lots / quantity.abs(), fee)
+        fee_old_trade = torch.where(flip, fee * closed_lots / size, fee)
         trade_realized = self.trade_realized + realized_now
         trade_fees = self.trade_fees + fee_old_trade
-        result = TradeClose(
-            closed=closes,
-            pnl=torch.where(closes, trade_realized - trade_fees, 0.0),
-            lots=torch.where(closes, old_abs, 0.0),
-            entry_mid=torch.where(closes, self.entry_mid, 0.0),
-        )
+        closed_values = torch.stack([trade_realized - trade_fees, old_abs, self.entry_mid])
+        pnl, lots, entry_mid = closed_values.masked_fill(~closes, 0.0).unbind()
+        result = TradeClose(closed=closes, pnl=pnl, lots=lots, entry_mid=entry_mid)
 
-        flat = new == 0
         cost = quantity * price
-        added = (old * self.avg_price + cost) / torch.where(flat, 1.0, new)
+        added = (old * self.avg_price + cost) / (new + flat)
         avg = torch.where(flip, price, torch.where(opening, added, self.avg_price))
-        self.avg_price = torch.where(flat, 0.0, avg)
-        self.trade_realized = torch.where(closes, 0.0, trade_realized)
+        self.avg_price = avg.masked_fill(flat, 0.0)
+        self.trade_realized = trade_realized.masked_fill(closes, 0.0)
         self.trade_fees = torch.where(closes, fee - fee_old_trade, trade_fees)
-        self.entry_mid = torch.where(starts, mid, torch.where(flat, 0.0, self.entry_mid))
+        self.entry_mid = torch.where(starts, mid, self.entry_mid.masked_fill(flat, 0.0))
         self.trade_start = torch.where(starts, step, self.trade_start)
         self.cash = self.cash - cost - fee
         self.realized = self.realized + realized_now - fee

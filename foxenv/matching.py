@@ -17,6 +17,8 @@ MARKET_SLICES = (1.0 / 3.0, 2.0 / 3.0, 1.0)
 IOC_OFFSETS = (0, 1, 3)
 #: A limit, in ticks beyond the touch, far enough away that a Market order is never stopped by it.
 NO_LIMIT = float(1 << 50)
+#: The smallest positive double (subnormal): ``x.clamp_min(_SMALLEST_DOUBLE)`` is ``x`` for every ``x > 0``.
+_SMALLEST_DOUBLE = 5e-324
 
 
 def walk_book(
@@ -96,7 +98,9 @@ def probqueue_cancel(
     """
     weight_ahead = ahead.pow(power)
     total = weight_ahead + (visible - ahead).clamp_min(0.0).pow(power)
-    share = torch.where(total > 0, weight_ahead / total, 0.0)
+    # total == 0 only where weight_ahead == 0 (both terms are >= 0): then the share is 0 / tiny = 0; for
+    # total > 0 the clamp to the smallest positive double changes nothing (one op fewer than a where).
+    share = weight_ahead / total.clamp_min(_SMALLEST_DOUBLE)
     return (ahead - cancelled * share).clamp_min(0.0)
 
 

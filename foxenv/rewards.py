@@ -19,7 +19,9 @@ def step_reward(
     :param config: environment settings.
     :return: ``[B]`` float32 reward.
     """
-    reward = (equity_after - equity_before) * config.reward_scale
+    reward = equity_after - equity_before
+    if config.reward_scale != 1.0:  # a config constant, not a tensor value: no host sync
+        reward = reward * config.reward_scale
     if config.inventory_penalty > 0:
         reward = reward - config.inventory_penalty * (position / config.max_position) ** 2
     return reward.to(torch.float32)
