@@ -125,6 +125,7 @@ class BatchedLOB:
         self._order_remaining = zeros.clone()
         self._order_target = zeros.clone()
         self._graph: torch.cuda.CUDAGraph | None = None
+        self._step_fn = self._advance  # torch.compile'd by enable_compile
         self._graph_state: dict[str, torch.Tensor] = {}
         self._graph_outputs: tuple = ()
         self._graph_action = torch.empty(0)
@@ -313,7 +314,7 @@ class BatchedLOB:
         """
         action = self._check_action(action)
         if self._graph is None:
-            return self._advance(action)
+            return self._step_fn(action)
         self._graph_action.copy_(action)
         self._graph.replay()
         obs, reward, terminated, truncated, info = self._graph_outputs
@@ -547,6 +548,30 @@ class BatchedLOB:
         )
         self._pin_state()
 
+    # ------------------------------------------------------------------ compiled step
+
+    def enable_compile(self, **compile_options: Any) -> None:
+        """Compile the step with ``torch.compile`` (opt-in), fusing its ~200 small tensor ops into a few
+        generated kernels: on a CPU the eager step is bound by per-op overhead, so this is several times
+        faster (see ``benchmarks/core_ops.py``). Needs a working C++ compiler on the CPU (Triton on CUDA)
+        and takes seconds to compile on the first step.
+
+        Results match the eager step up to floating-point rounding: the generated code may fuse a
+        multiply and an add (one rounding instead of two), so float outputs can differ in the last bits;
+        masks, integers and state transitions follow the same formulas. Call it before
+        :meth:`enable_cuda_graph` to capture the compiled step.
+
+        :param compile_options: passed to ``torch.compile`` (default ``dynamic=False``: ``B`` is fixed).
+        :raises ValueError: when a CUDA graph was already captured (it holds the eager step).
+        """
+        if self._graph is not None:
+            raise ValueError(
+                "enable_compile must come before enable_cuda_graph (the graph holds the eager step)"
+            )
+        if self._step_fn != self._advance:  # already compiled
+            return
+        self._step_fn = torch.compile(self._advance, **{"dynamic": False, **compile_options})
+
     # ------------------------------------------------------------------ CUDA graph
 
     def enable_cuda_graph(self) -> None:
@@ -571,13 +596,13 @@ class BatchedLOB:
         side_stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side_stream):
             for _ in range(3):  # warm up caches and allocator outside the capture
-                self._advance(self._graph_action)
+                self._step_fn(self._graph_action)
         torch.cuda.current_stream(self.device).wait_stream(side_stream)
         self.load_state_dict(saved)
         static_state = self._state_tensors()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            outputs = self._advance(self._graph_action)
+            outputs = self._step_fn(self._graph_action)
             for key, value in self._state_tensors().items():
                 static_state[key].copy_(value)
         self._set_state_tensors(static_state)
