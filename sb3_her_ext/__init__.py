@@ -9,11 +9,13 @@
 from sb3_her_ext.algorithm import BranchingIQN
 from sb3_her_ext.policy import BranchingIQNPolicy, MlpPolicy
 from sb3_her_ext.replay import HindsightConfig, PrioritizedHindsightReplayBuffer
+from sb3_her_ext.vec_env import LOBVecEnv
 
 __all__ = [
     "BranchingIQN",
     "BranchingIQNPolicy",
     "HindsightConfig",
+    "LOBVecEnv",
     "MlpPolicy",
     "PrioritizedHindsightReplayBuffer",
 ]
