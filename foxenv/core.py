@@ -32,7 +32,13 @@ import torch
 from foxenv.accounting import Ledger
 from foxenv.config import EnvConfig
 from foxenv.data.market import FLOW_WIDTH, MarketData
-from foxenv.features import PORTFOLIO_FEATURES, market_feature_dim, market_features, portfolio_features
+from foxenv.features import (
+    PORTFOLIO_FEATURES,
+    market_feature_dim,
+    market_features,
+    portfolio_affine,
+    portfolio_features,
+)
 from foxenv.matching import (
     IOC_OFFSETS,
     MARKET_SLICES,
@@ -231,6 +237,7 @@ class BatchedLOB:
             self.config.maker_fee_bps * 1e-4, dtype=torch.float64, device=self.device
         )
         self._zero = torch.zeros((), dtype=torch.float64, device=self.device)  # torch.where's "else 0"
+        self._portfolio_affine = portfolio_affine(self.config, self._tick, self.device)
 
     # ------------------------------------------------------------------ reset
 
@@ -481,6 +488,7 @@ class BatchedLOB:
             self._step.double(),
             self.config,
             self._tick,
+            self._portfolio_affine,
         )
         return torch.cat([features, portfolio], dim=1)
 
@@ -561,7 +569,8 @@ class BatchedLOB:
         masks, integers and state transitions follow the same formulas. Call it before
         :meth:`enable_cuda_graph` to capture the compiled step.
 
-        :param compile_options: passed to ``torch.compile`` (default ``dynamic=False``: ``B`` is fixed).
+        :param compile_options: passed to ``torch.compile``; defaults: ``dynamic=False`` (``B`` is fixed) and,
+            on a CPU, ``options={"cpp_wrapper": True}``.
         :raises ValueError: when a CUDA graph was already captured (it holds the eager step).
         """
         if self._graph is not None:
@@ -570,7 +579,10 @@ class BatchedLOB:
             )
         if self._step_fn != self._advance:  # already compiled
             return
-        self._step_fn = torch.compile(self._advance, **{"dynamic": False, **compile_options})
+        defaults: dict[str, Any] = {"dynamic": False}
+        if self.device.type == "cpu":  # C++ instead of Python glue between the generated kernels
+            defaults["options"] = {"cpp_wrapper": True}
+        self._step_fn = torch.compile(self._advance, **{**defaults, **compile_options})
 
     # ------------------------------------------------------------------ CUDA graph
 

@@ -123,10 +123,16 @@ def market_features(market: MarketData, config: EnvConfig) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=16)
-def _portfolio_affine(
+def portfolio_affine(
     config: EnvConfig, tick_size: float, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scale and offset turning the raw portfolio columns into :data:`PORTFOLIO_FEATURES`."""
+    """Scale and offset turning the raw portfolio columns into :data:`PORTFOLIO_FEATURES` (cached).
+
+    :param config: environment settings.
+    :param tick_size: price increment in currency.
+    :param device: device of the returned tensors.
+    :return: ``(scale, bias)``, ``[len(PORTFOLIO_FEATURES)]`` float64 each.
+    """
     length = float(config.episode_length)
     scale = [
         1 / config.max_position,
@@ -155,6 +161,7 @@ def portfolio_features(
     step: torch.Tensor,
     config: EnvConfig,
     tick_size: float,
+    affine: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Portfolio features of each book, in the order of :data:`PORTFOLIO_FEATURES`.
 
@@ -169,6 +176,8 @@ def portfolio_features(
     :param step: ``[B]`` steps into the episode, float64.
     :param config: environment settings.
     :param tick_size: price increment in currency.
+    :param affine: ``portfolio_affine(config, tick_size, device)`` when the caller holds it (the core does,
+        so a ``torch.compile``'d step does not trace the cache); ``None`` looks it up.
     :return: ``[B, len(PORTFOLIO_FEATURES)]`` float32.
     """
     distance = (order_price - mid) * order_side.abs()
@@ -185,5 +194,5 @@ def portfolio_features(
         ],
         dim=1,
     )
-    scale, bias = _portfolio_affine(config, float(tick_size), raw.device)
+    scale, bias = portfolio_affine(config, float(tick_size), raw.device) if affine is None else affine
     return torch.addcmul(bias, raw, scale).to(torch.float32)
