@@ -105,6 +105,10 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
     :param hindsight: a :class:`HindsightConfig`, a dict of its fields, or ``None`` (hindsight off).
     """
 
+    #: :meth:`sample_stratified` looks at this many candidate rows per batch row (uniform draws) when the
+    #: buffer is larger than that, so its cost does not grow with the capacity.
+    STRATIFIED_OVERSAMPLE: int = 16
+
     def __init__(
         self,
         buffer_size: int,
@@ -411,14 +415,47 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
                                       self.priority_eps)
         torch.ops.cuda_ext.per_tree_rebuild(self.tree, indices)
 
+    def _stratum_candidates(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Candidate slots for :meth:`sample_stratified`: ``M = STRATIFIED_OVERSAMPLE * batch_size`` of them.
+
+        While at most ``M`` rows are written, the candidates are the slots ``0 .. M - 1`` (the written ones
+        valid), i.e. every written row. Beyond that, ``M`` uniform draws among the written rows, sorted, with
+        repeats marked invalid, so the valid candidates are distinct rows, a uniform random subset. The
+        choice is made on the device (no host sync); the cost is O(``batch_size``), not O(capacity).
+
+        :param batch_size: rows the caller will draw.
+        :return: ``(slots [M'] int64, valid [M'] bool)`` with ``M' = min(M, capacity)``.
+        """
+        c, dev = self.buffer_size, self.device
+        n_draws = self.STRATIFIED_OVERSAMPLE * batch_size
+        n_written = self.head_size[1]
+        if c <= n_draws:
+            slots = torch.arange(c, device=dev)
+            return slots, slots < n_written
+        first_slots = torch.arange(n_draws, device=dev)
+        draws = (torch.rand(n_draws, dtype=torch.float64, device=dev) * n_written).to(torch.int64)
+        draws = draws.clamp(max=c - 1).sort().values
+        distinct = torch.ones(n_draws, dtype=torch.bool, device=dev)
+        distinct[1:] = draws[1:] != draws[:-1]
+        few_written = n_written <= n_draws
+        return torch.where(few_written, first_slots, draws), torch.where(
+            few_written, first_slots < n_written, distinct
+        )
+
     def sample_stratified(self, batch_size: int, branch: int, n_values: int) -> PrioritizedReplaySamples:
         """Draw rows uniformly, a equal share for each value of one action branch (for the gradient vaccine).
 
         Value ``v`` gets ``batch_size // n_values`` rows (the first ``batch_size % n_values`` values one
-        more), drawn without replacement among the written rows whose ``branch`` action is ``v``. A short
-        stratum's missing rows are filled, without replacement, from the written rows not yet chosen; only
-        when fewer than ``batch_size`` rows are written are rows repeated. All on the device: random keys,
-        ``topk`` per stratum, a prefix sum to place the fill.
+        more), drawn without replacement among the candidate rows whose ``branch`` action is ``v``. A short
+        stratum's missing rows are filled, without replacement, from the candidates not yet chosen; only
+        when there are fewer than ``batch_size`` candidates are rows repeated (uniformly among the written).
+
+        The candidates are every written row while at most ``M = STRATIFIED_OVERSAMPLE * batch_size`` rows
+        are written; beyond that, the distinct rows of ``M`` uniform draws among the written rows, so the
+        cost is O(``batch_size``), not O(capacity), and a stratum whose share of the buffer is below about
+        ``1 / (STRATIFIED_OVERSAMPLE * n_values)`` may come up short (then filled) although the buffer
+        holds enough of its rows.
+        All on the device, no host sync: a random permutation, a stable sort by stratum, prefix sums.
 
         :param batch_size: rows to draw; >= 1.
         :param branch: the action branch to stratify on.
@@ -430,33 +467,47 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
             raise ValueError(f"branch={branch} must be an integer in [0, {self.n_branches})")
         if int(n_values) != n_values or n_values < 1:
             raise ValueError(f"n_values={n_values} must be an integer >= 1")
-        c, dev = self.buffer_size, self.device
-        written = torch.arange(c, device=dev) < self.head_size[1]
-        keys = torch.rand(c, device=dev)
-        values = self.actions[:, branch]
-        quotas = [batch_size // n_values + (1 if v < batch_size % n_values else 0) for v in range(n_values)]
-        picked, valid = [], []
-        for v, quota in enumerate(quotas):  # loop over strata (3), never over rows
-            if quota == 0:
-                continue
-            score = torch.where(written & (values == v), keys, torch.full_like(keys, -1.0))
-            top, idx = torch.topk(score, min(quota, c))
-            if quota > c:  # more wanted than slots exist: the rest is short by construction
-                idx = torch.cat([idx, torch.zeros(quota - c, dtype=idx.dtype, device=dev)])
-                top = torch.cat([top, torch.full((quota - c,), -1.0, device=dev)])
-            picked.append(idx)
-            valid.append(top >= 0)
-        chosen, ok = torch.cat(picked), torch.cat(valid)
-        # fill short strata from written rows not chosen yet, in random order
-        taken = torch.zeros(c, dtype=torch.int64, device=dev).index_add_(0, chosen, ok.to(torch.int64)) > 0
-        fill_score = torch.where(written & ~taken, torch.rand(c, device=dev), torch.full_like(keys, -1.0))
-        fill_top, fill_idx = torch.topk(fill_score, min(batch_size, c))
-        rank = (torch.cumsum((~ok).to(torch.int64), 0) - 1).clamp(min=0, max=fill_idx.numel() - 1)
-        fill_ok = fill_top[rank] >= 0
-        # last resort (fewer written rows than batch_size): uniform with replacement among written rows
+        dev = self.device
+        slots, valid = self._stratum_candidates(batch_size)
+        n_candidates = slots.numel()
+        # a candidate's group: its stratum, or n_values (other value: fill only), n_values + 1 (invalid)
+        values = self.actions[slots, branch]
+        in_range = (values >= 0) & (values < n_values)
+        group = torch.where(valid, torch.where(in_range, values, n_values), n_values + 1)
+        # random order within each group: shuffle, then a stable sort by group
+        shuffled = torch.argsort(torch.rand(n_candidates, device=dev))
+        order = shuffled[torch.sort(group[shuffled], stable=True).indices]
+        sorted_group = group[order]
+        counts = torch.zeros(n_values + 2, dtype=torch.int64, device=dev).scatter_add_(
+            0, group, torch.ones_like(group)
+        )
+        starts = torch.cumsum(counts, 0) - counts
+        # stratum v's quota is base (+1 for the first `extra` strata); groups n_values, n_values + 1 get none
+        base, extra = divmod(batch_size, n_values)
+        group_ids = torch.arange(n_values + 2, device=dev)
+        quotas = torch.where(group_ids < n_values, base + (group_ids < extra).to(torch.int64), 0)
+        # output slot k -> (its stratum, its rank in the stratum), the strata one after another
+        k = torch.arange(batch_size, device=dev)
+        long_part = extra * (base + 1)  # the slots of the strata with base + 1 rows
+        tail = (k - long_part).clamp(min=0)
+        slot_stratum = torch.where(k < long_part, k // (base + 1), extra + tail // max(base, 1))
+        slot_rank = torch.where(k < long_part, k % (base + 1), tail % max(base, 1))
+        ok = slot_rank < counts[slot_stratum]
+        position = (starts[slot_stratum] + slot_rank).clamp(max=n_candidates - 1)
+        chosen = slots[order[position]]
+        # the spare candidates (valid, beyond their stratum's quota), in random order, fill the short strata
+        rank_in_group = torch.arange(n_candidates, device=dev) - starts[sorted_group]
+        spare = torch.empty(n_candidates, dtype=torch.bool, device=dev)
+        spare[order] = (sorted_group <= n_values) & (rank_in_group >= quotas[sorted_group])
+        fill_order = shuffled[torch.sort((~spare[shuffled]).to(torch.uint8), stable=True).indices]
+        fill_rank = torch.cumsum((~ok).to(torch.int64), 0) - 1
+        fill_ok = fill_rank < spare.sum()
+        fill = slots[fill_order[fill_rank.clamp(min=0, max=n_candidates - 1)]]
+        # last resort (fewer candidates than batch_size): uniform with replacement among written rows
         n_written = self.head_size[1].clamp(min=1)
-        repeat = (torch.rand(batch_size, device=dev) * n_written).to(torch.int64).clamp(max=c - 1)
-        indices = torch.where(ok, chosen, torch.where(fill_ok, fill_idx[rank], repeat))
+        repeat = (torch.rand(batch_size, device=dev) * n_written).to(torch.int64)
+        repeat = repeat.clamp(max=self.buffer_size - 1)
+        indices = torch.where(ok, chosen, torch.where(fill_ok, fill, repeat))
         weights = torch.ones(batch_size, dtype=torch.float32, device=dev)
         return self._gather(indices, weights)
 
