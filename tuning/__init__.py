@@ -1,1 +1,4 @@
-"""Optuna studies over BranchingIQN's knobs and rollout evaluation (not built yet: no issue has asked for it)."""
+"""Optuna studies over BranchingIQN's knobs and rollout evaluation.
+
+Not built yet: no issue has asked for it so far.
+"""
