@@ -10,7 +10,13 @@ Problem size (issue #3): B = 65536 books (``quick``: 1024), obs dim 64, 4 branch
 IQN quantiles per action for ``quantile_iqr``, S = 256 forward slots, 3 magnitudes; about 5% of books close a
 trade per step. Usage::
 
-    python benchmarks/op_timings.py [--device cuda] [--quick] [--out benchmarks/results/op_timings.json]
+    python benchmarks/op_timings.py [--device cuda] [--quick] [--per] [--no-reference]
+        [--out benchmarks/results/op_timings.json]
+
+With ``--per``, the four prioritized-replay ops are timed one by one too (CUDA graph, as in one replay cycle
+of ``benchmarks/replay_throughput.py``: capacity 2^20, push 4096 rows of obs dim 64 + 4 branches, B = 256 and
+4096): ``per_push``, ``per_tree_rebuild`` of the pushed slots, ``per_sample``, ``per_update``,
+``per_tree_rebuild`` of the sampled indices. ``--no-reference`` skips timing the references.
 
 ``benchmarks/replay_throughput.py`` imports :func:`run`.
 """
@@ -178,11 +184,76 @@ def time_cpu_us(fn: Callable[[], object], repeats: int = 10) -> float:
     return statistics.median(times)
 
 
-def run(device: str = "cuda", quick: bool = False) -> list[dict]:
+def per_rows(quick: bool = False) -> list[dict]:
+    """Time each prioritized-replay op of one replay cycle on the GPU (CUDA graph), for B = 256 and 4096.
+
+    :param quick: capacity 2^16 instead of 2^20.
+    :return: one dict per (op, B): ``op``, ``B``, ``device``, ``cuda_us``.
+    """
+    from cuda_ext.ops_per import new_tree
+
+    ops = torch.ops.cuda_ext
+    device = torch.device("cuda")
+    capacity, n_push = (1 << 16 if quick else 1 << 20), 4096
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for batch_size in (256, 4096):
+        state = {
+            "obs": torch.zeros(capacity, OBS_DIM, device=device),
+            "next_obs": torch.zeros(capacity, OBS_DIM, device=device),
+            "action": torch.zeros(capacity, N_BRANCHES, dtype=torch.int64, device=device),
+            "reward": torch.zeros(capacity, device=device),
+            "done": torch.zeros(capacity, device=device),
+            "kind": torch.zeros(capacity, dtype=torch.int8, device=device),
+            "tree": new_tree(capacity, device),
+            "head_size": torch.zeros(2, dtype=torch.int64, device=device),
+            "max_priority": torch.ones(1, device=device),
+        }
+        batch = [
+            torch.randn(n_push, OBS_DIM, generator=gen).to(device),
+            torch.randn(n_push, OBS_DIM, generator=gen).to(device),
+            torch.randint(0, N_ACTIONS, (n_push, N_BRANCHES), generator=gen).to(device),
+            torch.randn(n_push, generator=gen).to(device),
+            torch.zeros(n_push, device=device),
+            torch.zeros(n_push, dtype=torch.int8, device=device),
+            torch.ones(n_push, dtype=torch.bool, device=device),
+            torch.zeros(n_push, device=device),
+            torch.ones(n_push, device=device),
+        ]
+        keys = ["obs", "next_obs", "action", "reward", "done", "kind", "tree", "head_size", "max_priority"]
+
+        def push(batch: list = batch, state: dict = state, keys: list = keys) -> torch.Tensor:
+            return ops.per_push(*(state[k] for k in keys), *batch, 0.6)
+
+        for _ in range(capacity // n_push):  # fill the buffer
+            ops.per_tree_rebuild(state["tree"], push())
+        slots = push()
+        ops.per_tree_rebuild(state["tree"], slots)
+        uniforms = torch.rand(batch_size, dtype=torch.float64, generator=gen).to(device)
+        indices, _ = ops.per_sample(state["tree"], state["head_size"], uniforms, 0.4)
+        td_abs = torch.rand(batch_size, generator=gen).to(device)
+        timed = {
+            "per_push": push,
+            "per_tree_rebuild(push slots)": lambda s=state, i=slots: ops.per_tree_rebuild(s["tree"], i),
+            "per_sample": lambda s=state, u=uniforms: ops.per_sample(s["tree"], s["head_size"], u, 0.4),
+            "per_update": lambda s=state, i=indices, t=td_abs: ops.per_update(
+                s["tree"], s["max_priority"], i, t, 0.6, 1e-6
+            ),
+            "per_tree_rebuild(sampled)": lambda s=state, i=indices: ops.per_tree_rebuild(s["tree"], i),
+        }
+        for name, fn in timed.items():
+            rows.append({"op": name, "B": batch_size, "device": "cuda", "cuda_us": time_graph_us(fn)})
+        del state
+        torch.cuda.empty_cache()
+    return rows
+
+
+def run(device: str = "cuda", quick: bool = False, reference: bool = True) -> list[dict]:
     """Time every hindsight and selection op at B = 65536 (``quick``: 1024).
 
     :param device: ``"cuda"`` (kernel and reference) or ``"cpu"`` (reference only).
     :param quick: small problem for a smoke run.
+    :param reference: also time the references (on a GPU).
     :return: one dict per op: ``op``, ``B``, ``device``, ``cuda_us``, ``cuda_eager_us``,
         ``reference_us``, ``reference_timing`` (``"graph"``, ``"eager"`` or ``"cpu"``),
         ``ratio`` (reference / CUDA; None on CPU).
@@ -199,6 +270,10 @@ def run(device: str = "cuda", quick: bool = False) -> list[dict]:
         if torch_device.type == "cuda":
             row["cuda_us"] = time_graph_us(lambda op=op, a=kernel_args: op(*a))
             row["cuda_eager_us"] = time_eager_us(lambda op=op, a=kernel_args: op(*a))
+            if not reference:
+                row.update(reference_us=None, reference_timing="skipped", ratio=None)
+                rows.append(row)
+                continue
             try:
                 row["reference_us"] = time_graph_us(lambda f=reference, a=reference_args: f(*a))
                 row["reference_timing"] = "graph"
@@ -223,14 +298,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--quick", action="store_true", help="B = 1024 instead of 65536")
+    parser.add_argument("--per", action="store_true", help="also time the PER ops one by one (GPU only)")
+    parser.add_argument("--no-reference", action="store_true", help="do not time the references")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args()
-    rows = run(args.device, args.quick)
+    rows = run(args.device, args.quick, reference=not args.no_reference)
+    if args.per and args.device.startswith("cuda"):
+        rows += per_rows(args.quick)
     print(f"{'op':20s} {'B':>7s} {'cuda µs':>10s} {'eager µs':>10s} {'ref µs':>10s} {'ratio':>8s}")
     for row in rows:
-        ratio = "-" if row["ratio"] is None else f"{row['ratio']:8.1f}"
-        print(f"{row['op']:20s} {row['B']:7d} {_format(row['cuda_us'])} {_format(row['cuda_eager_us'])} "
-              f"{_format(row['reference_us'])} {ratio:>8s}")
+        ratio = "-" if row.get("ratio") is None else f"{row['ratio']:8.1f}"
+        print(f"{row['op']:20s} {row['B']:7d} {_format(row['cuda_us'])} {_format(row.get('cuda_eager_us'))} "
+              f"{_format(row.get('reference_us'))} {ratio:>8s}")
     device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor()
     result = {"device": device_name, "torch": torch.__version__, "quick": args.quick, "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,10 @@ Timing: warm-up, then ``repeats`` timings of ``inner`` back-to-back cycles (CUDA
 
 Usage::
 
-    python benchmarks/replay_throughput.py [--quick] [--device cuda|cpu] [--out PATH]
+    python benchmarks/replay_throughput.py [--quick] [--device cuda|cpu] [--cuda-ext-only] [--out PATH]
+
+``--cuda-ext-only`` times the plain-PyTorch PER (the ratio's base) and the cuda_ext contenders only, and
+no per-op rows (a quick check of the kernels).
 """
 
 from __future__ import annotations
@@ -321,10 +324,11 @@ def _capture_cycle(
 
 
 def _time_contenders(
-    timer: Timer, batch: Batch, capacity: int, batch_size: int, device: torch.device
+    timer: Timer, batch: Batch, capacity: int, batch_size: int, device: torch.device, peers: bool = True
 ) -> dict[str, tuple[float | None, str]]:
     """Time one cycle of every contender at one batch size.
 
+    :param peers: also time TorchRL and SB3 (off: plain-PyTorch PER and cuda_ext only).
     :return: contender name -> (µs per cycle or None if skipped, note).
     """
     obs_dim, n_branches = batch.obs.shape[1], batch.action.shape[1]
@@ -345,6 +349,8 @@ def _time_contenders(
             graph = _capture_cycle(buffer, batch, uniforms, td_abs, gather)
             results[name] = (timer(graph.replay), "no row gather: issue #3 target" if not gather else "")
 
+    if not peers:
+        return results
     cycle, note = _torchrl_cycle(capacity, obs_dim, n_branches, batch_size, device)
     results["TorchRL PER (CPU tree)"] = (timer(cycle) if cycle else None, note or "CPU storage + tree")
 
@@ -355,11 +361,12 @@ def _time_contenders(
     return results
 
 
-def run(device: torch.device, quick: bool) -> dict:
+def run(device: torch.device, quick: bool, cuda_ext_only: bool = False) -> dict:
     """Time every contender for every batch size.
 
     :param device: where the GPU buffers live (``cpu`` runs the references: a smoke test).
     :param quick: small capacity and few repeats.
+    :param cuda_ext_only: time only the plain-PyTorch PER and cuda_ext, no op timings.
     :return: the JSON-ready result.
     """
     capacity = 1 << 16 if quick else 1 << 20
@@ -369,7 +376,7 @@ def run(device: torch.device, quick: bool) -> dict:
     rows: list[dict] = []
     batch = Batch(n_push, obs_dim, n_branches, device)
     for batch_size in batch_sizes:
-        results = _time_contenders(timer, batch, capacity, batch_size, device)
+        results = _time_contenders(timer, batch, capacity, batch_size, device, peers=not cuda_ext_only)
         plain_us = results["plain PyTorch PER"][0]
         for name, (us, note) in results.items():
             rows.append(
@@ -400,7 +407,7 @@ def run(device: torch.device, quick: bool) -> dict:
             "quick": quick,
         },  # fmt: skip
         "rows": rows,
-        "op_timings": _op_timing_rows(device, quick),
+        "op_timings": [] if cuda_ext_only else _op_timing_rows(device, quick),
     }
 
 
@@ -434,12 +441,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="capacity 2^16, few repeats (smoke test)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--cuda-ext-only", action="store_true", help="skip TorchRL, SB3 and the op timings")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON output path")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={args.device!r} but no CUDA device is available")
-    result = run(device, args.quick)
+    result = run(device, args.quick, args.cuda_ext_only)
     print_table(result)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))

@@ -19,14 +19,55 @@ constexpr int kRows = 32;       // candidate rows per block (decided by warp 0)
 constexpr int kBookThreads = 256;  // books per block in the forward ring's entry scan
 
 // Copy `n_rows` rows of `dim` floats from per-row sources (nullptr: zeros) to `out + first_row * dim`.
+// VEC4: dim is a multiple of 4 and every row (sources and out) is 16-byte aligned, so 16-byte loads and
+// stores. 32-bit indexing within the block's rows.
+template <bool VEC4>
 __device__ inline void copy_rows(float* out, const float* const* sources, int64_t first_row, int n_rows,
                                  int64_t dim) {
-  const int64_t n = static_cast<int64_t>(n_rows) * dim;
   float* dst = out + first_row * dim;
-  for (int64_t idx = threadIdx.x; idx < n; idx += blockDim.x) {
-    const int r = static_cast<int>(idx / dim);
-    const float* src = sources[r];
-    dst[idx] = src != nullptr ? src[idx - r * dim] : 0.0f;
+  const int width = static_cast<int>(dim);
+  if (VEC4) {
+    const int quads = width >> 2;
+    const int n = n_rows * quads;
+    float4* dst4 = reinterpret_cast<float4*>(dst);
+    for (int idx = threadIdx.x; idx < n; idx += blockDim.x) {
+      const int r = idx / quads;
+      const float4* src = reinterpret_cast<const float4*>(sources[r]);
+      dst4[idx] = src != nullptr ? src[idx - r * quads] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  } else {
+    const int n = n_rows * width;
+    for (int idx = threadIdx.x; idx < n; idx += blockDim.x) {
+      const int r = idx / width;
+      const float* src = sources[r];
+      dst[idx] = src != nullptr ? src[idx - r * width] : 0.0f;
+    }
+  }
+}
+
+// Copy rows with 16-byte accesses when `vec4`, else 4-byte ones.
+__device__ inline void copy_rows_any(bool vec4, float* out, const float* const* sources, int64_t first_row,
+                                     int n_rows, int64_t dim) {
+  if (vec4) {
+    copy_rows<true>(out, sources, first_row, n_rows, dim);
+  } else {
+    copy_rows<false>(out, sources, first_row, n_rows, dim);
+  }
+}
+
+// Actions of the block's rows: row r copies its source row (nullptr: zeros) with column `branch` set to
+// replace[r] when has_replace[r]. 32-bit indexing.
+__device__ inline void write_actions(int64_t* out_action, const int64_t* const* sources, const int64_t* replace,
+                                     const bool* has_replace, int64_t branch, int64_t first_row, int n_rows,
+                                     int64_t n_branches) {
+  const int width = static_cast<int>(n_branches);
+  const int n = n_rows * width;
+  int64_t* dst = out_action + first_row * n_branches;
+  for (int idx = threadIdx.x; idx < n; idx += blockDim.x) {
+    const int r = idx / width;
+    const int k = idx - r * width;
+    const int64_t* src = sources[r];
+    dst[idx] = src == nullptr ? 0 : (has_replace[r] && k == branch ? replace[r] : src[k]);
   }
 }
 
@@ -90,10 +131,11 @@ __global__ void inject_kernel(int64_t* __restrict__ ring_len, float* __restrict_
                               int64_t flat_action, float* __restrict__ out_obs,
                               float* __restrict__ out_next_obs, int64_t* __restrict__ out_action,
                               float* __restrict__ out_reward, bool* __restrict__ wants,
-                              int64_t* __restrict__ count) {
+                              int64_t* __restrict__ count, bool vec4) {
   __shared__ const float* s_obs[kRows];
   __shared__ const float* s_next_obs[kRows];
-  __shared__ bool s_wants[kRows];
+  __shared__ const int64_t* s_action[kRows];
+  __shared__ int64_t s_flat[kRows];
   __shared__ bool s_exit[kRows];
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kRows;
   if (threadIdx.x < kRows) {
@@ -125,20 +167,16 @@ __global__ void inject_kernel(int64_t* __restrict__ ring_len, float* __restrict_
     }
     s_obs[threadIdx.x] = src_obs;
     s_next_obs[threadIdx.x] = src_next_obs;
-    s_wants[threadIdx.x] = want;
+    s_action[threadIdx.x] = want ? action + b * n_branches : nullptr;
+    s_flat[threadIdx.x] = flat_action;
     s_exit[threadIdx.x] = use_peak;
     count_wanted(want, count);
   }
   __syncthreads();
   const int n_rows = static_cast<int>(n_books - first < kRows ? n_books - first : kRows);
-  copy_rows(out_obs, s_obs, first, n_rows, obs_dim);
-  copy_rows(out_next_obs, s_next_obs, first, n_rows, obs_dim);
-  for (int64_t idx = threadIdx.x; idx < n_rows * n_branches; idx += blockDim.x) {
-    const int r = static_cast<int>(idx / n_branches);
-    const int64_t k = idx - r * n_branches;
-    const int64_t at = first * n_branches + idx;
-    out_action[at] = !s_wants[r] ? 0 : (s_exit[r] && k == direction_branch ? flat_action : action[at]);
-  }
+  copy_rows_any(vec4, out_obs, s_obs, first, n_rows, obs_dim);
+  copy_rows_any(vec4, out_next_obs, s_next_obs, first, n_rows, obs_dim);
+  write_actions(out_action, s_action, s_flat, s_exit, direction_branch, first, n_rows, n_branches);
 }
 
 // Forward phase 1 (blocks [0, slot_blocks)): judge slots, write one candidate row per slot, per-block
@@ -159,7 +197,7 @@ __global__ void forward_judge_kernel(bool* __restrict__ slot_valid, const float*
                                      float* __restrict__ out_obs, float* __restrict__ out_next_obs,
                                      int64_t* __restrict__ out_action, float* __restrict__ out_reward,
                                      bool* __restrict__ wants, int64_t* __restrict__ workspace,
-                                     int slot_blocks, int64_t head_at) {
+                                     int slot_blocks, int64_t head_at, bool vec4) {
   if (static_cast<int>(blockIdx.x) >= slot_blocks) {
     const int64_t b = static_cast<int64_t>(blockIdx.x - slot_blocks) * kBookThreads + threadIdx.x;
     const bool enters = b < n_books && trade_closed[b] && closed_direction[b] != 0;
@@ -168,6 +206,7 @@ __global__ void forward_judge_kernel(bool* __restrict__ slot_valid, const float*
     return;
   }
   __shared__ const float* s_obs[kRows];
+  __shared__ const int64_t* s_action[kRows];
   __shared__ bool s_wants[kRows];
   __shared__ int64_t s_stay[kRows];
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kRows;
@@ -197,6 +236,7 @@ __global__ void forward_judge_kernel(bool* __restrict__ slot_valid, const float*
       wants[i] = want;
     }
     s_obs[threadIdx.x] = want ? slot_obs + i * obs_dim : nullptr;
+    s_action[threadIdx.x] = want ? slot_action + i * n_branches : nullptr;
     s_wants[threadIdx.x] = want;
     s_stay[threadIdx.x] = stay;
     const unsigned ballot = __ballot_sync(0xffffffffu, want);
@@ -204,14 +244,9 @@ __global__ void forward_judge_kernel(bool* __restrict__ slot_valid, const float*
   }
   __syncthreads();
   const int n_rows = static_cast<int>(n_slots - first < kRows ? n_slots - first : kRows);
-  copy_rows(out_obs, s_obs, first, n_rows, obs_dim);
-  copy_rows(out_next_obs, s_obs, first, n_rows, obs_dim);
-  for (int64_t idx = threadIdx.x; idx < n_rows * n_branches; idx += blockDim.x) {
-    const int r = static_cast<int>(idx / n_branches);
-    const int64_t k = idx - r * n_branches;
-    const int64_t at = first * n_branches + idx;
-    out_action[at] = !s_wants[r] ? 0 : (k == direction_branch ? s_stay[r] : slot_action[at]);
-  }
+  copy_rows_any(vec4, out_obs, s_obs, first, n_rows, obs_dim);
+  copy_rows_any(vec4, out_next_obs, s_obs, first, n_rows, obs_dim);
+  write_actions(out_action, s_action, s_stay, s_wants, direction_branch, first, n_rows, n_branches);
 }
 
 // Forward phase 2: every block sums the entry counts before it, scans its own books and writes the
@@ -238,10 +273,23 @@ __global__ void forward_enter_kernel(bool* __restrict__ slot_valid, float* __res
     all += entering[j];
     if (j < static_cast<int>(blockIdx.x)) before += entering[j];
   }
+  // Block sums of `before` and `all` in one pass (warp shuffles, one barrier).
+  __shared__ int64_t s_sums[2][kBookThreads / 32];
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    before += __shfl_down_sync(0xffffffffu, before, offset);
+    all += __shfl_down_sync(0xffffffffu, all, offset);
+  }
+  if ((threadIdx.x & 31) == 0) {
+    s_sums[0][threadIdx.x >> 5] = before;
+    s_sums[1][threadIdx.x >> 5] = all;
+  }
+  __syncthreads();
   int64_t before_total = 0;
   int64_t total = 0;
-  block_exclusive_scan(before, &before_total);
-  block_exclusive_scan(all, &total);
+  for (int w = 0; w < kBookThreads / 32; ++w) {
+    before_total += s_sums[0][w];
+    total += s_sums[1][w];
+  }
   const int64_t head = ((workspace[head_at] % n_slots) + n_slots) % n_slots;  // floor modulo, as torch's %
 
   const int64_t b = static_cast<int64_t>(blockIdx.x) * kBookThreads + threadIdx.x;
@@ -266,14 +314,16 @@ __global__ void forward_enter_kernel(bool* __restrict__ slot_valid, float* __res
     s_book[kept_at] = b;
   }
   __syncthreads();
-  for (int64_t idx = threadIdx.x; idx < n_kept * obs_dim; idx += blockDim.x) {
-    const int64_t e = idx / obs_dim;
-    const int64_t d = idx - e * obs_dim;
+  const int dim = static_cast<int>(obs_dim);
+  for (int idx = threadIdx.x; idx < static_cast<int>(n_kept) * dim; idx += blockDim.x) {
+    const int e = idx / dim;
+    const int d = idx - e * dim;
     slot_obs[s_pos[e] * obs_dim + d] = obs[s_book[e] * obs_dim + d];
   }
-  for (int64_t idx = threadIdx.x; idx < n_kept * n_branches; idx += blockDim.x) {
-    const int64_t e = idx / n_branches;
-    const int64_t k = idx - e * n_branches;
+  const int width = static_cast<int>(n_branches);
+  for (int idx = threadIdx.x; idx < static_cast<int>(n_kept) * width; idx += blockDim.x) {
+    const int e = idx / width;
+    const int k = idx - e * width;
     slot_action[s_pos[e] * n_branches + k] = action[s_book[e] * n_branches + k];
   }
   if (blockIdx.x == 0 && threadIdx.x == 0) {
@@ -291,11 +341,12 @@ __global__ void relabel_kernel(const bool* __restrict__ trade_closed, const floa
                                int64_t magnitude_branch, float* __restrict__ out_obs,
                                float* __restrict__ out_next_obs, int64_t* __restrict__ out_action,
                                float* __restrict__ out_reward, float* __restrict__ out_priority,
-                               bool* __restrict__ wants, int64_t* __restrict__ count) {
+                               bool* __restrict__ wants, int64_t* __restrict__ count, bool vec4) {
   __shared__ const float* s_obs[kRows];
   __shared__ const float* s_next_obs[kRows];
   __shared__ const int64_t* s_action[kRows];
   __shared__ int64_t s_target[kRows];
+  __shared__ bool s_relabel[kRows];
   const int64_t n_rows_total = (n_mags - 1) * n_books;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kRows;
   if (threadIdx.x < kRows) {
@@ -329,19 +380,17 @@ __global__ void relabel_kernel(const bool* __restrict__ trade_closed, const floa
     s_next_obs[threadIdx.x] = src_next_obs;
     s_action[threadIdx.x] = src_action;
     s_target[threadIdx.x] = target;
+    s_relabel[threadIdx.x] = true;
     count_wanted(want, count);
   }
   __syncthreads();
   const int n_rows = static_cast<int>(n_rows_total - first < kRows ? n_rows_total - first : kRows);
-  copy_rows(out_obs, s_obs, first, n_rows, obs_dim);
-  copy_rows(out_next_obs, s_next_obs, first, n_rows, obs_dim);
-  for (int64_t idx = threadIdx.x; idx < n_rows * n_branches; idx += blockDim.x) {
-    const int r = static_cast<int>(idx / n_branches);
-    const int64_t k = idx - r * n_branches;
-    const int64_t* src = s_action[r];
-    out_action[first * n_branches + idx] = src == nullptr ? 0 : (k == magnitude_branch ? s_target[r] : src[k]);
-  }
+  copy_rows_any(vec4, out_obs, s_obs, first, n_rows, obs_dim);
+  copy_rows_any(vec4, out_next_obs, s_next_obs, first, n_rows, obs_dim);
+  write_actions(out_action, s_action, s_target, s_relabel, magnitude_branch, first, n_rows, n_branches);
 }
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 int blocks_for(int64_t n, int per_block) {
   const int64_t blocks = (n + per_block - 1) / per_block;
@@ -374,7 +423,9 @@ cudaError_t launch_inject(int64_t* ring_len, float* entry_mid, int64_t* directio
   inject_kernel<<<blocks_for(n_books, kRows), kThreads, 0, stream>>>(
       ring_len, entry_mid, direction, peak, peak_row, trade_closed, raw_reward, lots, obs, next_obs, action,
       replay_next_obs, n_books, obs_dim, n_branches, n_replay_rows, reward_scale, threshold, anchor,
-      direction_branch, flat_action, out_obs, out_next_obs, out_action, out_reward, wants, count);
+      direction_branch, flat_action, out_obs, out_next_obs, out_action, out_reward, wants, count,
+      obs_dim % 4 == 0 && aligned16(obs) && aligned16(next_obs) && aligned16(replay_next_obs) &&
+          aligned16(out_obs) && aligned16(out_next_obs));
   return cudaGetLastError();
 }
 
@@ -399,7 +450,8 @@ cudaError_t launch_forward(bool* slot_valid, float* slot_entry, int64_t* slot_cl
       slot_valid, slot_entry, slot_close_step, slot_direction, slot_actual, slot_lots, slot_book, slot_obs,
       slot_action, ring_head, step, mid, book_reset, trade_closed, closed_direction, n_slots, n_books, obs_dim,
       n_branches, lookahead, threshold, reward_scale, direction_branch, out_obs, out_next_obs, out_action,
-      out_reward, wants, workspace, slot_blocks, head_at);
+      out_reward, wants, workspace, slot_blocks, head_at,
+      obs_dim % 4 == 0 && aligned16(slot_obs) && aligned16(out_obs) && aligned16(out_next_obs));
   cudaError_t status = cudaGetLastError();
   if (status != cudaSuccess) return status;
   forward_enter_kernel<<<book_blocks < 1 ? 1 : book_blocks, kBookThreads, 0, stream>>>(
@@ -420,7 +472,9 @@ cudaError_t launch_relabel(const bool* trade_closed, const float* obs, const flo
   if (status != cudaSuccess || n_rows == 0) return status;
   relabel_kernel<<<blocks_for(n_rows, kRows), kThreads, 0, stream>>>(
       trade_closed, obs, next_obs, action, reward, magnitudes, n_books, obs_dim, n_branches, n_mags,
-      magnitude_branch, out_obs, out_next_obs, out_action, out_reward, out_priority, wants, count);
+      magnitude_branch, out_obs, out_next_obs, out_action, out_reward, out_priority, wants, count,
+      obs_dim % 4 == 0 && aligned16(obs) && aligned16(next_obs) && aligned16(out_obs) &&
+          aligned16(out_next_obs));
   return cudaGetLastError();
 }
 

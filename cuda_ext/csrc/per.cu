@@ -92,6 +92,46 @@ __global__ void push_rows_kernel(const int64_t* __restrict__ slots, const float*
   }
 }
 
+// push_rows with 32-bit indexing (n * width < 2^31): one thread per (row, unit), a unit being 4 floats of
+// obs/next_obs when VEC4 (obs_dim % 4 == 0, 16-byte aligned rows) or 1 float otherwise.
+template <bool VEC4>
+__global__ void push_rows_fast_kernel(const int64_t* __restrict__ slots, const float* __restrict__ new_obs,
+                                      const float* __restrict__ new_next_obs,
+                                      const int64_t* __restrict__ new_action,
+                                      const float* __restrict__ new_reward, const float* __restrict__ new_done,
+                                      const int8_t* __restrict__ new_kind, float* __restrict__ obs,
+                                      float* __restrict__ next_obs, int64_t* __restrict__ action,
+                                      float* __restrict__ reward, float* __restrict__ done,
+                                      int8_t* __restrict__ kind, int n, int obs_dim, int n_branches) {
+  const int units = VEC4 ? obs_dim >> 2 : obs_dim;
+  int width = units > n_branches ? units : n_branches;
+  if (width < 1) width = 1;
+  const int total = n * width;
+  for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < total; e += gridDim.x * blockDim.x) {
+    const int row = e / width;
+    const int col = e - row * width;
+    const int64_t slot = slots[row];
+    if (slot < 0) continue;
+    if (col < units) {
+      if (VEC4) {
+        const int64_t to = slot * (obs_dim >> 2) + col;
+        const int64_t from = static_cast<int64_t>(row) * (obs_dim >> 2) + col;
+        reinterpret_cast<float4*>(obs)[to] = reinterpret_cast<const float4*>(new_obs)[from];
+        reinterpret_cast<float4*>(next_obs)[to] = reinterpret_cast<const float4*>(new_next_obs)[from];
+      } else {
+        obs[slot * obs_dim + col] = new_obs[static_cast<int64_t>(row) * obs_dim + col];
+        next_obs[slot * obs_dim + col] = new_next_obs[static_cast<int64_t>(row) * obs_dim + col];
+      }
+    }
+    if (col < n_branches) action[slot * n_branches + col] = new_action[static_cast<int64_t>(row) * n_branches + col];
+    if (col == 0) {
+      reward[slot] = new_reward[row];
+      done[slot] = new_done[row];
+      kind[slot] = new_kind[row];
+    }
+  }
+}
+
 // ---------------------------------------------------------------- per_tree_rebuild
 
 // Reduce the `width` nodes [first, first + width) (first a multiple of width) up to their common
@@ -155,6 +195,91 @@ __global__ void tree_rebuild_kernel(double* tree, int64_t n_leaves, int64_t widt
   if (!is_last) return;
   __threadfence();
   reduce_nodes(tree, gridDim.x, gridDim.x, local, true);
+}
+
+// Fast path for 2^12 <= P <= 2^23: subtrees of kFastSubtreeLeaves leaves, kFastThreads threads each
+// summing 8 leaves in registers (16-byte loads), then warp shuffles; one barrier per subtree. With
+// `filtered`, a block rebuilds its subtree only if mark_dirty_kernel set the subtree root to kDirtyMarker
+// (a clean root cannot hold a stale value; a legitimate sum that happens to equal the marker is just
+// rebuilt again). The last block to arrive reduces the gridDim.x subtree roots to the root.
+constexpr int kFastThreads = 256;
+constexpr int64_t kFastSubtreeLeaves = 8 * kFastThreads;  // 2048: the subtree root is 11 levels up
+constexpr int64_t kFastMaxLeaves = int64_t{1} << 23;       // at most 4096 subtree roots for the top block
+constexpr unsigned long long kDirtyMarker = 0x7FF4C0FFEE0DDBA1ULL;  // a signaling-NaN bit pattern
+
+__global__ void mark_dirty_kernel(double* __restrict__ tree, const int64_t* __restrict__ leaf_idx, int64_t m,
+                                  int64_t n_leaves, int64_t n_subtrees) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < m;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t leaf = leaf_idx[i];
+    if (leaf >= 0 && leaf < n_leaves) {
+      reinterpret_cast<unsigned long long*>(tree)[n_subtrees + leaf / kFastSubtreeLeaves] = kDirtyMarker;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kFastThreads) fast_rebuild_kernel(double* tree, int64_t n_leaves,
+                                                                    bool filtered) {
+  extern __shared__ double local[];  // gridDim.x doubles (>= 32) for the top reduction
+  __shared__ double warp_roots[kFastThreads / 32];
+  __shared__ int is_last;
+  const int64_t n_subtrees = gridDim.x;
+  const int64_t b = blockIdx.x;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  bool dirty = true;
+  if (filtered) {
+    dirty = reinterpret_cast<const unsigned long long*>(tree)[n_subtrees + b] == kDirtyMarker;
+  }
+  if (dirty) {
+    const int64_t t = threadIdx.x;
+    const double2* leaves = reinterpret_cast<const double2*>(tree + n_leaves + b * kFastSubtreeLeaves + 8 * t);
+    const double2 p0 = leaves[0];
+    const double2 p1 = leaves[1];
+    const double2 p2 = leaves[2];
+    const double2 p3 = leaves[3];
+    const double a0 = p0.x + p0.y, a1 = p1.x + p1.y, a2 = p2.x + p2.y, a3 = p3.x + p3.y;  // level 1
+    double2* level1 = reinterpret_cast<double2*>(tree + (n_leaves >> 1) + b * (kFastSubtreeLeaves >> 1) + 4 * t);
+    level1[0] = make_double2(a0, a1);
+    level1[1] = make_double2(a2, a3);
+    const double c0 = a0 + a1, c1 = a2 + a3;  // level 2
+    reinterpret_cast<double2*>(tree + (n_leaves >> 2) + b * (kFastSubtreeLeaves >> 2) + 2 * t)[0] =
+        make_double2(c0, c1);
+    double v = c0 + c1;  // level 3: node t of the subtree
+    tree[(n_leaves >> 3) + b * (kFastSubtreeLeaves >> 3) + t] = v;
+    // Levels 4..8 inside each warp: 32 nodes -> 1.
+#pragma unroll
+    for (int level = 4; level <= 8; ++level) {
+      const int active = 32 >> (level - 3);
+      const double left = __shfl_sync(0xffffffffu, v, (2 * lane) & 31);
+      const double right = __shfl_sync(0xffffffffu, v, (2 * lane + 1) & 31);
+      v = left + right;
+      if (lane < active) tree[(n_leaves >> level) + b * (kFastSubtreeLeaves >> level) + warp * active + lane] = v;
+    }
+    if (lane == 0) warp_roots[warp] = v;
+    __syncthreads();
+    if (warp == 0) {  // levels 9..11: 8 nodes -> the subtree root
+      v = lane < kFastThreads / 32 ? warp_roots[lane] : 0.0;
+#pragma unroll
+      for (int level = 9; level <= 11; ++level) {
+        const int active = (kFastThreads / 32) >> (level - 8);
+        const double left = __shfl_sync(0xffffffffu, v, (2 * lane) & 31);
+        const double right = __shfl_sync(0xffffffffu, v, (2 * lane + 1) & 31);
+        v = left + right;
+        if (lane < active) tree[(n_leaves >> level) + b * (kFastSubtreeLeaves >> level) + lane] = v;
+      }
+    }
+  }
+  __threadfence();  // this thread's node writes are visible device-wide before the block arrives
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned int arrived = atomicInc(reinterpret_cast<unsigned int*>(tree), gridDim.x - 1);
+    is_last = arrived == gridDim.x - 1 ? 1 : 0;
+  }
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  reduce_nodes(tree, n_subtrees, n_subtrees, local, true);
 }
 
 cudaError_t set_shared_limit(const void* kernel, size_t shared_bytes) {
@@ -332,6 +457,25 @@ cudaError_t launch_push_rows(const int64_t* slots, const float* new_obs, const f
   int64_t width = obs_dim > n_branches ? obs_dim : n_branches;
   if (width < 1) width = 1;
   const int64_t total = n * width;
+  if (total < (int64_t{1} << 31)) {
+    const auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
+    const bool vec4 = obs_dim % 4 == 0 && aligned(new_obs) && aligned(new_next_obs) && aligned(obs) &&
+                      aligned(next_obs);
+    const int64_t units = vec4 ? obs_dim / 4 : obs_dim;
+    int64_t fast_width = units > n_branches ? units : n_branches;
+    if (fast_width < 1) fast_width = 1;
+    const int blocks = grid_for(n * fast_width, kRowThreads);
+    if (vec4) {
+      push_rows_fast_kernel<true><<<blocks, kRowThreads, 0, stream>>>(
+          slots, new_obs, new_next_obs, new_action, new_reward, new_done, new_kind, obs, next_obs, action, reward,
+          done, kind, static_cast<int>(n), static_cast<int>(obs_dim), static_cast<int>(n_branches));
+    } else {
+      push_rows_fast_kernel<false><<<blocks, kRowThreads, 0, stream>>>(
+          slots, new_obs, new_next_obs, new_action, new_reward, new_done, new_kind, obs, next_obs, action, reward,
+          done, kind, static_cast<int>(n), static_cast<int>(obs_dim), static_cast<int>(n_branches));
+    }
+    return cudaGetLastError();
+  }
   push_rows_kernel<<<grid_for(total, kRowThreads), kRowThreads, 0, stream>>>(
       slots, new_obs, new_next_obs, new_action, new_reward, new_done, new_kind, obs, next_obs, action,
       reward, done, kind, n, obs_dim, n_branches);
@@ -344,6 +488,21 @@ cudaError_t launch_tree_rebuild(double* tree, const int64_t* leaf_idx, int64_t m
   if (n_leaves <= kMinSubtreeLeaves) {
     const int threads = static_cast<int>(n_leaves / 2 < 1024 ? n_leaves / 2 : 1024);
     small_tree_kernel<<<1, threads, static_cast<size_t>(n_leaves) * sizeof(double), stream>>>(tree, n_leaves);
+    return cudaGetLastError();
+  }
+  if (n_leaves <= kFastMaxLeaves && (reinterpret_cast<uintptr_t>(tree) & 15u) == 0) {
+    const int64_t n_subtrees = n_leaves / kFastSubtreeLeaves;
+    // Many listed leaves: rebuild everything (marking would cost more than it skips).
+    const bool filtered = m <= n_leaves / 8;
+    if (filtered) {
+      if (m == 0) return cudaSuccess;
+      mark_dirty_kernel<<<grid_for(m, 256, 1024), 256, 0, stream>>>(tree, leaf_idx, m, n_leaves, n_subtrees);
+      const cudaError_t err = cudaGetLastError();
+      if (err != cudaSuccess) return err;
+    }
+    const size_t shared_bytes = static_cast<size_t>(n_subtrees < 32 ? 32 : n_subtrees) * sizeof(double);
+    fast_rebuild_kernel<<<static_cast<unsigned>(n_subtrees), kFastThreads, shared_bytes, stream>>>(tree, n_leaves,
+                                                                                                 filtered);
     return cudaGetLastError();
   }
   int64_t width = n_leaves / kTopLeaves;

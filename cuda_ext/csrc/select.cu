@@ -82,6 +82,82 @@ __global__ void branch_select_kernel(const float* __restrict__ q, const float* _
   }
 }
 
+// branch_select for max_actions <= AMAX: every load a pair needs (flags, draws and all AMAX scores) is
+// issued before the first branch, the scores and Boltzmann weights stay in registers, 32-bit indexing.
+// Same float operations in the same order as branch_select_kernel.
+template <int AMAX>
+__global__ void branch_select_small_kernel(const float* __restrict__ q, const float* __restrict__ iqr,
+                                           const float* __restrict__ ens_std,
+                                           const int64_t* __restrict__ n_actions, const float* __restrict__ eps,
+                                           const bool* __restrict__ boltzmann,
+                                           const float* __restrict__ u_explore,
+                                           const float* __restrict__ u_action, int n_pairs, int n_branches,
+                                           int max_actions, float alpha, float beta,
+                                           int64_t* __restrict__ actions) {
+  const int pair = blockIdx.x * blockDim.x + threadIdx.x;
+  if (pair >= n_pairs) return;
+  const int branch = pair % n_branches;
+  const int64_t n = n_actions[branch];
+  const float u = u_action[pair];
+  const float explore_draw = u_explore[pair];
+  const float branch_eps = eps[branch];
+  const bool use_boltzmann = boltzmann[branch];
+  const int first = pair * max_actions;
+  float s[AMAX];
+#pragma unroll
+  for (int a = 0; a < AMAX; ++a) {
+    s[a] = a < max_actions ? score_at(q, iqr, ens_std, first + a, alpha, beta) : 0.0f;
+  }
+  if (n < 1 || n > max_actions) {
+    actions[pair] = -1;
+    return;
+  }
+  if (explore_draw < branch_eps) {  // explore: uniform draw by u
+    const int64_t drawn = static_cast<int64_t>(floorf(__fmul_rn(u, static_cast<float>(n))));
+    actions[pair] = drawn < n - 1 ? drawn : n - 1;
+    return;
+  }
+  float best = s[0];
+  float worst = best;
+  int64_t greedy = 0;
+#pragma unroll
+  for (int a = 1; a < AMAX; ++a) {
+    if (a < n) {
+      if (s[a] > best) {  // strict: the lowest index wins ties
+        best = s[a];
+        greedy = a;
+      }
+      worst = fminf(worst, s[a]);
+    }
+  }
+  if (!use_boltzmann) {
+    actions[pair] = greedy;
+    return;
+  }
+  const float tau = fmaxf(__fsub_rn(best, worst), kMinTemperature);
+  float w[AMAX];
+  float total = 0.0f;
+#pragma unroll
+  for (int a = 0; a < AMAX; ++a) {
+    w[a] = 0.0f;
+    if (a < n) {
+      w[a] = boltzmann_weight(s[a], best, tau);
+      total = __fadd_rn(total, w[a]);
+    }
+  }
+  const float target = __fmul_rn(u, total);
+  float running = 0.0f;
+  int64_t chosen = n - 1;  // when rounding leaves no running sum above the target
+#pragma unroll
+  for (int a = 0; a < AMAX; ++a) {
+    if (a < n && chosen == n - 1 && a < n - 1) {
+      running = __fadd_rn(running, w[a]);
+      if (running > target) chosen = a;
+    }
+  }
+  actions[pair] = chosen;
+}
+
 // Positions of the 25% and 75% quantiles: pos = float(q) * float(n - 1) in float32, like torch.quantile.
 struct IqrPositions {
   int64_t lo25, hi25, lo75, hi75;
@@ -102,26 +178,56 @@ __device__ inline float interpolate(float below, float above, float weight) {
   return __fadd_rn(below, __fmul_rn(weight, __fsub_rn(above, below)));
 }
 
-// Rows of at most NMAX samples: the block stages kRowsPerBlock rows in shared memory with coalesced loads,
-// each thread sorts one row in registers (bitonic network, +inf padding) and interpolates.
-template <int NMAX>
+// Compile-time order-statistic positions of a row of exactly N samples (as iqr_positions, in float32).
+template <int N>
+struct ExactPositions {
+  static constexpr float kPos25 = 0.25f * static_cast<float>(N - 1);
+  static constexpr float kPos75 = 0.75f * static_cast<float>(N - 1);
+  static constexpr int kLo25 = static_cast<int>(kPos25);
+  static constexpr int kLo75 = static_cast<int>(kPos75);
+  static constexpr int kHi25 = kLo25 + (static_cast<float>(kLo25) < kPos25 ? 1 : 0);
+  static constexpr int kHi75 = kLo75 + (static_cast<float>(kLo75) < kPos75 ? 1 : 0);
+};
+
+// Rows of at most NMAX samples: the block stages kRowsPerBlock rows in shared memory with coalesced loads
+// (16-byte loads when VEC4), each thread sorts one row in registers (bitonic network, +inf padding) and
+// interpolates. EXACT: every row has exactly NMAX samples, so the four order-statistic positions are
+// compile-time constants and the compiler drops every comparator that does not feed them.
+template <int NMAX, bool EXACT, bool VEC4>
 __global__ void iqr_register_kernel(const float* __restrict__ samples, int64_t n_rows, int n_samples,
                                     IqrPositions at, float* __restrict__ out) {
   __shared__ float tile[kRowsPerBlock * (NMAX + 1)];
   const int64_t first_row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock;
-  const int64_t rows_here = n_rows - first_row < kRowsPerBlock ? n_rows - first_row : kRowsPerBlock;
+  const int rows_here = static_cast<int>(n_rows - first_row < kRowsPerBlock ? n_rows - first_row : kRowsPerBlock);
   const float* src = samples + first_row * n_samples;
-  for (int64_t idx = threadIdx.x; idx < rows_here * n_samples; idx += blockDim.x) {
-    const int64_t r = idx / n_samples;
-    tile[r * (NMAX + 1) + (idx - r * n_samples)] = src[idx];
+  if (VEC4) {  // EXACT rows of NMAX (a multiple of 4) floats, 16-byte aligned
+    constexpr int kQuads = NMAX / 4;
+    const int n_quads = rows_here * kQuads;
+    const float4* src4 = reinterpret_cast<const float4*>(src);
+    for (int idx = threadIdx.x; idx < n_quads; idx += blockDim.x) {
+      const int r = idx / kQuads;
+      const int c = (idx - r * kQuads) * 4;
+      const float4 x = __ldcs(src4 + idx);
+      float* row = tile + r * (NMAX + 1) + c;
+      row[0] = x.x;
+      row[1] = x.y;
+      row[2] = x.z;
+      row[3] = x.w;
+    }
+  } else {
+    const int n_values = rows_here * n_samples;
+    for (int idx = threadIdx.x; idx < n_values; idx += blockDim.x) {
+      const int r = idx / n_samples;
+      tile[r * (NMAX + 1) + (idx - r * n_samples)] = src[idx];
+    }
   }
   __syncthreads();
-  if (threadIdx.x >= rows_here) return;
+  if (static_cast<int>(threadIdx.x) >= rows_here) return;
   float v[NMAX];
   bool has_nan = false;
 #pragma unroll
   for (int i = 0; i < NMAX; ++i) {
-    float x = i < n_samples ? tile[threadIdx.x * (NMAX + 1) + i] : INFINITY;
+    float x = (EXACT || i < n_samples) ? tile[threadIdx.x * (NMAX + 1) + i] : INFINITY;
     has_nan |= isnan(x);
     v[i] = isnan(x) ? INFINITY : x;
   }
@@ -143,12 +249,20 @@ __global__ void iqr_register_kernel(const float* __restrict__ samples, int64_t n
     }
   }
   float lo25 = 0.0f, hi25 = 0.0f, lo75 = 0.0f, hi75 = 0.0f;
+  if (EXACT) {
+    using P = ExactPositions<NMAX>;
+    lo25 = v[P::kLo25];
+    hi25 = v[P::kHi25];
+    lo75 = v[P::kLo75];
+    hi75 = v[P::kHi75];
+  } else {
 #pragma unroll
-  for (int i = 0; i < NMAX; ++i) {
-    if (i == at.lo25) lo25 = v[i];
-    if (i == at.hi25) hi25 = v[i];
-    if (i == at.lo75) lo75 = v[i];
-    if (i == at.hi75) hi75 = v[i];
+    for (int i = 0; i < NMAX; ++i) {
+      if (i == at.lo25) lo25 = v[i];
+      if (i == at.hi25) hi25 = v[i];
+      if (i == at.lo75) lo75 = v[i];
+      if (i == at.hi75) hi75 = v[i];
+    }
   }
   const float iqr = __fsub_rn(interpolate(lo75, hi75, at.w75), interpolate(lo25, hi25, at.w25));
   out[first_row + threadIdx.x] = has_nan ? NAN : iqr;
@@ -175,6 +289,19 @@ cudaError_t launch_branch_select(const float* q, const float* iqr, const float* 
                                  int64_t* actions, cudaStream_t stream) {
   const int64_t n_pairs = n_books * n_branches;
   if (n_pairs == 0) return cudaSuccess;
+  const bool small_index = n_pairs * max_actions < (int64_t{1} << 31);
+  if (small_index && max_actions <= 4) {
+    branch_select_small_kernel<4><<<grid_for(n_pairs, kThreads, 1 << 30), kThreads, 0, stream>>>(
+        q, iqr, ens_std, n_actions, eps, boltzmann, u_explore, u_action, static_cast<int>(n_pairs),
+        static_cast<int>(n_branches), static_cast<int>(max_actions), alpha, beta, actions);
+    return cudaGetLastError();
+  }
+  if (small_index && max_actions <= 8) {
+    branch_select_small_kernel<8><<<grid_for(n_pairs, kThreads, 1 << 30), kThreads, 0, stream>>>(
+        q, iqr, ens_std, n_actions, eps, boltzmann, u_explore, u_action, static_cast<int>(n_pairs),
+        static_cast<int>(n_branches), static_cast<int>(max_actions), alpha, beta, actions);
+    return cudaGetLastError();
+  }
   branch_select_kernel<<<grid_for(n_pairs, kThreads, 1 << 20), kThreads, 0, stream>>>(
       q, iqr, ens_std, n_actions, eps, boltzmann, u_explore, u_action, n_pairs, n_branches, max_actions, alpha,
       beta, actions);
@@ -192,12 +319,16 @@ cudaError_t launch_quantile_iqr(const float* samples, int64_t n_rows, int64_t n_
     const int64_t blocks = (n_rows + kRowsPerBlock - 1) / kRowsPerBlock;
     if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
     const int n = static_cast<int>(n_samples);
-    if (n_samples <= 32) {
-      iqr_register_kernel<32><<<static_cast<unsigned>(blocks), kRowsPerBlock, 0, stream>>>(samples, n_rows, n,
-                                                                                          at, out);
+    const unsigned grid = static_cast<unsigned>(blocks);
+    const bool aligned = (reinterpret_cast<uintptr_t>(samples) & 15u) == 0;
+    if (n_samples == 32 && aligned) {
+      iqr_register_kernel<32, true, true><<<grid, kRowsPerBlock, 0, stream>>>(samples, n_rows, n, at, out);
+    } else if (n_samples == 64 && aligned) {
+      iqr_register_kernel<64, true, true><<<grid, kRowsPerBlock, 0, stream>>>(samples, n_rows, n, at, out);
+    } else if (n_samples <= 32) {
+      iqr_register_kernel<32, false, false><<<grid, kRowsPerBlock, 0, stream>>>(samples, n_rows, n, at, out);
     } else if (n_samples <= kMaxRegisterSamples) {
-      iqr_register_kernel<64><<<static_cast<unsigned>(blocks), kRowsPerBlock, 0, stream>>>(samples, n_rows, n,
-                                                                                          at, out);
+      iqr_register_kernel<64, false, false><<<grid, kRowsPerBlock, 0, stream>>>(samples, n_rows, n, at, out);
     } else {
       return cudaErrorInvalidValue;
     }
