@@ -11,38 +11,71 @@ from typing import Any
 
 import torch as th
 
+#: On the CPU the ``[rows, N, N']`` pair tensors are built this many pairs at a time (1 MiB per float32
+#: buffer), in reused buffers: they stay in cache and no large allocation is touched afresh per call.
+CPU_PAIRS_PER_CHUNK = 1 << 18
+
 
 class _QuantileHuber(th.autograd.Function):
-    """Fused quantile-Huber loss with an analytic gradient (a few passes over the ``[..., N, N']`` pairs).
+    """Fused quantile-Huber loss; the forward pass also forms the gradient, so backward is a scaling.
 
-    With ``delta = target_j - current_i``, ``c = clamp(delta, -kappa, kappa)`` and
-    ``g = |taus_i - 1{delta < 0}| * c = taus_i * c + (1 - 2 taus_i) * min(c, 0)``, the pair loss is
-    ``g * (delta - c / 2) / kappa`` and its derivative in ``delta`` is ``g / kappa``.
+    With ``delta = target_j - current_i``, ``c = clamp(delta, -kappa, kappa)``, ``c- = min(c, 0)`` (which is
+    ``c * 1{delta < 0}``) and ``h = delta - c / 2``, the pair weight times the clipped error is
+    ``g = |taus_i - 1{delta < 0}| * c = taus_i * c + (1 - 2 taus_i) * c-``, the pair loss is ``g * h / kappa``
+    and its derivative in ``delta`` is ``g / kappa``. The factors of ``taus_i`` come out of the sums over
+    ``j``, so only four row sums over the pairs are needed: ``sum_j c``, ``sum_j c-`` (the gradient of
+    ``current``) and ``sum_j c * h``, ``sum_j c- * h`` (the loss); the gradient of ``target`` (when it is
+    needed) is ``sum_i g_ij``, two batched matrix products.
     """
 
     @staticmethod
     def forward(ctx: Any, current: th.Tensor, target: th.Tensor, taus: th.Tensor, kappa: float) -> th.Tensor:
-        delta = target.unsqueeze(-2) - current.unsqueeze(-1)  # [..., N, N']
-        clipped = delta.clamp(-kappa, kappa)
-        taus = taus.unsqueeze(-1)
-        weighted = clipped.clamp(max=0.0).mul_(1.0 - 2.0 * taus).addcmul_(clipped, taus)  # g, in place
-        half_huber = delta.sub_(clipped, alpha=0.5)  # delta - c / 2 (delta is not needed any more)
-        pair_sum = half_huber.mul_(weighted).sum(dim=(-2, -1))
-        ctx.save_for_backward(weighted)
-        ctx.scale = 1.0 / (kappa * target.shape[-1])
+        n, n_target = current.shape[-1], target.shape[-1]
+        lead = th.broadcast_shapes(current.shape[:-1], target.shape[:-1], taus.shape[:-1])
+        rows_current = current.broadcast_to(*lead, n).reshape(-1, n)
+        rows_target = target.broadcast_to(*lead, n_target).reshape(-1, n_target)
+        rows_taus = taus.broadcast_to(*lead, n).to(current.dtype).reshape(-1, n)
+        n_rows = rows_current.shape[0]
+        chunk = n_rows if current.device.type != "cpu" else CPU_PAIRS_PER_CHUNK // (n * n_target)
+        chunk = max(1, min(n_rows, chunk))
+        need_target_grad = ctx.needs_input_grad[1]
+        delta = rows_current.new_empty(chunk, n, n_target)
+        parts = rows_current.new_empty(2, chunk, n, n_target)  # c and c-
+        grad_sums = rows_current.new_empty(2, n_rows, n)  # sum_j c, sum_j c-
+        loss_sums = rows_current.new_empty(2, n_rows, n)  # sum_j c * h, sum_j c- * h
+        neg_weight = 1.0 - 2.0 * rows_taus
+        grad_target = rows_current.new_empty(n_rows, 1, n_target) if need_target_grad else None
+        for start in range(0, n_rows, chunk):  # one chunk on the GPU; blocks of rows on the CPU
+            stop = min(start + chunk, n_rows)
+            pair_delta = th.sub(rows_target[start:stop, None, :], rows_current[start:stop, :, None],
+                                out=delta[: stop - start])
+            pair_parts = parts[:, : stop - start]
+            th.clamp(pair_delta, -kappa, kappa, out=pair_parts[0])
+            th.clamp(pair_parts[0], max=0.0, out=pair_parts[1])
+            th.sum(pair_parts, dim=-1, out=grad_sums[:, start:stop])
+            if grad_target is not None:
+                th.bmm(rows_taus[start:stop, None, :], pair_parts[0], out=grad_target[start:stop])
+                grad_target[start:stop].baddbmm_(neg_weight[start:stop, None, :], pair_parts[1])
+            pair_parts.mul_(pair_delta.sub_(pair_parts[0], alpha=0.5))  # c * h, c- * h
+            th.sum(pair_parts, dim=-1, out=loss_sums[:, start:stop])
+        scale = 1.0 / (kappa * n_target)
+        loss = (rows_taus * loss_sums[0] + neg_weight * loss_sums[1]).sum(dim=-1).mul_(scale)
+        grad_current = (rows_taus * grad_sums[0] + neg_weight * grad_sums[1]).mul_(-scale)
+        if grad_target is not None:
+            grad_target = grad_target.view(*lead, n_target).mul_(scale)
+        ctx.save_for_backward(grad_current.view(*lead, n), grad_target)
         ctx.shapes = (current.shape, target.shape)
-        return pair_sum * ctx.scale
+        return loss.view(lead)
 
     @staticmethod
     def backward(ctx: Any, grad_out: th.Tensor) -> tuple[th.Tensor | None, th.Tensor | None, None, None]:
-        (weighted,) = ctx.saved_tensors
+        grad_current_unit, grad_target_unit = ctx.saved_tensors
         current_shape, target_shape = ctx.shapes
-        grad_pairs = weighted * (grad_out * ctx.scale)[..., None, None]
         grad_current = grad_target = None
         if ctx.needs_input_grad[0]:
-            grad_current = (-grad_pairs.sum(-1)).sum_to_size(current_shape)
+            grad_current = (grad_current_unit * grad_out[..., None]).sum_to_size(current_shape)
         if ctx.needs_input_grad[1]:
-            grad_target = grad_pairs.sum(-2).sum_to_size(target_shape)
+            grad_target = (grad_target_unit * grad_out[..., None]).sum_to_size(target_shape)
         return grad_current, grad_target, None, None
 
 
@@ -56,7 +89,8 @@ def quantile_huber_loss(
         loss = sum_i mean_j |taus_i - 1{delta_ij < 0}| * Huber_kappa(delta_ij) / kappa
 
     where ``Huber_kappa(d) = d^2 / 2`` if ``|d| <= kappa`` else ``kappa * (|d| - kappa / 2)``. Computed by a
-    fused autograd function (gradients for ``current`` and ``target``; ``taus`` is treated as a constant).
+    fused autograd function (gradients for ``current`` and ``target``; ``taus`` is treated as a constant)
+    that never keeps the ``[..., N, N']`` pair tensors: see :class:`_QuantileHuber`.
 
     :param current: predicted quantile values ``[..., N]`` at the fractions ``taus``.
     :param target: target quantile samples ``[..., N']`` (the caller detaches them when they are a target).
