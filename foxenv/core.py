@@ -383,7 +383,7 @@ class BatchedLOB:
         # cancelled by any other action. A new one is priced off the own touch (matching.limit_maker_tick).
         is_maker = is_maker > 0
         keep = is_maker & (self._order_target == target) & (self._order_side != 0)
-        post = torch.gt(is_maker & (side != 0), keep)  # and not keep
+        post = is_maker & (side != 0) & ~keep
         order_side = torch.where(post, side, self._order_side * keep)
         maker_tick = torch.addcmul(
             torch.where(buy, best_bid, best_ask), side, torch.addcmul(improve, aggressive, wide)
