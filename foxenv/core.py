@@ -346,6 +346,8 @@ class BatchedLOB:
         levels = self._levels
         zero = self._zero
         row = self._offset + self._step
+        # This step's row of the market table (snapshot ``row`` and the next one; see ``_precompute``) and
+        # the action's row of the action table (by action code d * 27 + m * 9 + o * 3 + u).
         (
             mid_now,
             best_bid,
@@ -372,7 +374,7 @@ class BatchedLOB:
         # (the opposite touch + side * offset, matching.ioc_limit_tick). Buys take asks, sells take bids.
         wanted = need * slice_of_need * trading
         marketable = wanted > 0
-        limit = torch.addcmul(torch.where(buy, best_ask, best_bid), side, limit_offset)
+        limit = torch.addcmul(torch.where(buy, best_ask, best_bid), side, limit_offset)  # exact: int ticks
         opposite = self._sides.index_select(0, side_row + buy)
         taken, notional, reachable = walk_book(
             opposite[:, :levels], opposite[:, levels:], side, wanted, limit
