@@ -131,7 +131,7 @@ class BatchedLOB:
         self._order_remaining = zeros.clone()
         self._order_target = zeros.clone()
         self._graph: torch.cuda.CUDAGraph | None = None
-        self._step_fn = self._advance  # torch.compile'd by enable_compile
+        self._compiled_advance: Any = None  # set by enable_compile
         self._graph_state: dict[str, torch.Tensor] = {}
         self._graph_outputs: tuple = ()
         self._graph_action = torch.empty(0)
@@ -332,6 +332,14 @@ class BatchedLOB:
             truncated.clone(),
             {key: value.clone() for key, value in info.items()},
         )
+
+    def _step_fn(
+        self, action: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """The compiled step when :meth:`enable_compile` made one, else :meth:`_advance`."""
+        if self._compiled_advance is None:
+            return self._advance(action)
+        return self._compiled_advance(action)
 
     def _advance(
         self, action: torch.Tensor
@@ -579,12 +587,12 @@ class BatchedLOB:
             raise ValueError(
                 "enable_compile must come before enable_cuda_graph (the graph holds the eager step)"
             )
-        if self._step_fn != self._advance:  # already compiled
+        if self._compiled_advance is not None:
             return
         defaults: dict[str, Any] = {"dynamic": False}
         if self.device.type == "cpu":  # C++ instead of Python glue between the generated kernels
             defaults["options"] = {"cpp_wrapper": True}
-        self._step_fn = torch.compile(self._advance, **{**defaults, **compile_options})
+        self._compiled_advance = torch.compile(self._advance, **{**defaults, **compile_options})
 
     # ------------------------------------------------------------------ CUDA graph
 
