@@ -68,6 +68,41 @@ class DistributionalLoss(NamedTuple):
     td_abs: th.Tensor
 
 
+def _mean_values(net: th.nn.Module, obs: th.Tensor, taus: th.Tensor) -> th.Tensor:
+    """``[B, NB, A]`` ensemble-mean quantile-mean: the network's fused :meth:`mean_values` when it has one.
+
+    :param net: a :class:`~sb3_her_ext.policy.BranchingQNetwork` or any module with ``quantiles``.
+    :param obs: ``[B, D]`` observations.
+    :param taus: ``[B, N]`` quantile fractions.
+    :return: ``[B, NB, A]``.
+    """
+    if hasattr(net, "mean_values"):
+        return net.mean_values(obs, taus)
+    return net.quantiles(obs, taus).mean(dim=(0, -1))
+
+
+def _taken_quantiles_and_logits(net: th.nn.Module, obs: th.Tensor, taus: th.Tensor, actions: th.Tensor) -> (
+    tuple[th.Tensor, th.Tensor]
+):
+    """Quantiles ``[E, B, NB, N]`` and C51 logits ``[B, NB, atoms]`` of one action per branch.
+
+    Uses the network's fused :meth:`taken_quantiles_and_logits` when it has one, else gathers from
+    ``quantiles_and_logits``.
+
+    :param net: a :class:`~sb3_her_ext.policy.BranchingQNetwork` or any module with ``quantiles_and_logits``.
+    :param obs: ``[B, D]`` observations.
+    :param taus: ``[B, N]`` quantile fractions.
+    :param actions: ``[B, NB]`` int64 actions.
+    :return: ``(quantiles, logits)``.
+    """
+    if hasattr(net, "taken_quantiles_and_logits"):
+        return net.taken_quantiles_and_logits(obs, taus, actions)
+    z, logits = net.quantiles_and_logits(obs, taus)  # [E, B, NB, A, N], [B, NB, A, atoms]
+    index = actions[None, :, :, None, None].expand(z.shape[0], -1, -1, 1, z.shape[-1])
+    atom_index = actions[:, :, None, None].expand(-1, -1, 1, logits.shape[-1])
+    return z.gather(3, index).squeeze(3), logits.gather(2, atom_index).squeeze(2)
+
+
 def _pair(value: float | Sequence[float], field: str) -> tuple[float, float]:
     """A ``(start, end)`` pair from a number (constant) or a pair."""
     if isinstance(value, int | float):
@@ -445,21 +480,17 @@ class BranchingIQN(OffPolicyAlgorithm):
 
         with th.no_grad():
             # Double-Q per branch: the online network picks a' on the ensemble-mean quantile-mean ...
-            next_q = q_net.quantiles(batch.next_observations, rand(batch_size, n_act)).mean(dim=(0, -1))
+            next_q = _mean_values(q_net, batch.next_observations, rand(batch_size, n_act))  # [B, NB, A]
             next_actions = next_q.masked_fill(~self._valid_actions, -th.inf).argmax(dim=-1)  # [B, NB]
             # ... the target network evaluates it; BDQ averages the branches.
-            z_next, next_logits = q_net_target.quantiles_and_logits(  # [E, B, NB, A, N'], [B, NB, A, atoms]
-                batch.next_observations, rand(batch_size, n_target)
+            z_next, next_logits = _taken_quantiles_and_logits(  # [E, B, NB, N'], [B, NB, atoms]
+                q_net_target, batch.next_observations, rand(batch_size, n_target), next_actions
             )
-            n_ensemble = z_next.shape[0]
-            index = next_actions[None, :, :, None, None].expand(n_ensemble, -1, -1, 1, n_target)
-            z_next = z_next.gather(3, index).squeeze(3).mean(dim=2)  # [E, B, N']
+            z_next = z_next.mean(dim=2)  # [E, B, N']
             mu_old, sigma_old = self._popart_stats()
             not_done = (1.0 - dones)[None, :, None]
             y = rewards[None, :, None] + self.gamma * not_done * (sigma_old * z_next + mu_old)  # [E, B, N']
-            n_atoms = next_logits.shape[-1]
-            atom_index = next_actions[:, :, None, None].expand(-1, -1, 1, n_atoms)
-            next_probs = th.softmax(next_logits.gather(2, atom_index).squeeze(2), dim=-1).mean(dim=1)
+            next_probs = th.softmax(next_logits, dim=-1).mean(dim=1)  # [B, atoms]
 
         if update_popart and popart is not None:
             popart.update(y)  # output-preserving: rescales the online output layers
@@ -473,15 +504,14 @@ class BranchingIQN(OffPolicyAlgorithm):
                                        self.policy.support)
 
         taus = rand(batch_size, n_quantiles)
-        z, logits = q_net.quantiles_and_logits(batch.observations, taus)  # [E, B, NB, A, N], [B, NB, A, M]
-        index = actions[None, :, :, None, None].expand(z.shape[0], -1, -1, 1, n_quantiles)
-        z_taken = z.gather(3, index).squeeze(3)  # [E, B, NB, N]
+        z_taken, logits_taken = _taken_quantiles_and_logits(  # [E, B, NB, N], [B, NB, atoms]
+            q_net, batch.observations, taus, actions
+        )
         l_q = quantile_huber_loss(
             z_taken,
             y_norm[:, :, None, :].expand(-1, -1, n_branches, -1),
             taus[None, :, None, :].expand_as(z_taken),
         ).mean(dim=(0, 2))  # [B]
-        logits_taken = logits.gather(2, actions[:, :, None, None].expand(-1, -1, 1, n_atoms)).squeeze(2)
         l_c51 = c51_cross_entropy(logits_taken, target_probs[:, None, :].expand_as(logits_taken)).mean(dim=1)
         per_sample = (1.0 - self.c51_alpha) * l_q + self.c51_alpha * l_c51
         td = y_norm.mean(dim=-1)[:, :, None] - z_taken.detach().mean(dim=-1)  # [E, B, NB]

@@ -314,6 +314,82 @@ class BranchingQNetwork(nn.Module):
         features = self.branch_features(obs)
         return self._iqn_from_features(features, taus), self._c51_from_features(features)
 
+    def _iqn_output_layer(self) -> tuple[th.Tensor, th.Tensor]:
+        """IQN output weight ``[NB, H, E, A]`` and bias ``[NB, E, A]``, zero for padded actions."""
+        weight, bias = self.iqn_out.weight, self.iqn_out.bias
+        if self.padded_actions:
+            weight, bias = weight * self.iqn_output_mask, bias * self.iqn_output_mask[:, 0]
+        n_branches, hidden_dim = weight.shape[:2]
+        shape = (n_branches, self.n_ensemble, self.max_actions)
+        return weight.view(n_branches, hidden_dim, *shape[1:]), bias.view(shape)
+
+    def _tau_embedding(self, taus: th.Tensor, batch: int) -> th.Tensor:
+        """:param taus: ``[B, N]``.
+        :return: ``[B, N, G, H]``, ``G = 1`` with a shared embedding, else ``NB``.
+        """
+        if taus.dim() != 2 or taus.shape[0] != batch:
+            raise ValueError(f"taus.shape={tuple(taus.shape)} must be [B={batch}, N]")
+        cosines = th.cos(taus.unsqueeze(-1) * self.cos_frequencies)  # [B, N, n_cos]
+        embedding = self.activation(self.tau_embedding(cosines))
+        return embedding.view(batch, taus.shape[1], -1, self.net_arch[-1])
+
+    def taken_quantiles_and_logits(
+        self, obs: th.Tensor, taus: th.Tensor, actions: th.Tensor
+    ) -> tuple[th.Tensor, th.Tensor]:
+        """Quantiles and C51 logits of one action per branch (the training step's pass).
+
+        The same values as gathering ``actions`` from :meth:`quantiles_and_logits`, but the IQN output
+        layer is applied to the chosen actions' weight columns only (``A`` times fewer output products).
+
+        :param obs: ``[B, D]`` observations.
+        :param taus: ``[B, N]`` quantile fractions.
+        :param actions: ``[B, NB]`` int64 action of each branch.
+        :return: ``(quantiles [E, B, NB, N], c51_logits [B, NB, n_atoms])``.
+        """
+        features = self.branch_features(obs)  # [NB, B, H]
+        batch, n_taus = taus.shape[0], taus.shape[-1]
+        embedding = self._tau_embedding(taus, features.shape[1])  # [B, N, G, H]
+        if actions.shape != (batch, self.n_branches):
+            raise ValueError(
+                f"actions.shape={tuple(actions.shape)} must be [B={batch}, NB={self.n_branches}]"
+            )
+        weight, bias = self._iqn_output_layer()  # [NB, H, E, A], [NB, E, A]
+        branches = th.arange(self.n_branches, device=actions.device)
+        taken_weight = weight.permute(0, 3, 1, 2)[branches, actions]  # [B, NB, H, E]
+        taken_bias = bias.permute(0, 2, 1)[branches, actions]  # [B, NB, E]
+        folded = features.permute(1, 0, 2).unsqueeze(-1) * taken_weight  # [B, NB, H, E]
+        if embedding.shape[2] == 1:  # shared: one [N, H] @ [H, NB * E] product per sample
+            hidden_dim = folded.shape[2]
+            folded = folded.permute(0, 2, 1, 3).reshape(batch, hidden_dim, -1)
+            out = th.bmm(embedding.squeeze(2), folded).view(batch, n_taus, self.n_branches, self.n_ensemble)
+            out = out.permute(3, 0, 2, 1)  # [E, B, NB, N]
+        else:
+            out = th.matmul(embedding.transpose(1, 2), folded).permute(3, 0, 1, 2)  # [E, B, NB, N]
+        quantiles = out + taken_bias.permute(2, 0, 1).unsqueeze(-1)
+        logits = self._c51_from_features(features)  # [B, NB, A, atoms]
+        index = actions[:, :, None, None].expand(-1, -1, 1, self.n_atoms)
+        return quantiles, logits.gather(2, index).squeeze(2)
+
+    def mean_values(self, obs: th.Tensor, taus: th.Tensor) -> th.Tensor:
+        """Ensemble-mean quantile-mean of every branch and action (for greedy choices).
+
+        Equals ``quantiles(obs, taus).mean(dim=(0, -1))`` up to rounding: the output layer is linear, so
+        the mean over ``taus`` is taken of the ``tau`` embedding, before it, and the ``[.., N]`` quantiles
+        are never formed.
+
+        :param obs: ``[B, D]`` observations.
+        :param taus: ``[B, N]`` quantile fractions.
+        :return: ``[B, NB, A]`` in the normalised space; padded actions are 0.
+        """
+        features = self.branch_features(obs)  # [NB, B, H]
+        embedding = self._tau_embedding(taus, features.shape[1]).mean(dim=1)  # [B, G, H]
+        weight, bias = self._iqn_output_layer()  # [NB, H, E, A], [NB, E, A]
+        n_branches, hidden_dim = weight.shape[:2]
+        mixed = embedding.permute(1, 0, 2) * features  # [NB, B, H]
+        out = th.baddbmm(bias.view(n_branches, 1, -1), mixed, weight.view(n_branches, hidden_dim, -1))
+        out = out.view(n_branches, -1, self.n_ensemble, self.max_actions).mean(dim=2)  # [NB, B, A]
+        return out.transpose(0, 1)
+
     def action_stats(self, obs: th.Tensor, taus: th.Tensor) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
         """Action values and uncertainty statistics for action selection.
 
