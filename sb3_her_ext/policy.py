@@ -330,7 +330,9 @@ class BranchingQNetwork(nn.Module):
         if taus.dim() != 2 or taus.shape[0] != batch:
             raise ValueError(f"taus.shape={tuple(taus.shape)} must be [B={batch}, N]")
         cosines = th.cos(taus.unsqueeze(-1) * self.cos_frequencies)  # [B, N, n_cos]
-        embedding = self.activation(self.tau_embedding(cosines))
+        embedding = self.tau_embedding(cosines)
+        # in place for ReLU (the linear layer's backward does not need its output): one large buffer less
+        embedding = embedding.relu_() if isinstance(self.activation, nn.ReLU) else self.activation(embedding)
         return embedding.view(batch, taus.shape[1], -1, self.net_arch[-1])
 
     def taken_quantiles_and_logits(
@@ -354,18 +356,19 @@ class BranchingQNetwork(nn.Module):
                 f"actions.shape={tuple(actions.shape)} must be [B={batch}, NB={self.n_branches}]"
             )
         weight, bias = self._iqn_output_layer()  # [NB, H, E, A], [NB, E, A]
-        branches = th.arange(self.n_branches, device=actions.device)
-        taken_weight = weight.permute(0, 3, 1, 2)[branches, actions]  # [B, NB, H, E]
-        taken_bias = bias.permute(0, 2, 1)[branches, actions]  # [B, NB, E]
-        folded = features.permute(1, 0, 2).unsqueeze(-1) * taken_weight  # [B, NB, H, E]
+        n_branches, hidden_dim, n_ensemble, n_actions = weight.shape
+        # select each sample's action columns by a one-hot product (a dense backward, no index scatter)
+        one_hot = th.nn.functional.one_hot(actions.t(), n_actions).to(weight.dtype)  # [NB, B, A]
+        taken_weight = th.bmm(one_hot, weight.permute(0, 3, 1, 2).reshape(n_branches, n_actions, -1))
+        taken_bias = th.bmm(one_hot, bias.transpose(1, 2))  # [NB, B, E]
+        folded = features.unsqueeze(-1) * taken_weight.view(n_branches, batch, hidden_dim, n_ensemble)
         if embedding.shape[2] == 1:  # shared: one [N, H] @ [H, NB * E] product per sample
-            hidden_dim = folded.shape[2]
-            folded = folded.permute(0, 2, 1, 3).reshape(batch, hidden_dim, -1)
-            out = th.bmm(embedding.squeeze(2), folded).view(batch, n_taus, self.n_branches, self.n_ensemble)
+            folded = folded.permute(1, 2, 0, 3).reshape(batch, hidden_dim, n_branches * n_ensemble)
+            out = th.bmm(embedding.squeeze(2), folded).view(batch, n_taus, n_branches, n_ensemble)
             out = out.permute(3, 0, 2, 1)  # [E, B, NB, N]
         else:
-            out = th.matmul(embedding.transpose(1, 2), folded).permute(3, 0, 1, 2)  # [E, B, NB, N]
-        quantiles = out + taken_bias.permute(2, 0, 1).unsqueeze(-1)
+            out = th.matmul(embedding.transpose(1, 2), folded.transpose(0, 1)).permute(3, 0, 1, 2)
+        quantiles = out + taken_bias.permute(2, 1, 0).unsqueeze(-1)  # [E, B, NB, N]
         logits = self._c51_from_features(features)  # [B, NB, A, atoms]
         index = actions[:, :, None, None].expand(-1, -1, 1, self.n_atoms)
         return quantiles, logits.gather(2, index).squeeze(2)
