@@ -1,8 +1,9 @@
 // Hindsight kernels (see hindsight_kernels.cuh). Torch-free: CUDA runtime and the package headers only.
 //
-// Candidate-row kernels share one shape: a block owns kRows consecutive rows; its first warp decides
-// each row (wants, source pointers, reward, state updates) into shared memory, then all kThreads copy
-// the rows' observations with coalesced loads/stores (zeros for rows not wanted) and write the actions.
+// Candidate-row kernels: every thread decides one row (wants, source pointers, reward, state updates) into
+// shared memory, then each warp copies its 32 rows' observations with coalesced 16-byte loads/stores where
+// rows are aligned (zeros for rows not wanted) and writes the actions; one count atomic per block. The
+// forward ring's judge kernel (few slots) lets its first warp decide kRows slots and the block copy them.
 #include <cstdint>
 
 #include <cuda_runtime.h>
@@ -15,7 +16,7 @@ namespace hindsight {
 namespace {
 
 constexpr int kThreads = 256;   // threads per block
-constexpr int kRows = 32;       // candidate rows per block (decided by warp 0)
+constexpr int kRows = 32;       // forward slots per judge block (decided by warp 0)
 constexpr int kBookThreads = 256;  // books per block in the forward ring's entry scan
 
 // Copy `n_rows` rows of `dim` floats from per-row sources (nullptr: zeros) to `out + first_row * dim`.
@@ -23,21 +24,21 @@ constexpr int kBookThreads = 256;  // books per block in the forward ring's entr
 // stores. 32-bit indexing within the block's rows.
 template <bool VEC4>
 __device__ inline void copy_rows(float* out, const float* const* sources, int64_t first_row, int n_rows,
-                                 int64_t dim) {
+                                 int64_t dim, int tid, int n_threads) {
   float* dst = out + first_row * dim;
   const int width = static_cast<int>(dim);
   if (VEC4) {
     const int quads = width >> 2;
     const int n = n_rows * quads;
     float4* dst4 = reinterpret_cast<float4*>(dst);
-    for (int idx = threadIdx.x; idx < n; idx += blockDim.x) {
+    for (int idx = tid; idx < n; idx += n_threads) {
       const int r = idx / quads;
       const float4* src = reinterpret_cast<const float4*>(sources[r]);
       dst4[idx] = src != nullptr ? src[idx - r * quads] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
   } else {
     const int n = n_rows * width;
-    for (int idx = threadIdx.x; idx < n; idx += blockDim.x) {
+    for (int idx = tid; idx < n; idx += n_threads) {
       const int r = idx / width;
       const float* src = sources[r];
       dst[idx] = src != nullptr ? src[idx - r * width] : 0.0f;
@@ -47,11 +48,11 @@ __device__ inline void copy_rows(float* out, const float* const* sources, int64_
 
 // Copy rows with 16-byte accesses when `vec4`, else 4-byte ones.
 __device__ inline void copy_rows_any(bool vec4, float* out, const float* const* sources, int64_t first_row,
-                                     int n_rows, int64_t dim) {
+                                     int n_rows, int64_t dim, int tid, int n_threads) {
   if (vec4) {
-    copy_rows<true>(out, sources, first_row, n_rows, dim);
+    copy_rows<true>(out, sources, first_row, n_rows, dim, tid, n_threads);
   } else {
-    copy_rows<false>(out, sources, first_row, n_rows, dim);
+    copy_rows<false>(out, sources, first_row, n_rows, dim, tid, n_threads);
   }
 }
 
@@ -59,11 +60,11 @@ __device__ inline void copy_rows_any(bool vec4, float* out, const float* const* 
 // replace[r] when has_replace[r]. 32-bit indexing.
 __device__ inline void write_actions(int64_t* out_action, const int64_t* const* sources, const int64_t* replace,
                                      const bool* has_replace, int64_t branch, int64_t first_row, int n_rows,
-                                     int64_t n_branches) {
+                                     int64_t n_branches, int tid, int n_threads) {
   const int width = static_cast<int>(n_branches);
   const int n = n_rows * width;
   int64_t* dst = out_action + first_row * n_branches;
-  for (int idx = threadIdx.x; idx < n; idx += blockDim.x) {
+  for (int idx = tid; idx < n; idx += n_threads) {
     const int r = idx / width;
     const int k = idx - r * width;
     const int64_t* src = sources[r];
@@ -71,11 +72,12 @@ __device__ inline void write_actions(int64_t* out_action, const int64_t* const* 
   }
 }
 
-// Add the number of rows the first warp wants to `*count` (one atomic per block).
-__device__ inline void count_wanted(bool want, int64_t* count) {
-  const unsigned ballot = __ballot_sync(0xffffffffu, want);
-  if (threadIdx.x == 0 && ballot != 0u) {
-    atomicAdd(reinterpret_cast<unsigned long long*>(count), static_cast<unsigned long long>(__popc(ballot)));
+// Add the number of rows the block's threads want to `*count` (one atomic per block). Every thread of
+// the block must call it (it has a barrier).
+__device__ inline void count_wanted_block(bool want, int64_t* count) {
+  const int wanted = __syncthreads_count(want);
+  if (threadIdx.x == 0 && wanted != 0) {
+    atomicAdd(reinterpret_cast<unsigned long long*>(count), static_cast<unsigned long long>(wanted));
   }
 }
 
@@ -132,15 +134,15 @@ __global__ void inject_kernel(int64_t* __restrict__ ring_len, float* __restrict_
                               float* __restrict__ out_next_obs, int64_t* __restrict__ out_action,
                               float* __restrict__ out_reward, bool* __restrict__ wants,
                               int64_t* __restrict__ count, bool vec4) {
-  __shared__ const float* s_obs[kRows];
-  __shared__ const float* s_next_obs[kRows];
-  __shared__ const int64_t* s_action[kRows];
-  __shared__ int64_t s_flat[kRows];
-  __shared__ bool s_exit[kRows];
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * kRows;
-  if (threadIdx.x < kRows) {
-    const int64_t b = first + threadIdx.x;
-    bool want = false;
+  // Every thread decides one book; each warp then writes its 32 books' rows (no block-wide wait).
+  __shared__ const float* s_obs[kThreads];
+  __shared__ const float* s_next_obs[kThreads];
+  __shared__ const int64_t* s_action[kThreads];
+  __shared__ int64_t s_flat[kThreads];
+  __shared__ bool s_exit[kThreads];
+  bool want = false;
+  {
+    const int64_t b = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
     bool use_peak = false;
     const float* src_obs = nullptr;
     const float* src_next_obs = nullptr;
@@ -170,13 +172,18 @@ __global__ void inject_kernel(int64_t* __restrict__ ring_len, float* __restrict_
     s_action[threadIdx.x] = want ? action + b * n_branches : nullptr;
     s_flat[threadIdx.x] = flat_action;
     s_exit[threadIdx.x] = use_peak;
-    count_wanted(want, count);
   }
-  __syncthreads();
-  const int n_rows = static_cast<int>(n_books - first < kRows ? n_books - first : kRows);
-  copy_rows_any(vec4, out_obs, s_obs, first, n_rows, obs_dim);
-  copy_rows_any(vec4, out_next_obs, s_next_obs, first, n_rows, obs_dim);
-  write_actions(out_action, s_action, s_flat, s_exit, direction_branch, first, n_rows, n_branches);
+  __syncwarp();
+  const int lane = threadIdx.x & 31;
+  const int warp_base = threadIdx.x & ~31;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads + warp_base;
+  const int64_t left = n_books - first;
+  const int n_rows = static_cast<int>(left < 0 ? 0 : (left < 32 ? left : 32));
+  copy_rows_any(vec4, out_obs, s_obs + warp_base, first, n_rows, obs_dim, lane, 32);
+  copy_rows_any(vec4, out_next_obs, s_next_obs + warp_base, first, n_rows, obs_dim, lane, 32);
+  write_actions(out_action, s_action + warp_base, s_flat + warp_base, s_exit + warp_base, direction_branch, first,
+                n_rows, n_branches, lane, 32);
+  count_wanted_block(want, count);
 }
 
 // Forward phase 1 (blocks [0, slot_blocks)): judge slots, write one candidate row per slot, per-block
@@ -244,9 +251,10 @@ __global__ void forward_judge_kernel(bool* __restrict__ slot_valid, const float*
   }
   __syncthreads();
   const int n_rows = static_cast<int>(n_slots - first < kRows ? n_slots - first : kRows);
-  copy_rows_any(vec4, out_obs, s_obs, first, n_rows, obs_dim);
-  copy_rows_any(vec4, out_next_obs, s_obs, first, n_rows, obs_dim);
-  write_actions(out_action, s_action, s_stay, s_wants, direction_branch, first, n_rows, n_branches);
+  copy_rows_any(vec4, out_obs, s_obs, first, n_rows, obs_dim, threadIdx.x, blockDim.x);
+  copy_rows_any(vec4, out_next_obs, s_obs, first, n_rows, obs_dim, threadIdx.x, blockDim.x);
+  write_actions(out_action, s_action, s_stay, s_wants, direction_branch, first, n_rows, n_branches, threadIdx.x,
+                blockDim.x);
 }
 
 // Forward phase 2: every block sums the entry counts before it, scans its own books and writes the
@@ -342,16 +350,16 @@ __global__ void relabel_kernel(const bool* __restrict__ trade_closed, const floa
                                float* __restrict__ out_next_obs, int64_t* __restrict__ out_action,
                                float* __restrict__ out_reward, float* __restrict__ out_priority,
                                bool* __restrict__ wants, int64_t* __restrict__ count, bool vec4) {
-  __shared__ const float* s_obs[kRows];
-  __shared__ const float* s_next_obs[kRows];
-  __shared__ const int64_t* s_action[kRows];
-  __shared__ int64_t s_target[kRows];
-  __shared__ bool s_relabel[kRows];
+  // Every thread decides one row; each warp then writes its 32 rows (no block-wide wait).
+  __shared__ const float* s_obs[kThreads];
+  __shared__ const float* s_next_obs[kThreads];
+  __shared__ const int64_t* s_action[kThreads];
+  __shared__ int64_t s_target[kThreads];
+  __shared__ bool s_relabel[kThreads];
   const int64_t n_rows_total = (n_mags - 1) * n_books;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * kRows;
-  if (threadIdx.x < kRows) {
-    const int64_t r = first + threadIdx.x;
-    bool want = false;
+  bool want = false;
+  {
+    const int64_t r = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
     int64_t target = 0;
     const float* src_obs = nullptr;
     const float* src_next_obs = nullptr;
@@ -381,13 +389,18 @@ __global__ void relabel_kernel(const bool* __restrict__ trade_closed, const floa
     s_action[threadIdx.x] = src_action;
     s_target[threadIdx.x] = target;
     s_relabel[threadIdx.x] = true;
-    count_wanted(want, count);
   }
-  __syncthreads();
-  const int n_rows = static_cast<int>(n_rows_total - first < kRows ? n_rows_total - first : kRows);
-  copy_rows_any(vec4, out_obs, s_obs, first, n_rows, obs_dim);
-  copy_rows_any(vec4, out_next_obs, s_next_obs, first, n_rows, obs_dim);
-  write_actions(out_action, s_action, s_target, s_relabel, magnitude_branch, first, n_rows, n_branches);
+  __syncwarp();
+  const int lane = threadIdx.x & 31;
+  const int warp_base = threadIdx.x & ~31;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads + warp_base;
+  const int64_t left = n_rows_total - first;
+  const int n_rows = static_cast<int>(left < 0 ? 0 : (left < 32 ? left : 32));
+  copy_rows_any(vec4, out_obs, s_obs + warp_base, first, n_rows, obs_dim, lane, 32);
+  copy_rows_any(vec4, out_next_obs, s_next_obs + warp_base, first, n_rows, obs_dim, lane, 32);
+  write_actions(out_action, s_action + warp_base, s_target + warp_base, s_relabel + warp_base, magnitude_branch,
+                first, n_rows, n_branches, lane, 32);
+  count_wanted_block(want, count);
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -420,7 +433,7 @@ cudaError_t launch_inject(int64_t* ring_len, float* entry_mid, int64_t* directio
                           int64_t* count, cudaStream_t stream) {
   cudaError_t status = cudaMemsetAsync(count, 0, sizeof(int64_t), stream);
   if (status != cudaSuccess || n_books == 0) return status;
-  inject_kernel<<<blocks_for(n_books, kRows), kThreads, 0, stream>>>(
+  inject_kernel<<<blocks_for(n_books, kThreads), kThreads, 0, stream>>>(
       ring_len, entry_mid, direction, peak, peak_row, trade_closed, raw_reward, lots, obs, next_obs, action,
       replay_next_obs, n_books, obs_dim, n_branches, n_replay_rows, reward_scale, threshold, anchor,
       direction_branch, flat_action, out_obs, out_next_obs, out_action, out_reward, wants, count,
@@ -470,7 +483,7 @@ cudaError_t launch_relabel(const bool* trade_closed, const float* obs, const flo
   cudaError_t status = cudaMemsetAsync(count, 0, sizeof(int64_t), stream);
   const int64_t n_rows = (n_mags - 1) * n_books;
   if (status != cudaSuccess || n_rows == 0) return status;
-  relabel_kernel<<<blocks_for(n_rows, kRows), kThreads, 0, stream>>>(
+  relabel_kernel<<<blocks_for(n_rows, kThreads), kThreads, 0, stream>>>(
       trade_closed, obs, next_obs, action, reward, magnitudes, n_books, obs_dim, n_branches, n_mags,
       magnitude_branch, out_obs, out_next_obs, out_action, out_reward, out_priority, wants, count,
       obs_dim % 4 == 0 && aligned16(obs) && aligned16(next_obs) && aligned16(out_obs) &&

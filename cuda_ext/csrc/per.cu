@@ -2,6 +2,7 @@
 // code; the launch functions are declared in per_kernels.cuh. Arithmetic mirrors
 // cuda_ext/reference/per.py exactly: float32 priorities with explicit round-to-nearest multiply and add
 // (no fused multiply-add), float64 leaves `pow(p, alpha)`, every tree node `left + right`.
+#include <climits>
 #include <cstdint>
 
 #include <cuda_runtime.h>
@@ -13,8 +14,6 @@ namespace cuda_ext {
 namespace per {
 namespace {
 
-constexpr int kScanThreads = 1024;
-constexpr int kRowThreads = 256;
 constexpr int kUpdateThreads = 256;
 constexpr int kSampleThreads = 1024;
 constexpr int kSamplesPerThread = 4;       // descents interleaved per thread, to hide memory latency
@@ -25,109 +24,122 @@ constexpr int64_t kMaxSubtreeLeaves = 16384;  // 128 KiB of shared memory per bl
 
 // ---------------------------------------------------------------- per_push
 
-__global__ void push_slots_kernel(const bool* __restrict__ wants, const float* __restrict__ new_priority,
-                                  const float* __restrict__ max_multiplier,
-                                  const float* __restrict__ max_priority, int64_t* __restrict__ head_size,
-                                  double* __restrict__ tree, int64_t* __restrict__ slots, int64_t n,
-                                  int64_t capacity, int64_t n_leaves, double alpha) {
-  // Each thread owns a contiguous chunk of rows, so the exclusive prefix of the chunk's first row is
-  // the block scan of the chunk counts.
-  const int64_t chunk = (n + blockDim.x - 1) / blockDim.x;
-  const int64_t begin = min(n, static_cast<int64_t>(threadIdx.x) * chunk);
-  const int64_t end = min(n, begin + chunk);
-  int64_t local = 0;
-  for (int64_t i = begin; i < end; ++i) local += wants[i] ? 1 : 0;
-  int64_t total = 0;
-  int64_t prefix = block_exclusive_scan(local, &total);  // ends with __syncthreads
-  const int64_t head = head_size[0];
-  const int64_t size = head_size[1];
-  const float running_max = max_priority[0];
-  const int64_t first_kept = total - capacity;  // rows with prefix < first_kept are overwritten
-  for (int64_t i = begin; i < end; ++i) {
-    int64_t slot = -1;
-    if (wants[i]) {
-      if (prefix >= first_kept) {
-        slot = (head + prefix) % capacity;
-        const float raw = __fadd_rn(new_priority[i], __fmul_rn(max_multiplier[i], running_max));
-        tree[n_leaves + slot] = pow(static_cast<double>(raw), alpha);
-      }
-      ++prefix;
-    }
-    slots[i] = slot;
-  }
-  __syncthreads();  // every thread has read head_size
+// per_push in two launches over blocks of kPushRows rows. push_count_kernel: each block's number of rows
+// that want a slot (workspace[b]); block 0 also copies (write_head, size) to workspace[n_blocks + 0/1] so
+// the second launch can update head_size without a read/write race. push_write_kernel: each block sums the
+// counts (its exclusive prefix and the total), gives its rows their slots and leaves, copies them into the
+// ring (16-byte accesses when VEC4), and block 0 writes the new write_head and size.
+constexpr int kPushRows = 64;
+constexpr int kPushThreads = 256;
+
+__global__ void push_count_kernel(const bool* __restrict__ wants, int64_t n, const int64_t* __restrict__ head_size,
+                                  int64_t* __restrict__ workspace) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kPushRows + threadIdx.x;
+  const int count = __syncthreads_count(row < n && wants[row]);
   if (threadIdx.x == 0) {
+    workspace[blockIdx.x] = count;
+    if (blockIdx.x == 0) {
+      workspace[gridDim.x] = head_size[0];
+      workspace[gridDim.x + 1] = head_size[1];
+    }
+  }
+}
+
+template <bool VEC4>
+__global__ void __launch_bounds__(kPushThreads) push_write_kernel(
+    const bool* __restrict__ wants, const float* __restrict__ new_priority,
+    const float* __restrict__ max_multiplier, const float* __restrict__ max_priority,
+    int64_t* __restrict__ head_size, double* __restrict__ tree, int64_t* __restrict__ slots,
+    const float* __restrict__ new_obs, const float* __restrict__ new_next_obs,
+    const int64_t* __restrict__ new_action, const float* __restrict__ new_reward,
+    const float* __restrict__ new_done, const int8_t* __restrict__ new_kind, float* __restrict__ obs,
+    float* __restrict__ next_obs, int64_t* __restrict__ action, float* __restrict__ reward,
+    float* __restrict__ done, int8_t* __restrict__ kind, const int64_t* __restrict__ workspace, int64_t n,
+    int64_t capacity, int64_t n_leaves, double alpha, int obs_dim, int n_branches) {
+  __shared__ int64_t s_sums[2][kPushThreads / 32];
+  __shared__ int s_warp0;
+  __shared__ int64_t s_slot[kPushRows];
+  const int n_blocks = gridDim.x;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  int64_t before = 0;
+  int64_t all = 0;
+  for (int j = threadIdx.x; j < n_blocks; j += blockDim.x) {
+    const int64_t c = workspace[j];
+    all += c;
+    if (j < static_cast<int>(blockIdx.x)) before += c;
+  }
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    before += __shfl_down_sync(0xffffffffu, before, offset);
+    all += __shfl_down_sync(0xffffffffu, all, offset);
+  }
+  if (lane == 0) {
+    s_sums[0][warp] = before;
+    s_sums[1][warp] = all;
+  }
+  const int64_t first_row = static_cast<int64_t>(blockIdx.x) * kPushRows;
+  const int64_t row = first_row + threadIdx.x;
+  const bool want = threadIdx.x < kPushRows && row < n && wants[row];
+  const unsigned ballot = __ballot_sync(0xffffffffu, want);
+  __syncthreads();
+  if (threadIdx.x == 0) s_warp0 = __popc(ballot);
+  int64_t prefix_before = 0;
+  int64_t total = 0;
+#pragma unroll
+  for (int w = 0; w < kPushThreads / 32; ++w) {
+    prefix_before += s_sums[0][w];
+    total += s_sums[1][w];
+  }
+  __syncthreads();
+  const int64_t head = workspace[n_blocks];
+  const int64_t size = workspace[n_blocks + 1];
+  if (threadIdx.x < kPushRows) {
+    const int in_warp = __popc(ballot & ((1u << lane) - 1u));
+    const int64_t prefix = prefix_before + (warp == 1 ? s_warp0 : 0) + in_warp;
+    int64_t slot = -1;
+    if (want && prefix >= total - capacity) {
+      slot = (head + prefix) % capacity;
+      const float raw = __fadd_rn(new_priority[row], __fmul_rn(max_multiplier[row], max_priority[0]));
+      tree[n_leaves + slot] = pow(static_cast<double>(raw), alpha);
+    }
+    if (row < n) slots[row] = slot;
+    s_slot[threadIdx.x] = slot;
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
     head_size[0] = (head + total) % capacity;
     head_size[1] = min(size + total, capacity);
   }
-}
-
-__global__ void push_rows_kernel(const int64_t* __restrict__ slots, const float* __restrict__ new_obs,
-                                 const float* __restrict__ new_next_obs,
-                                 const int64_t* __restrict__ new_action, const float* __restrict__ new_reward,
-                                 const float* __restrict__ new_done, const int8_t* __restrict__ new_kind,
-                                 float* __restrict__ obs, float* __restrict__ next_obs,
-                                 int64_t* __restrict__ action, float* __restrict__ reward,
-                                 float* __restrict__ done, int8_t* __restrict__ kind, int64_t n,
-                                 int64_t obs_dim, int64_t n_branches) {
-  int64_t width = obs_dim > n_branches ? obs_dim : n_branches;
-  if (width < 1) width = 1;
-  const int64_t total = n * width;
-  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t row = e / width;
-    const int64_t col = e - row * width;
-    const int64_t slot = slots[row];
+  __syncthreads();
+  const int rows_here = static_cast<int>(n - first_row < kPushRows ? n - first_row : kPushRows);
+  const int units = VEC4 ? obs_dim >> 2 : obs_dim;
+  for (int idx = threadIdx.x; idx < rows_here * units; idx += blockDim.x) {
+    const int r = idx / units;
+    const int64_t slot = s_slot[r];
     if (slot < 0) continue;
-    if (col < obs_dim) {
-      obs[slot * obs_dim + col] = new_obs[row * obs_dim + col];
-      next_obs[slot * obs_dim + col] = new_next_obs[row * obs_dim + col];
-    }
-    if (col < n_branches) action[slot * n_branches + col] = new_action[row * n_branches + col];
-    if (col == 0) {
-      reward[slot] = new_reward[row];
-      done[slot] = new_done[row];
-      kind[slot] = new_kind[row];
+    const int c = idx - r * units;
+    const int64_t from = (first_row + r) * units + c;
+    const int64_t to = slot * units + c;
+    if (VEC4) {
+      reinterpret_cast<float4*>(obs)[to] = reinterpret_cast<const float4*>(new_obs)[from];
+      reinterpret_cast<float4*>(next_obs)[to] = reinterpret_cast<const float4*>(new_next_obs)[from];
+    } else {
+      obs[to] = new_obs[from];
+      next_obs[to] = new_next_obs[from];
     }
   }
-}
-
-// push_rows with 32-bit indexing (n * width < 2^31): one thread per (row, unit), a unit being 4 floats of
-// obs/next_obs when VEC4 (obs_dim % 4 == 0, 16-byte aligned rows) or 1 float otherwise.
-template <bool VEC4>
-__global__ void push_rows_fast_kernel(const int64_t* __restrict__ slots, const float* __restrict__ new_obs,
-                                      const float* __restrict__ new_next_obs,
-                                      const int64_t* __restrict__ new_action,
-                                      const float* __restrict__ new_reward, const float* __restrict__ new_done,
-                                      const int8_t* __restrict__ new_kind, float* __restrict__ obs,
-                                      float* __restrict__ next_obs, int64_t* __restrict__ action,
-                                      float* __restrict__ reward, float* __restrict__ done,
-                                      int8_t* __restrict__ kind, int n, int obs_dim, int n_branches) {
-  const int units = VEC4 ? obs_dim >> 2 : obs_dim;
-  int width = units > n_branches ? units : n_branches;
-  if (width < 1) width = 1;
-  const int total = n * width;
-  for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < total; e += gridDim.x * blockDim.x) {
-    const int row = e / width;
-    const int col = e - row * width;
-    const int64_t slot = slots[row];
+  for (int idx = threadIdx.x; idx < rows_here * n_branches; idx += blockDim.x) {
+    const int r = idx / n_branches;
+    const int64_t slot = s_slot[r];
     if (slot < 0) continue;
-    if (col < units) {
-      if (VEC4) {
-        const int64_t to = slot * (obs_dim >> 2) + col;
-        const int64_t from = static_cast<int64_t>(row) * (obs_dim >> 2) + col;
-        reinterpret_cast<float4*>(obs)[to] = reinterpret_cast<const float4*>(new_obs)[from];
-        reinterpret_cast<float4*>(next_obs)[to] = reinterpret_cast<const float4*>(new_next_obs)[from];
-      } else {
-        obs[slot * obs_dim + col] = new_obs[static_cast<int64_t>(row) * obs_dim + col];
-        next_obs[slot * obs_dim + col] = new_next_obs[static_cast<int64_t>(row) * obs_dim + col];
-      }
-    }
-    if (col < n_branches) action[slot * n_branches + col] = new_action[static_cast<int64_t>(row) * n_branches + col];
-    if (col == 0) {
-      reward[slot] = new_reward[row];
-      done[slot] = new_done[row];
-      kind[slot] = new_kind[row];
+    const int k = idx - r * n_branches;
+    action[slot * n_branches + k] = new_action[(first_row + r) * n_branches + k];
+  }
+  if (threadIdx.x < rows_here) {
+    const int64_t slot = s_slot[threadIdx.x];
+    if (slot >= 0) {
+      reward[slot] = new_reward[first_row + threadIdx.x];
+      done[slot] = new_done[first_row + threadIdx.x];
+      kind[slot] = new_kind[first_row + threadIdx.x];
     }
   }
 }
@@ -198,10 +210,10 @@ __global__ void tree_rebuild_kernel(double* tree, int64_t n_leaves, int64_t widt
 }
 
 // Fast path for 2^12 <= P <= 2^23: subtrees of kFastSubtreeLeaves leaves, kFastThreads threads each
-// summing 8 leaves in registers (16-byte loads), then warp shuffles; one barrier per subtree. With
-// `filtered`, a block rebuilds its subtree only if mark_dirty_kernel set the subtree root to kDirtyMarker
-// (a clean root cannot hold a stale value; a legitimate sum that happens to equal the marker is just
-// rebuilt again). The last block to arrive reduces the gridDim.x subtree roots to the root.
+// summing 8 leaves in registers (16-byte loads), then warp shuffles; one barrier per subtree. A block
+// rebuilds its subtree only if it holds a listed leaf: kScan reads the listed leaves, kMarker tests whether
+// mark_dirty_kernel set the subtree root to kDirtyMarker (a clean root cannot hold a stale value; a
+// legitimate sum that happens to equal the marker is just rebuilt again), kAll rebuilds every subtree. The last block to arrive reduces the gridDim.x subtree roots to the root.
 constexpr int kFastThreads = 256;
 constexpr int64_t kFastSubtreeLeaves = 8 * kFastThreads;  // 2048: the subtree root is 11 levels up
 constexpr int64_t kFastMaxLeaves = int64_t{1} << 23;       // at most 4096 subtree roots for the top block
@@ -218,8 +230,11 @@ __global__ void mark_dirty_kernel(double* __restrict__ tree, const int64_t* __re
   }
 }
 
-__global__ void __launch_bounds__(kFastThreads) fast_rebuild_kernel(double* tree, int64_t n_leaves,
-                                                                    bool filtered) {
+enum class DirtyTest { kAll, kMarker, kScan };
+
+__global__ void __launch_bounds__(kFastThreads) fast_rebuild_kernel(double* tree, int64_t n_leaves, DirtyTest test,
+                                                                    const int64_t* __restrict__ leaf_idx,
+                                                                    int64_t m) {
   extern __shared__ double local[];  // gridDim.x doubles (>= 32) for the top reduction
   __shared__ double warp_roots[kFastThreads / 32];
   __shared__ int is_last;
@@ -228,8 +243,17 @@ __global__ void __launch_bounds__(kFastThreads) fast_rebuild_kernel(double* tree
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   bool dirty = true;
-  if (filtered) {
+  if (test == DirtyTest::kMarker) {
     dirty = reinterpret_cast<const unsigned long long*>(tree)[n_subtrees + b] == kDirtyMarker;
+  } else if (test == DirtyTest::kScan) {  // few listed leaves: every block reads them all
+    const int64_t lo = b * kFastSubtreeLeaves;
+    const int64_t hi = lo + kFastSubtreeLeaves;
+    int found = 0;
+    for (int64_t i = threadIdx.x; i < m; i += blockDim.x) {
+      const int64_t leaf = leaf_idx[i];
+      found |= (leaf >= lo && leaf < hi) ? 1 : 0;
+    }
+    dirty = __syncthreads_or(found) != 0;
   }
   if (dirty) {
     const int64_t t = threadIdx.x;
@@ -374,35 +398,89 @@ __global__ void sample_kernel(const double* __restrict__ tree, const int64_t* __
   }
 }
 
-// ---------------------------------------------------------------- per_update
+// per_sample over many blocks (one sample per thread). The top kSampleCached nodes sit in shared memory;
+// below them each round trip loads a node's two children and its four grandchildren (16-byte loads) and
+// descends two levels, always comparing against the stored node values (so any tree gives the reference's
+// path). sample_descend_kernel writes the indices, w_i = (size * leaf / total) ** -beta to workspace[i]
+// and its block's largest w to workspace[batch + block]; sample_weights_kernel divides by the batch max.
+constexpr int kSampleBlockThreads = 128;
+constexpr int64_t kSampleCached = 1024;
 
-__global__ void update_kernel(double* __restrict__ tree, float* __restrict__ max_priority,
-                              const int64_t* __restrict__ indices, const float* __restrict__ td_abs,
-                              int64_t batch, int64_t n_leaves, double alpha, float eps) {
-  __shared__ int64_t tile[kUpdateThreads];
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  const int64_t mine = i < batch ? indices[i] : -1;
-  bool last = i < batch;
-  // Last occurrence wins: look for the same index at a later position (tiles from this block on).
-  for (int64_t tile_start = blockIdx.x * static_cast<int64_t>(blockDim.x); tile_start < batch;
-       tile_start += blockDim.x) {
-    const int64_t j_load = tile_start + threadIdx.x;
-    tile[threadIdx.x] = j_load < batch ? indices[j_load] : -1;
-    __syncthreads();
-    const int64_t tile_len = (batch - tile_start < blockDim.x) ? batch - tile_start : blockDim.x;
-    for (int64_t t = 0; t < tile_len; ++t) {
-      if (tile_start + t > i && tile[t] == mine) last = false;
-    }
-    __syncthreads();
-  }
-  if (i >= batch) return;
-  const float raw = __fadd_rn(td_abs[i], eps);
-  // max_priority >= 0 always (starts at 1, only rises), so the int order of the bits is the float order.
-  atomicMax(reinterpret_cast<int*>(max_priority), __float_as_int(raw));
-  if (last && mine >= 0 && mine < n_leaves) tree[n_leaves + mine] = pow(static_cast<double>(raw), alpha);
+__device__ inline void descend_one(double left, double right, double& target, int64_t& node, double& value) {
+  const bool go_left = (target < left && left > 0.0) || right == 0.0;
+  if (!go_left) target -= left;
+  node = 2 * node + (go_left ? 0 : 1);
+  value = go_left ? left : right;
 }
 
-// Large batches: "last occurrence wins" without scratch memory, in two passes over the batch.
+__global__ void __launch_bounds__(kSampleBlockThreads) sample_descend_kernel(
+    const double* __restrict__ tree, const int64_t* __restrict__ head_size, const double* __restrict__ uniforms,
+    int64_t* __restrict__ indices, double* __restrict__ workspace, int64_t batch, int64_t n_leaves, int depth,
+    double beta) {
+  __shared__ double cached[kSampleCached];
+  __shared__ double block_max[kSampleBlockThreads / 32];
+  const int64_t n_cached = (2 * n_leaves < kSampleCached) ? 2 * n_leaves : kSampleCached;
+  for (int64_t k = threadIdx.x; k < n_cached; k += blockDim.x) cached[k] = tree[k];
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t safe_i = i < batch ? i : batch - 1;
+  const double u = uniforms[safe_i];
+  const double size = static_cast<double>(head_size[1]);
+  __syncthreads();
+  const double total = cached[1];
+  double target = (static_cast<double>(safe_i) + u) / static_cast<double>(batch) * total;
+  int64_t node = 1;
+  double value = total;
+  int level = 0;
+  while (level < depth && 2 * node < n_cached) {
+    descend_one(cached[2 * node], cached[2 * node + 1], target, node, value);
+    ++level;
+  }
+  while (level + 2 <= depth) {
+    const double2 children = *reinterpret_cast<const double2*>(tree + 2 * node);
+    const double2 left_pair = *reinterpret_cast<const double2*>(tree + 4 * node);
+    const double2 right_pair = *reinterpret_cast<const double2*>(tree + 4 * node + 2);
+    descend_one(children.x, children.y, target, node, value);
+    const double2 below = (node & 1) ? right_pair : left_pair;
+    descend_one(below.x, below.y, target, node, value);
+    level += 2;
+  }
+  if (level < depth) {
+    const double2 children = *reinterpret_cast<const double2*>(tree + 2 * node);
+    descend_one(children.x, children.y, target, node, value);
+  }
+  double w = 0.0;
+  if (i < batch) {
+    indices[i] = node - n_leaves;
+    w = pow(size * (value / total), -beta);
+    workspace[i] = w;
+  }
+  for (int offset = 16; offset > 0; offset >>= 1) w = fmax(w, __shfl_down_sync(0xffffffffu, w, offset));
+  if ((threadIdx.x & 31) == 0) block_max[threadIdx.x >> 5] = w;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double m = block_max[0];
+    for (int k = 1; k < kSampleBlockThreads / 32; ++k) m = fmax(m, block_max[k]);
+    workspace[batch + blockIdx.x] = m;
+  }
+}
+
+__global__ void sample_weights_kernel(const double* __restrict__ workspace, float* __restrict__ weights,
+                                      int64_t batch, int n_partials) {
+  __shared__ double s_max;
+  if (threadIdx.x < 32) {
+    double m = 0.0;
+    for (int k = threadIdx.x; k < n_partials; k += 32) m = fmax(m, workspace[batch + k]);
+    for (int offset = 16; offset > 0; offset >>= 1) m = fmax(m, __shfl_down_sync(0xffffffffu, m, offset));
+    if (threadIdx.x == 0) s_max = m;
+  }
+  __syncthreads();
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < batch) weights[i] = static_cast<float>(workspace[i] / s_max);
+}
+
+// ---------------------------------------------------------------- per_update
+
+// "Last occurrence wins" without scratch memory, in two passes over the batch.
 // Pass 1 claims each listed leaf with atomicMax of a marker above every non-negative double's bit
 // pattern plus the position, so the leaf ends up holding the marker of its last occurrence. Pass 2:
 // each entry's compare-and-swap of its own marker with its leaf value succeeds only for that last
@@ -413,9 +491,12 @@ __global__ void update_claim_kernel(double* __restrict__ tree, float* __restrict
                                     const int64_t* __restrict__ indices, const float* __restrict__ td_abs,
                                     int64_t batch, int64_t n_leaves, float eps) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  // One atomicMax per warp (of the warp's largest bit pattern: max_priority >= 0, so int order is float
+  // order for every value that can win).
+  const int bits = i < batch ? __float_as_int(__fadd_rn(td_abs[i], eps)) : INT_MIN;
+  const int warp_bits = __reduce_max_sync(0xffffffffu, bits);
+  if ((threadIdx.x & 31) == 0 && warp_bits != INT_MIN) atomicMax(reinterpret_cast<int*>(max_priority), warp_bits);
   if (i >= batch) return;
-  const float raw = __fadd_rn(td_abs[i], eps);
-  atomicMax(reinterpret_cast<int*>(max_priority), __float_as_int(raw));
   const int64_t leaf = indices[i];
   if (leaf < 0 || leaf >= n_leaves) return;
   atomicMax(reinterpret_cast<unsigned long long*>(tree + n_leaves + leaf),
@@ -438,47 +519,37 @@ __global__ void update_write_kernel(double* __restrict__ tree, const int64_t* __
 
 }  // namespace
 
-cudaError_t launch_push_slots(const bool* wants, const float* new_priority, const float* max_multiplier,
-                              const float* max_priority, int64_t* head_size, double* tree, int64_t* slots,
-                              int64_t n, int64_t capacity, int64_t n_leaves, double alpha,
-                              cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
-  push_slots_kernel<<<1, kScanThreads, 0, stream>>>(wants, new_priority, max_multiplier, max_priority,
-                                                    head_size, tree, slots, n, capacity, n_leaves, alpha);
-  return cudaGetLastError();
-}
+int64_t push_workspace_size(int64_t n) { return (n + kPushRows - 1) / kPushRows + 2; }
 
-cudaError_t launch_push_rows(const int64_t* slots, const float* new_obs, const float* new_next_obs,
-                             const int64_t* new_action, const float* new_reward, const float* new_done,
-                             const int8_t* new_kind, float* obs, float* next_obs, int64_t* action,
-                             float* reward, float* done, int8_t* kind, int64_t n, int64_t obs_dim,
-                             int64_t n_branches, cudaStream_t stream) {
+cudaError_t launch_push(const bool* wants, const float* new_priority, const float* max_multiplier,
+                        const float* max_priority, int64_t* head_size, double* tree, int64_t* slots,
+                        const float* new_obs, const float* new_next_obs, const int64_t* new_action,
+                        const float* new_reward, const float* new_done, const int8_t* new_kind, float* obs,
+                        float* next_obs, int64_t* action, float* reward, float* done, int8_t* kind, int64_t n,
+                        int64_t capacity, int64_t n_leaves, int64_t obs_dim, int64_t n_branches, double alpha,
+                        int64_t* workspace, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  int64_t width = obs_dim > n_branches ? obs_dim : n_branches;
-  if (width < 1) width = 1;
-  const int64_t total = n * width;
-  if (total < (int64_t{1} << 31)) {
-    const auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
-    const bool vec4 = obs_dim % 4 == 0 && aligned(new_obs) && aligned(new_next_obs) && aligned(obs) &&
-                      aligned(next_obs);
-    const int64_t units = vec4 ? obs_dim / 4 : obs_dim;
-    int64_t fast_width = units > n_branches ? units : n_branches;
-    if (fast_width < 1) fast_width = 1;
-    const int blocks = grid_for(n * fast_width, kRowThreads);
-    if (vec4) {
-      push_rows_fast_kernel<true><<<blocks, kRowThreads, 0, stream>>>(
-          slots, new_obs, new_next_obs, new_action, new_reward, new_done, new_kind, obs, next_obs, action, reward,
-          done, kind, static_cast<int>(n), static_cast<int>(obs_dim), static_cast<int>(n_branches));
-    } else {
-      push_rows_fast_kernel<false><<<blocks, kRowThreads, 0, stream>>>(
-          slots, new_obs, new_next_obs, new_action, new_reward, new_done, new_kind, obs, next_obs, action, reward,
-          done, kind, static_cast<int>(n), static_cast<int>(obs_dim), static_cast<int>(n_branches));
-    }
-    return cudaGetLastError();
+  const int64_t n_blocks = (n + kPushRows - 1) / kPushRows;
+  if (n_blocks > 0x7fffffff || obs_dim > 0x7fffffff / kPushRows || n_branches > 0x7fffffff / kPushRows) {
+    return cudaErrorInvalidValue;
   }
-  push_rows_kernel<<<grid_for(total, kRowThreads), kRowThreads, 0, stream>>>(
-      slots, new_obs, new_next_obs, new_action, new_reward, new_done, new_kind, obs, next_obs, action,
-      reward, done, kind, n, obs_dim, n_branches);
+  push_count_kernel<<<static_cast<unsigned>(n_blocks), kPushRows, 0, stream>>>(wants, n, head_size, workspace);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  const auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
+  const bool vec4 =
+      obs_dim % 4 == 0 && aligned(new_obs) && aligned(new_next_obs) && aligned(obs) && aligned(next_obs);
+  if (vec4) {
+    push_write_kernel<true><<<static_cast<unsigned>(n_blocks), kPushThreads, 0, stream>>>(
+        wants, new_priority, max_multiplier, max_priority, head_size, tree, slots, new_obs, new_next_obs,
+        new_action, new_reward, new_done, new_kind, obs, next_obs, action, reward, done, kind, workspace, n,
+        capacity, n_leaves, alpha, static_cast<int>(obs_dim), static_cast<int>(n_branches));
+  } else {
+    push_write_kernel<false><<<static_cast<unsigned>(n_blocks), kPushThreads, 0, stream>>>(
+        wants, new_priority, max_multiplier, max_priority, head_size, tree, slots, new_obs, new_next_obs,
+        new_action, new_reward, new_done, new_kind, obs, next_obs, action, reward, done, kind, workspace, n,
+        capacity, n_leaves, alpha, static_cast<int>(obs_dim), static_cast<int>(n_branches));
+  }
   return cudaGetLastError();
 }
 
@@ -492,17 +563,22 @@ cudaError_t launch_tree_rebuild(double* tree, const int64_t* leaf_idx, int64_t m
   }
   if (n_leaves <= kFastMaxLeaves && (reinterpret_cast<uintptr_t>(tree) & 15u) == 0) {
     const int64_t n_subtrees = n_leaves / kFastSubtreeLeaves;
-    // Many listed leaves: rebuild everything (marking would cost more than it skips).
-    const bool filtered = m <= n_leaves / 8;
-    if (filtered) {
-      if (m == 0) return cudaSuccess;
+    // Up to kScanMax listed leaves: every block scans them (no extra launch); more, up to P / 8: a marking
+    // launch first; more: rebuild everything (marking would cost more than it skips).
+    constexpr int64_t kScanMax = 16 * kFastThreads;
+    if (m == 0) return cudaSuccess;
+    DirtyTest test = DirtyTest::kAll;
+    if (m <= kScanMax) {
+      test = DirtyTest::kScan;
+    } else if (m <= n_leaves / 8) {
+      test = DirtyTest::kMarker;
       mark_dirty_kernel<<<grid_for(m, 256, 1024), 256, 0, stream>>>(tree, leaf_idx, m, n_leaves, n_subtrees);
       const cudaError_t err = cudaGetLastError();
       if (err != cudaSuccess) return err;
     }
     const size_t shared_bytes = static_cast<size_t>(n_subtrees < 32 ? 32 : n_subtrees) * sizeof(double);
-    fast_rebuild_kernel<<<static_cast<unsigned>(n_subtrees), kFastThreads, shared_bytes, stream>>>(tree, n_leaves,
-                                                                                                 filtered);
+    fast_rebuild_kernel<<<static_cast<unsigned>(n_subtrees), kFastThreads, shared_bytes, stream>>>(
+        tree, n_leaves, test, leaf_idx, m);
     return cudaGetLastError();
   }
   int64_t width = n_leaves / kTopLeaves;
@@ -519,23 +595,35 @@ cudaError_t launch_tree_rebuild(double* tree, const int64_t* leaf_idx, int64_t m
   return cudaGetLastError();
 }
 
+int64_t sample_workspace_size(int64_t batch) {
+  return batch + (batch + kSampleBlockThreads - 1) / kSampleBlockThreads;
+}
+
 cudaError_t launch_sample(const double* tree, const int64_t* head_size, const double* uniforms,
                           int64_t* indices, float* weights, int64_t batch, int64_t n_leaves, double beta,
-                          cudaStream_t stream) {
+                          double* workspace, cudaStream_t stream) {
   if (batch == 0) return cudaSuccess;
-  sample_kernel<<<1, kSampleThreads, 0, stream>>>(tree, head_size, uniforms, indices, weights, batch,
-                                                  n_leaves, beta);
+  int depth = 0;
+  while ((int64_t{1} << depth) < n_leaves) ++depth;
+  const int64_t blocks = (batch + kSampleBlockThreads - 1) / kSampleBlockThreads;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  if ((reinterpret_cast<uintptr_t>(tree) & 15u) != 0) {  // 16-byte node-pair loads need an aligned tree
+    sample_kernel<<<1, kSampleThreads, 0, stream>>>(tree, head_size, uniforms, indices, weights, batch, n_leaves,
+                                                    beta);
+    return cudaGetLastError();
+  }
+  sample_descend_kernel<<<static_cast<unsigned>(blocks), kSampleBlockThreads, 0, stream>>>(
+      tree, head_size, uniforms, indices, workspace, batch, n_leaves, depth, beta);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  sample_weights_kernel<<<static_cast<unsigned>((batch + 255) / 256), 256, 0, stream>>>(
+      workspace, weights, batch, static_cast<int>(blocks));
   return cudaGetLastError();
 }
 
 cudaError_t launch_update(double* tree, float* max_priority, const int64_t* indices, const float* td_abs,
                           int64_t batch, int64_t n_leaves, double alpha, float eps, cudaStream_t stream) {
   if (batch == 0) return cudaSuccess;
-  if (batch <= kUpdateThreads) {  // one block: duplicates found by comparing in shared memory
-    update_kernel<<<1, kUpdateThreads, 0, stream>>>(tree, max_priority, indices, td_abs, batch, n_leaves,
-                                                    alpha, eps);
-    return cudaGetLastError();
-  }
   const int blocks = static_cast<int>((batch + kUpdateThreads - 1) / kUpdateThreads);
   update_claim_kernel<<<blocks, kUpdateThreads, 0, stream>>>(tree, max_priority, indices, td_abs, batch,
                                                              n_leaves, eps);

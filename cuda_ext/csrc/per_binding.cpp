@@ -96,16 +96,15 @@ at::Tensor per_push_cuda(const at::Tensor& obs, const at::Tensor& next_obs, cons
   const c10::cuda::CUDAGuard guard(tree.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   at::Tensor slots = at::empty({n}, wants.options().dtype(at::kLong));
-  C10_CUDA_CHECK(cuda_ext::per::launch_push_slots(
+  at::Tensor workspace = at::empty({cuda_ext::per::push_workspace_size(n)}, wants.options().dtype(at::kLong));
+  C10_CUDA_CHECK(cuda_ext::per::launch_push(
       wants.data_ptr<bool>(), new_priority.data_ptr<float>(), max_multiplier.data_ptr<float>(),
       max_priority.data_ptr<float>(), head_size.data_ptr<int64_t>(), tree.data_ptr<double>(),
-      slots.data_ptr<int64_t>(), n, capacity, n_leaves, alpha, stream));
-  C10_CUDA_CHECK(cuda_ext::per::launch_push_rows(
       slots.data_ptr<int64_t>(), new_obs.data_ptr<float>(), new_next_obs.data_ptr<float>(),
       new_action.data_ptr<int64_t>(), new_reward.data_ptr<float>(), new_done.data_ptr<float>(),
-      new_kind.data_ptr<int8_t>(), obs.data_ptr<float>(), next_obs.data_ptr<float>(),
-      action.data_ptr<int64_t>(), reward.data_ptr<float>(), done.data_ptr<float>(), kind.data_ptr<int8_t>(),
-      n, obs_dim, n_branches, stream));
+      new_kind.data_ptr<int8_t>(), obs.data_ptr<float>(), next_obs.data_ptr<float>(), action.data_ptr<int64_t>(),
+      reward.data_ptr<float>(), done.data_ptr<float>(), kind.data_ptr<int8_t>(), n, capacity, n_leaves, obs_dim,
+      n_branches, alpha, workspace.data_ptr<int64_t>(), stream));
   return slots;
 }
 
@@ -128,10 +127,11 @@ std::tuple<at::Tensor, at::Tensor> per_sample_cuda(const at::Tensor& tree, const
   const c10::cuda::CUDAGuard guard(tree.device());
   at::Tensor indices = at::empty({batch}, uniforms.options().dtype(at::kLong));
   at::Tensor weights = at::empty({batch}, uniforms.options().dtype(at::kFloat));
+  at::Tensor workspace = at::empty({cuda_ext::per::sample_workspace_size(batch)}, uniforms.options());
   C10_CUDA_CHECK(cuda_ext::per::launch_sample(tree.data_ptr<double>(), head_size.data_ptr<int64_t>(),
                                               uniforms.data_ptr<double>(), indices.data_ptr<int64_t>(),
                                               weights.data_ptr<float>(), batch, n_leaves, beta,
-                                              c10::cuda::getCurrentCUDAStream()));
+                                              workspace.data_ptr<double>(), c10::cuda::getCurrentCUDAStream()));
   return {indices, weights};
 }
 

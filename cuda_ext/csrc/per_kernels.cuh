@@ -14,19 +14,18 @@ namespace per {
 // shared memory).
 constexpr int64_t kMaxLeaves = int64_t{1} << 28;
 
-// per_push, part 1 (one block): slots from an exclusive prefix sum over `wants`, leaf priorities,
-// write_head and size. `slots` gets -1 for rows that write nothing.
-cudaError_t launch_push_slots(const bool* wants, const float* new_priority, const float* max_multiplier,
-                              const float* max_priority, int64_t* head_size, double* tree, int64_t* slots,
-                              int64_t n, int64_t capacity, int64_t n_leaves, double alpha,
-                              cudaStream_t stream);
+// Scratch int64 entries launch_push needs for `n` rows.
+int64_t push_workspace_size(int64_t n);
 
-// per_push, part 2 (grid): copy the rows with slot >= 0 into the replay ring.
-cudaError_t launch_push_rows(const int64_t* slots, const float* new_obs, const float* new_next_obs,
-                             const int64_t* new_action, const float* new_reward, const float* new_done,
-                             const int8_t* new_kind, float* obs, float* next_obs, int64_t* action,
-                             float* reward, float* done, int8_t* kind, int64_t n, int64_t obs_dim,
-                             int64_t n_branches, cudaStream_t stream);
+// per_push (two launches over blocks of rows: per-block counts, then slots, leaves, row copies and
+// head_size); `workspace` of push_workspace_size(n) int64 entries.
+cudaError_t launch_push(const bool* wants, const float* new_priority, const float* max_multiplier,
+                        const float* max_priority, int64_t* head_size, double* tree, int64_t* slots,
+                        const float* new_obs, const float* new_next_obs, const int64_t* new_action,
+                        const float* new_reward, const float* new_done, const int8_t* new_kind, float* obs,
+                        float* next_obs, int64_t* action, float* reward, float* done, int8_t* kind, int64_t n,
+                        int64_t capacity, int64_t n_leaves, int64_t obs_dim, int64_t n_branches, double alpha,
+                        int64_t* workspace, cudaStream_t stream);
 
 // per_tree_rebuild (one launch): recompute internal nodes as left + right (float64). Subtrees that
 // hold none of `leaf_idx` may be skipped; the result equals a full bottom-up rebuild of a consistent
@@ -34,14 +33,20 @@ cudaError_t launch_push_rows(const int64_t* slots, const float* new_obs, const f
 cudaError_t launch_tree_rebuild(double* tree, const int64_t* leaf_idx, int64_t m, int64_t n_leaves,
                                 cudaStream_t stream);
 
-// per_sample (one block): stratified descent, importance weights normalized by the batch maximum.
+// Scratch float64 entries launch_sample needs for a batch.
+int64_t sample_workspace_size(int64_t batch);
+
+// per_sample (two launches: one thread per sample descends, then weights over the batch maximum):
+// stratified descent, importance weights normalized by the batch maximum. A tree that is not 16-byte
+// aligned takes a one-block kernel. `workspace` of
+// sample_workspace_size(batch) float64 entries.
 cudaError_t launch_sample(const double* tree, const int64_t* head_size, const double* uniforms,
                           int64_t* indices, float* weights, int64_t batch, int64_t n_leaves, double beta,
-                          cudaStream_t stream);
+                          double* workspace, cudaStream_t stream);
 
-// per_update: leaf = (td_abs + eps) ** alpha, last duplicate wins; raises max_priority. Up to 256 rows:
-// one block comparing positions in shared memory; more: two grid passes (claim each leaf with
-// atomicMax of a marker + position, then compare-and-swap the marker of the last occurrence).
+// per_update: leaf = (td_abs + eps) ** alpha, last duplicate wins; raises max_priority. Two grid passes
+// (claim each leaf with atomicMax of a marker + position, then compare-and-swap the marker of the last
+// occurrence); on an H200 this beat a one-block shared-memory comparison even at 256 rows.
 cudaError_t launch_update(double* tree, float* max_priority, const int64_t* indices, const float* td_abs,
                           int64_t batch, int64_t n_leaves, double alpha, float eps, cudaStream_t stream);
 

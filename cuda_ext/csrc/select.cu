@@ -268,6 +268,100 @@ __global__ void iqr_register_kernel(const float* __restrict__ samples, int64_t n
   out[first_row + threadIdx.x] = has_nan ? NAN : iqr;
 }
 
+// Rows of exactly N samples (N % 4 == 0, 16-byte aligned), persistent blocks: while a thread sorts its row
+// of the current tile, the 16-byte loads of its share of the block's next tile are already in flight (held
+// in registers), so the memory stream and the sorting overlap instead of alternating. Same sorting network
+// and arithmetic as iqr_register_kernel<N, true, true>.
+template <int N>
+__global__ void __launch_bounds__(kRowsPerBlock) iqr_pipelined_kernel(const float* __restrict__ samples,
+                                                                     int64_t n_rows, IqrPositions at,
+                                                                     float* __restrict__ out) {
+  constexpr int kQuads = N / 4;                           // 16-byte pieces per row
+  constexpr int kPerThread = kQuads;                      // a tile is kRowsPerBlock * kQuads pieces
+  __shared__ float tile[kRowsPerBlock * (N + 1)];
+  const int64_t n_tiles = (n_rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  const float4* src4 = reinterpret_cast<const float4*>(samples);
+  float4 next[kPerThread];
+  auto load_tile = [&](int64_t t) {
+    const int64_t first_quad = t * kRowsPerBlock * kQuads;
+    const int64_t end_quad = n_rows * kQuads;
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {
+      const int64_t q = first_quad + k * kRowsPerBlock + threadIdx.x;
+      next[k] = q < end_quad ? __ldcs(src4 + q) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  };
+  int64_t t = blockIdx.x;
+  if (t < n_tiles) load_tile(t);
+  for (; t < n_tiles; t += gridDim.x) {
+    __syncthreads();  // every thread is done reading the previous tile
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {
+      const int idx = k * kRowsPerBlock + threadIdx.x;
+      const int r = idx / kQuads;
+      float* row = tile + r * (N + 1) + (idx - r * kQuads) * 4;
+      row[0] = next[k].x;
+      row[1] = next[k].y;
+      row[2] = next[k].z;
+      row[3] = next[k].w;
+    }
+    __syncthreads();
+    if (t + gridDim.x < n_tiles) load_tile(t + gridDim.x);  // in flight while this tile is sorted
+    const int64_t row_index = t * kRowsPerBlock + threadIdx.x;
+    if (row_index >= n_rows) continue;
+    float v[N];
+    bool has_nan = false;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const float x = tile[threadIdx.x * (N + 1) + i];
+      has_nan |= isnan(x);
+      v[i] = isnan(x) ? INFINITY : x;
+    }
+#pragma unroll
+    for (int k = 2; k <= N; k <<= 1) {
+#pragma unroll
+      for (int j = k >> 1; j > 0; j >>= 1) {
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+          const int partner = i ^ j;
+          if (partner > i) {
+            const float lo = fminf(v[i], v[partner]);
+            const float hi = fmaxf(v[i], v[partner]);
+            const bool ascending = (i & k) == 0;
+            v[i] = ascending ? lo : hi;
+            v[partner] = ascending ? hi : lo;
+          }
+        }
+      }
+    }
+    using P = ExactPositions<N>;
+    const float iqr = __fsub_rn(interpolate(v[P::kLo75], v[P::kHi75], at.w75),
+                                interpolate(v[P::kLo25], v[P::kHi25], at.w25));
+    out[row_index] = has_nan ? NAN : iqr;
+  }
+}
+
+// Blocks of iqr_pipelined_kernel<32> to launch: as many as fit on the device at once (occupancy query,
+// made once per process), at most one per tile.
+int pipelined_grid(int64_t n_tiles) {
+  static int resident = 0;
+  if (resident == 0) {
+    int device = 0;
+    int n_sm = 0;
+    int per_sm = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, iqr_pipelined_kernel<32>, kRowsPerBlock, 0) !=
+            cudaSuccess ||
+        per_sm < 1) {
+      n_sm = 132;
+      per_sm = 4;
+    }
+    resident = n_sm * per_sm;
+  }
+  return static_cast<int>(n_tiles < resident ? n_tiles : resident);
+}
+
 // Rows already sorted ascending with NaN last: one thread per row reads its four order statistics.
 __global__ void iqr_sorted_kernel(const float* __restrict__ sorted, int64_t n_rows, int64_t n_samples,
                                   IqrPositions at, float* __restrict__ out) {
@@ -322,7 +416,7 @@ cudaError_t launch_quantile_iqr(const float* samples, int64_t n_rows, int64_t n_
     const unsigned grid = static_cast<unsigned>(blocks);
     const bool aligned = (reinterpret_cast<uintptr_t>(samples) & 15u) == 0;
     if (n_samples == 32 && aligned) {
-      iqr_register_kernel<32, true, true><<<grid, kRowsPerBlock, 0, stream>>>(samples, n_rows, n, at, out);
+      iqr_pipelined_kernel<32><<<pipelined_grid(blocks), kRowsPerBlock, 0, stream>>>(samples, n_rows, at, out);
     } else if (n_samples == 64 && aligned) {
       iqr_register_kernel<64, true, true><<<grid, kRowsPerBlock, 0, stream>>>(samples, n_rows, n, at, out);
     } else if (n_samples <= 32) {
