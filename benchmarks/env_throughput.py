@@ -75,7 +75,8 @@ def time_loop(
 
 
 def bench_vector(
-    market: MarketData, data_name: str, device: str, num_books: int, episode_length: int, quick: bool
+    market: MarketData, data_name: str, device: str, num_books: int, episode_length: int, quick: bool,
+    compiled: bool = False,
 ) -> dict[str, Any]:
     """Book-steps per second of the vector env in tensor mode.
 
@@ -85,17 +86,20 @@ def bench_vector(
     :param num_books: ``B``.
     :param episode_length: steps per episode.
     :param quick: shorter timing.
+    :param compiled: step the core through ``torch.compile`` (``make_vec(..., compile=True)``).
     :return: one result row.
     """
-    row: dict[str, Any] = {"kind": "vector", "device": device, "data": data_name, "num_books": num_books}
+    row: dict[str, Any] = {"kind": "vector", "device": device, "data": data_name, "num_books": num_books,
+                           "compiled": compiled}
     sync = (lambda: torch.cuda.synchronize()) if device == "cuda" else (lambda: None)
     try:
         env = make_vec(num_books, data=market, device=device, seed=0, return_tensors=True,
-                       episode_length=episode_length)
+                       episode_length=episode_length, compile=compiled)
         env.reset(seed=0)
         generator = torch.Generator(device=device).manual_seed(0)
         pool = torch.randint(0, 3, (8, num_books, 4), generator=generator, device=device)
-        for i in range(3 if quick else 5):
+        warmup = 20 if compiled else (3 if quick else 5)  # the first compiled steps compile
+        for i in range(warmup):
             env.step(pool[i % 8])
         timing = time_loop(lambda i: env.step(pool[i % 8]), 0.2 if quick else 2.0, 3 if quick else 5, sync)
     except (torch.cuda.OutOfMemoryError, MemoryError) as error:
@@ -233,6 +237,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     print(f"{'what':<34} {'device':<6} {'books':>7} {'rate (steps/s)':>16} {'target':>10}  note")
     for row in rows:
         what = f"vector env, {row['data']}" if row["kind"] == "vector" else row["env"]
+        what += ", compiled" if row.get("compiled") else ""
         books = str(row.get("num_books", 1))
         rate = row.get("book_steps_per_s", row.get("steps_per_s"))
         target = target_for(row)
@@ -261,9 +266,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--sizes", type=int, nargs="+", default=None, help="numbers of books to measure")
     parser.add_argument("--single-steps", type=int, default=None,
                         help="steps timed for the single-book rows (default 300 quick, 3000 full)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (default 1: the step's ops are small; OpenMP threads of a "
+                             "compiled step stall on a busy machine)")
+    parser.add_argument("--compile", action="store_true",
+                        help="also time the vector env with its step compiled (make_vec(..., compile=True))")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON output (default {DEFAULT_OUT})")
     args = parser.parse_args(argv)
 
+    torch.set_num_threads(args.threads)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda, but torch.cuda.is_available() is False")
     devices = ["cpu", "cuda"] if args.device == "all" else [args.device]
@@ -286,6 +297,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for data_name, market in markets.items():
             for num_books in sizes:
                 rows.append(bench_vector(market, data_name, device, num_books, episode_length, args.quick))
+                if args.compile:
+                    rows.append(bench_vector(market, data_name, device, num_books, episode_length,
+                                             args.quick, compiled=True))
     single_steps = args.single_steps or (300 if args.quick else 3000)
     rows += bench_single_book(markets["synthetic"], episode_length, single_steps)
     rows.append(bench_gym_trading_env(markets["synthetic"].num_steps, single_steps))
