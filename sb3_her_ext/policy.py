@@ -331,8 +331,10 @@ class BranchingQNetwork(nn.Module):
             raise ValueError(f"taus.shape={tuple(taus.shape)} must be [B={batch}, N]")
         cosines = th.cos(taus.unsqueeze(-1) * self.cos_frequencies)  # [B, N, n_cos]
         embedding = self.tau_embedding(cosines)
-        # in place for ReLU (the linear layer's backward does not need its output): one large buffer less
-        embedding = embedding.relu_() if isinstance(self.activation, nn.ReLU) else self.activation(embedding)
+        if isinstance(self.activation, nn.ReLU) and not embedding.requires_grad:
+            embedding = embedding.relu_()  # no autograd graph (target, double-Q): one large buffer less
+        else:
+            embedding = self.activation(embedding)
         return embedding.view(batch, taus.shape[1], -1, self.net_arch[-1])
 
     def taken_quantiles_and_logits(
@@ -361,12 +363,16 @@ class BranchingQNetwork(nn.Module):
         one_hot = th.nn.functional.one_hot(actions.t(), n_actions).to(weight.dtype)  # [NB, B, A]
         taken_weight = th.bmm(one_hot, weight.permute(0, 3, 1, 2).reshape(n_branches, n_actions, -1))
         taken_bias = th.bmm(one_hot, bias.transpose(1, 2))  # [NB, B, E]
-        folded = features.unsqueeze(-1) * taken_weight.view(n_branches, batch, hidden_dim, n_ensemble)
+        taken_weight = taken_weight.view(n_branches, batch, hidden_dim, n_ensemble)
         if embedding.shape[2] == 1:  # shared: one [N, H] @ [H, NB * E] product per sample
-            folded = folded.permute(1, 2, 0, 3).reshape(batch, hidden_dim, n_branches * n_ensemble)
+            # the contiguous [B, H, NB, 1] operand first, so the product is laid out [B, H, NB, E] (no copy)
+            features_bhn = features.permute(1, 2, 0).contiguous().unsqueeze(-1)
+            folded = features_bhn * taken_weight.permute(1, 2, 0, 3)  # [B, H, NB, E]
+            folded = folded.view(batch, hidden_dim, n_branches * n_ensemble)
             out = th.bmm(embedding.squeeze(2), folded).view(batch, n_taus, n_branches, n_ensemble)
             out = out.permute(3, 0, 2, 1)  # [E, B, NB, N]
         else:
+            folded = features.unsqueeze(-1) * taken_weight  # [NB, B, H, E]
             out = th.matmul(embedding.transpose(1, 2), folded.transpose(0, 1)).permute(3, 0, 1, 2)
         quantiles = out + taken_bias.permute(2, 1, 0).unsqueeze(-1)  # [E, B, NB, N]
         logits = self._c51_from_features(features)  # [B, NB, A, atoms]
