@@ -36,7 +36,8 @@ cudaError_t launch_tree_rebuild(double* tree, const int64_t* leaf_idx, int64_t m
 // Scratch float64 entries launch_sample needs for a batch.
 int64_t sample_workspace_size(int64_t batch);
 
-// per_sample (two launches: one thread per sample descends, then weights over the batch maximum):
+// per_sample (up to 1024 samples: one block; more: two launches, one thread per sample descends, then
+// weights over the batch maximum):
 // stratified descent, importance weights normalized by the batch maximum. A tree that is not 16-byte
 // aligned takes a one-block kernel. `workspace` of
 // sample_workspace_size(batch) float64 entries.
@@ -44,9 +45,9 @@ cudaError_t launch_sample(const double* tree, const int64_t* head_size, const do
                           int64_t* indices, float* weights, int64_t batch, int64_t n_leaves, double beta,
                           double* workspace, cudaStream_t stream);
 
-// per_update: leaf = (td_abs + eps) ** alpha, last duplicate wins; raises max_priority. Two grid passes
-// (claim each leaf with atomicMax of a marker + position, then compare-and-swap the marker of the last
-// occurrence); on an H200 this beat a one-block shared-memory comparison even at 256 rows.
+// per_update: leaf = (td_abs + eps) ** alpha, last duplicate wins; raises max_priority. Two passes (claim
+// each leaf with atomicMax of a marker + position, then compare-and-swap the marker of the last
+// occurrence): in one block up to 1024 rows, else two grid launches.
 cudaError_t launch_update(double* tree, float* max_priority, const int64_t* indices, const float* td_abs,
                           int64_t batch, int64_t n_leaves, double alpha, float eps, cudaStream_t stream);
 
