@@ -330,7 +330,11 @@ class BranchingQNetwork(nn.Module):
         if taus.dim() != 2 or taus.shape[0] != batch:
             raise ValueError(f"taus.shape={tuple(taus.shape)} must be [B={batch}, N]")
         cosines = th.cos(taus.unsqueeze(-1) * self.cos_frequencies)  # [B, N, n_cos]
-        embedding = self.tau_embedding(cosines)
+        # cosines[..., 0] = cos(0) = 1, so the bias rides on the first weight column: one matrix product and
+        # no broadcast copy of the bias into the [B * N, H] output (same value and gradients as the Linear)
+        weight, bias = self.tau_embedding.weight, self.tau_embedding.bias
+        weight = th.cat([weight[:, :1] + bias.unsqueeze(1), weight[:, 1:]], dim=1)
+        embedding = th.matmul(cosines, weight.t())
         if isinstance(self.activation, nn.ReLU) and not embedding.requires_grad:
             embedding = embedding.relu_()  # no autograd graph (target, double-Q): one large buffer less
         else:
