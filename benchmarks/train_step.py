@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import time
 from pathlib import Path
@@ -140,21 +141,27 @@ def main() -> None:
     else:
         raise ValueError(f"--device={args.device!r} must be cpu, cuda or all")
 
+    load_before = os.getloadavg()[0]  # other processes on the machine skew CPU rates: recorded alongside
     rows = []
     for device in devices:
         rows += bench_device(device, **config)
+    load_after = os.getloadavg()[0]
     print(f"\ntrain-step throughput  (batch {config['batch']}, widths {config['widths']}, "
           f"obs dim {config['obs_dim']}, {config['n_quantiles']} quantiles, {config['steps']} timed steps)")
     print(f"{'device':<7} {'row':<60} {'grad steps/s':>12} {'QR-DQN / this':>14}")
     for row in rows:
         rate, ratio = row["grad_steps_per_s"], row["qrdqn_over_this"]
         print(f"{row['device']:<7} {row['row']:<60} {rate:>12.1f} {ratio:>14.2f}")
+    print(f"1-min load average: {load_before:.2f} before, {load_after:.2f} after "
+          f"({os.cpu_count()} CPUs, {th.get_num_threads()} torch threads)")
     result = {
         "benchmark": "train_step",
         "config": {**config, "quick": args.quick, "action_space": f"MultiDiscrete({list(NVEC)})",
                    "qrdqn_action_space": f"Discrete({int(np.prod(NVEC))})"},
         "machine": {"platform": platform.platform(), "processor": platform.processor(),
                     "torch": th.__version__, "torch_threads": th.get_num_threads(),
+                    "cpu_count": os.cpu_count(),
+                    "load_average_1min": {"before": load_before, "after": load_after},
                     "cuda_device": th.cuda.get_device_name(0) if th.cuda.is_available() else None},
         "rows": rows,
     }
