@@ -364,7 +364,8 @@ class BranchingQNetwork(nn.Module):
         weight, bias = self._iqn_output_layer()  # [NB, H, E, A], [NB, E, A]
         n_branches, hidden_dim, n_ensemble, n_actions = weight.shape
         # select each sample's action columns by a one-hot product (a dense backward, no index scatter)
-        one_hot = th.nn.functional.one_hot(actions.t(), n_actions).to(weight.dtype)  # [NB, B, A]
+        action_ids = th.arange(n_actions, device=actions.device)
+        one_hot = (actions.t().unsqueeze(-1) == action_ids).to(weight.dtype)  # [NB, B, A] (no host sync)
         taken_weight = th.bmm(one_hot, weight.permute(0, 3, 1, 2).reshape(n_branches, n_actions, -1))
         taken_bias = th.bmm(one_hot, bias.transpose(1, 2))  # [NB, B, E]
         taken_weight = taken_weight.view(n_branches, batch, hidden_dim, n_ensemble)
