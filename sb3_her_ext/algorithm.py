@@ -22,6 +22,7 @@ Exploration is per branch (see :mod:`sb3_her_ext.exploration`).
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple, TypeVar
@@ -49,6 +50,9 @@ from sb3_her_ext.losses import c51_cross_entropy, c51_project, quantile_huber_lo
 from sb3_her_ext.policy import BranchingIQNPolicy
 from sb3_her_ext.replay import HindsightConfig, PrioritizedHindsightReplayBuffer
 from sb3_her_ext.vaccine import GradVac, assign_flat_grad, flat_grad
+
+# cuBLAS reads this when it creates its first handle; with it, seeded CUDA runs can be deterministic.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 SelfBranchingIQN = TypeVar("SelfBranchingIQN", bound="BranchingIQN")
 
@@ -365,6 +369,10 @@ class BranchingIQN(OffPolicyAlgorithm):
         self._valid_actions = th.arange(max_actions, device=self.device)[None, :] < self._n_actions[:, None]
         self._mults = th.tensor(self.exploration_mults, dtype=th.float32, device=self.device)
         self._boltzmann = th.tensor(self.boltzmann_flags, dtype=th.bool, device=self.device)
+        if self.seed is not None and self.device.type == "cuda":
+            # Same seed, same results on a GPU too: the backward pass's scatter-adds and cuBLAS are otherwise
+            # free to reorder float additions (SB3's set_random_seed likewise sets cudnn.deterministic).
+            th.use_deterministic_algorithms(True, warn_only=True)
         self._generator = th.Generator(device=self.device)
         self._generator.manual_seed(self.seed if self.seed is not None else int(np.random.randint(2**31)))
         self.vaccine = GradVac(beta=self.vaccine_beta).to(self.device)
