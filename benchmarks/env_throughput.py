@@ -77,6 +77,7 @@ def time_loop(
 def bench_vector(
     market: MarketData, data_name: str, device: str, num_books: int, episode_length: int, quick: bool,
     compiled: bool = False,
+    graph: bool = False,
 ) -> dict[str, Any]:
     """Book-steps per second of the vector env in tensor mode.
 
@@ -87,14 +88,15 @@ def bench_vector(
     :param episode_length: steps per episode.
     :param quick: shorter timing.
     :param compiled: step the core through ``torch.compile`` (``make_vec(..., compile=True)``).
+    :param graph: also capture the step in a CUDA graph (``make_vec(..., cuda_graph=True)``).
     :return: one result row.
     """
     row: dict[str, Any] = {"kind": "vector", "device": device, "data": data_name, "num_books": num_books,
-                           "compiled": compiled}
+                           "compiled": compiled, "cuda_graph": graph}
     sync = (lambda: torch.cuda.synchronize()) if device == "cuda" else (lambda: None)
     try:
         env = make_vec(num_books, data=market, device=device, seed=0, return_tensors=True,
-                       episode_length=episode_length, compile=compiled)
+                       episode_length=episode_length, compile=compiled, cuda_graph=graph)
         env.reset(seed=0)
         generator = torch.Generator(device=device).manual_seed(0)
         pool = torch.randint(0, 3, (8, num_books, 4), generator=generator, device=device)
@@ -238,6 +240,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     for row in rows:
         what = f"vector env, {row['data']}" if row["kind"] == "vector" else row["env"]
         what += ", compiled" if row.get("compiled") else ""
+        what += " + graph" if row.get("cuda_graph") else ""
         books = str(row.get("num_books", 1))
         rate = row.get("book_steps_per_s", row.get("steps_per_s"))
         target = target_for(row)
@@ -300,6 +303,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 if args.compile:
                     rows.append(bench_vector(market, data_name, device, num_books, episode_length,
                                              args.quick, compiled=True))
+                    if device == "cuda":
+                        rows.append(bench_vector(market, data_name, device, num_books, episode_length,
+                                                 args.quick, compiled=True, graph=True))
     single_steps = args.single_steps or (300 if args.quick else 3000)
     rows += bench_single_book(markets["synthetic"], episode_length, single_steps)
     rows.append(bench_gym_trading_env(markets["synthetic"].num_steps, single_steps))

@@ -82,6 +82,8 @@ class LOBVectorEnv(VectorEnv):
     :param compile: fuse the core's step with ``torch.compile`` (:meth:`BatchedLOB.enable_compile`):
         several times faster on CPU and GPU after a compile of seconds on the first step; floats may
         differ from the eager step in the last bits.
+    :param cuda_graph: capture the core's step in a CUDA graph at the first ``reset``
+        (:meth:`BatchedLOB.enable_cuda_graph`; CUDA only): one graph launch per step.
     :param kwargs: :class:`EnvConfig` fields and ``load_market`` options
         (see :func:`foxenv.gym_env.make_core`).
     """
@@ -99,6 +101,7 @@ class LOBVectorEnv(VectorEnv):
         check_action_range: bool | None = None,
         config: EnvConfig | None = None,
         compile: bool = False,
+        cuda_graph: bool = False,
         **kwargs: Any,
     ) -> None:
         if int(num_envs) != num_envs or num_envs < 1:
@@ -107,6 +110,8 @@ class LOBVectorEnv(VectorEnv):
             modes = self.metadata["render_modes"]
             raise ValueError(f"render_mode={render_mode!r} must be None or one of {modes}")
         self.device = torch.device(device)
+        if cuda_graph and self.device.type != "cuda":
+            raise ValueError(f"cuda_graph=True needs a CUDA device, got device={self.device}")
         self.return_tensors = bool(return_tensors)
         # A host sync is free on the CPU and unavoidable when we hand out numpy arrays anyway.
         self._may_sync = self.device.type == "cpu" or not self.return_tensors
@@ -122,6 +127,7 @@ class LOBVectorEnv(VectorEnv):
         )
         if compile:
             self.core.enable_compile()
+        self._capture_graph = bool(cuda_graph)
         self.num_envs = int(num_envs)
         self.config: EnvConfig = self.core.config
         self.market = self.core.market
@@ -145,6 +151,9 @@ class LOBVectorEnv(VectorEnv):
         """
         super().reset(seed=seed)
         obs = self.core.reset(seed=seed)
+        if self._capture_graph:  # capture once the books hold a valid state; later resets refill the graph
+            self._capture_graph = False
+            self.core.enable_cuda_graph()
         self._mids.clear()
         self._last_info = {}
         return (obs if self.return_tensors else obs.cpu().numpy().copy()), {}
@@ -234,7 +243,8 @@ def make_vec(
     :param device: device of the core.
     :param seed: seed of the core (episode start offsets; the market does not depend on it).
     :param return_tensors: accept and return torch tensors on ``device``.
-    :param kwargs: ``render_mode``, ``check_action_range``, ``config``, ``compile``, :class:`EnvConfig`
+    :param kwargs: ``render_mode``, ``check_action_range``, ``config``, ``compile``, ``cuda_graph``,
+        :class:`EnvConfig`
         fields and ``load_market`` options.
     :return: the vector env (call ``reset`` before ``step``).
     """
