@@ -16,27 +16,15 @@ from cuda_ext.reference import select as ref
 __all__ = ["branch_select", "quantile_iqr"]
 
 
-def _fake_branch_select(
-    q: Tensor,
-    iqr: Tensor,
-    ens_std: Tensor,
-    n_actions: Tensor,
-    eps: Tensor,
-    boltzmann: Tensor,
-    u_explore: Tensor,
-    u_action: Tensor,
-    alpha: float,
-    beta: float,
-) -> Tensor:
-    """Fake :func:`cuda_ext.reference.select.branch_select`.
+def _fake_branch_select(*args: object) -> Tensor:
+    """Fake :func:`cuda_ext.reference.select.branch_select`: validates shapes, dtypes and devices only.
 
-    :param q: see the reference; the other parameters likewise.
+    :param args: the op's arguments, in schema order.
     :return: an empty ``[B, NB] int64`` tensor.
     """
-    ref.check_branch_select(
-        q, iqr, ens_std, n_actions, eps, boltzmann, u_explore, u_action, alpha, beta, check_values=False
-    )
-    return q.new_empty(q.shape[:2], dtype=torch.int64)
+    ref.check_branch_select(*args, check_values=False)  # type: ignore[arg-type]
+    q = args[0]
+    return q.new_empty(q.shape[:2], dtype=torch.int64)  # type: ignore[union-attr]
 
 
 def _fake_quantile_iqr(samples: Tensor) -> Tensor:

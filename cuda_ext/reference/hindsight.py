@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from cuda_ext.reference.checks import check_same_device, check_tensor
+
 __all__ = [
     "check_hindsight_forward",
     "check_hindsight_inject",
@@ -24,38 +26,6 @@ __all__ = [
     "hindsight_track",
     "magnitude_relabel",
 ]
-
-
-def _check(name: str, tensor: Tensor, dtype: torch.dtype, shape: tuple[int | None, ...]) -> None:
-    """Raise ``ValueError`` unless ``tensor`` has ``dtype`` and ``shape`` (``None`` matches any size).
-
-    :param name: the argument name used in the message.
-    :param tensor: the tensor to check.
-    :param dtype: the required dtype.
-    :param shape: the required shape; ``None`` entries are free.
-    """
-    if not isinstance(tensor, Tensor):
-        raise ValueError(f"{name}={tensor!r} must be a Tensor")
-    if tensor.dtype != dtype:
-        raise ValueError(f"{name}.dtype={tensor.dtype} must be {dtype}")
-    sizes_ok = tensor.dim() == len(shape) and all(
-        s is None or s == t for s, t in zip(shape, tensor.shape, strict=True)
-    )
-    if not sizes_ok:
-        want = tuple("*" if s is None else s for s in shape)
-        raise ValueError(f"{name}.shape={tuple(tensor.shape)} must be {want}")
-
-
-def _check_device(**tensors: Tensor) -> None:
-    """Raise ``ValueError`` unless all ``tensors`` live on one device.
-
-    :param tensors: the tensors by argument name.
-    """
-    devices = {name: t.device for name, t in tensors.items()}
-    first_name, first = next(iter(devices.items()))
-    for name, device in devices.items():
-        if device != first:
-            raise ValueError(f"{name}.device={device} must match {first_name}.device={first}")
 
 
 def check_hindsight_track(
@@ -74,7 +44,7 @@ def check_hindsight_track(
 
     :param ring: see :func:`hindsight_track`; the other parameters likewise.
     """
-    _check("ring", ring, torch.float32, (None, None))
+    check_tensor("ring", ring, torch.float32, (None, None))
     n_books, ring_size = ring.shape
     if ring_size < 1:
         raise ValueError(f"ring.shape[1]={ring_size} must be >= 1")
@@ -89,8 +59,8 @@ def check_hindsight_track(
         ("best_ask", best_ask, torch.float32),
         ("row", row, torch.int64),
     ):
-        _check(name, tensor, dtype, (n_books,))
-    _check_device(
+        check_tensor(name, tensor, dtype, (n_books,))
+    check_same_device(
         ring=ring, ring_len=ring_len, entry_mid=entry_mid, direction=direction, peak=peak,
         peak_row=peak_row, position=position, best_bid=best_bid, best_ask=best_ask, row=row,
     )
@@ -174,11 +144,11 @@ def check_hindsight_inject(
 
     :param ring_len: see :func:`hindsight_inject`; the other parameters likewise.
     """
-    _check("obs", obs, torch.float32, (None, None))
+    check_tensor("obs", obs, torch.float32, (None, None))
     n_books, obs_dim = obs.shape
-    _check("next_obs", next_obs, torch.float32, (n_books, obs_dim))
-    _check("action", action, torch.int64, (n_books, None))
-    _check("replay_next_obs", replay_next_obs, torch.float32, (None, obs_dim))
+    check_tensor("next_obs", next_obs, torch.float32, (n_books, obs_dim))
+    check_tensor("action", action, torch.int64, (n_books, None))
+    check_tensor("replay_next_obs", replay_next_obs, torch.float32, (None, obs_dim))
     for name, tensor, dtype in (
         ("ring_len", ring_len, torch.int64),
         ("entry_mid", entry_mid, torch.float32),
@@ -189,8 +159,8 @@ def check_hindsight_inject(
         ("raw_reward", raw_reward, torch.float32),
         ("lots", lots, torch.float32),
     ):
-        _check(name, tensor, dtype, (n_books,))
-    _check_device(
+        check_tensor(name, tensor, dtype, (n_books,))
+    check_same_device(
         ring_len=ring_len, entry_mid=entry_mid, direction=direction, peak=peak, peak_row=peak_row,
         trade_closed=trade_closed, raw_reward=raw_reward, lots=lots, obs=obs, next_obs=next_obs,
         action=action, replay_next_obs=replay_next_obs,
@@ -320,11 +290,11 @@ def check_hindsight_forward(
 
     :param slot_valid: see :func:`hindsight_forward`; the other parameters likewise.
     """
-    _check("slot_obs", slot_obs, torch.float32, (None, None))
+    check_tensor("slot_obs", slot_obs, torch.float32, (None, None))
     n_slots, obs_dim = slot_obs.shape
     if n_slots < 1:
         raise ValueError(f"slot_obs.shape[0]={n_slots} must be >= 1")
-    _check("slot_action", slot_action, torch.int64, (n_slots, None))
+    check_tensor("slot_action", slot_action, torch.int64, (n_slots, None))
     n_branches = slot_action.shape[1]
     for name, tensor, dtype in (
         ("slot_valid", slot_valid, torch.bool),
@@ -335,12 +305,12 @@ def check_hindsight_forward(
         ("slot_lots", slot_lots, torch.float32),
         ("slot_book", slot_book, torch.int64),
     ):
-        _check(name, tensor, dtype, (n_slots,))
-    _check("ring_head", ring_head, torch.int64, (1,))
-    _check("step", step, torch.int64, (1,))
-    _check("obs", obs, torch.float32, (None, obs_dim))
+        check_tensor(name, tensor, dtype, (n_slots,))
+    check_tensor("ring_head", ring_head, torch.int64, (1,))
+    check_tensor("step", step, torch.int64, (1,))
+    check_tensor("obs", obs, torch.float32, (None, obs_dim))
     n_books = obs.shape[0]
-    _check("action", action, torch.int64, (n_books, n_branches))
+    check_tensor("action", action, torch.int64, (n_books, n_branches))
     for name, tensor, dtype in (
         ("mid", mid, torch.float32),
         ("book_reset", book_reset, torch.bool),
@@ -350,8 +320,8 @@ def check_hindsight_forward(
         ("actual", actual, torch.float32),
         ("lots", lots, torch.float32),
     ):
-        _check(name, tensor, dtype, (n_books,))
-    _check_device(
+        check_tensor(name, tensor, dtype, (n_books,))
+    check_same_device(
         slot_valid=slot_valid, slot_entry=slot_entry, slot_close_step=slot_close_step,
         slot_direction=slot_direction, slot_actual=slot_actual, slot_lots=slot_lots, slot_book=slot_book,
         slot_obs=slot_obs, slot_action=slot_action, ring_head=ring_head, step=step, mid=mid,
@@ -500,16 +470,16 @@ def check_magnitude_relabel(
 
     :param trade_closed: see :func:`magnitude_relabel`; the other parameters likewise.
     """
-    _check("obs", obs, torch.float32, (None, None))
+    check_tensor("obs", obs, torch.float32, (None, None))
     n_books, obs_dim = obs.shape
-    _check("next_obs", next_obs, torch.float32, (n_books, obs_dim))
-    _check("action", action, torch.int64, (n_books, None))
-    _check("trade_closed", trade_closed, torch.bool, (n_books,))
-    _check("reward", reward, torch.float32, (n_books,))
-    _check("magnitudes", magnitudes, torch.float32, (None,))
+    check_tensor("next_obs", next_obs, torch.float32, (n_books, obs_dim))
+    check_tensor("action", action, torch.int64, (n_books, None))
+    check_tensor("trade_closed", trade_closed, torch.bool, (n_books,))
+    check_tensor("reward", reward, torch.float32, (n_books,))
+    check_tensor("magnitudes", magnitudes, torch.float32, (None,))
     if magnitudes.shape[0] < 2:
         raise ValueError(f"magnitudes.shape={tuple(magnitudes.shape)} must hold >= 2 magnitudes")
-    _check_device(
+    check_same_device(
         trade_closed=trade_closed, obs=obs, next_obs=next_obs, action=action, reward=reward,
         magnitudes=magnitudes,
     )

@@ -13,29 +13,11 @@ import math
 import torch
 from torch import Tensor
 
+from cuda_ext.reference.checks import check_same_device, check_tensor
+
 __all__ = ["branch_select", "check_branch_select", "check_quantile_iqr", "iqr_positions", "quantile_iqr"]
 
 MIN_TEMPERATURE = 0.01
-
-
-def _check(name: str, tensor: Tensor, dtype: torch.dtype, shape: tuple[int | None, ...]) -> None:
-    """Raise ``ValueError`` unless ``tensor`` has ``dtype`` and ``shape`` (``None`` matches any size).
-
-    :param name: the argument name used in the message.
-    :param tensor: the tensor to check.
-    :param dtype: the required dtype.
-    :param shape: the required shape; ``None`` entries are free.
-    """
-    if not isinstance(tensor, Tensor):
-        raise ValueError(f"{name}={tensor!r} must be a Tensor")
-    if tensor.dtype != dtype:
-        raise ValueError(f"{name}.dtype={tensor.dtype} must be {dtype}")
-    sizes_ok = tensor.dim() == len(shape) and all(
-        s is None or s == t for s, t in zip(shape, tensor.shape, strict=True)
-    )
-    if not sizes_ok:
-        want = tuple("*" if s is None else s for s in shape)
-        raise ValueError(f"{name}.shape={tuple(tensor.shape)} must be {want}")
 
 
 def check_branch_select(
@@ -58,23 +40,21 @@ def check_branch_select(
     :param q: see :func:`branch_select`; the other parameters likewise.
     :param check_values: also check the values of a CPU ``n_actions`` (not for fake tensors).
     """
-    _check("q", q, torch.float32, (None, None, None))
+    check_tensor("q", q, torch.float32, (None, None, None))
     n_books, n_branches, max_actions = q.shape
     if max_actions < 1:
         raise ValueError(f"q.shape[2]={max_actions} must be >= 1")
-    _check("iqr", iqr, torch.float32, (n_books, n_branches, max_actions))
-    _check("ens_std", ens_std, torch.float32, (n_books, n_branches, max_actions))
-    _check("n_actions", n_actions, torch.int64, (n_branches,))
-    _check("eps", eps, torch.float32, (n_branches,))
-    _check("boltzmann", boltzmann, torch.bool, (n_branches,))
-    _check("u_explore", u_explore, torch.float32, (n_books, n_branches))
-    _check("u_action", u_action, torch.float32, (n_books, n_branches))
-    for name, tensor in (
-        ("iqr", iqr), ("ens_std", ens_std), ("n_actions", n_actions), ("eps", eps),
-        ("boltzmann", boltzmann), ("u_explore", u_explore), ("u_action", u_action),
-    ):
-        if tensor.device != q.device:
-            raise ValueError(f"{name}.device={tensor.device} must match q.device={q.device}")
+    check_tensor("iqr", iqr, torch.float32, (n_books, n_branches, max_actions))
+    check_tensor("ens_std", ens_std, torch.float32, (n_books, n_branches, max_actions))
+    check_tensor("n_actions", n_actions, torch.int64, (n_branches,))
+    check_tensor("eps", eps, torch.float32, (n_branches,))
+    check_tensor("boltzmann", boltzmann, torch.bool, (n_branches,))
+    check_tensor("u_explore", u_explore, torch.float32, (n_books, n_branches))
+    check_tensor("u_action", u_action, torch.float32, (n_books, n_branches))
+    check_same_device(
+        q=q, iqr=iqr, ens_std=ens_std, n_actions=n_actions, eps=eps, boltzmann=boltzmann,
+        u_explore=u_explore, u_action=u_action,
+    )
     if check_values and n_actions.device.type == "cpu" and n_actions.numel() > 0:
         bad = (n_actions < 1) | (n_actions > max_actions)
         if bad.any():
