@@ -179,7 +179,9 @@ class BranchingIQN(OffPolicyAlgorithm):
     :param tensorboard_log: TensorBoard log folder (``None``: none).
     :param policy_kwargs: keyword arguments of the policy.
     :param verbose: 0 none, 1 info, 2 debug.
-    :param seed: random seed (network init, replay sampling, exploration uniforms).
+    :param seed: random seed (network init, replay sampling, exploration uniforms). With a seed on a CUDA
+        device, :meth:`_setup_model` turns on ``torch.use_deterministic_algorithms(True, warn_only=True)``
+        (process-wide, and left on) so that the same seed gives the same results on the GPU.
     :param device: ``"cpu"``, ``"cuda"`` or ``"auto"``.
     :param c51_alpha: weight of the C51 loss in ``(1 − α)·L_IQN + α·L_C51``, fixed from the first step.
     :param exploration_mults: per-branch ε multipliers (``ε_b = min(1, ε·mult_b)``): a list of length NB or
@@ -252,6 +254,16 @@ class BranchingIQN(OffPolicyAlgorithm):
                 raise ValueError(f"{field}={value} must lie in [0, 1]")
         if not 0.0 < exploration_fraction <= 1.0:
             raise ValueError(f"exploration_fraction={exploration_fraction} must lie in (0, 1]")
+        if not 0.0 <= gamma <= 1.0:
+            raise ValueError(f"gamma={gamma} must lie in [0, 1]")
+        if not 0.0 < tau <= 1.0:
+            raise ValueError(f"tau={tau} must lie in (0, 1]")
+        if not max_grad_norm > 0.0:
+            raise ValueError(f"max_grad_norm={max_grad_norm} must be > 0")
+        if not 0.0 < vaccine_beta <= 1.0:
+            raise ValueError(f"vaccine_beta={vaccine_beta} must lie in (0, 1]")
+        if not ensemble_bonus >= 0.0:
+            raise ValueError(f"ensemble_bonus={ensemble_bonus} must be >= 0")
         if not per_alpha >= 0.0:
             raise ValueError(f"per_alpha={per_alpha} must be >= 0")
         if vaccine_interval < 0:
@@ -264,6 +276,8 @@ class BranchingIQN(OffPolicyAlgorithm):
         self.per_beta_range = _pair(per_beta, "per_beta")
         if not all(0.0 <= b <= 1.0 for b in self.per_beta_range):
             raise ValueError(f"per_beta={per_beta} must lie in [0, 1]")
+        if not all(b >= 0.0 for b in self.iqr_bonus_range):
+            raise ValueError(f"iqr_bonus={iqr_bonus} must be >= 0")
 
         super().__init__(
             policy,
@@ -358,6 +372,13 @@ class BranchingIQN(OffPolicyAlgorithm):
         return list(default_branch_names(n_branches))
 
     def _setup_model(self) -> None:
+        """Build the policy and buffer (SB3), then schedules, action masks, generator, vaccine, diagnostics.
+
+        For a seeded run on CUDA this calls ``torch.use_deterministic_algorithms(True, warn_only=True)``:
+        without it the backward pass's scatter-adds and cuBLAS may reorder float additions, and the same seed
+        would not give the same parameters on the GPU (verified on an H200). The switch is process-wide and
+        stays on after the model is gone; ops without a deterministic kernel only warn.
+        """
         super()._setup_model()
         self.q_net = self.policy.q_net
         self.q_net_target = self.policy.q_net_target
@@ -486,6 +507,7 @@ class BranchingIQN(OffPolicyAlgorithm):
         dones = batch.dones.reshape(batch_size).float()
         rand = self._rand
 
+        # 2. BDQ double-Q target y = r + γ(1 − done)·Z' (de-normalised)
         with th.no_grad():
             # Double-Q per branch: the online network picks a' on the ensemble-mean quantile-mean ...
             next_q = _mean_values(q_net, batch.next_observations, rand(batch_size, n_act))  # [B, NB, A]
@@ -500,6 +522,7 @@ class BranchingIQN(OffPolicyAlgorithm):
             y = rewards[None, :, None] + self.gamma * not_done * (sigma_old * z_next + mu_old)  # [E, B, N']
             next_probs = th.softmax(next_logits, dim=-1).mean(dim=1)  # [B, atoms]
 
+        # 3. PopArt update from y, then y (and the C51 target) in the normalised space
         if update_popart and popart is not None:
             popart.update(y)  # output-preserving: rescales the online output layers
 
@@ -509,8 +532,9 @@ class BranchingIQN(OffPolicyAlgorithm):
             # C51 target in the (new) normalised space: (r + γ(1-d)(σ_old z + μ_old) - μ) / σ
             c51_rewards = (rewards + self.gamma * (1.0 - dones) * mu_old - mu) / sigma
             target_probs = c51_project(next_probs, c51_rewards, dones, self.gamma * sigma_old / sigma,
-                                       self.policy.support)
+                                       policy.support)
 
+        # 4. quantiles and C51 logits of the taken actions; the mixed per-sample loss and TD errors
         taus = rand(batch_size, n_quantiles)
         z_taken, logits_taken = _taken_quantiles_and_logits(  # [E, B, NB, N], [B, NB, atoms]
             q_net, batch.observations, taus, actions
@@ -537,19 +561,24 @@ class BranchingIQN(OffPolicyAlgorithm):
         params = list(self.q_net.parameters())
         prioritized = hasattr(self.replay_buffer, "update_priorities")
         for _ in range(gradient_steps):
+            # 1. a prioritized batch and its importance weights (ones for a plain buffer)
             batch = self.replay_buffer.sample(batch_size, env=self._vec_normalize_env)
-            weights = batch.weights.reshape(-1).float() if hasattr(batch, "weights") else th.ones_like(
-                batch.rewards.reshape(-1)
-            )
+            if hasattr(batch, "weights"):
+                weights = batch.weights.reshape(-1).float()
+            else:
+                weights = th.ones_like(batch.rewards.reshape(-1))
+            # 2.-4. double-Q target, PopArt update, IQN + C51 loss of the taken actions, weighted
             result = self._distributional_loss(batch, update_popart=True)
             loss = (result.per_sample * weights).mean()
             self.policy.optimizer.zero_grad()
             loss.backward()
 
+            # 5. every vaccine_interval-th step: GradVac correction from a magnitude-stratified batch
             self._n_gradient_steps += 1
             if self._vaccine_due():
                 self._vaccinate(params, batch_size)
 
+            # 6. clip, optimizer step, PER priorities from the per-branch TD errors
             th.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
             self.policy.optimizer.step()
             if prioritized:

@@ -96,6 +96,24 @@ def test_c51_alpha_outside_unit_interval(alpha: float) -> None:
         BranchingIQN("MlpPolicy", TinyEnv(), c51_alpha=alpha, **TINY)
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("gamma", 1.5, "gamma=1.5 must lie in [0, 1]"),
+        ("tau", 0.0, "tau=0.0 must lie in (0, 1]"),
+        ("max_grad_norm", 0.0, "max_grad_norm=0.0 must be > 0"),
+        ("vaccine_beta", 0.0, "vaccine_beta=0.0 must lie in (0, 1]"),
+        ("ensemble_bonus", -0.1, "ensemble_bonus=-0.1 must be >= 0"),
+        ("iqr_bonus", (0.3, -0.1), "iqr_bonus=(0.3, -0.1) must be >= 0"),
+    ],
+)
+def test_bad_hyper_parameters_name_field_and_value(field: str, value: object, message: str) -> None:
+    kwargs = {**TINY, field: value}
+    with pytest.raises(ValueError) as excinfo:
+        BranchingIQN("MlpPolicy", TinyEnv(), **kwargs)
+    assert str(excinfo.value) == message
+
+
 def test_mults_of_the_wrong_length() -> None:
     with pytest.raises(ValueError, match="exploration_mults has length 2"):
         BranchingIQN("MlpPolicy", TinyEnv(spaces.MultiDiscrete([3, 3, 3])), exploration_mults=[1, 2], **TINY)
