@@ -7,6 +7,10 @@ of actions. Both buffers are filled with random transitions first (``learn`` wit
 equal to the fill size, so no training happens there); then ``model.train(gradient_steps=k,
 batch_size=b)`` is timed (after a warm-up), with a CUDA synchronize around it on the GPU.
 
+Every model is seeded (``seed=0``); a seeded BranchingIQN on CUDA runs with
+``torch.use_deterministic_algorithms`` on (its same-seed-same-result setting), which the benchmark switches
+back after each row, so the QR-DQN row runs without it; each row records ``deterministic_algorithms``.
+
 Rows: BranchingIQN with its defaults (5 ensemble heads, IQN + C51, GradVac every 5 steps, PER),
 BranchingIQN "lean" (1 head, vaccine off) to show what the extras cost, and QR-DQN
 (``n_quantiles`` = BranchingIQN's quantile count).
@@ -108,8 +112,18 @@ def bench_device(device: str, widths: list[int], batch: int, steps: int, fill: i
     ]
     for label, algo, make in setups:
         th.manual_seed(0)
-        rate = _time_train(make(), fill, steps, batch, dev)
-        rows.append({"row": label, "algorithm": algo, "device": device, "grad_steps_per_s": rate})
+        # A seeded BranchingIQN on CUDA turns on deterministic algorithms process-wide: restore the switch
+        # after each row so that it does not slow the rows after it (recorded per row).
+        deterministic = th.are_deterministic_algorithms_enabled()
+        warn_only = th.is_deterministic_algorithms_warn_only_enabled()
+        try:
+            model = make()
+            rate = _time_train(model, fill, steps, batch, dev)
+            row_deterministic = th.are_deterministic_algorithms_enabled()
+        finally:
+            th.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+        rows.append({"row": label, "algorithm": algo, "device": device, "grad_steps_per_s": rate,
+                     "deterministic_algorithms": row_deterministic})
     peer = rows[-1]["grad_steps_per_s"]
     for row in rows:
         row["qrdqn_over_this"] = peer / row["grad_steps_per_s"]
