@@ -21,33 +21,46 @@ from cuda_ext.reference import per as reference
 
 
 def _push_fake(*args: torch.Tensor | float) -> torch.Tensor:
+    """Fake :func:`cuda_ext.reference.per.per_push`: validates, then shapes the slots.
+
+    :param args: the op's arguments, in schema order.
+    :return: an empty ``[N] int64`` tensor.
+    """
+    reference.check_per_push(*args)  # type: ignore[arg-type]
     wants = args[15]
     assert isinstance(wants, torch.Tensor)
     return wants.new_empty(wants.shape, dtype=torch.int64)
 
 
 def _rebuild_fake(tree: torch.Tensor, leaf_idx: torch.Tensor) -> None:
-    return None
+    """Fake :func:`cuda_ext.reference.per.per_tree_rebuild`: validates, returns nothing.
+
+    :param tree: see the reference; the other parameter likewise.
+    """
+    reference.check_per_tree_rebuild(tree, leaf_idx)
 
 
 def _sample_fake(
     tree: torch.Tensor, head_size: torch.Tensor, uniforms: torch.Tensor, beta: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fake :func:`cuda_ext.reference.per.per_sample`: validates, then shapes the outputs.
+
+    :param tree: see the reference; the other parameters likewise.
+    :return: empty ``([B] int64, [B] float32)`` tensors.
+    """
+    reference.check_per_sample(tree, head_size, uniforms, beta)
     return (
         uniforms.new_empty(uniforms.shape, dtype=torch.int64),
         uniforms.new_empty(uniforms.shape, dtype=torch.float32),
     )
 
 
-def _update_fake(
-    tree: torch.Tensor,
-    max_priority: torch.Tensor,
-    indices: torch.Tensor,
-    td_abs: torch.Tensor,
-    alpha: float,
-    eps: float,
-) -> None:
-    return None
+def _update_fake(*args: torch.Tensor | float) -> None:
+    """Fake :func:`cuda_ext.reference.per.per_update`: validates, returns nothing.
+
+    :param args: the op's arguments, in schema order.
+    """
+    reference.check_per_update(*args)  # type: ignore[arg-type]
 
 
 per_push = define_op(

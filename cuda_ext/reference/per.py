@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from cuda_ext.reference.checks import check_same_device, check_tensor
+
 
 def tree_leaf_count(tree: torch.Tensor) -> int:
     """Number of leaves ``P`` of a sum tree stored as ``[2P]``.
@@ -31,6 +33,109 @@ def tree_leaf_count(tree: torch.Tensor) -> int:
     if n_nodes < 2 or n_nodes % 2 or (n_nodes // 2) & (n_nodes // 2 - 1):
         raise ValueError(f"tree length={n_nodes} must be 2P with P a power of two")
     return n_nodes // 2
+
+
+def check_per_push(
+    obs: torch.Tensor,
+    next_obs: torch.Tensor,
+    action: torch.Tensor,
+    reward: torch.Tensor,
+    done: torch.Tensor,
+    kind: torch.Tensor,
+    tree: torch.Tensor,
+    head_size: torch.Tensor,
+    max_priority: torch.Tensor,
+    new_obs: torch.Tensor,
+    new_next_obs: torch.Tensor,
+    new_action: torch.Tensor,
+    new_reward: torch.Tensor,
+    new_done: torch.Tensor,
+    new_kind: torch.Tensor,
+    wants: torch.Tensor,
+    new_priority: torch.Tensor,
+    max_multiplier: torch.Tensor,
+    alpha: float,
+) -> None:
+    """Validate the arguments of :func:`per_push` (dtypes, shapes, devices); raise ``ValueError``.
+
+    The dtypes are those of ``cuda_ext/README.md``, which the CUDA kernel requires too.
+
+    :param obs: see :func:`per_push`; the other parameters likewise.
+    """
+    n_leaves = tree_leaf_count(tree)
+    check_tensor("obs", obs, torch.float32, (None, None))
+    capacity, obs_dim = obs.shape
+    if not 1 <= capacity <= n_leaves:
+        raise ValueError(f"capacity={capacity} (obs.shape[0]) must be in [1, P={n_leaves}]")
+    check_tensor("action", action, torch.int64, (capacity, None))
+    n_branches = action.shape[1]
+    check_tensor("new_obs", new_obs, torch.float32, (None, obs_dim))
+    n_new = new_obs.shape[0]
+    for name, tensor, dtype, shape in (
+        ("next_obs", next_obs, torch.float32, (capacity, obs_dim)),
+        ("reward", reward, torch.float32, (capacity,)),
+        ("done", done, torch.float32, (capacity,)),
+        ("kind", kind, torch.int8, (capacity,)),
+        ("head_size", head_size, torch.int64, (2,)),
+        ("max_priority", max_priority, torch.float32, (1,)),
+        ("new_next_obs", new_next_obs, torch.float32, (n_new, obs_dim)),
+        ("new_action", new_action, torch.int64, (n_new, n_branches)),
+        ("new_reward", new_reward, torch.float32, (n_new,)),
+        ("new_done", new_done, torch.float32, (n_new,)),
+        ("new_kind", new_kind, torch.int8, (n_new,)),
+        ("wants", wants, torch.bool, (n_new,)),
+        ("new_priority", new_priority, torch.float32, (n_new,)),
+        ("max_multiplier", max_multiplier, torch.float32, (n_new,)),
+    ):
+        check_tensor(name, tensor, dtype, shape)
+    check_same_device(
+        tree=tree, obs=obs, next_obs=next_obs, action=action, reward=reward, done=done, kind=kind,
+        head_size=head_size, max_priority=max_priority, new_obs=new_obs, new_next_obs=new_next_obs,
+        new_action=new_action, new_reward=new_reward, new_done=new_done, new_kind=new_kind, wants=wants,
+        new_priority=new_priority, max_multiplier=max_multiplier,
+    )
+
+
+def check_per_tree_rebuild(tree: torch.Tensor, leaf_idx: torch.Tensor) -> None:
+    """Validate the arguments of :func:`per_tree_rebuild` (dtypes, shapes, devices); raise ``ValueError``.
+
+    :param tree: see :func:`per_tree_rebuild`; the other parameter likewise.
+    """
+    tree_leaf_count(tree)
+    check_tensor("leaf_idx", leaf_idx, torch.int64, (None,))
+    check_same_device(tree=tree, leaf_idx=leaf_idx)
+
+
+def check_per_sample(
+    tree: torch.Tensor, head_size: torch.Tensor, uniforms: torch.Tensor, beta: float
+) -> None:
+    """Validate the arguments of :func:`per_sample` (dtypes, shapes, devices); raise ``ValueError``.
+
+    :param tree: see :func:`per_sample`; the other parameters likewise.
+    """
+    tree_leaf_count(tree)
+    check_tensor("head_size", head_size, torch.int64, (2,))
+    check_tensor("uniforms", uniforms, torch.float64, (None,))
+    check_same_device(tree=tree, head_size=head_size, uniforms=uniforms)
+
+
+def check_per_update(
+    tree: torch.Tensor,
+    max_priority: torch.Tensor,
+    indices: torch.Tensor,
+    td_abs: torch.Tensor,
+    alpha: float,
+    eps: float,
+) -> None:
+    """Validate the arguments of :func:`per_update` (dtypes, shapes, devices); raise ``ValueError``.
+
+    :param tree: see :func:`per_update`; the other parameters likewise.
+    """
+    tree_leaf_count(tree)
+    check_tensor("max_priority", max_priority, torch.float32, (1,))
+    check_tensor("indices", indices, torch.int64, (None,))
+    check_tensor("td_abs", td_abs, torch.float32, (indices.shape[0],))
+    check_same_device(tree=tree, max_priority=max_priority, indices=indices, td_abs=td_abs)
 
 
 def per_push(
@@ -83,10 +188,12 @@ def per_push(
     :param alpha: priority exponent.
     :return: the slot of each incoming row, -1 where nothing was written, ``[N] int64``.
     """
+    check_per_push(
+        obs, next_obs, action, reward, done, kind, tree, head_size, max_priority, new_obs, new_next_obs,
+        new_action, new_reward, new_done, new_kind, wants, new_priority, max_multiplier, alpha,
+    )
     capacity = obs.shape[0]
     n_leaves = tree_leaf_count(tree)
-    if capacity > n_leaves:
-        raise ValueError(f"capacity={capacity} exceeds the tree's leaf count P={n_leaves}")
     wants_count = wants.to(torch.int64)
     prefix = torch.cumsum(wants_count, 0) - wants_count
     total = wants_count.sum()
@@ -116,6 +223,7 @@ def per_tree_rebuild(tree: torch.Tensor, leaf_idx: torch.Tensor) -> None:
     :param tree: sum tree ``[2P] float64`` (internal nodes written in place).
     :param leaf_idx: leaf indices ``[M] int64``, each in ``[-inf, P)``.
     """
+    check_per_tree_rebuild(tree, leaf_idx)
     n_leaves = tree_leaf_count(tree)
     leaves = leaf_idx[leaf_idx >= 0]
     if leaves.numel() and int(leaves.max()) >= n_leaves:
@@ -143,6 +251,7 @@ def per_sample(
     :param beta: importance-sampling exponent.
     :return: ``(indices [B] int64, weights [B] float32)``.
     """
+    check_per_sample(tree, head_size, uniforms, beta)
     n_leaves = tree_leaf_count(tree)
     batch = uniforms.shape[0]
     total = tree[1]
@@ -197,6 +306,7 @@ def per_update(
     :param alpha: priority exponent.
     :param eps: added to every ``td_abs``.
     """
+    check_per_update(tree, max_priority, indices, td_abs, alpha, eps)
     n_leaves = tree_leaf_count(tree)
     if indices.numel() == 0:
         return
