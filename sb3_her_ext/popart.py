@@ -73,9 +73,10 @@ class PopArt(nn.Module):
         """Reward for a Bellman backup done entirely in the normalised space.
 
         With ``discounts = gamma * (1 - done)``, ``r_n + discounts * z`` equals
-        ``normalize(r + discounts * denormalize(z))`` exactly for the current statistics. The C51 head uses
-        it: its atoms are a fixed support in the normalised space, so ``c51_project(p, r_n, dones, gamma,
-        support)`` is the normalised categorical target.
+        ``normalize(r + discounts * denormalize(z))`` exactly for the current statistics, so with C51 atoms
+        on a fixed support in the normalised space ``c51_project(p, r_n, dones, gamma, support)`` is the
+        normalised categorical target. (BranchingIQN's train step does not call it: it updates PopArt between
+        the target and the loss, so it builds the same target from the statistics before and after.)
 
         :param rewards: rewards in return units.
         :param discounts: ``gamma * (1 - done)``, broadcastable to ``rewards``.
