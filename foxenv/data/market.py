@@ -73,7 +73,11 @@ class MarketData:
         return self.bid_price.device
 
     def to(self, device: torch.device | str) -> MarketData:
-        """Return a copy with every tensor on ``device``."""
+        """Return a copy with every tensor on ``device``.
+
+        :param device: where the copy's tensors live.
+        :return: the moved market (``self``'s tensors when already there).
+        """
         moved = {
             f.name: getattr(self, f.name).to(device)
             for f in fields(self)
@@ -82,7 +86,12 @@ class MarketData:
         return replace(self, **moved)
 
     def slice(self, start: int, stop: int) -> MarketData:
-        """Return steps ``[start, stop)`` as a new timeline (views, no copy)."""
+        """Return steps ``[start, stop)`` as a new timeline (views, no copy).
+
+        :param start: first step kept; ``0 <= start < stop``.
+        :param stop: one past the last step kept; ``<= num_steps``.
+        :return: the sliced market.
+        """
         if not 0 <= start < stop <= self.num_steps:
             raise ValueError(
                 f"slice: start={start}, stop={stop} must satisfy 0 <= start < stop <= {self.num_steps}"
@@ -95,7 +104,11 @@ class MarketData:
         return replace(self, **cut)
 
     def split(self, train_fraction: float = 0.8) -> tuple[MarketData, MarketData]:
-        """Split by time into (train, test): the first ``train_fraction`` of steps, then the rest."""
+        """Split by time into (train, test): the first ``train_fraction`` of steps, then the rest.
+
+        :param train_fraction: share of the steps in the train part, strictly between 0 and 1.
+        :return: ``(train, test)`` markets, both non-empty.
+        """
         if not 0.0 < train_fraction < 1.0:
             raise ValueError(f"train_fraction={train_fraction} must lie strictly between 0 and 1")
         cut = int(round(self.num_steps * train_fraction))
