@@ -47,7 +47,7 @@ from sb3_her_ext.exploration import (
     select_actions,
 )
 from sb3_her_ext.losses import c51_cross_entropy, c51_project, quantile_huber_loss
-from sb3_her_ext.policy import BranchingIQNPolicy
+from sb3_her_ext.policy import BranchingIQNPolicy, branch_action_dims
 from sb3_her_ext.replay import HindsightConfig, PrioritizedHindsightReplayBuffer
 from sb3_her_ext.vaccine import GradVac, assign_flat_grad, flat_grad
 
@@ -352,14 +352,7 @@ class BranchingIQN(OffPolicyAlgorithm):
         """Validate the spaces and return the number of actions of each branch."""
         if not isinstance(observation_space, spaces.Box):
             raise ValueError(f"observation_space={observation_space} is not supported: it must be a Box")
-        if isinstance(action_space, spaces.Discrete):
-            return [int(action_space.n)]
-        if isinstance(action_space, spaces.MultiDiscrete) and action_space.nvec.ndim == 1:
-            return [int(n) for n in action_space.nvec]
-        raise ValueError(
-            f"action_space={' '.join(str(action_space).split())} is not supported: "
-            "it must be MultiDiscrete (1-D) or Discrete"
-        )
+        return branch_action_dims(action_space)
 
     @staticmethod
     def _branch_names(env: VecEnv | None, n_branches: int) -> list[str]:

@@ -428,18 +428,27 @@ class BranchingQNetwork(nn.Module):
         return q, iqr.masked_fill(~mask, 0.0), ens_std.masked_fill(~mask, 0.0)
 
 
-def _action_dims(action_space: spaces.Space) -> list[int]:
+def branch_action_dims(action_space: spaces.Space) -> list[int]:
+    """Number of actions of each branch: ``[n]`` for ``Discrete(n)``, ``nvec`` for a 1-D ``MultiDiscrete``.
+
+    The one check of the action space shared by the policy, the replay buffer and the algorithm.
+
+    :param action_space: the action space; actions must start at 0.
+    :return: one action count per branch.
+    """
     if isinstance(action_space, spaces.Discrete):
         if int(action_space.start) != 0:
-            raise ValueError(f"action_space.start={action_space.start} must be 0")
+            raise ValueError(f"action_space.start={int(action_space.start)} must be 0")
         return [int(action_space.n)]
+    shown = " ".join(str(action_space).split())
     if isinstance(action_space, spaces.MultiDiscrete):
         if action_space.nvec.ndim != 1:
-            raise ValueError(f"action_space.nvec.shape={action_space.nvec.shape} must be 1-D")
+            raise ValueError(f"action_space={shown} is not supported: "
+                             f"action_space.nvec.shape={action_space.nvec.shape} must be 1-D")
         if np.any(action_space.start != 0):
             raise ValueError(f"action_space.start={action_space.start.tolist()} must be all 0")
         return [int(n) for n in action_space.nvec]
-    raise ValueError(f"action_space={action_space} is not supported (Discrete or MultiDiscrete)")
+    raise ValueError(f"action_space={shown} is not supported: it must be MultiDiscrete (1-D) or Discrete")
 
 
 def resolve_bottleneck_dims(
@@ -551,7 +560,7 @@ class BranchingIQNPolicy(BasePolicy):
             optimizer_kwargs=optimizer_kwargs,
             normalize_images=normalize_images,
         )
-        action_dims = _action_dims(action_space)
+        action_dims = branch_action_dims(action_space)
         obs_dim = int(np.prod(observation_space.shape))
         if n_market_features is None:
             n_market_features = obs_dim

@@ -46,6 +46,7 @@ from sb3_her_ext.hindsight import (
     RowBlock,
     StepBatch,
 )
+from sb3_her_ext.policy import branch_action_dims
 
 __all__ = ["HindsightConfig", "PrioritizedHindsightReplayBuffer", "PrioritizedReplaySamples"]
 
@@ -73,16 +74,6 @@ class PrioritizedReplaySamples(NamedTuple):
     weights: torch.Tensor
     indices: torch.Tensor
     kinds: torch.Tensor
-
-
-def _branch_sizes(action_space: spaces.Space) -> list[int]:
-    if isinstance(action_space, spaces.MultiDiscrete):
-        if action_space.nvec.ndim != 1:
-            raise ValueError(f"action_space={action_space} must be a one-dimensional MultiDiscrete")
-        return [int(n) for n in action_space.nvec]
-    if isinstance(action_space, spaces.Discrete):
-        return [int(action_space.n)]
-    raise ValueError(f"action_space={action_space} must be Discrete or MultiDiscrete")
 
 
 class PrioritizedHindsightReplayBuffer(ReplayBuffer):
@@ -139,7 +130,7 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
             raise ValueError(f"beta={beta} must be >= 0")
         if not priority_eps > 0:
             raise ValueError(f"priority_eps={priority_eps} must be > 0")
-        self.branch_sizes = _branch_sizes(action_space)
+        self.branch_sizes = branch_action_dims(action_space)
         self._allocated = False
         BaseBuffer.__init__(
             self, int(buffer_size), observation_space, action_space, device, n_envs=int(n_envs)

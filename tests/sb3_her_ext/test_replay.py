@@ -58,6 +58,16 @@ def test_bad_construction_raises_naming_the_field(kwargs, field):
         PrioritizedHindsightReplayBuffer(**params)
 
 
+@pytest.mark.parametrize(
+    ("action_space", "message"),
+    [(spaces.MultiDiscrete([3, 3], start=[1, 0]), r"action_space.start=\[1, 0\] must be all 0"),
+     (spaces.Discrete(3, start=1), "action_space.start=1 must be 0")],
+)
+def test_actions_not_starting_at_zero_are_refused(action_space, message):
+    with pytest.raises(ValueError, match=message):
+        PrioritizedHindsightReplayBuffer(8, OBS_SPACE, action_space, device="cpu")
+
+
 def test_is_an_sb3_replay_buffer_without_numpy_storage():
     buffer = make_buffer(capacity=5, n_envs=2)
     assert isinstance(buffer, ReplayBuffer)
