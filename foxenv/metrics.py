@@ -199,12 +199,18 @@ def summarize(
     cumulative = np.cumsum(pnl, axis=-1)
     closed = _as_float64(trade_closed, "trade_closed") != 0
     pnls = _as_float64(trade_pnl, "trade_pnl")
+    path = _as_float64(positions, "positions")
+    for name, series in (("positions", path), ("trade_pnl", pnls), ("trade_closed", closed)):
+        if series.shape != pnl.shape:
+            raise ValueError(
+                f"{name} has shape {series.shape}, step_pnl has shape {pnl.shape}; they must match"
+            )
     num_steps = pnl.shape[-1]
     summary: dict[str, Any] = {
         "steps": int(pnl.size),
         "sharpe": float(np.mean(sharpe_ratio(pnl, periods_per_year))),
         "max_drawdown": float(np.mean(max_drawdown(cumulative))),
-        "turnover": float(np.mean(turnover(positions, episode_starts=episode_starts))) / num_steps,
+        "turnover": float(np.mean(turnover(path, episode_starts=episode_starts))) / num_steps,
         "total_pnl": float(cumulative[..., -1].mean()),
         "hit_rate": float(hit_rate(pnls.reshape(-1), closed.reshape(-1))),
         "num_trades": int(closed.sum()),

@@ -213,3 +213,24 @@ def test_sample_at_capacity_2_pow_24_returns_written_rows() -> None:
     assert (tree[capacity + indices] > 0).all()
     assert indices[-1] == capacity - 1  # the end clamps to the last non-zero leaf
     assert torch.isfinite(weights).all() and weights.max() == 1.0
+
+
+def test_wrong_dtype_or_shape_raises_naming_the_argument() -> None:
+    """The reference checks what the CUDA binding checks instead of casting silently."""
+    tree = new_tree(4)
+    tree[1] = 1.0
+    head_size = torch.tensor([0, 1])
+    with pytest.raises(ValueError, match="uniforms.dtype=torch.float32 must be torch.float64"):
+        OPS.per_sample(tree, head_size, torch.rand(3), 0.4)
+    with pytest.raises(ValueError, match=r"head_size.shape=\(3,\)"):
+        OPS.per_sample(tree, torch.tensor([0, 1, 2]), torch.rand(3, dtype=torch.float64), 0.4)
+    with pytest.raises(ValueError, match="td_abs.dtype=torch.float64 must be torch.float32"):
+        OPS.per_update(tree, torch.ones(1), torch.tensor([0]), torch.ones(1, dtype=torch.float64), 0.6, 1e-3)
+    with pytest.raises(ValueError, match="leaf_idx.dtype=torch.int32"):
+        OPS.per_tree_rebuild(tree, torch.tensor([0], dtype=torch.int32))
+    state = make_state(4)
+    rows = make_rows(2)
+    rows["new_done"] = rows["new_done"].bool()
+    with pytest.raises(ValueError, match="new_done.dtype=torch.bool must be torch.float32"):
+        push(state, rows)
+    assert state["head_size"].tolist() == [0, 0]  # nothing was written

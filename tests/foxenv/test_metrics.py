@@ -130,3 +130,11 @@ def test_summarize_hand_computed() -> None:
     assert summary["mean_episode_reward"] == pytest.approx(1.5)
     assert summary["action_mix"]["direction"] == [1.0, 0.0, 0.0]
     assert list(summary["action_mix"]) == ["direction", "magnitude", "order", "urgency"]
+
+
+def test_summarize_rejects_series_of_another_shape() -> None:
+    series = np.zeros((2, 5))
+    with pytest.raises(ValueError, match=r"positions has shape \(2, 4\), step_pnl has shape \(2, 5\)"):
+        metrics.summarize(step_pnl=series, positions=np.zeros((2, 4)), trade_pnl=series, trade_closed=series)
+    with pytest.raises(ValueError, match=r"trade_closed has shape \(5,\)"):
+        metrics.summarize(step_pnl=series, positions=series, trade_pnl=series, trade_closed=np.zeros(5))
