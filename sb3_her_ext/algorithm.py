@@ -671,6 +671,10 @@ class BranchingIQN(OffPolicyAlgorithm):
         """
         if reset_num_timesteps:
             self._last_diagnostics_step = 0
+        self.diagnostics.restart(
+            0 if reset_num_timesteps else self.num_timesteps,
+            getattr(self.replay_buffer, "hindsight_counts", None),
+        )
         return super().learn(
             total_timesteps=total_timesteps,
             callback=callback,

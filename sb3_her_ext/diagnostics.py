@@ -95,6 +95,17 @@ class TrainingDiagnostics:
         self._select_count = th.zeros((), dtype=th.int64, device=self.device)
         self._action_counts = [np.zeros(n, dtype=np.int64) for n in self.action_dims]
 
+    def restart(self, step: int, hindsight_totals: dict[str, Any] | None = None) -> None:
+        """Start a new interval at ``step`` (the start of ``learn``): rates and hindsight counts of the next
+        line then cover only this run, also after ``reset_num_timesteps`` or a ``load``.
+
+        :param step: the algorithm's ``num_timesteps`` when the run starts.
+        :param hindsight_totals: the replay's cumulative hindsight counts by kind now (read here: a sync).
+        """
+        self._last_time = time.time()
+        self._last_step = int(step)
+        self._last_hindsight = {k: int(v) for k, v in (hindsight_totals or {}).items()}
+
     def add_train_step(
         self, l_q: th.Tensor, l_c51: th.Tensor, loss: th.Tensor, mean_weight: th.Tensor
     ) -> None:

@@ -92,3 +92,14 @@ def test_flatten_scalars_by_hand() -> None:
 def test_branch_names_must_match_branches(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="branch_names has 1 names for 2 branches"):
         TrainingDiagnostics(None, [3, 3], ["direction"])
+
+
+def test_restart_starts_a_new_interval(tmp_path: Path) -> None:
+    diag = _diag(tmp_path)
+    diag.flush(100, hindsight_totals={"backward": th.tensor(3)})
+    # a new run from step 0 (reset_num_timesteps) with a replay that already counted 5 backward rows
+    diag.restart(0, {"backward": th.tensor(5), "forward": th.tensor(1)})
+    record = diag.flush(40, hindsight_totals={"backward": th.tensor(7), "forward": th.tensor(1)})
+    assert record["fps"] > 0  # 40 steps since the restart, not 40 - 100
+    assert record["hindsight"]["backward"] == 2
+    assert record["hindsight"]["forward"] == 0
