@@ -547,21 +547,32 @@ class BatchedLOB:
         """Restore a :meth:`state_dict` (taken from an env with the same market, config and ``num_books``).
 
         :param state: the dict.
+        :raises ValueError: when its keys, or a tensor's type, shape or dtype, differ from this env's, or an
+            offset lies outside ``[0, num_steps - episode_length)``.
         """
         expected = set(self.state_dict())
         if set(state) != expected:
             raise ValueError(f"state keys {sorted(set(state) ^ expected)} differ from this env's state")
         current = self._state_tensors()
-        for key in current:
+        for key, value in current.items():
+            if not isinstance(state[key], torch.Tensor):
+                raise ValueError(f"state[{key!r}] of type {type(state[key]).__name__} must be a torch.Tensor")
             if tuple(state[key].shape) != (self.num_books,):
                 raise ValueError(
                     f"state[{key!r}] shape {tuple(state[key].shape)} must be ({self.num_books},)"
                 )
+            if state[key].dtype != value.dtype:  # a cast would silently truncate (e.g. float offsets)
+                raise ValueError(f"state[{key!r}] dtype {state[key].dtype} must be {value.dtype}")
+        high = self._num_steps - self.config.episode_length
+        offset = state["offset"]
+        if bool(((offset < 0) | (offset >= high)).any()):  # loading is no step: a host sync is fine
+            low, top = int(offset.min()), int(offset.max())
+            raise ValueError(f"state['offset'] values in [{low}, {top}] must lie in [0, {high})")
         self._generator.set_state(state["generator"])
         self._set_state_tensors(
             {
-                key: state[key].to(device=self.device, dtype=value.dtype).clone()
-                for key, value in current.items()
+                key: state[key].to(device=self.device).clone()
+                for key in current
             }
         )
         self._pin_state()

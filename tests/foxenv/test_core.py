@@ -138,6 +138,19 @@ def test_state_dict_round_trip_resumes_exactly() -> None:
         clone.load_state_dict({"offset": saved["offset"]})
 
 
+def test_load_state_dict_rejects_a_cast_or_an_offset_off_the_market() -> None:
+    market = random_market(600, 5, seed=6)
+    env = BatchedLOB(market, 3, EnvConfig(levels=5, episode_length=200), seed=3)
+    saved = env.state_dict()
+    before = env.state_dict()["offset"]
+    with pytest.raises(ValueError, match=r"state\['offset'\] dtype torch.float64 must be torch.int64"):
+        env.load_state_dict({**saved, "offset": saved["offset"].double() + 0.5})
+    # 600 steps, episodes of 200: an offset must lie in [0, 400)
+    with pytest.raises(ValueError, match=r"state\['offset'\] values in \[0, 400\] must lie in \[0, 400\)"):
+        env.load_state_dict({**saved, "offset": torch.tensor([0, 400, 7])})
+    assert torch.equal(env.state_dict()["offset"], before)  # a rejected state changes nothing
+
+
 # ---------------------------------------------------------------------------- bad inputs
 
 
