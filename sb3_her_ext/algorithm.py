@@ -491,8 +491,8 @@ class BranchingIQN(OffPolicyAlgorithm):
         :param update_popart: update PopArt from this batch's targets (the main batch only).
         :return: the per-sample losses and per-branch TD errors.
         """
-        q_net, q_net_target, popart = self.q_net, self.q_net_target, self.policy.popart
         policy = self.policy
+        q_net, q_net_target, popart = self.q_net, self.q_net_target, policy.popart
         n_quantiles, n_target, n_act = policy.n_quantiles, policy.n_quantiles_target, policy.n_quantiles_act
         batch_size, n_branches = batch.observations.shape[0], len(self.action_dims)
         actions = batch.actions.long().reshape(batch_size, n_branches)

@@ -156,6 +156,8 @@ def train(args: argparse.Namespace) -> Path:
         raise ValueError(f"--steps={args.steps} must be >= 1")
     if args.n_envs < 1:
         raise ValueError(f"--n-envs={args.n_envs} must be >= 1")
+    if args.eval_steps < 2:  # checked before training, not after it
+        raise ValueError(f"--eval-steps={args.eval_steps} must be >= 2")
     out = Path(args.out) if args.out else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     eval_seed = args.seed + 1000
