@@ -8,7 +8,8 @@ Conventions for kernel authors (every op module of the package follows them):
 * **Device code** (``.cu``) includes only CUDA headers and the package's own ``.cuh``/``.h`` headers and
   exposes plain C++ launch functions taking raw pointers, sizes and a ``cudaStream_t``; each ``.cu``
   compiles alone with ``nvcc -c -arch=sm_90`` (CI checks this without torch).
-* **Bindings** (``*_binding.cpp``) check arguments with ``TORCH_CHECK`` naming the argument, take a
+* **Bindings** (``*_binding.cpp``) check arguments with ``TORCH_CHECK_VALUE`` (a ``ValueError``)
+  naming the argument, take a
   ``c10::cuda::CUDAGuard``, launch on ``at::cuda::getCurrentCUDAStream()`` and register the CUDA
   implementation with ``TORCH_LIBRARY_IMPL(cuda_ext, CUDA, m)``. They define no pybind module; op
   schemas are defined in Python (``cuda_ext._library.define_op``) before the library loads.

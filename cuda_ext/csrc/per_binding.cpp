@@ -19,26 +19,26 @@ namespace {
 
 void check_tensor(const at::Tensor& t, const char* name, at::ScalarType dtype, int64_t dim,
                   const at::Tensor& like) {
-  TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor, got device ", t.device());
-  TORCH_CHECK(t.device() == like.device(), name, " is on ", t.device(), " but tree is on ", like.device());
-  TORCH_CHECK(t.scalar_type() == dtype, name, " must have dtype ", dtype, ", got ", t.scalar_type());
-  TORCH_CHECK(t.dim() == dim, name, " must have ", dim, " dimensions, got shape ", t.sizes());
-  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
+  TORCH_CHECK_VALUE(t.is_cuda(), name, " must be a CUDA tensor, got device ", t.device());
+  TORCH_CHECK_VALUE(t.device() == like.device(), name, " is on ", t.device(), " but tree is on ", like.device());
+  TORCH_CHECK_VALUE(t.scalar_type() == dtype, name, " must have dtype ", dtype, ", got ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.dim() == dim, name, " must have ", dim, " dimensions, got shape ", t.sizes());
+  TORCH_CHECK_VALUE(t.is_contiguous(), name, " must be contiguous");
 }
 
 void check_size(const at::Tensor& t, const char* name, int64_t dim, int64_t expected) {
-  TORCH_CHECK(t.size(dim) == expected, name, ".size(", dim, ")=", t.size(dim), " must be ", expected);
+  TORCH_CHECK_VALUE(t.size(dim) == expected, name, ".size(", dim, ")=", t.size(dim), " must be ", expected);
 }
 
 int64_t leaf_count(const at::Tensor& tree) {
-  TORCH_CHECK(tree.is_cuda(), "tree must be a CUDA tensor, got device ", tree.device());
-  TORCH_CHECK(tree.scalar_type() == at::kDouble, "tree must have dtype float64, got ", tree.scalar_type());
-  TORCH_CHECK(tree.dim() == 1 && tree.is_contiguous(), "tree must be a contiguous 1-D tensor");
+  TORCH_CHECK_VALUE(tree.is_cuda(), "tree must be a CUDA tensor, got device ", tree.device());
+  TORCH_CHECK_VALUE(tree.scalar_type() == at::kDouble, "tree must have dtype float64, got ", tree.scalar_type());
+  TORCH_CHECK_VALUE(tree.dim() == 1 && tree.is_contiguous(), "tree must be a contiguous 1-D tensor");
   const int64_t n_nodes = tree.size(0);
   const int64_t n_leaves = n_nodes / 2;
-  TORCH_CHECK(n_nodes >= 2 && n_nodes % 2 == 0 && (n_leaves & (n_leaves - 1)) == 0, "tree length=", n_nodes,
+  TORCH_CHECK_VALUE(n_nodes >= 2 && n_nodes % 2 == 0 && (n_leaves & (n_leaves - 1)) == 0, "tree length=", n_nodes,
               " must be 2P with P a power of two");
-  TORCH_CHECK(n_leaves <= cuda_ext::per::kMaxLeaves, "tree leaves P=", n_leaves, " exceeds ",
+  TORCH_CHECK_VALUE(n_leaves <= cuda_ext::per::kMaxLeaves, "tree leaves P=", n_leaves, " exceeds ",
               cuda_ext::per::kMaxLeaves);
   return n_leaves;
 }
@@ -54,7 +54,7 @@ at::Tensor per_push_cuda(const at::Tensor& obs, const at::Tensor& next_obs, cons
   check_tensor(obs, "obs", at::kFloat, 2, tree);
   const int64_t capacity = obs.size(0);
   const int64_t obs_dim = obs.size(1);
-  TORCH_CHECK(capacity >= 1 && capacity <= n_leaves, "capacity=", capacity, " must be in [1, P=", n_leaves,
+  TORCH_CHECK_VALUE(capacity >= 1 && capacity <= n_leaves, "capacity=", capacity, " must be in [1, P=", n_leaves,
               "]");
   check_tensor(next_obs, "next_obs", at::kFloat, 2, tree);
   check_tensor(action, "action", at::kLong, 2, tree);
