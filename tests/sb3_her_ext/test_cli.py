@@ -45,13 +45,13 @@ def test_train_rejects_a_missing_data_folder(tmp_path: Path) -> None:
               "--no-progress"])
 
 
-@pytest.mark.slow
 def test_train_rejects_too_few_eval_steps_before_training(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="--eval-steps=1 must be >= 2"):
         main(["train", "--steps", "10", "--eval-steps", "1", "--out", str(tmp_path / "run"), "--no-progress"])
     assert not (tmp_path / "run").exists()  # refused before anything was written
 
 
+@pytest.mark.slow
 def test_train_writes_the_run_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from sb3_her_ext import BranchingIQN
     from sb3_her_ext.diagnostics import DIAGNOSTICS_KEYS, read_diagnostics
