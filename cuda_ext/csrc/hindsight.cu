@@ -2,13 +2,17 @@
 //
 // Candidate-row kernels: every thread decides one row (wants, source pointers, reward, state updates) into
 // shared memory, then each warp copies its 32 rows' observations with coalesced 16-byte loads/stores where
-// rows are aligned (zeros for rows not wanted) and writes the actions; one count atomic per block. The
+// rows are aligned and writes the actions; one count atomic per block. hindsight_inject and
+// magnitude_relabel do not write the observation rows of rows not wanted at all (the op contract leaves
+// them unspecified): at 65536 books that saves writing 32-64 MiB of zeros per call, most of those ops'
+// memory traffic; the forward ring's few rows are zeroed. The
 // forward ring's judge kernel (few slots) lets its first warp decide kRows slots and the block copy them.
 #include <cstdint>
 
 #include <cuda_runtime.h>
 
 #include "common.h"
+#include "launch.cuh"
 #include "hindsight_kernels.cuh"
 
 namespace cuda_ext {
@@ -19,12 +23,13 @@ constexpr int kThreads = 256;   // threads per block
 constexpr int kRows = 32;       // forward slots per judge block (decided by warp 0)
 constexpr int kBookThreads = 256;  // books per block in the forward ring's entry scan
 
-// Copy `n_rows` rows of `dim` floats from per-row sources (nullptr: zeros) to `out + first_row * dim`.
+// Copy `n_rows` rows of `dim` floats from per-row sources to `out + first_row * dim`; a row whose source
+// is nullptr (not wanted) gets zeros when `zero_missing`, else is left as it is.
 // VEC4: dim is a multiple of 4 and every row (sources and out) is 16-byte aligned, so 16-byte loads and
 // stores. 32-bit indexing within the block's rows.
 template <bool VEC4>
 __device__ inline void copy_rows(float* out, const float* const* sources, int64_t first_row, int n_rows,
-                                 int64_t dim, int tid, int n_threads) {
+                                 int64_t dim, int tid, int n_threads, bool zero_missing) {
   float* dst = out + first_row * dim;
   const int width = static_cast<int>(dim);
   if (VEC4) {
@@ -34,25 +39,33 @@ __device__ inline void copy_rows(float* out, const float* const* sources, int64_
     for (int idx = tid; idx < n; idx += n_threads) {
       const int r = idx / quads;
       const float4* src = reinterpret_cast<const float4*>(sources[r]);
-      dst4[idx] = src != nullptr ? src[idx - r * quads] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (src != nullptr) {
+        dst4[idx] = src[idx - r * quads];
+      } else if (zero_missing) {
+        dst4[idx] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
     }
   } else {
     const int n = n_rows * width;
     for (int idx = tid; idx < n; idx += n_threads) {
       const int r = idx / width;
       const float* src = sources[r];
-      dst[idx] = src != nullptr ? src[idx - r * width] : 0.0f;
+      if (src != nullptr) {
+        dst[idx] = src[idx - r * width];
+      } else if (zero_missing) {
+        dst[idx] = 0.0f;
+      }
     }
   }
 }
 
 // Copy rows with 16-byte accesses when `vec4`, else 4-byte ones.
 __device__ inline void copy_rows_any(bool vec4, float* out, const float* const* sources, int64_t first_row,
-                                     int n_rows, int64_t dim, int tid, int n_threads) {
+                                     int n_rows, int64_t dim, int tid, int n_threads, bool zero_missing) {
   if (vec4) {
-    copy_rows<true>(out, sources, first_row, n_rows, dim, tid, n_threads);
+    copy_rows<true>(out, sources, first_row, n_rows, dim, tid, n_threads, zero_missing);
   } else {
-    copy_rows<false>(out, sources, first_row, n_rows, dim, tid, n_threads);
+    copy_rows<false>(out, sources, first_row, n_rows, dim, tid, n_threads, zero_missing);
   }
 }
 
@@ -87,6 +100,7 @@ __global__ void track_kernel(float* __restrict__ ring, int64_t* __restrict__ rin
                              const float* __restrict__ position, const float* __restrict__ best_bid,
                              const float* __restrict__ best_ask, const int64_t* __restrict__ row,
                              int64_t n_books, int64_t ring_size) {
+  pdl_wait_then_release();
   for (int64_t b = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; b < n_books;
        b += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float mid = __fmul_rn(__fadd_rn(best_bid[b], best_ask[b]), 0.5f);
@@ -134,6 +148,7 @@ __global__ void inject_kernel(int64_t* __restrict__ ring_len, float* __restrict_
                               float* __restrict__ out_next_obs, int64_t* __restrict__ out_action,
                               float* __restrict__ out_reward, bool* __restrict__ wants,
                               int64_t* __restrict__ count, bool vec4) {
+  pdl_wait_then_release();
   // Every thread decides one book; each warp then writes its 32 books' rows (no block-wide wait).
   __shared__ const float* s_obs[kThreads];
   __shared__ const float* s_next_obs[kThreads];
@@ -179,8 +194,8 @@ __global__ void inject_kernel(int64_t* __restrict__ ring_len, float* __restrict_
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads + warp_base;
   const int64_t left = n_books - first;
   const int n_rows = static_cast<int>(left < 0 ? 0 : (left < 32 ? left : 32));
-  copy_rows_any(vec4, out_obs, s_obs + warp_base, first, n_rows, obs_dim, lane, 32);
-  copy_rows_any(vec4, out_next_obs, s_next_obs + warp_base, first, n_rows, obs_dim, lane, 32);
+  copy_rows_any(vec4, out_obs, s_obs + warp_base, first, n_rows, obs_dim, lane, 32, false);
+  copy_rows_any(vec4, out_next_obs, s_next_obs + warp_base, first, n_rows, obs_dim, lane, 32, false);
   write_actions(out_action, s_action + warp_base, s_flat + warp_base, s_exit + warp_base, direction_branch, first,
                 n_rows, n_branches, lane, 32);
   count_wanted_block(want, count);
@@ -205,6 +220,7 @@ __global__ void forward_judge_kernel(bool* __restrict__ slot_valid, const float*
                                      int64_t* __restrict__ out_action, float* __restrict__ out_reward,
                                      bool* __restrict__ wants, int64_t* __restrict__ workspace,
                                      int slot_blocks, int64_t head_at, bool vec4) {
+  pdl_wait_then_release();
   if (static_cast<int>(blockIdx.x) >= slot_blocks) {
     const int64_t b = static_cast<int64_t>(blockIdx.x - slot_blocks) * kBookThreads + threadIdx.x;
     const bool enters = b < n_books && trade_closed[b] && closed_direction[b] != 0;
@@ -251,8 +267,8 @@ __global__ void forward_judge_kernel(bool* __restrict__ slot_valid, const float*
   }
   __syncthreads();
   const int n_rows = static_cast<int>(n_slots - first < kRows ? n_slots - first : kRows);
-  copy_rows_any(vec4, out_obs, s_obs, first, n_rows, obs_dim, threadIdx.x, blockDim.x);
-  copy_rows_any(vec4, out_next_obs, s_obs, first, n_rows, obs_dim, threadIdx.x, blockDim.x);
+  copy_rows_any(vec4, out_obs, s_obs, first, n_rows, obs_dim, threadIdx.x, blockDim.x, true);
+  copy_rows_any(vec4, out_next_obs, s_obs, first, n_rows, obs_dim, threadIdx.x, blockDim.x, true);
   write_actions(out_action, s_action, s_stay, s_wants, direction_branch, first, n_rows, n_branches, threadIdx.x,
                 blockDim.x);
 }
@@ -272,6 +288,7 @@ __global__ void forward_enter_kernel(bool* __restrict__ slot_valid, float* __res
                                      int64_t n_slots, int64_t n_books, int64_t obs_dim, int64_t n_branches,
                                      int64_t* __restrict__ count, const int64_t* __restrict__ workspace,
                                      int slot_blocks, int book_blocks, int64_t head_at) {
+  pdl_wait_then_release();
   __shared__ int64_t s_pos[kBookThreads];
   __shared__ int64_t s_book[kBookThreads];
   const int64_t* entering = workspace + slot_blocks;
@@ -350,6 +367,7 @@ __global__ void relabel_kernel(const bool* __restrict__ trade_closed, const floa
                                float* __restrict__ out_next_obs, int64_t* __restrict__ out_action,
                                float* __restrict__ out_reward, float* __restrict__ out_priority,
                                bool* __restrict__ wants, int64_t* __restrict__ count, bool vec4) {
+  pdl_wait_then_release();
   // Every thread decides one row; each warp then writes its 32 rows (no block-wide wait).
   __shared__ const float* s_obs[kThreads];
   __shared__ const float* s_next_obs[kThreads];
@@ -367,8 +385,9 @@ __global__ void relabel_kernel(const bool* __restrict__ trade_closed, const floa
     if (r < n_rows_total) {
       const int64_t j = r / n_books;
       const int64_t b = r - j * n_books;
-      const int64_t current = action[b * n_branches + magnitude_branch];
-      want = trade_closed[b] && current >= 0 && current < n_mags;
+      const bool closed = trade_closed[b];  // the action is read for closed books only (most are not)
+      const int64_t current = closed ? action[b * n_branches + magnitude_branch] : -1;
+      want = closed && current >= 0 && current < n_mags;
       target = j + (j >= current ? 1 : 0);
       float relabeled = 0.0f;
       float priority = 0.0f;
@@ -396,8 +415,8 @@ __global__ void relabel_kernel(const bool* __restrict__ trade_closed, const floa
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads + warp_base;
   const int64_t left = n_rows_total - first;
   const int n_rows = static_cast<int>(left < 0 ? 0 : (left < 32 ? left : 32));
-  copy_rows_any(vec4, out_obs, s_obs + warp_base, first, n_rows, obs_dim, lane, 32);
-  copy_rows_any(vec4, out_next_obs, s_next_obs + warp_base, first, n_rows, obs_dim, lane, 32);
+  copy_rows_any(vec4, out_obs, s_obs + warp_base, first, n_rows, obs_dim, lane, 32, false);
+  copy_rows_any(vec4, out_next_obs, s_next_obs + warp_base, first, n_rows, obs_dim, lane, 32, false);
   write_actions(out_action, s_action + warp_base, s_target + warp_base, s_relabel + warp_base, magnitude_branch,
                 first, n_rows, n_branches, lane, 32);
   count_wanted_block(want, count);
@@ -417,7 +436,7 @@ cudaError_t launch_track(float* ring, int64_t* ring_len, float* entry_mid, int64
                          const float* best_ask, const int64_t* row, int64_t n_books, int64_t ring_size,
                          cudaStream_t stream) {
   if (n_books == 0) return cudaSuccess;
-  track_kernel<<<grid_for(n_books, kThreads, 1 << 20), kThreads, 0, stream>>>(
+  CUDA_EXT_LAUNCH(track_kernel, grid_for(n_books, kThreads, 1 << 20), kThreads, 0, stream, 
       ring, ring_len, entry_mid, direction, peak, peak_row, position, best_bid, best_ask, row, n_books,
       ring_size);
   return cudaGetLastError();
@@ -433,7 +452,7 @@ cudaError_t launch_inject(int64_t* ring_len, float* entry_mid, int64_t* directio
                           int64_t* count, cudaStream_t stream) {
   cudaError_t status = cudaMemsetAsync(count, 0, sizeof(int64_t), stream);
   if (status != cudaSuccess || n_books == 0) return status;
-  inject_kernel<<<blocks_for(n_books, kThreads), kThreads, 0, stream>>>(
+  CUDA_EXT_LAUNCH(inject_kernel, blocks_for(n_books, kThreads), kThreads, 0, stream, 
       ring_len, entry_mid, direction, peak, peak_row, trade_closed, raw_reward, lots, obs, next_obs, action,
       replay_next_obs, n_books, obs_dim, n_branches, n_replay_rows, reward_scale, threshold, anchor,
       direction_branch, flat_action, out_obs, out_next_obs, out_action, out_reward, wants, count,
@@ -459,7 +478,7 @@ cudaError_t launch_forward(bool* slot_valid, float* slot_entry, int64_t* slot_cl
   const int slot_blocks = blocks_for(n_slots, kRows);
   const int book_blocks = static_cast<int>((n_books + kBookThreads - 1) / kBookThreads);
   const int64_t head_at = slot_blocks + book_blocks;
-  forward_judge_kernel<<<slot_blocks + book_blocks, kThreads, 0, stream>>>(
+  CUDA_EXT_LAUNCH(forward_judge_kernel, slot_blocks + book_blocks, kThreads, 0, stream, 
       slot_valid, slot_entry, slot_close_step, slot_direction, slot_actual, slot_lots, slot_book, slot_obs,
       slot_action, ring_head, step, mid, book_reset, trade_closed, closed_direction, n_slots, n_books, obs_dim,
       n_branches, lookahead, threshold, reward_scale, direction_branch, out_obs, out_next_obs, out_action,
@@ -467,7 +486,7 @@ cudaError_t launch_forward(bool* slot_valid, float* slot_entry, int64_t* slot_cl
       obs_dim % 4 == 0 && aligned16(slot_obs) && aligned16(out_obs) && aligned16(out_next_obs));
   cudaError_t status = cudaGetLastError();
   if (status != cudaSuccess) return status;
-  forward_enter_kernel<<<book_blocks < 1 ? 1 : book_blocks, kBookThreads, 0, stream>>>(
+  CUDA_EXT_LAUNCH(forward_enter_kernel, book_blocks < 1 ? 1 : book_blocks, kBookThreads, 0, stream, 
       slot_valid, slot_entry, slot_close_step, slot_direction, slot_actual, slot_lots, slot_book, slot_obs,
       slot_action, ring_head, step, trade_closed, entry_mid, closed_direction, actual, lots, obs, action,
       n_slots, n_books, obs_dim, n_branches, count, workspace, slot_blocks, book_blocks, head_at);
@@ -483,7 +502,7 @@ cudaError_t launch_relabel(const bool* trade_closed, const float* obs, const flo
   cudaError_t status = cudaMemsetAsync(count, 0, sizeof(int64_t), stream);
   const int64_t n_rows = (n_mags - 1) * n_books;
   if (status != cudaSuccess || n_rows == 0) return status;
-  relabel_kernel<<<blocks_for(n_rows, kThreads), kThreads, 0, stream>>>(
+  CUDA_EXT_LAUNCH(relabel_kernel, blocks_for(n_rows, kThreads), kThreads, 0, stream, 
       trade_closed, obs, next_obs, action, reward, magnitudes, n_books, obs_dim, n_branches, n_mags,
       magnitude_branch, out_obs, out_next_obs, out_action, out_reward, out_priority, wants, count,
       obs_dim % 4 == 0 && aligned16(obs) && aligned16(next_obs) && aligned16(out_obs) &&

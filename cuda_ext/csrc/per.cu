@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include "common.h"
+#include "launch.cuh"
 #include "per_kernels.cuh"
 
 namespace cuda_ext {
@@ -34,6 +35,7 @@ constexpr int kPushThreads = 256;
 
 __global__ void push_count_kernel(const bool* __restrict__ wants, int64_t n, const int64_t* __restrict__ head_size,
                                   int64_t* __restrict__ workspace) {
+  pdl_wait_then_release();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kPushRows + threadIdx.x;
   const int count = __syncthreads_count(row < n && wants[row]);
   if (threadIdx.x == 0) {
@@ -56,6 +58,7 @@ __global__ void __launch_bounds__(kPushThreads) push_write_kernel(
     float* __restrict__ next_obs, int64_t* __restrict__ action, float* __restrict__ reward,
     float* __restrict__ done, int8_t* __restrict__ kind, const int64_t* __restrict__ workspace, int64_t n,
     int64_t capacity, int64_t n_leaves, double alpha, int obs_dim, int n_branches) {
+  pdl_wait_then_release();
   __shared__ int64_t s_sums[2][kPushThreads / 32];
   __shared__ int s_warp0;
   __shared__ int64_t s_slot[kPushRows];
@@ -173,6 +176,7 @@ __device__ void reduce_nodes(double* tree, int64_t first, int64_t width, double*
 
 // Whole tree of n_leaves <= width in one block.
 __global__ void small_tree_kernel(double* tree, int64_t n_leaves) {
+  pdl_wait_then_release();
   extern __shared__ double local[];
   reduce_nodes(tree, n_leaves, n_leaves, local, false);
 }
@@ -183,6 +187,7 @@ __global__ void small_tree_kernel(double* tree, int64_t n_leaves) {
 // between calls: atomicInc wraps it back to 0 on the last arrival).
 __global__ void tree_rebuild_kernel(double* tree, int64_t n_leaves, int64_t width,
                                     const int64_t* __restrict__ leaf_idx, int64_t m) {
+  pdl_wait_then_release();
   extern __shared__ double local[];
   __shared__ int is_last;
   bool listed = true;
@@ -222,6 +227,7 @@ constexpr unsigned long long kDirtyMarker = 0x7FF4C0FFEE0DDBA1ULL;  // a signali
 
 __global__ void mark_dirty_kernel(double* __restrict__ tree, const int64_t* __restrict__ leaf_idx, int64_t m,
                                   int64_t n_leaves, int64_t n_subtrees) {
+  pdl_wait_then_release();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < m;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t leaf = leaf_idx[i];
@@ -236,6 +242,7 @@ enum class DirtyTest { kAll, kMarker, kScan };
 __global__ void __launch_bounds__(kFastThreads) fast_rebuild_kernel(double* tree, int64_t n_leaves, DirtyTest test,
                                                                     const int64_t* __restrict__ leaf_idx,
                                                                     int64_t m) {
+  pdl_wait_then_release();
   extern __shared__ double local[];  // gridDim.x doubles (>= 32) for the top reduction
   __shared__ double warp_roots[kFastThreads / 32];
   __shared__ int is_last;
@@ -323,6 +330,7 @@ __device__ inline double read_node(const double* __restrict__ tree, const double
 __global__ void sample_kernel(const double* __restrict__ tree, const int64_t* __restrict__ head_size,
                               const double* __restrict__ uniforms, int64_t* __restrict__ indices,
                               float* __restrict__ weights, int64_t batch, int64_t n_leaves, double beta) {
+  pdl_wait_then_release();
   __shared__ double cached[kCachedNodes];
   __shared__ double reduce_buffer[kSampleThreads / 32];
   __shared__ double block_extreme;
@@ -444,6 +452,7 @@ __global__ void __launch_bounds__(1024) sample_block_kernel(const double* __rest
                                                             int64_t* __restrict__ indices,
                                                             float* __restrict__ weights, int64_t batch,
                                                             int64_t n_leaves, int depth, double beta) {
+  pdl_wait_then_release();
   __shared__ double cached[kSampleCached];
   __shared__ double warp_max[32];
   const int64_t n_cached = (2 * n_leaves < kSampleCached) ? 2 * n_leaves : kSampleCached;
@@ -476,6 +485,7 @@ __global__ void __launch_bounds__(kSampleBlockThreads) sample_descend_kernel(
     const double* __restrict__ tree, const int64_t* __restrict__ head_size, const double* __restrict__ uniforms,
     int64_t* __restrict__ indices, double* __restrict__ workspace, int64_t batch, int64_t n_leaves, int depth,
     double beta) {
+  pdl_wait_then_release();
   __shared__ double cached[kSampleCached];
   __shared__ double block_max[kSampleBlockThreads / 32];
   const int64_t n_cached = (2 * n_leaves < kSampleCached) ? 2 * n_leaves : kSampleCached;
@@ -508,6 +518,7 @@ __global__ void __launch_bounds__(kSampleBlockThreads) sample_descend_kernel(
 
 __global__ void sample_weights_kernel(const double* __restrict__ workspace, float* __restrict__ weights,
                                       int64_t batch, int n_partials) {
+  pdl_wait_then_release();
   __shared__ double s_max;
   if (threadIdx.x < 32) {
     double m = 0.0;
@@ -532,6 +543,7 @@ constexpr unsigned long long kClaimMarker = 0xFFF0000000000001ULL;  // above -in
 __global__ void update_claim_kernel(double* __restrict__ tree, float* __restrict__ max_priority,
                                     const int64_t* __restrict__ indices, const float* __restrict__ td_abs,
                                     int64_t batch, int64_t n_leaves, float eps) {
+  pdl_wait_then_release();
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   // One atomicMax per warp (of the warp's largest bit pattern: max_priority >= 0, so int order is float
   // order for every value that can win).
@@ -553,6 +565,7 @@ __global__ void __launch_bounds__(1024) update_block_kernel(double* __restrict__
                                                             const int64_t* __restrict__ indices,
                                                             const float* __restrict__ td_abs, int64_t batch,
                                                             int64_t n_leaves, double alpha, float eps) {
+  pdl_wait_then_release();
   for (int64_t base = 0; base < batch; base += blockDim.x) {  // uniform trip count: whole warps reduce
     const int64_t i = base + threadIdx.x;
     const int bits = i < batch ? __float_as_int(__fadd_rn(td_abs[i], eps)) : INT_MIN;
@@ -584,6 +597,7 @@ __global__ void __launch_bounds__(1024) update_block_kernel(double* __restrict__
 __global__ void update_write_kernel(double* __restrict__ tree, const int64_t* __restrict__ indices,
                                     const float* __restrict__ td_abs, int64_t batch, int64_t n_leaves,
                                     double alpha, float eps) {
+  pdl_wait_then_release();
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= batch) return;
   const int64_t leaf = indices[i];
@@ -611,19 +625,19 @@ cudaError_t launch_push(const bool* wants, const float* new_priority, const floa
   if (n_blocks > 0x7fffffff || obs_dim > 0x7fffffff / kPushRows || n_branches > 0x7fffffff / kPushRows) {
     return cudaErrorInvalidValue;
   }
-  push_count_kernel<<<static_cast<unsigned>(n_blocks), kPushRows, 0, stream>>>(wants, n, head_size, workspace);
+  CUDA_EXT_LAUNCH(push_count_kernel, static_cast<unsigned>(n_blocks), kPushRows, 0, stream, wants, n, head_size, workspace);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   const auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
   const bool vec4 =
       obs_dim % 4 == 0 && aligned(new_obs) && aligned(new_next_obs) && aligned(obs) && aligned(next_obs);
   if (vec4) {
-    push_write_kernel<true><<<static_cast<unsigned>(n_blocks), kPushThreads, 0, stream>>>(
+    CUDA_EXT_LAUNCH(push_write_kernel<true>, static_cast<unsigned>(n_blocks), kPushThreads, 0, stream, 
         wants, new_priority, max_multiplier, max_priority, head_size, tree, slots, new_obs, new_next_obs,
         new_action, new_reward, new_done, new_kind, obs, next_obs, action, reward, done, kind, workspace, n,
         capacity, n_leaves, alpha, static_cast<int>(obs_dim), static_cast<int>(n_branches));
   } else {
-    push_write_kernel<false><<<static_cast<unsigned>(n_blocks), kPushThreads, 0, stream>>>(
+    CUDA_EXT_LAUNCH(push_write_kernel<false>, static_cast<unsigned>(n_blocks), kPushThreads, 0, stream, 
         wants, new_priority, max_multiplier, max_priority, head_size, tree, slots, new_obs, new_next_obs,
         new_action, new_reward, new_done, new_kind, obs, next_obs, action, reward, done, kind, workspace, n,
         capacity, n_leaves, alpha, static_cast<int>(obs_dim), static_cast<int>(n_branches));
@@ -636,7 +650,7 @@ cudaError_t launch_tree_rebuild(double* tree, const int64_t* leaf_idx, int64_t m
   if (n_leaves < 2) return cudaSuccess;
   if (n_leaves <= kMinSubtreeLeaves) {
     const int threads = static_cast<int>(n_leaves / 2 < 1024 ? n_leaves / 2 : 1024);
-    small_tree_kernel<<<1, threads, static_cast<size_t>(n_leaves) * sizeof(double), stream>>>(tree, n_leaves);
+    CUDA_EXT_LAUNCH(small_tree_kernel, 1, threads, static_cast<size_t>(n_leaves) * sizeof(double), stream, tree, n_leaves);
     return cudaGetLastError();
   }
   if (n_leaves <= kFastMaxLeaves && (reinterpret_cast<uintptr_t>(tree) & 15u) == 0) {
@@ -650,12 +664,12 @@ cudaError_t launch_tree_rebuild(double* tree, const int64_t* leaf_idx, int64_t m
       test = DirtyTest::kScan;
     } else if (m <= n_leaves / 8) {
       test = DirtyTest::kMarker;
-      mark_dirty_kernel<<<grid_for(m, 256, 1024), 256, 0, stream>>>(tree, leaf_idx, m, n_leaves, n_subtrees);
+      CUDA_EXT_LAUNCH(mark_dirty_kernel, grid_for(m, 256, 1024), 256, 0, stream, tree, leaf_idx, m, n_leaves, n_subtrees);
       const cudaError_t err = cudaGetLastError();
       if (err != cudaSuccess) return err;
     }
     const size_t shared_bytes = static_cast<size_t>(n_subtrees < 32 ? 32 : n_subtrees) * sizeof(double);
-    fast_rebuild_kernel<<<static_cast<unsigned>(n_subtrees), kFastThreads, shared_bytes, stream>>>(
+    CUDA_EXT_LAUNCH(fast_rebuild_kernel, static_cast<unsigned>(n_subtrees), kFastThreads, shared_bytes, stream, 
         tree, n_leaves, test, leaf_idx, m);
     return cudaGetLastError();
   }
@@ -668,7 +682,7 @@ cudaError_t launch_tree_rebuild(double* tree, const int64_t* leaf_idx, int64_t m
   if (err != cudaSuccess) return err;
   // Few listed leaves: skip the subtrees that hold none (each block scans the m indices).
   const int64_t* filter = m < blocks ? leaf_idx : nullptr;
-  tree_rebuild_kernel<<<static_cast<unsigned>(blocks), 1024, shared_bytes, stream>>>(tree, n_leaves, width,
+  CUDA_EXT_LAUNCH(tree_rebuild_kernel, static_cast<unsigned>(blocks), 1024, shared_bytes, stream, tree, n_leaves, width,
                                                                                      filter, m);
   return cudaGetLastError();
 }
@@ -686,21 +700,21 @@ cudaError_t launch_sample(const double* tree, const int64_t* head_size, const do
   const int64_t blocks = (batch + kSampleBlockThreads - 1) / kSampleBlockThreads;
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
   if ((reinterpret_cast<uintptr_t>(tree) & 15u) != 0) {  // 16-byte node-pair loads need an aligned tree
-    sample_kernel<<<1, kSampleThreads, 0, stream>>>(tree, head_size, uniforms, indices, weights, batch, n_leaves,
+    CUDA_EXT_LAUNCH(sample_kernel, 1, kSampleThreads, 0, stream, tree, head_size, uniforms, indices, weights, batch, n_leaves,
                                                     beta);
     return cudaGetLastError();
   }
   if (batch <= 1024) {
     const int threads = static_cast<int>((batch + 31) / 32 * 32);
-    sample_block_kernel<<<1, threads, 0, stream>>>(tree, head_size, uniforms, indices, weights, batch, n_leaves,
+    CUDA_EXT_LAUNCH(sample_block_kernel, 1, threads, 0, stream, tree, head_size, uniforms, indices, weights, batch, n_leaves,
                                                    depth, beta);
     return cudaGetLastError();
   }
-  sample_descend_kernel<<<static_cast<unsigned>(blocks), kSampleBlockThreads, 0, stream>>>(
+  CUDA_EXT_LAUNCH(sample_descend_kernel, static_cast<unsigned>(blocks), kSampleBlockThreads, 0, stream, 
       tree, head_size, uniforms, indices, workspace, batch, n_leaves, depth, beta);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  sample_weights_kernel<<<static_cast<unsigned>((batch + 255) / 256), 256, 0, stream>>>(
+  CUDA_EXT_LAUNCH(sample_weights_kernel, static_cast<unsigned>((batch + 255) / 256), 256, 0, stream, 
       workspace, weights, batch, static_cast<int>(blocks));
   return cudaGetLastError();
 }
@@ -710,16 +724,16 @@ cudaError_t launch_update(double* tree, float* max_priority, const int64_t* indi
   if (batch == 0) return cudaSuccess;
   if (batch <= kUpdateBlockMax) {
     const int threads = static_cast<int>(batch < 1024 ? (batch + 31) / 32 * 32 : 1024);
-    update_block_kernel<<<1, threads, 0, stream>>>(tree, max_priority, indices, td_abs, batch, n_leaves, alpha,
+    CUDA_EXT_LAUNCH(update_block_kernel, 1, threads, 0, stream, tree, max_priority, indices, td_abs, batch, n_leaves, alpha,
                                                    eps);
     return cudaGetLastError();
   }
   const int blocks = static_cast<int>((batch + kUpdateThreads - 1) / kUpdateThreads);
-  update_claim_kernel<<<blocks, kUpdateThreads, 0, stream>>>(tree, max_priority, indices, td_abs, batch,
+  CUDA_EXT_LAUNCH(update_claim_kernel, blocks, kUpdateThreads, 0, stream, tree, max_priority, indices, td_abs, batch,
                                                              n_leaves, eps);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  update_write_kernel<<<blocks, kUpdateThreads, 0, stream>>>(tree, indices, td_abs, batch, n_leaves, alpha,
+  CUDA_EXT_LAUNCH(update_write_kernel, blocks, kUpdateThreads, 0, stream, tree, indices, td_abs, batch, n_leaves, alpha,
                                                              eps);
   return cudaGetLastError();
 }

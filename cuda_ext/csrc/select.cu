@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include "common.h"
+#include "launch.cuh"
 #include "select_kernels.cuh"
 
 namespace cuda_ext {
@@ -33,6 +34,7 @@ __global__ void branch_select_kernel(const float* __restrict__ q, const float* _
                                      const float* __restrict__ u_explore, const float* __restrict__ u_action,
                                      int64_t n_pairs, int64_t n_branches, int64_t max_actions, float alpha,
                                      float beta, int64_t* __restrict__ actions) {
+  pdl_wait_then_release();
   for (int64_t pair = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; pair < n_pairs;
        pair += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t branch = pair % n_branches;
@@ -94,6 +96,7 @@ __global__ void branch_select_small_kernel(const float* __restrict__ q, const fl
                                            const float* __restrict__ u_action, int n_pairs, int n_branches,
                                            int max_actions, float alpha, float beta,
                                            int64_t* __restrict__ actions) {
+  pdl_wait_then_release();
   const int pair = blockIdx.x * blockDim.x + threadIdx.x;
   if (pair >= n_pairs) return;
   const int branch = pair % n_branches;
@@ -196,6 +199,7 @@ struct ExactPositions {
 template <int NMAX, bool EXACT, bool VEC4>
 __global__ void iqr_register_kernel(const float* __restrict__ samples, int64_t n_rows, int n_samples,
                                     IqrPositions at, float* __restrict__ out) {
+  pdl_wait_then_release();
   __shared__ float tile[kRowsPerBlock * (NMAX + 1)];
   const int64_t first_row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock;
   const int rows_here = static_cast<int>(n_rows - first_row < kRowsPerBlock ? n_rows - first_row : kRowsPerBlock);
@@ -276,6 +280,7 @@ template <int N>
 __global__ void __launch_bounds__(kRowsPerBlock) iqr_pipelined_kernel(const float* __restrict__ samples,
                                                                      int64_t n_rows, IqrPositions at,
                                                                      float* __restrict__ out) {
+  pdl_wait_then_release();
   constexpr int kQuads = N / 4;                           // 16-byte pieces per row
   constexpr int kPerThread = kQuads;                      // a tile is kRowsPerBlock * kQuads pieces
   __shared__ float tile[kRowsPerBlock * (N + 1)];
@@ -365,6 +370,7 @@ int pipelined_grid(int64_t n_tiles) {
 // Rows already sorted ascending with NaN last: one thread per row reads its four order statistics.
 __global__ void iqr_sorted_kernel(const float* __restrict__ sorted, int64_t n_rows, int64_t n_samples,
                                   IqrPositions at, float* __restrict__ out) {
+  pdl_wait_then_release();
   for (int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; row < n_rows;
        row += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float* v = sorted + row * n_samples;
@@ -385,18 +391,18 @@ cudaError_t launch_branch_select(const float* q, const float* iqr, const float* 
   if (n_pairs == 0) return cudaSuccess;
   const bool small_index = n_pairs * max_actions < (int64_t{1} << 31);
   if (small_index && max_actions <= 4) {
-    branch_select_small_kernel<4><<<grid_for(n_pairs, kThreads, 1 << 30), kThreads, 0, stream>>>(
+    CUDA_EXT_LAUNCH(branch_select_small_kernel<4>, grid_for(n_pairs, kThreads, 1 << 30), kThreads, 0, stream, 
         q, iqr, ens_std, n_actions, eps, boltzmann, u_explore, u_action, static_cast<int>(n_pairs),
         static_cast<int>(n_branches), static_cast<int>(max_actions), alpha, beta, actions);
     return cudaGetLastError();
   }
   if (small_index && max_actions <= 8) {
-    branch_select_small_kernel<8><<<grid_for(n_pairs, kThreads, 1 << 30), kThreads, 0, stream>>>(
+    CUDA_EXT_LAUNCH(branch_select_small_kernel<8>, grid_for(n_pairs, kThreads, 1 << 30), kThreads, 0, stream, 
         q, iqr, ens_std, n_actions, eps, boltzmann, u_explore, u_action, static_cast<int>(n_pairs),
         static_cast<int>(n_branches), static_cast<int>(max_actions), alpha, beta, actions);
     return cudaGetLastError();
   }
-  branch_select_kernel<<<grid_for(n_pairs, kThreads, 1 << 20), kThreads, 0, stream>>>(
+  CUDA_EXT_LAUNCH(branch_select_kernel, grid_for(n_pairs, kThreads, 1 << 20), kThreads, 0, stream, 
       q, iqr, ens_std, n_actions, eps, boltzmann, u_explore, u_action, n_pairs, n_branches, max_actions, alpha,
       beta, actions);
   return cudaGetLastError();
@@ -407,7 +413,7 @@ cudaError_t launch_quantile_iqr(const float* samples, int64_t n_rows, int64_t n_
   if (n_rows == 0) return cudaSuccess;
   const IqrPositions at = iqr_positions(n_samples);
   if (presorted) {
-    iqr_sorted_kernel<<<grid_for(n_rows, kThreads, 1 << 20), kThreads, 0, stream>>>(samples, n_rows, n_samples,
+    CUDA_EXT_LAUNCH(iqr_sorted_kernel, grid_for(n_rows, kThreads, 1 << 20), kThreads, 0, stream, samples, n_rows, n_samples,
                                                                                      at, out);
   } else {
     const int64_t blocks = (n_rows + kRowsPerBlock - 1) / kRowsPerBlock;
@@ -416,13 +422,13 @@ cudaError_t launch_quantile_iqr(const float* samples, int64_t n_rows, int64_t n_
     const unsigned grid = static_cast<unsigned>(blocks);
     const bool aligned = (reinterpret_cast<uintptr_t>(samples) & 15u) == 0;
     if (n_samples == 32 && aligned) {
-      iqr_pipelined_kernel<32><<<pipelined_grid(blocks), kRowsPerBlock, 0, stream>>>(samples, n_rows, at, out);
+      CUDA_EXT_LAUNCH(iqr_pipelined_kernel<32>, pipelined_grid(blocks), kRowsPerBlock, 0, stream, samples, n_rows, at, out);
     } else if (n_samples == 64 && aligned) {
-      iqr_register_kernel<64, true, true><<<grid, kRowsPerBlock, 0, stream>>>(samples, n_rows, n, at, out);
+      CUDA_EXT_LAUNCH(iqr_register_kernel<64, true, true>, grid, kRowsPerBlock, 0, stream, samples, n_rows, n, at, out);
     } else if (n_samples <= 32) {
-      iqr_register_kernel<32, false, false><<<grid, kRowsPerBlock, 0, stream>>>(samples, n_rows, n, at, out);
+      CUDA_EXT_LAUNCH(iqr_register_kernel<32, false, false>, grid, kRowsPerBlock, 0, stream, samples, n_rows, n, at, out);
     } else if (n_samples <= kMaxRegisterSamples) {
-      iqr_register_kernel<64, false, false><<<grid, kRowsPerBlock, 0, stream>>>(samples, n_rows, n, at, out);
+      CUDA_EXT_LAUNCH(iqr_register_kernel<64, false, false>, grid, kRowsPerBlock, 0, stream, samples, n_rows, n, at, out);
     } else {
       return cudaErrorInvalidValue;
     }

@@ -5,8 +5,10 @@ with one float32 operation at a time (no fused multiply-add), in the order the k
 CUDA kernel reproduces the CPU reference bit for bit. No function loops over books or slots in Python
 and none syncs the host: masked rows are redirected with ``torch.where`` and scatter to a dummy row.
 
-Semantics are specified in ``cuda_ext/README.md``. Rows a book or slot does not want are all zero
-(observations, action, reward), so the fixed-size outputs are deterministic.
+Semantics are specified in ``cuda_ext/README.md``. Rows a book or slot does not want are all zero here
+(observations, action, reward), so the fixed-size outputs are deterministic; the CUDA kernels of
+``hindsight_inject`` and ``magnitude_relabel`` leave the observation rows of unwanted rows unwritten (the
+contract calls them unspecified: only rows with ``wants`` are ever read).
 """
 
 from __future__ import annotations
@@ -223,7 +225,8 @@ def hindsight_inject(
     :param direction_branch: index of the direction branch in ``action``.
     :param flat_action: direction value meaning "flat" (the exit), used by the peak anchor.
     :return: ``(out_obs [B, D], out_next_obs [B, D], out_action [B, NB], out_reward [B], wants [B] bool,
-        count [1] int64)``; rows not wanted are zero.
+        count [1] int64)``; rows not wanted are zero here (their obs rows are
+        unspecified on CUDA).
     """
     check_hindsight_inject(
         ring_len, entry_mid, direction, peak, peak_row, trade_closed, raw_reward, lots, obs, next_obs,
@@ -512,7 +515,7 @@ def magnitude_relabel(
     :param magnitude_branch: index of the magnitude branch in ``action``.
     :return: ``(out_obs [(M-1)B, D], out_next_obs [(M-1)B, D], out_action [(M-1)B, NB],
         out_reward [(M-1)B], out_priority [(M-1)B], wants [(M-1)B] bool, count [1] int64)``;
-        rows not wanted are zero.
+        rows not wanted are zero here (their obs rows are unspecified on CUDA).
     """
     check_magnitude_relabel(trade_closed, obs, next_obs, action, reward, magnitudes, magnitude_branch)
     n_mags = magnitudes.shape[0]
