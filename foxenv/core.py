@@ -24,6 +24,7 @@ at the mid of snapshot ``i`` (``entry_mid``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -52,6 +53,10 @@ from foxenv.rewards import drawdown_hit, step_reward
 _ORDER_FIELDS = ("order_side", "order_tick", "order_ahead", "order_remaining", "order_target")
 #: The smallest positive double (subnormal): ``x.clamp_min(_SMALLEST_DOUBLE)`` is ``x`` for every ``x > 0``.
 _SMALLEST_DOUBLE = 5e-324
+#: What :meth:`BatchedLOB.step_autoreset` returns: obs, reward, terminated, truncated, info, final_obs.
+AutoresetResult = tuple[
+    torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor], torch.Tensor
+]
 #: Columns of the per-market-step row table ``BatchedLOB._rows`` (see ``_precompute``).
 _ROW_COLUMNS = (
     "mid",
@@ -130,11 +135,15 @@ class BatchedLOB:
         self._order_ahead = zeros.clone()
         self._order_remaining = zeros.clone()
         self._order_target = zeros.clone()
-        self._graph: torch.cuda.CUDAGraph | None = None
-        self._compiled_advance: Any = None  # set by enable_compile
+        self._graph: torch.cuda.CUDAGraph | None = None  # the captured step (enable_cuda_graph)
+        self._autoreset_graph: torch.cuda.CUDAGraph | None = None  # the captured step with autoreset
+        self._compiled_advance: Any = None  # set by enable_compile, as is the one below
+        self._compiled_advance_autoreset: Any = None
         self._graph_state: dict[str, torch.Tensor] = {}
-        self._graph_outputs: tuple = ()
+        self._graph_outputs: _PackedOutputs | None = None
+        self._autoreset_outputs: _PackedOutputs | None = None
         self._graph_action = torch.empty(0)
+        self._graph_offsets = torch.empty(0)
         self.reset()
 
     # ------------------------------------------------------------------ setup
@@ -260,18 +269,44 @@ class BatchedLOB:
                     f"mask shape {tuple(mask.shape)} dtype {mask.dtype} must be ({self.num_books},) bool"
                 )
             mask = mask.to(self.device)
+        obs = self._reset_books(mask, self._draw_offsets())
+        self._pin_state()
+        return obs
+
+    def _draw_offsets(self) -> torch.Tensor:
+        """One draw of episode start offsets for every book from the env's generator (what a reset uses)."""
         high = self._num_steps - self.config.episode_length
-        offsets = torch.randint(0, high, (self.num_books,), generator=self._generator, device=self.device)
+        return torch.randint(0, high, (self.num_books,), generator=self._generator, device=self.device)
+
+    def _reset_books(self, mask: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """Reset the books in ``mask`` to the start ``offsets`` (pure tensor ops: no host sync, capturable).
+
+        :param mask: ``[B]`` bool.
+        :param offsets: ``[B]`` int64 start offsets (only the masked books' are used).
+        :return: ``[B, D]`` observations of all books after the reset.
+        """
         self._offset = torch.where(mask, offsets, self._offset)
         self._step = self._step.masked_fill(mask, 0)
         self._ledger.reset(mask)
         for name in ("_equity", "_peak_equity", *(f"_{f}" for f in _ORDER_FIELDS)):
             setattr(self, name, getattr(self, name).masked_fill(mask, 0))
-        self._pin_state()
         row = self._offset + self._step
         mid = self._rows.index_select(0, row)[:, 0]
         features = self._features.index_select(0, row)
         return self._observe(features, mid, self._ledger.unrealized(mid), self._order_tick * self._tick)
+
+    def _autoreset_books(
+        self, done: torch.Tensor, offsets: torch.Tensor, final_obs: torch.Tensor
+    ) -> torch.Tensor:
+        """Reset the ``done`` books to ``offsets``; the observation is theirs after the reset and
+        ``final_obs`` elsewhere (no host sync: capturable).
+
+        :param done: ``[B]`` bool, the books whose episode ended.
+        :param offsets: ``[B]`` int64 start offsets of their next episodes.
+        :param final_obs: ``[B, D]`` the observations the step produced.
+        :return: ``[B, D]`` the observations to hand out.
+        """
+        return torch.where(done[:, None], self._reset_books(done, offsets), final_obs)
 
     # ------------------------------------------------------------------ step
 
@@ -319,19 +354,61 @@ class BatchedLOB:
             (average entry price) satisfy ``equity = cash + position * mid = realized + unrealized``.
             No autoreset: reset finished books with ``reset(mask=terminated | truncated)``.
         """
+        return self._run_step(self._check_action(action))
+
+    def step_autoreset(
+        self, action: torch.Tensor, host_sync: bool | None = None
+    ) -> AutoresetResult:
+        """Advance every book by one market step and reset the books whose episode ended in the same
+        step (Gymnasium's same-step autoreset): :meth:`step` followed by ``reset(mask=terminated |
+        truncated)``, with the observation of a finished book taken after its reset.
+
+        With ``host_sync=False`` the reset is pure tensor ops fused into the step: :meth:`enable_compile`
+        compiles them together and :meth:`enable_cuda_graph` captures them in one graph. The new episodes'
+        start offsets are then drawn from the env's generator on every call, outside the compiled or
+        captured part (one ``random_`` into the graph's static offsets buffer, which gives the same numbers
+        as ``reset``'s ``randint``), so the results are those of ``step`` then ``reset(mask=done)`` on
+        every call. With ``host_sync=True`` the host checks whether any book finished and resets (drawing
+        offsets) only then, as a loop calling ``reset(mask=done)`` only ``if done.any()`` does; the two
+        modes differ in how far the generator advances, so the same seed gives other episode starts.
+
+        :param action: ``[B, 4]`` integer tensor (direction, magnitude, order, urgency), any device.
+        :param host_sync: see above; ``None``: True on a CPU (where the sync is free and skipping idle
+            resets saves work), False on an accelerator.
+        :return: ``(obs, reward, terminated, truncated, info, final_obs)``: as :meth:`step`, except that
+            ``obs`` is the reset observation of the finished books; ``info`` and ``final_obs`` (``[B, D]``
+            float32, equal to ``obs`` where no episode ended) are those of the step before any reset.
+        """
         action = self._check_action(action)
+        if host_sync is None:
+            host_sync = self.device.type == "cpu"
+        if host_sync:
+            final_obs, reward, terminated, truncated, info = self._run_step(action)
+            done = terminated | truncated
+            if not bool(done.any()):
+                return final_obs, reward, terminated, truncated, info, final_obs
+            obs = self._autoreset_books(done, self._draw_offsets(), final_obs)
+            self._pin_state()
+            return obs, reward, terminated, truncated, info, final_obs
+        if self._autoreset_graph is None:
+            return self._advance_autoreset_fn(action, self._draw_offsets())
+        assert self._autoreset_outputs is not None
+        high = self._num_steps - self.config.episode_length
+        self._graph_action.copy_(action)
+        self._graph_offsets.random_(0, high, generator=self._generator)  # = _draw_offsets, in place
+        self._autoreset_graph.replay()
+        return self._autoreset_outputs.copies()
+
+    def _run_step(
+        self, action: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """One step on a validated action: the graph's replay when captured, else :meth:`_step_fn`."""
         if self._graph is None:
             return self._step_fn(action)
+        assert self._graph_outputs is not None
         self._graph_action.copy_(action)
         self._graph.replay()
-        obs, reward, terminated, truncated, info = self._graph_outputs
-        return (
-            obs.clone(),
-            reward.clone(),
-            terminated.clone(),
-            truncated.clone(),
-            {key: value.clone() for key, value in info.items()},
-        )
+        return self._graph_outputs.copies()
 
     def _step_fn(
         self, action: torch.Tensor
@@ -340,6 +417,27 @@ class BatchedLOB:
         if self._compiled_advance is None:
             return self._advance(action)
         return self._compiled_advance(action)
+
+    def _advance_autoreset_fn(
+        self, action: torch.Tensor, offsets: torch.Tensor
+    ) -> AutoresetResult:
+        """The compiled :meth:`_advance_autoreset` when :meth:`enable_compile` made one, else the eager
+        one."""
+        if self._compiled_advance_autoreset is None:
+            return self._advance_autoreset(action, offsets)
+        return self._compiled_advance_autoreset(action, offsets)
+
+    def _advance_autoreset(
+        self, action: torch.Tensor, offsets: torch.Tensor
+    ) -> AutoresetResult:
+        """:meth:`_advance`, then the reset of the books whose episode ended to ``offsets`` (no host
+        sync: compiled and captured as one function).
+
+        :return: ``(obs, reward, terminated, truncated, info, final_obs)`` as :meth:`step_autoreset`.
+        """
+        final_obs, reward, terminated, truncated, info = self._advance(action)
+        obs = self._autoreset_books(terminated | truncated, offsets, final_obs)
+        return obs, reward, terminated, truncated, info, final_obs
 
     def _advance(
         self, action: torch.Tensor
@@ -582,8 +680,9 @@ class BatchedLOB:
     def enable_compile(self, **compile_options: Any) -> None:
         """Compile the step with ``torch.compile`` (opt-in), fusing its ~200 small tensor ops into a few
         generated kernels: on a CPU the eager step is bound by per-op overhead, so this is several times
-        faster (see ``benchmarks/core_ops.py``). Needs a working C++ compiler on the CPU (Triton on CUDA)
-        and takes seconds to compile on the first step.
+        faster (see ``benchmarks/core_ops.py``). :meth:`step_autoreset` gets its step and reset compiled
+        together. Needs a working C++ compiler on the CPU (Triton on CUDA) and takes seconds to compile on
+        the first step (of each of ``step`` and ``step_autoreset``).
 
         Results match the eager step up to floating-point rounding: the generated code may fuse a
         multiply and an add (one rounding instead of two), so float outputs can differ in the last bits;
@@ -603,17 +702,26 @@ class BatchedLOB:
         defaults: dict[str, Any] = {"dynamic": False}
         if self.device.type == "cpu":  # C++ instead of Python glue between the generated kernels
             defaults["options"] = {"cpp_wrapper": True}
-        self._compiled_advance = torch.compile(self._advance, **{**defaults, **compile_options})
+        options = {**defaults, **compile_options}
+        # Each is compiled on its first call (of step, of step_autoreset(host_sync=False)). The reset of
+        # step_autoreset(host_sync=True) stays eager: it runs only at episode ends, where a compile of
+        # seconds at the first one would cost more than it saves.
+        self._compiled_advance = torch.compile(self._advance, **options)
+        self._compiled_advance_autoreset = torch.compile(self._advance_autoreset, **options)
 
     # ------------------------------------------------------------------ CUDA graph
 
     def enable_cuda_graph(self) -> None:
-        """Capture :meth:`step` in a CUDA graph, so each later step is one graph launch (CUDA only).
+        """Capture :meth:`step` and :meth:`step_autoreset`'s fused step-and-reset (``host_sync=False``) in
+        CUDA graphs, so each later step is one graph launch (CUDA only).
 
-        The environment's state is unchanged by the capture. After it, ``step`` copies the action into a
-        static buffer, replays the graph and returns clones of the outputs (so they stay valid); ``reset``
-        and ``load_state_dict`` copy the new state into the graph's static tensors. Action validation
-        still follows ``validate_actions``.
+        The environment's state is unchanged by the capture (it must be a valid one: take it right after a
+        reset). After it, ``step`` copies the action into a static buffer, replays the graph and returns
+        copies of the outputs (so they stay valid): the graph packs them into one buffer per dtype, so that
+        is a few copies, not one per output. ``step_autoreset`` also draws the start offsets into a static
+        buffer before its replay (the draw stays outside the graph: no generator state is captured).
+        ``reset`` and ``load_state_dict`` copy the new state into the graphs' static tensors, which both
+        graphs share. Action validation still follows ``validate_actions``.
 
         :raises ValueError: when the env is not on a CUDA device.
         """
@@ -622,23 +730,88 @@ class BatchedLOB:
         if self._graph is not None:
             return
         saved = self.state_dict()
-        self._graph_action = torch.ones(
-            self.num_books, len(self.ACTION_NVEC), dtype=torch.int64, device=self.device
-        )
+        action = torch.ones(self.num_books, len(self.ACTION_NVEC), dtype=torch.int64, device=self.device)
+        offsets = torch.zeros(self.num_books, dtype=torch.int64, device=self.device)
         side_stream = torch.cuda.Stream(device=self.device)
         side_stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side_stream):
-            for _ in range(3):  # warm up caches and allocator outside the capture
-                self._step_fn(self._graph_action)
+            for _ in range(3):  # warm up caches, the allocator and compilation outside the capture
+                self.load_state_dict(saved)  # from a valid state each time: no book steps past its end
+                self._step_fn(action)
+                self.load_state_dict(saved)
+                self._advance_autoreset_fn(action, offsets)
         torch.cuda.current_stream(self.device).wait_stream(side_stream)
         self.load_state_dict(saved)
         static_state = self._state_tensors()
+        graph, self._graph_outputs = self._capture(lambda: self._step_fn(action), static_state)
+        self._autoreset_graph, self._autoreset_outputs = self._capture(
+            lambda: self._advance_autoreset_fn(action, offsets), static_state
+        )
+        self._graph_action = action
+        self._graph_offsets = offsets
+        self._graph_state = static_state
+        self._graph = graph
+
+    def _capture(
+        self, step: Callable[[], tuple], static_state: dict[str, torch.Tensor]
+    ) -> tuple[torch.cuda.CUDAGraph, _PackedOutputs]:
+        """Capture ``step()`` (which reads the state from ``static_state``) in a CUDA graph that also writes
+        the new state back into ``static_state`` and packs the outputs.
+
+        :param step: the step on static inputs.
+        :param static_state: the state tensors the graph reads and writes (the env points at them after).
+        :return: the graph and its packed outputs.
+        """
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            outputs = self._step_fn(self._graph_action)
+            outputs = _PackedOutputs(step())
             for key, value in self._state_tensors().items():
                 static_state[key].copy_(value)
         self._set_state_tensors(static_state)
-        self._graph_state = static_state
-        self._graph_outputs = outputs
-        self._graph = graph
+        return graph, outputs
+
+
+class _PackedOutputs:
+    """The outputs of a captured step (a tuple of tensors and ``dict[str, Tensor]``), packed when captured
+    into one flat buffer per dtype. :meth:`copies` clones those few buffers and hands out views of the
+    clones in the outputs' structure: a handful of copy kernels per step instead of one per output (~25).
+
+    :param outputs: the step's outputs (built inside the graph capture, or anywhere, for a test).
+    """
+
+    def __init__(self, outputs: tuple) -> None:
+        tensors: list[torch.Tensor] = []
+        self._structure: list[tuple[str, ...] | None] = []  # the keys of a dict, or None for a tensor
+        for item in outputs:
+            if isinstance(item, dict):
+                self._structure.append(tuple(item))
+                tensors.extend(item.values())
+            else:
+                self._structure.append(None)
+                tensors.append(item)
+        self._dtypes = list(dict.fromkeys(tensor.dtype for tensor in tensors))
+        groups: list[list[torch.Tensor]] = [[] for _ in self._dtypes]
+        self._order: list[tuple[int, int]] = []  # (dtype group, index in group) of each tensor
+        for tensor in tensors:
+            group = self._dtypes.index(tensor.dtype)
+            self._order.append((group, len(groups[group])))
+            groups[group].append(tensor)
+        self._shapes = [[tensor.shape for tensor in group] for group in groups]
+        self._sizes = [[tensor.numel() for tensor in group] for group in groups]
+        #: One flat buffer per dtype holding every output of that dtype.
+        self.buffers = [torch.cat([tensor.reshape(-1) for tensor in group]) for group in groups]
+
+    def copies(self) -> tuple:
+        """Copies of the packed outputs, in the structure they were given in.
+
+        :return: a tuple of tensors and dicts of tensors (views of one fresh buffer per dtype).
+        """
+        parts = []
+        for buffer, sizes, shapes in zip(self.buffers, self._sizes, self._shapes, strict=True):
+            pieces = buffer.clone().split(sizes)
+            parts.append([p if p.shape == s else p.view(s) for p, s in zip(pieces, shapes, strict=True)])
+        tensors = iter([parts[group][index] for group, index in self._order])
+        return tuple(
+            next(tensors) if keys is None else {key: next(tensors) for key in keys}
+            for keys in self._structure
+        )

@@ -5,7 +5,9 @@ resets finished books in the same step (Gymnasium's ``AutoresetMode.SAME_STEP``)
 episode ended, the returned observation is already its reset observation, and the info carries
 ``final_obs`` / ``final_info`` (what the finished step produced) with the masks ``_final_obs`` /
 ``_final_info``. With ``return_tensors=True`` everything stays a torch tensor on the core's device
-(no host copy, no host sync on CUDA), which is the GPU training loop's path.
+(no host copy, no host sync on CUDA), which is the GPU training loop's path: there the reset is fused
+into the core's step (:meth:`~foxenv.core.BatchedLOB.step_autoreset`), so ``compile=True`` compiles it
+with the step and ``cuda_graph=True`` captures it in the same graph.
 """
 
 from __future__ import annotations
@@ -69,6 +71,11 @@ class LOBVectorEnv(VectorEnv):
     Unlike ``SyncVectorEnv`` these keys are present on every step and ``final_obs`` is one dense
     array rather than an object array, so the same code serves numpy and tensors.
 
+    Episode starts: where the env may sync with the host (on the CPU, or when it returns numpy arrays),
+    new start offsets are drawn only at steps where some book finished; with tensors on an accelerator
+    they are drawn on every step (so no host sync is needed). Both are deterministic for a
+    seed, but the same seed gives other episode starts in the two modes.
+
     :param num_envs: number of books ``N``.
     :param data: ``"synthetic"``, a LOBSTER folder, a ``(message, orderbook)`` pair, or a ``MarketData``.
     :param device: device of the core.
@@ -82,8 +89,9 @@ class LOBVectorEnv(VectorEnv):
     :param compile: fuse the core's step with ``torch.compile`` (:meth:`BatchedLOB.enable_compile`):
         several times faster on CPU and GPU after a compile of seconds on the first step; floats may
         differ from the eager step in the last bits.
-    :param cuda_graph: capture the core's step in a CUDA graph at the first ``reset``
-        (:meth:`BatchedLOB.enable_cuda_graph`; CUDA only): one graph launch per step.
+    :param cuda_graph: capture the core's step, with the autoreset fused in, in a CUDA graph at the
+        first ``reset`` (:meth:`BatchedLOB.enable_cuda_graph`; CUDA only): one graph launch per step.
+
     :param kwargs: :class:`EnvConfig` fields and ``load_market`` options
         (see :func:`foxenv.gym_env.make_core`).
     """
@@ -188,14 +196,12 @@ class LOBVectorEnv(VectorEnv):
         :return: obs, reward, terminated, truncated, info (see the class docstring).
         """
         action = self.check_actions(actions)
-        final_obs, reward, terminated, truncated, step_info = self.core.step(action)
+        # Where the host may sync, the reset runs (and draws start offsets) only at steps where a book
+        # finished; elsewhere it is fused into the core's (compiled / captured) step and draws every step.
+        obs, reward, terminated, truncated, step_info, final_obs = self.core.step_autoreset(
+            action, host_sync=self._may_sync
+        )
         done = terminated | truncated
-        obs = final_obs
-        if not self._may_sync or bool(done.any()):
-            # No copy of the step's tensors is needed: the core's reset builds new state tensors
-            # (it never writes in place), so the info and final_obs of this step stay as they are.
-            reset_obs = self.core.reset(mask=done)
-            obs = torch.where(done[:, None], reset_obs, final_obs)
         if self.render_mode is not None:
             if bool(done[0]):  # the first book starts afresh: nothing of its last episode to draw
                 self._last_info = {}
@@ -208,7 +214,7 @@ class LOBVectorEnv(VectorEnv):
         info["_final_obs"] = done
         info["_final_info"] = done
         if self.return_tensors:
-            info["final_info"] = dict(step_info)
+            info["final_info"] = step_info  # the core hands out a new dict (and new tensors) every step
             return obs, reward, terminated, truncated, info
         arrays = tensors_to_numpy({"obs": obs, "reward": reward, "terminated": terminated,
                                    "truncated": truncated, **info})
