@@ -3,9 +3,9 @@
 // Candidate-row kernels: every thread decides one row (wants, source pointers, reward, state updates) into
 // shared memory, then each warp copies its 32 rows' observations with coalesced 16-byte loads/stores where
 // rows are aligned and writes the actions; one count atomic per block. hindsight_inject and
-// magnitude_relabel do not write the observation rows of rows not wanted at all (the op contract leaves
-// them unspecified): at 65536 books that saves writing 32-64 MiB of zeros per call, most of those ops'
-// memory traffic; the forward ring's few rows are zeroed. The
+// magnitude_relabel copy the observation rows of wanted rows only (the op contract leaves the others
+// unspecified): at 65536 books that saves writing 32-64 MiB of zeros per call, most of those ops' memory
+// traffic, and a warp with no wanted row does no copy work; the forward ring's few rows are zeroed. The
 // forward ring's judge kernel (few slots) lets its first warp decide kRows slots and the block copy them.
 #include <cstdint>
 
@@ -23,13 +23,12 @@ constexpr int kThreads = 256;   // threads per block
 constexpr int kRows = 32;       // forward slots per judge block (decided by warp 0)
 constexpr int kBookThreads = 256;  // books per block in the forward ring's entry scan
 
-// Copy `n_rows` rows of `dim` floats from per-row sources to `out + first_row * dim`; a row whose source
-// is nullptr (not wanted) gets zeros when `zero_missing`, else is left as it is.
+// Copy `n_rows` rows of `dim` floats from per-row sources (nullptr: zeros) to `out + first_row * dim`.
 // VEC4: dim is a multiple of 4 and every row (sources and out) is 16-byte aligned, so 16-byte loads and
 // stores. 32-bit indexing within the block's rows.
 template <bool VEC4>
 __device__ inline void copy_rows(float* out, const float* const* sources, int64_t first_row, int n_rows,
-                                 int64_t dim, int tid, int n_threads, bool zero_missing) {
+                                 int64_t dim, int tid, int n_threads) {
   float* dst = out + first_row * dim;
   const int width = static_cast<int>(dim);
   if (VEC4) {
@@ -39,33 +38,64 @@ __device__ inline void copy_rows(float* out, const float* const* sources, int64_
     for (int idx = tid; idx < n; idx += n_threads) {
       const int r = idx / quads;
       const float4* src = reinterpret_cast<const float4*>(sources[r]);
-      if (src != nullptr) {
-        dst4[idx] = src[idx - r * quads];
-      } else if (zero_missing) {
-        dst4[idx] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      }
+      dst4[idx] = src != nullptr ? src[idx - r * quads] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
   } else {
     const int n = n_rows * width;
     for (int idx = tid; idx < n; idx += n_threads) {
       const int r = idx / width;
       const float* src = sources[r];
-      if (src != nullptr) {
-        dst[idx] = src[idx - r * width];
-      } else if (zero_missing) {
-        dst[idx] = 0.0f;
-      }
+      dst[idx] = src != nullptr ? src[idx - r * width] : 0.0f;
     }
   }
 }
 
 // Copy rows with 16-byte accesses when `vec4`, else 4-byte ones.
 __device__ inline void copy_rows_any(bool vec4, float* out, const float* const* sources, int64_t first_row,
-                                     int n_rows, int64_t dim, int tid, int n_threads, bool zero_missing) {
+                                     int n_rows, int64_t dim, int tid, int n_threads) {
   if (vec4) {
-    copy_rows<true>(out, sources, first_row, n_rows, dim, tid, n_threads, zero_missing);
+    copy_rows<true>(out, sources, first_row, n_rows, dim, tid, n_threads);
   } else {
-    copy_rows<false>(out, sources, first_row, n_rows, dim, tid, n_threads, zero_missing);
+    copy_rows<false>(out, sources, first_row, n_rows, dim, tid, n_threads);
+  }
+}
+
+// Copy the observation and next-observation rows of the warp's wanted rows (row r wanted: obs_src[r] is not
+// nullptr) to rows `first_row + r` of `out_obs` / `out_next_obs`; rows not wanted are left as they are. The
+// warp loops over its wanted rows only (a ballot), copying one row's obs and next_obs together, so a warp
+// of unwanted rows (most, when few trades close) costs one ballot. Every lane of the warp must call it.
+__device__ inline void copy_wanted_rows(bool vec4, float* out_obs, float* out_next_obs,
+                                        const float* const* obs_src, const float* const* next_src,
+                                        int64_t first_row, int n_rows, int64_t dim, int lane) {
+  unsigned wanted = __ballot_sync(0xffffffffu, lane < n_rows && obs_src[lane] != nullptr);
+  const int width = static_cast<int>(dim);
+  while (wanted != 0u) {
+    const int r = __ffs(wanted) - 1;
+    wanted &= wanted - 1u;
+    float* dst = out_obs + (first_row + r) * dim;
+    float* dst_next = out_next_obs + (first_row + r) * dim;
+    if (vec4) {
+      const int quads = width >> 2;
+      const float4* src = reinterpret_cast<const float4*>(obs_src[r]);
+      const float4* src_next = reinterpret_cast<const float4*>(next_src[r]);
+      for (int q = lane; q < 2 * quads; q += 32) {
+        if (q < quads) {
+          reinterpret_cast<float4*>(dst)[q] = src[q];
+        } else {
+          reinterpret_cast<float4*>(dst_next)[q - quads] = src_next[q - quads];
+        }
+      }
+    } else {
+      const float* src = obs_src[r];
+      const float* src_next = next_src[r];
+      for (int c = lane; c < 2 * width; c += 32) {
+        if (c < width) {
+          dst[c] = src[c];
+        } else {
+          dst_next[c - width] = src_next[c - width];
+        }
+      }
+    }
   }
 }
 
@@ -194,8 +224,8 @@ __global__ void inject_kernel(int64_t* __restrict__ ring_len, float* __restrict_
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads + warp_base;
   const int64_t left = n_books - first;
   const int n_rows = static_cast<int>(left < 0 ? 0 : (left < 32 ? left : 32));
-  copy_rows_any(vec4, out_obs, s_obs + warp_base, first, n_rows, obs_dim, lane, 32, false);
-  copy_rows_any(vec4, out_next_obs, s_next_obs + warp_base, first, n_rows, obs_dim, lane, 32, false);
+  copy_wanted_rows(vec4, out_obs, out_next_obs, s_obs + warp_base, s_next_obs + warp_base, first, n_rows, obs_dim,
+                   lane);
   write_actions(out_action, s_action + warp_base, s_flat + warp_base, s_exit + warp_base, direction_branch, first,
                 n_rows, n_branches, lane, 32);
   count_wanted_block(want, count);
@@ -267,8 +297,8 @@ __global__ void forward_judge_kernel(bool* __restrict__ slot_valid, const float*
   }
   __syncthreads();
   const int n_rows = static_cast<int>(n_slots - first < kRows ? n_slots - first : kRows);
-  copy_rows_any(vec4, out_obs, s_obs, first, n_rows, obs_dim, threadIdx.x, blockDim.x, true);
-  copy_rows_any(vec4, out_next_obs, s_obs, first, n_rows, obs_dim, threadIdx.x, blockDim.x, true);
+  copy_rows_any(vec4, out_obs, s_obs, first, n_rows, obs_dim, threadIdx.x, blockDim.x);
+  copy_rows_any(vec4, out_next_obs, s_obs, first, n_rows, obs_dim, threadIdx.x, blockDim.x);
   write_actions(out_action, s_action, s_stay, s_wants, direction_branch, first, n_rows, n_branches, threadIdx.x,
                 blockDim.x);
 }
@@ -415,8 +445,8 @@ __global__ void relabel_kernel(const bool* __restrict__ trade_closed, const floa
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads + warp_base;
   const int64_t left = n_rows_total - first;
   const int n_rows = static_cast<int>(left < 0 ? 0 : (left < 32 ? left : 32));
-  copy_rows_any(vec4, out_obs, s_obs + warp_base, first, n_rows, obs_dim, lane, 32, false);
-  copy_rows_any(vec4, out_next_obs, s_next_obs + warp_base, first, n_rows, obs_dim, lane, 32, false);
+  copy_wanted_rows(vec4, out_obs, out_next_obs, s_obs + warp_base, s_next_obs + warp_base, first, n_rows, obs_dim,
+                   lane);
   write_actions(out_action, s_action + warp_base, s_target + warp_base, s_relabel + warp_base, magnitude_branch,
                 first, n_rows, n_branches, lane, 32);
   count_wanted_block(want, count);
