@@ -7,19 +7,25 @@ Measures, in one run on one machine:
    synthetic market and on LOBSTER replay. CUDA timings synchronize before and after; every size
    gets warm-up steps first.
 2. The single-book ``gymnasium.Env`` step rate on the CPU: :class:`foxenv.gym_env.LOBEnv` bare and
-   through ``gymnasium.make`` (with Gymnasium's checker wrappers), next to gym-trading-env's
-   ``TradingEnv`` (a popular single-asset trading env) on a price series of the same length.
+   through ``gymnasium.make`` (with Gymnasium's checker wrappers), eager and with ``compile=True``
+   (``torch.compile`` of the core's step; its first step, the compile, is timed apart), the bare core at
+   ``B = 1`` (the env's own overhead is the difference), next to gym-trading-env's ``TradingEnv`` (a
+   popular single-asset trading env) on a price series of the same length. These are timed in blocks
+   taken in turn, so load on a shared machine hits them alike; rows give the rate over all blocks and
+   the median and best block.
 
 Usage::
 
     python benchmarks/env_throughput.py                    # everything available
     python benchmarks/env_throughput.py --quick            # small sizes, a few seconds
+    python benchmarks/env_throughput.py --sizes 1 --single-steps 5000   # mostly the single-book rows
     python benchmarks/env_throughput.py --device cuda --lobster /path/to/lobster --out results.json
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -112,70 +118,88 @@ def bench_vector(
     return row
 
 
-def bench_single_book(market: MarketData, episode_length: int, steps: int) -> list[dict[str, Any]]:
-    """Steps per second of one book: the bare core (``B = 1``), the Gymnasium env, and the env through
-    ``gymnasium.make``; the difference between the first two is the env's own overhead.
+#: A single-book contestant: ``(step(action_index) -> done, reset())``.
+Stepper = tuple[Callable[[int], bool], Callable[[], None]]
+
+
+def foxenv_steppers(
+    market: MarketData, episode_length: int, actions: np.ndarray, compiled: bool
+) -> tuple[dict[str, Stepper], dict[str, float]]:
+    """The foxenv single-book contestants: the bare core (``B = 1``), :class:`LOBEnv`, the env through
+    ``gymnasium.make`` (with Gymnasium's checker wrappers), and, when ``compiled``, the core and
+    ``LOBEnv(compile=True)`` with their step compiled. The difference between a core and its env is the
+    env's own overhead (numpy in and out, the info as Python scalars).
 
     :param market: the market.
     :param episode_length: steps per episode.
-    :param steps: steps to time.
-    :return: three result rows.
+    :param actions: ``[N, 4]`` int64 actions, used in turn.
+    :param compiled: add the compiled contestants (each compiles on its first step, timed apart).
+    :return: the contestants by row name, and the seconds of each compiled one's first step.
     """
     import gymnasium
 
     from foxenv.core import BatchedLOB
     from foxenv.gym_env import split_env_kwargs
 
-    rows = []
-    actions = np.random.default_rng(0).integers(0, 3, size=(steps, 4))
     config, _ = split_env_kwargs(None, {"episode_length": episode_length})
-    core = BatchedLOB(market, 1, config=config, device="cpu", seed=0)
+    cpu_core = functools.partial(BatchedLOB, market, 1, config=config, device="cpu", seed=0)
     core_actions = [torch.from_numpy(action).view(1, 4) for action in actions]
-    core.reset(seed=0)
-    started = time.perf_counter()
-    for action in core_actions:
-        _, _, terminated, truncated, _ = core.step(action)
-        if terminated.item() or truncated.item():
-            core.reset()
-    seconds = time.perf_counter() - started
-    rows.append({"kind": "single", "device": "cpu", "env": "foxenv BatchedLOB core, B=1", "steps": steps,
-                 "seconds": seconds, "steps_per_s": steps / seconds})
-    envs = {
-        "foxenv LOBEnv": LOBEnv(data=market, seed=0, episode_length=episode_length),
-        "foxenv via gymnasium.make": gymnasium.make("foxenv/LOB-v0", data=market, seed=0,
-                                                    episode_length=episode_length),
+
+    def core_stepper(core: BatchedLOB) -> Stepper:
+        def step(i: int) -> bool:
+            _, _, terminated, truncated, _ = core.step(core_actions[i % len(core_actions)])
+            return bool(terminated.item() or truncated.item())
+
+        return step, lambda: core.reset()
+
+    def env_stepper(env: gymnasium.Env) -> Stepper:
+        def step(i: int) -> bool:
+            _, _, terminated, truncated, _ = env.step(actions[i % len(actions)])
+            return terminated or truncated
+
+        return step, lambda: env.reset()
+
+    steppers: dict[str, Stepper] = {
+        "foxenv BatchedLOB core, B=1": core_stepper(cpu_core()),
+        "foxenv LOBEnv": env_stepper(LOBEnv(data=market, seed=0, episode_length=episode_length)),
+        "foxenv via gymnasium.make": env_stepper(
+            gymnasium.make("foxenv/LOB-v0", data=market, seed=0, episode_length=episode_length)
+        ),
     }
-    for name, env in envs.items():
-        env.reset(seed=0)
-        for action in actions[:20]:
-            env.step(action)
-        env.reset(seed=0)
-        started = time.perf_counter()
-        for action in actions:
-            _, _, terminated, truncated, _ = env.step(action)
-            if terminated or truncated:
-                env.reset()
-        seconds = time.perf_counter() - started
-        rows.append({"kind": "single", "device": "cpu", "env": name, "steps": steps, "seconds": seconds,
-                     "steps_per_s": steps / seconds})
-    return rows
+    compile_seconds: dict[str, float] = {}
+    if compiled:
+        core = cpu_core()
+        core.enable_compile()
+        # The env first: it pays the compile; the core then reuses the compiled step (same shapes, guards
+        # pass), so its first step is fast.
+        contestants = {
+            "foxenv LOBEnv, compile=True": env_stepper(
+                LOBEnv(data=market, seed=0, episode_length=episode_length, compile=True)
+            ),
+            "foxenv BatchedLOB core, B=1, compiled": core_stepper(core),
+        }
+        for name, (step, reset) in contestants.items():
+            reset()
+            started = time.perf_counter()
+            step(0)  # compiles
+            compile_seconds[name] = time.perf_counter() - started
+        steppers.update(contestants)
+    return steppers, compile_seconds
 
 
-def bench_gym_trading_env(num_prices: int, steps: int) -> dict[str, Any]:
-    """Steps per second of gym-trading-env's ``TradingEnv`` on a random-walk price series.
+def gym_trading_env_stepper(num_prices: int, steps: int) -> Stepper | str:
+    """gym-trading-env's ``TradingEnv`` on a random-walk price series, as a contestant.
 
     :param num_prices: length of the price series.
-    :param steps: steps to time.
-    :return: one result row (``skipped`` when the package is not importable).
+    :param steps: number of random actions to cycle through.
+    :return: the contestant, or why it is skipped (the package is not importable).
     """
-    row: dict[str, Any] = {"kind": "single", "device": "cpu", "env": "gym-trading-env TradingEnv"}
     saved_filters = list(warnings.filters)
     try:
         import pandas as pd
         from gym_trading_env.environments import TradingEnv
     except ImportError as error:
-        row["skipped"] = f"gym-trading-env not importable ({error}); pip install -e '.[bench]'"
-        return row
+        return f"gym-trading-env not importable ({error}); pip install -e '.[bench]'"
     finally:
         # gym_trading_env turns every warning into an error at import; undo that for everyone else.
         warnings.filters[:] = saved_filters
@@ -189,16 +213,69 @@ def bench_gym_trading_env(num_prices: int, steps: int) -> dict[str, Any]:
     frame["feature_return"] = frame["close"].pct_change().fillna(0.0)
     frame["feature_volume"] = np.log1p(frame["volume"])
     env = TradingEnv(frame, positions=[-1, 0, 1], verbose=0)
-    actions = rng.integers(0, 3, steps)
-    env.reset(seed=0)
-    started = time.perf_counter()
-    for action in actions:
-        _, _, terminated, truncated, _ = env.step(int(action))
-        if terminated or truncated:
-            env.reset()
-    seconds = time.perf_counter() - started
-    row.update(steps=steps, seconds=seconds, steps_per_s=steps / seconds)
-    return row
+    actions = rng.integers(0, 3, steps).tolist()
+
+    def step(i: int) -> bool:
+        _, _, terminated, truncated, _ = env.step(actions[i % len(actions)])
+        return terminated or truncated
+
+    return step, lambda: env.reset(seed=0)
+
+
+def bench_single_book(
+    market: MarketData, episode_length: int, steps: int, blocks: int, compiled: bool
+) -> list[dict[str, Any]]:
+    """Steps per second of one book: the foxenv contestants (:func:`foxenv_steppers`) beside
+    gym-trading-env's ``TradingEnv`` (a popular single-asset trading env) on a price series of the same
+    length, all in this process. Each contestant is warmed up, then timed in ``blocks`` blocks taken in
+    turn (a burst of load on a shared machine hits them alike); a finished episode is reset inside the
+    timing.
+
+    :param market: the market.
+    :param episode_length: steps per episode.
+    :param steps: steps timed per contestant (split into the blocks).
+    :param blocks: timed blocks per contestant.
+    :param compiled: add the compiled foxenv contestants.
+    :return: one row per contestant: ``steps``, ``seconds``, ``steps_per_s`` (over all blocks),
+        ``steps_per_s_median`` and ``steps_per_s_best`` (over blocks), and ``compile_seconds`` (the
+        first step of a compiled one).
+    """
+    actions = np.random.default_rng(0).integers(0, 3, size=(steps, 4))
+    steppers, compile_seconds = foxenv_steppers(market, episode_length, actions, compiled)
+    rows: dict[str, dict[str, Any]] = {}
+    trading_env = gym_trading_env_stepper(market.num_steps, steps)
+    if isinstance(trading_env, str):
+        rows["gym-trading-env TradingEnv"] = {"skipped": trading_env}
+    else:
+        steppers["gym-trading-env TradingEnv"] = trading_env
+    block_steps = max(1, steps // blocks)
+    rates: dict[str, list[float]] = {name: [] for name in steppers}
+    seconds: dict[str, float] = dict.fromkeys(steppers, 0.0)
+    for step, reset in steppers.values():  # warm up
+        reset()
+        for i in range(min(20, block_steps)):
+            step(i)
+        reset()
+    for block in range(blocks):
+        for name, (step, reset) in steppers.items():
+            started = time.perf_counter()
+            for i in range(block * block_steps, (block + 1) * block_steps):
+                if step(i):
+                    reset()
+            elapsed = time.perf_counter() - started
+            seconds[name] += elapsed
+            rates[name].append(block_steps / elapsed)
+    for name in steppers:
+        rows[name] = {
+            "steps": block_steps * blocks,
+            "seconds": seconds[name],
+            "steps_per_s": block_steps * blocks / seconds[name],
+            "steps_per_s_median": float(np.median(rates[name])),
+            "steps_per_s_best": max(rates[name]),
+        }
+        if name in compile_seconds:
+            rows[name]["compile_seconds"] = compile_seconds[name]
+    return [{"kind": "single", "device": "cpu", "env": name, **row} for name, row in rows.items()]
 
 
 def machine_info() -> dict[str, Any]:
@@ -226,7 +303,7 @@ def target_for(row: dict[str, Any]) -> float | None:
     """
     if row["kind"] == "vector":
         return TARGETS.get(("vector", row["device"], row["num_books"]))
-    if row.get("env") == "foxenv LOBEnv":
+    if row.get("env") in ("foxenv LOBEnv", "foxenv LOBEnv, compile=True"):
         return TARGETS.get(("single", "cpu", None))
     return None
 
@@ -236,7 +313,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
     :param rows: result rows.
     """
-    print(f"{'what':<34} {'device':<6} {'books':>7} {'rate (steps/s)':>16} {'target':>10}  note")
+    print(f"{'what':<38} {'device':<6} {'books':>7} {'rate (steps/s)':>16} {'target':>10}  note")
     for row in rows:
         what = f"vector env, {row['data']}" if row["kind"] == "vector" else row["env"]
         what += ", compiled" if row.get("compiled") else ""
@@ -246,10 +323,15 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         target = target_for(row)
         rate_text = f"{rate:16.4g}" if rate is not None else f"{'-':>16}"
         target_text = f"{target:10.0e}" if target is not None else f"{'':>10}"
-        note = row.get("skipped", "")
+        notes = [row["skipped"]] if "skipped" in row else []
         if target is not None and rate is not None:
-            note = "meets target" if rate >= target else f"{rate / target:.2g}x of target"
-        print(f"{what:<34} {row['device']:<6} {books:>7} {rate_text} {target_text}  {note}")
+            notes.append("meets target" if rate >= target else f"{rate / target:.2g}x of target")
+        if "steps_per_s_median" in row:
+            notes.append(f"median block {row['steps_per_s_median']:.3g}, best {row['steps_per_s_best']:.3g}")
+        if "compile_seconds" in row:
+            notes.append(f"first step (compile) {row['compile_seconds']:.1f} s")
+        note = "; ".join(notes)
+        print(f"{what:<38} {row['device']:<6} {books:>7} {rate_text} {target_text}  {note}")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -268,7 +350,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="LOBSTER folder (default: $FOXHUNT_LOBSTER_DIR, else ../shared/data/lobster)")
     parser.add_argument("--sizes", type=int, nargs="+", default=None, help="numbers of books to measure")
     parser.add_argument("--single-steps", type=int, default=None,
-                        help="steps timed for the single-book rows (default 300 quick, 3000 full)")
+                        help="steps timed per single-book row (default 300 quick, 3000 full)")
+    parser.add_argument("--single-blocks", type=int, default=5,
+                        help="blocks the single-book steps are timed in, taken in turn (default 5)")
+    parser.add_argument("--single-compile", choices=("auto", "on", "off"), default="auto",
+                        help="add the compiled single-book rows (LOBEnv(compile=True) and the compiled core; "
+                             "each compiles for seconds first); auto: on unless --quick")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (default 1: the step's ops are small; OpenMP threads of a "
                              "compiled step stall on a busy machine)")
@@ -307,8 +394,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         rows.append(bench_vector(market, data_name, device, num_books, episode_length,
                                                  args.quick, compiled=True, graph=True))
     single_steps = args.single_steps or (300 if args.quick else 3000)
-    rows += bench_single_book(markets["synthetic"], episode_length, single_steps)
-    rows.append(bench_gym_trading_env(markets["synthetic"].num_steps, single_steps))
+    if args.single_blocks < 1:
+        parser.error(f"--single-blocks={args.single_blocks} must be >= 1")
+    single_compile = args.single_compile == "on" or (args.single_compile == "auto" and not args.quick)
+    rows += bench_single_book(markets["synthetic"], episode_length, single_steps, args.single_blocks,
+                              single_compile)
 
     print_table(rows)
     load = machine_info()["load_average_1min"]

@@ -234,3 +234,35 @@ def test_action_array_likes_are_accepted(market: MarketData, action: object) -> 
     info = env.step(action)[4]
     # short, Small magnitude, Market, aggressive (the whole need at once): -0.25 * 100 lots
     assert info["position"] == pytest.approx(-25.0)
+
+
+def test_out_of_range_action_names_the_branch_and_leaves_the_book_alone(market: MarketData) -> None:
+    env = LOBEnv(data=market, seed=0, episode_length=20)
+    env.reset(seed=0)
+    before = env.core.state_dict()
+    with pytest.raises(ValueError, match=r"action=.*magnitude=3 must lie in \[0, 3\)"):
+        env.step(np.array([2, 3, 0, 0]))
+    with pytest.raises(ValueError, match=r"urgency=-1"):
+        env.step([0, 0, 0, -1])
+    after = env.core.state_dict()
+    for key, value in before.items():
+        if key != "generator":
+            assert torch.equal(value, after[key]), key
+    assert env.step(np.array([2, 2, 0, 2]))[4]["step"] == 1
+
+
+def test_step_after_truncation_raises_until_reset(market: MarketData) -> None:
+    env = LOBEnv(data=market, seed=0, episode_length=3)
+    env.reset(seed=0)
+    truncated = [env.step(np.array([1, 0, 0, 0]))[3] for _ in range(3)]
+    assert truncated == [False, False, True]
+    with pytest.raises(ValueError, match="episode_length=3"):
+        env.step(np.array([1, 0, 0, 0]))
+    env.reset()
+    assert env.step(np.array([1, 0, 0, 0]))[4]["step"] == 1
+
+
+def test_compile_must_be_a_bool(market: MarketData) -> None:
+    with pytest.raises(ValueError, match="compile='yes'"):
+        LOBEnv(data=market, compile="yes")
+    assert LOBEnv(data=market, episode_length=20).compiled is False

@@ -1,0 +1,52 @@
+"""LOBEnv(compile=True): the compiled single-book env follows the eager one (CPU; slow: it compiles)."""
+
+from __future__ import annotations
+
+import shutil
+
+import gymnasium
+import numpy as np
+import pytest
+
+import foxenv
+from foxenv.gym_env import LOBEnv
+from tests.foxenv.fake_market import random_market
+
+needs_compiler = pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile on CPU needs g++")
+
+
+@pytest.mark.slow
+@needs_compiler
+def test_compiled_env_follows_the_eager_env() -> None:
+    market = random_market(600, num_levels=10, seed=21)
+    options = {"data": market, "seed": 5, "episode_length": 30, "max_drawdown": 50.0}
+    eager = LOBEnv(**options)
+    compiled = gymnasium.make(foxenv.ENV_ID, compile=True, **options)
+    assert compiled.unwrapped.compiled and not eager.compiled
+    assert compiled.unwrapped.core._compiled_advance is not None  # the core's step really is compiled
+    actions = np.random.default_rng(6).integers(0, 3, size=(70, 4))
+    obs_e, _ = eager.reset(seed=9)
+    obs_c, _ = compiled.reset(seed=9)
+    np.testing.assert_array_equal(obs_e, obs_c)  # the reset is not compiled
+    fills = ends = 0
+    for action in actions:
+        obs_e, reward_e, terminated_e, truncated_e, info_e = eager.step(action)
+        obs_c, reward_c, terminated_c, truncated_c, info_c = compiled.step(action)
+        assert obs_c.dtype == np.float32 and type(reward_c) is float
+        np.testing.assert_allclose(obs_c, obs_e, rtol=0, atol=1e-5)
+        assert reward_c == pytest.approx(reward_e, rel=0, abs=1e-6)
+        assert (terminated_c, truncated_c) == (terminated_e, truncated_e)
+        assert info_c.keys() == info_e.keys()
+        for key, value in info_e.items():
+            assert type(info_c[key]) is type(value), key
+            if isinstance(value, float):
+                assert info_c[key] == pytest.approx(value, rel=0, abs=1e-9), key
+            else:
+                assert info_c[key] == value, key
+        fills += info_e["fees"] != 0.0
+        if terminated_e or truncated_e:
+            ends += 1
+            np.testing.assert_array_equal(eager.reset()[0], compiled.reset()[0])
+    assert fills > 0 and ends >= 2  # the comparison covered fills and resets, not only idle steps
+    with pytest.raises(ValueError, match="action"):
+        compiled.step(np.array([0, 0, 3, 0]))
