@@ -247,6 +247,24 @@ class BatchedLOB:
         )
         self._zero = torch.zeros((), dtype=torch.float64, device=self.device)  # torch.where's "else 0"
         self._portfolio_affine = portfolio_affine(self.config, self._tick, self.device)
+        # The portfolio features at the start of an episode, [1, P] float32: flat, no order, step 0. They
+        # are the same for every book (the mid only divides or multiplies zeros), so an autoreset takes
+        # them from here instead of recomputing them.
+        zero = torch.zeros(1, dtype=torch.float64, device=self.device)
+        self._start_portfolio = portfolio_features(
+            position=zero,
+            unrealized=zero,
+            mid=torch.ones_like(zero),
+            order_side=zero,
+            order_price=zero,
+            order_ahead=zero,
+            order_remaining=zero,
+            time_in_trade=zero,
+            step=zero,
+            config=self.config,
+            tick_size=self._tick,
+            affine=self._portfolio_affine,
+        )
 
     # ------------------------------------------------------------------ reset
 
@@ -269,31 +287,30 @@ class BatchedLOB:
                     f"mask shape {tuple(mask.shape)} dtype {mask.dtype} must be ({self.num_books},) bool"
                 )
             mask = mask.to(self.device)
-        obs = self._reset_books(mask, self._draw_offsets())
+        self._reset_books(mask, self._draw_offsets())
         self._pin_state()
-        return obs
+        row = self._offset + self._step
+        mid = self._rows.index_select(0, row)[:, 0]
+        features = self._features.index_select(0, row)
+        return self._observe(features, mid, self._ledger.unrealized(mid), self._order_tick * self._tick)
 
     def _draw_offsets(self) -> torch.Tensor:
         """One draw of episode start offsets for every book from the env's generator (what a reset uses)."""
         high = self._num_steps - self.config.episode_length
         return torch.randint(0, high, (self.num_books,), generator=self._generator, device=self.device)
 
-    def _reset_books(self, mask: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        """Reset the books in ``mask`` to the start ``offsets`` (pure tensor ops: no host sync, capturable).
+    def _reset_books(self, mask: torch.Tensor, offsets: torch.Tensor) -> None:
+        """Reset the state of the books in ``mask``: start ``offsets``, step 0, flat, no cash, no order
+        (pure tensor ops: no host sync, capturable; new tensors, so earlier infos are not changed).
 
         :param mask: ``[B]`` bool.
         :param offsets: ``[B]`` int64 start offsets (only the masked books' are used).
-        :return: ``[B, D]`` observations of all books after the reset.
         """
         self._offset = torch.where(mask, offsets, self._offset)
         self._step = self._step.masked_fill(mask, 0)
         self._ledger.reset(mask)
         for name in ("_equity", "_peak_equity", *(f"_{f}" for f in _ORDER_FIELDS)):
             setattr(self, name, getattr(self, name).masked_fill(mask, 0))
-        row = self._offset + self._step
-        mid = self._rows.index_select(0, row)[:, 0]
-        features = self._features.index_select(0, row)
-        return self._observe(features, mid, self._ledger.unrealized(mid), self._order_tick * self._tick)
 
     def _autoreset_books(
         self, done: torch.Tensor, offsets: torch.Tensor, final_obs: torch.Tensor
@@ -301,12 +318,20 @@ class BatchedLOB:
         """Reset the ``done`` books to ``offsets``; the observation is theirs after the reset and
         ``final_obs`` elsewhere (no host sync: capturable).
 
+        A reset book's observation is its start row's market features and the constant portfolio
+        features of a fresh episode (:meth:`_precompute`), the same numbers :meth:`_observe` gives it.
+
         :param done: ``[B]`` bool, the books whose episode ended.
         :param offsets: ``[B]`` int64 start offsets of their next episodes.
         :param final_obs: ``[B, D]`` the observations the step produced.
         :return: ``[B, D]`` the observations to hand out.
         """
-        return torch.where(done[:, None], self._reset_books(done, offsets), final_obs)
+        self._reset_books(done, offsets)
+        start = torch.cat(
+            [self._features.index_select(0, self._offset), self._start_portfolio.expand(self.num_books, -1)],
+            dim=1,
+        )
+        return torch.where(done[:, None], start, final_obs)
 
     # ------------------------------------------------------------------ step
 
