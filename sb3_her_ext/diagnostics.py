@@ -84,11 +84,10 @@ class TrainingDiagnostics:
 
     def reset(self) -> None:
         """Zero every accumulator (called after each flush)."""
-        zeros = {key: th.zeros((), dtype=th.float64, device=self.device) for key in self._TRAIN_KEYS}
-        self._train_sums = zeros
-        self._train_count = th.zeros((), dtype=th.int64, device=self.device)
-        self._vaccine_count = th.zeros((), dtype=th.int64, device=self.device)
-        self._vaccine_corrections = th.zeros((), dtype=th.int64, device=self.device)
+        # one tensor each, so that a train step adds to them in one op: sums in _TRAIN_KEYS order, counts
+        # of train steps, vaccine steps and vaccine corrections
+        self._train_sums = th.zeros(len(self._TRAIN_KEYS), dtype=th.float64, device=self.device)
+        self._train_counts = th.zeros(3, dtype=th.int64, device=self.device)
         self._select_sums = {
             key: th.zeros((), dtype=th.float64, device=self.device) for key in self._SELECT_KEYS
         }
@@ -116,11 +115,9 @@ class TrainingDiagnostics:
         :param loss: the mixed loss.
         :param mean_weight: mean PER importance weight of the batch.
         """
-        self._train_sums["l_q"] += l_q.detach().to(self.device, th.float64)
-        self._train_sums["l_c51"] += l_c51.detach().to(self.device, th.float64)
-        self._train_sums["loss"] += loss.detach().to(self.device, th.float64)
-        self._train_sums["mean_weight"] += mean_weight.detach().to(self.device, th.float64)
-        self._train_count += 1
+        values = th.stack((l_q.detach(), l_c51.detach(), loss.detach(), mean_weight.detach()))
+        self._train_sums[:4] += values.to(self.device, th.float64)  # l_q, l_c51, loss, mean_weight
+        self._train_counts[0] += 1
 
     def add_vaccine(self, cos: th.Tensor, corrected: th.Tensor) -> None:
         """Add one vaccine step's cosine and whether it corrected the gradient (0-dim tensors).
@@ -128,9 +125,9 @@ class TrainingDiagnostics:
         :param cos: cosine between the main and the vaccine gradients.
         :param corrected: whether GradVac changed the main gradient.
         """
-        self._train_sums["vaccine_cos"] += cos.detach().to(self.device, th.float64)
-        self._vaccine_count += 1
-        self._vaccine_corrections += corrected.detach().to(self.device, th.int64)
+        self._train_sums[4] += cos.detach().to(self.device, th.float64)  # vaccine_cos
+        self._train_counts[1] += 1
+        self._train_counts[2] += corrected.detach().to(self.device, th.int64)
 
     def add_selection(self, iqr: th.Tensor, ens_std: th.Tensor, valid: th.Tensor) -> None:
         """Add the mean IQR and ensemble std over the valid actions of one action selection.
@@ -165,12 +162,12 @@ class TrainingDiagnostics:
         """
         now = time.time()
         elapsed = max(now - self._last_time, 1e-9)
-        n_train = int(self._train_count)
-        n_vaccine = int(self._vaccine_count)
+        n_train, n_vaccine, n_corrections = self._train_counts.tolist()
         n_select = int(self._select_count)
+        train_sums = dict(zip(self._TRAIN_KEYS, self._train_sums.tolist(), strict=True))
 
         def train_mean(key: str, count: int) -> float:
-            return float(self._train_sums[key]) / count if count > 0 else math.nan
+            return train_sums[key] / count if count > 0 else math.nan
 
         totals = {k: int(v) for k, v in (extra.get("hindsight_totals") or {}).items()}
         hindsight: dict[str, Any] = {
@@ -201,7 +198,7 @@ class TrainingDiagnostics:
             "hindsight": hindsight,
             "vaccine": {
                 "cos": train_mean("vaccine_cos", n_vaccine),
-                "corrections": int(self._vaccine_corrections),
+                "corrections": n_corrections,
             },
             "iqr_bonus": extra.get("iqr_bonus"),
             "ep_rew_mean": extra.get("ep_rew_mean"),

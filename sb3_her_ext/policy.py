@@ -363,23 +363,25 @@ class BranchingQNetwork(nn.Module):
             )
         weight, bias = self._iqn_output_layer()  # [NB, H, E, A], [NB, E, A]
         n_branches, hidden_dim, n_ensemble, n_actions = weight.shape
-        # select each sample's action columns by a one-hot product (a dense backward, no index scatter)
-        action_ids = th.arange(n_actions, device=actions.device)
-        one_hot = (actions.t().unsqueeze(-1) == action_ids).to(weight.dtype)  # [NB, B, A] (no host sync)
-        taken_weight = th.bmm(one_hot, weight.permute(0, 3, 1, 2).reshape(n_branches, n_actions, -1))
-        taken_bias = th.bmm(one_hot, bias.transpose(1, 2))  # [NB, B, E]
-        taken_weight = taken_weight.view(n_branches, batch, hidden_dim, n_ensemble)
-        if embedding.shape[2] == 1:  # shared: one [N, H] @ [H, NB * E] product per sample
-            # the contiguous [B, H, NB, 1] operand first, so the product is laid out [B, H, NB, E] (no copy)
-            features_bhn = features.permute(1, 2, 0).contiguous().unsqueeze(-1)
-            folded = features_bhn * taken_weight.permute(1, 2, 0, 3)  # [B, H, NB, E]
-            folded = folded.view(batch, hidden_dim, n_branches * n_ensemble)
-            out = th.bmm(embedding.squeeze(2), folded).view(batch, n_taus, n_branches, n_ensemble)
-            out = out.permute(3, 0, 2, 1)  # [E, B, NB, N]
-        else:
-            folded = features.unsqueeze(-1) * taken_weight  # [NB, B, H, E]
-            out = th.matmul(embedding.transpose(1, 2), folded.transpose(0, 1)).permute(3, 0, 1, 2)
-        quantiles = out + taken_bias.permute(2, 1, 0).unsqueeze(-1)  # [E, B, NB, N]
+        # Select each sample's action rows by one product with a block one-hot [B * NB, NB * A] (a dense
+        # backward, no index scatter); the rows come out in [B, NB] order, with H innermost.
+        columns = th.arange(n_branches * n_actions, device=actions.device)
+        offsets = columns[:n_branches] * n_actions  # first column of each branch's block
+        selector = ((actions + offsets).unsqueeze(-1) == columns).to(weight.dtype)  # no host sync
+        selector = selector.view(batch * n_branches, n_branches * n_actions)
+        weight_rows = weight.permute(0, 3, 2, 1).reshape(n_branches * n_actions, n_ensemble * hidden_dim)
+        taken_weight = th.mm(selector, weight_rows).view(batch, n_branches, n_ensemble, hidden_dim)
+        bias_rows = bias.transpose(1, 2).reshape(n_branches * n_actions, n_ensemble)
+        taken_bias = th.mm(selector, bias_rows).view(batch, n_branches, 1, n_ensemble)
+        # Fold the branch features into the taken weights (H stays the contiguous inner dim of the product)
+        folded = taken_weight * features.transpose(0, 1).unsqueeze(2)  # [B, NB, E, H]
+        if embedding.shape[2] == 1:  # shared: one [N, H] @ [H, NB * E] product per sample, bias included
+            out = th.baddbmm(taken_bias.view(batch, 1, n_branches * n_ensemble), embedding.squeeze(2),
+                             folded.view(batch, n_branches * n_ensemble, hidden_dim).transpose(1, 2))
+            quantiles = out.view(batch, n_taus, n_branches, n_ensemble).permute(3, 0, 2, 1)  # [E, B, NB, N]
+        else:  # one [N, H] @ [H, E] product per sample and branch
+            out = th.matmul(embedding.transpose(1, 2), folded.transpose(2, 3)) + taken_bias  # [B, NB, N, E]
+            quantiles = out.permute(3, 0, 1, 2)  # [E, B, NB, N]
         logits = self._c51_from_features(features)  # [B, NB, A, atoms]
         index = actions[:, :, None, None].expand(-1, -1, 1, self.n_atoms)
         return quantiles, logits.gather(2, index).squeeze(2)
@@ -426,6 +428,26 @@ class BranchingQNetwork(nn.Module):
         mask = self.action_mask.unsqueeze(0)
         q = q.masked_fill(~mask, -math.inf)
         return q, iqr.masked_fill(~mask, 0.0), ens_std.masked_fill(~mask, 0.0)
+
+
+def default_optimizer_kwargs(
+    optimizer_class: type[th.optim.Optimizer], optimizer_kwargs: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """The optimizer's keyword arguments: the user's, with ``fused=True`` added for Adam and AdamW.
+
+    The fused implementation (CPU and CUDA) updates every parameter in one kernel instead of ~9 per
+    parameter (same update up to float rounding). It is not added when the user chooses ``fused``,
+    ``foreach`` or ``differentiable`` themselves (``optimizer_kwargs={"fused": False}`` turns it off).
+
+    :param optimizer_class: the optimizer class.
+    :param optimizer_kwargs: the user's keyword arguments (None: none).
+    :return: a new dict.
+    """
+    kwargs = dict(optimizer_kwargs or {})
+    chosen = {"fused", "foreach", "differentiable"} & kwargs.keys()
+    if optimizer_class in (th.optim.Adam, th.optim.AdamW) and not chosen:
+        kwargs["fused"] = True
+    return kwargs
 
 
 def branch_action_dims(action_space: spaces.Space) -> list[int]:
@@ -516,7 +538,9 @@ class BranchingIQNPolicy(BasePolicy):
         statistics before this batch's PopArt update; see :meth:`BranchingIQN._distributional_loss`).
     :param popart_beta: PopArt's moment step size.
     :param optimizer_class: optimizer of the online network.
-    :param optimizer_kwargs: optimizer keyword arguments, without the learning rate.
+    :param optimizer_kwargs: optimizer keyword arguments, without the learning rate; Adam and AdamW get
+        ``fused=True`` unless these choose ``fused``, ``foreach`` or ``differentiable``
+        (see :func:`default_optimizer_kwargs`).
     :param normalize_images: kept for SB3 compatibility (observations are flat vectors; unused).
     :param shared_tau_embedding: share the ``tau`` embedding layer across branches (see
         :class:`BranchingQNetwork`); False gives each branch its own.
@@ -557,7 +581,7 @@ class BranchingIQNPolicy(BasePolicy):
             action_space,
             features_extractor_class=FlattenExtractor,
             optimizer_class=optimizer_class,
-            optimizer_kwargs=optimizer_kwargs,
+            optimizer_kwargs=default_optimizer_kwargs(optimizer_class, optimizer_kwargs),
             normalize_images=normalize_images,
         )
         action_dims = branch_action_dims(action_space)

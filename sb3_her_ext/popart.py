@@ -98,12 +98,18 @@ class PopArt(nn.Module):
             raise ValueError(f"targets.shape={tuple(targets.shape)} must hold at least one value")
         targets = targets.detach().to(self.mu.dtype)
         old_mu, old_sigma = self.mu.clone(), self.sigma.clone()
-        self.mu.mul_(1.0 - self.beta).add_(self.beta * targets.mean())
-        self.nu.mul_(1.0 - self.beta).add_(self.beta * targets.pow(2).mean())
-        self.sigma.copy_((self.nu - self.mu.pow(2)).clamp(min=self.eps**2).sqrt())
-        for layer in self._layers:
-            layer.weight.mul_(old_sigma / self.sigma)
-            layer.bias.mul_(old_sigma).add_(old_mu - self.mu).div_(self.sigma)
+        # (1 - beta) * m + beta * mean as one lerp each; few ops, as this runs in every train step
+        self.mu.lerp_(targets.mean(), self.beta)
+        self.nu.lerp_(targets.square().mean(), self.beta)
+        th.sqrt(th.addcmul(self.nu, self.mu, self.mu, value=-1.0).clamp_(min=self.eps**2), out=self.sigma)
+        if self._layers:
+            scale = old_sigma / self.sigma
+            shift = (old_mu - self.mu) / self.sigma
+            weights = [layer.weight for layer in self._layers]
+            biases = [layer.bias for layer in self._layers]
+            # W <- W scale, b <- b scale + shift, one multi-tensor op each
+            th._foreach_mul_(weights + biases, scale)
+            th._foreach_add_(biases, shift)
 
     def extra_repr(self) -> str:
         """:return: the hyper-parameters, for ``print(module)``."""

@@ -36,14 +36,15 @@ def assign_flat_grad(params: Iterable[nn.Parameter], flat: th.Tensor) -> None:
     total = sum(p.numel() for p in params)
     if flat.dim() != 1 or flat.shape[0] != total:
         raise ValueError(f"flat.shape={tuple(flat.shape)} must be [{total}] (the parameters' total size)")
-    offset = 0
-    for p in params:
-        chunk = flat[offset : offset + p.numel()].view_as(p)
+    grads, chunks = [], []
+    for p, chunk in zip(params, flat.split([p.numel() for p in params]), strict=True):
         if p.grad is None:
-            p.grad = chunk.clone()
+            p.grad = chunk.view_as(p).clone()
         else:
-            p.grad.copy_(chunk)
-        offset += p.numel()
+            grads.append(p.grad)
+            chunks.append(chunk.view_as(p))
+    if grads:
+        th._foreach_copy_(grads, chunks)  # one multi-tensor copy instead of one op per parameter
 
 
 class GradVac(nn.Module):

@@ -1,0 +1,109 @@
+"""The train step's fast paths against the plain computations they replace, on random inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch as th
+from gymnasium import spaces
+from torch import nn
+
+from sb3_her_ext.policy import BranchingIQNPolicy, BranchingQNetwork, BranchLinear, default_optimizer_kwargs
+from sb3_her_ext.popart import PopArt
+from sb3_her_ext.vaccine import assign_flat_grad
+
+
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("action_dims", [[3, 3, 3, 3], [2, 4, 3]])
+def test_taken_quantiles_match_gathering_all_quantiles(shared: bool, action_dims: list[int]) -> None:
+    """Values and gradients of the selected-columns pass equal gathering from the full pass."""
+    th.manual_seed(4)
+    net = BranchingQNetwork(9, 6, action_dims, [3] * len(action_dims), net_arch=[16, 12], n_ensemble=3,
+                            n_cos=8, n_atoms=7, shared_tau_embedding=shared).double()
+    obs, taus = th.randn(5, 9, dtype=th.float64), th.rand(5, 4, dtype=th.float64)
+    actions = th.stack([th.randint(0, n, (5,)) for n in action_dims], dim=1)
+    upstream_q = th.randn(3, 5, len(action_dims), 4, dtype=th.float64)
+    upstream_logits = th.randn(5, len(action_dims), 7, dtype=th.float64)
+
+    def loss_and_grads(fast: bool) -> tuple[th.Tensor, th.Tensor, list[th.Tensor]]:
+        net.zero_grad()
+        if fast:
+            quantiles, logits = net.taken_quantiles_and_logits(obs, taus, actions)
+        else:
+            z, all_logits = net.quantiles_and_logits(obs, taus)  # [E, B, NB, A, N], [B, NB, A, atoms]
+            index = actions[None, :, :, None, None].expand(3, -1, -1, 1, 4)
+            quantiles = z.gather(3, index).squeeze(3)
+            logits = all_logits.gather(2, actions[:, :, None, None].expand(-1, -1, 1, 7)).squeeze(2)
+        ((quantiles * upstream_q).sum() + (logits * upstream_logits).sum()).backward()
+        return quantiles.detach(), logits.detach(), [p.grad.clone() for p in net.parameters()]
+
+    fast, reference = loss_and_grads(True), loss_and_grads(False)
+    assert fast[0].shape == (3, 5, len(action_dims), 4)
+    assert th.allclose(fast[0], reference[0]) and th.allclose(fast[1], reference[1])
+    for got, expected in zip(fast[2], reference[2], strict=True):
+        assert th.allclose(got, expected)
+
+
+def test_adam_is_fused_unless_the_user_chooses() -> None:
+    assert default_optimizer_kwargs(th.optim.Adam, None) == {"fused": True}
+    assert default_optimizer_kwargs(th.optim.AdamW, {"eps": 1e-5}) == {"eps": 1e-5, "fused": True}
+    for chosen in ({"fused": False}, {"foreach": True}, {"differentiable": True}):
+        assert default_optimizer_kwargs(th.optim.Adam, chosen) == chosen
+    assert default_optimizer_kwargs(th.optim.SGD, {"momentum": 0.9}) == {"momentum": 0.9}
+    user = {"eps": 1e-5}
+    default_optimizer_kwargs(th.optim.Adam, user)
+    assert user == {"eps": 1e-5}  # the caller's dict is not modified
+    policy = BranchingIQNPolicy(spaces.Box(-1, 1, (5,), np.float32), spaces.MultiDiscrete([3, 2]),
+                                lambda _: 1e-3, net_arch=[8])
+    assert policy.optimizer.param_groups[0]["fused"] is True
+    assert policy._get_constructor_parameters()["optimizer_kwargs"] == {"fused": True}
+
+
+def test_fused_adam_steps_like_the_for_loop_adam() -> None:
+    th.manual_seed(5)
+    nets = [BranchingQNetwork(6, 6, [3, 3], [2, 2], net_arch=[8], n_ensemble=2, n_cos=4, n_atoms=5)
+            for _ in range(2)]
+    nets[1].load_state_dict(nets[0].state_dict())
+    fused = default_optimizer_kwargs(th.optim.Adam, None)
+    optimizers = [th.optim.Adam(nets[0].parameters(), lr=1e-2, foreach=False),
+                  th.optim.Adam(nets[1].parameters(), lr=1e-2, **fused)]
+    for _ in range(3):
+        grads = [th.randn_like(p) for p in nets[0].parameters()]
+        for net, optimizer in zip(nets, optimizers, strict=True):
+            for p, g in zip(net.parameters(), grads, strict=True):
+                p.grad = g.clone()
+            optimizer.step()
+    for a, b in zip(nets[0].parameters(), nets[1].parameters(), strict=True):
+        assert th.allclose(a, b, atol=1e-6)
+
+
+def test_popart_update_matches_the_textbook_rescaling() -> None:
+    th.manual_seed(6)
+    layers = [nn.Linear(4, 3), BranchLinear(2, 4, 5)]
+    popart = PopArt(beta=0.3)
+    popart.register(*layers)
+    popart.mu.fill_(0.7)
+    popart.nu.fill_(2.0)
+    popart.sigma.fill_(1.2)
+    targets = th.randn(50) * 4.0 + 2.0
+    before = [(layer.weight.detach().clone(), layer.bias.detach().clone()) for layer in layers]
+    mu = 0.7 * 0.7 + 0.3 * targets.mean()
+    nu = 0.7 * 2.0 + 0.3 * (targets**2).mean()
+    sigma = (nu - mu**2).clamp(min=popart.eps**2).sqrt()
+    popart.update(targets)
+    assert th.allclose(popart.mu, mu) and th.allclose(popart.nu, nu) and th.allclose(popart.sigma, sigma)
+    for layer, (weight, bias) in zip(layers, before, strict=True):
+        assert th.allclose(layer.weight, weight * 1.2 / sigma)
+        assert th.allclose(layer.bias, (1.2 * bias + 0.7 - mu) / sigma, atol=1e-6)
+
+
+def test_assign_flat_grad_with_and_without_existing_grads() -> None:
+    params = [nn.Parameter(th.zeros(2, 3)), nn.Parameter(th.zeros(4)), nn.Parameter(th.zeros(1))]
+    params[1].grad = th.full((4,), 9.0)
+    flat = th.randn(11)
+    assign_flat_grad(params, flat)
+    assert th.equal(params[0].grad, flat[:6].view(2, 3))
+    assert th.equal(params[1].grad, flat[6:10])
+    assert th.equal(params[2].grad, flat[10:])
+    flat[:] = 0.0  # the new grads are copies, not views of the flat vector
+    assert not th.equal(params[0].grad, th.zeros(2, 3))
