@@ -159,9 +159,10 @@ class LOBEnv(gymnasium.Env[np.ndarray, np.ndarray]):
     ``fees``, ...). ``reset`` returns an empty info.
 
     A step is bound by per-op overhead at one book: the eager core runs ~200 tiny tensor ops (about
-    1e3 steps/s on one CPU core), the compiled one a few fused kernels (several times faster). The env
+    1e3 steps/s on one CPU core), the compiled one a few fused kernels (about 5e3 steps/s). The env
     checks the action on numpy and the episode end on a Python counter, so the core skips its own checks
-    (which would copy the action and the step counter out of tensors every step).
+    (which would copy the action and the step counter out of tensors every step). ``env.compiled`` says
+    whether the step is compiled.
 
     :param data: ``"synthetic"``, a LOBSTER folder, a ``(message, orderbook)`` pair, or a :class:`MarketData`.
     :param render_mode: ``None`` or ``"rgb_array"`` (a picture of the book, see :mod:`foxenv.render`).
@@ -169,9 +170,12 @@ class LOBEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         not depend on it (``market_seed=`` picks the synthetic market).
     :param config: base :class:`EnvConfig`; keyword arguments naming its fields override it.
     :param compile: step the core through ``torch.compile`` (:meth:`BatchedLOB.enable_compile`; opt-in).
-        Needs a C++ compiler. The first step compiles: about 10-15 s on a cold inductor cache and a few
-        seconds with a warm one (measured on a 2-core x86 machine); later steps are several times faster
-        than eager. Floats may differ from the eager step in the last bits (a fused multiply-add).
+        Needs a C++ compiler. The first step compiles: about 30 s with a cold inductor cache and 3 s with
+        a warm one (measured on a busy 2-core x86 machine); further envs with the same market shape and
+        config in the process reuse the compiled step. Later steps are about 4-5x faster than eager.
+        Floats may differ from the eager step in the last bits (a fused multiply-add). Off by default: a
+        single-book env is often built for a short run, an env check or a test, where the compile would
+        cost more than it saves.
     :param kwargs: :class:`EnvConfig` fields and ``load_market`` options, see :func:`make_core`.
     """
 
