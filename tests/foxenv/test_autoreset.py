@@ -35,17 +35,16 @@ def eager_autoreset(core: BatchedLOB, action: torch.Tensor, host_sync: bool) -> 
 
 def assert_same_outputs(got: tuple, want: tuple, exact: bool = True) -> None:
     """``step_autoreset`` outputs equal (``exact``) or within float rounding of a compiled step."""
-    for name, a, b in zip(("obs", "reward", "terminated", "truncated", "info", "final_obs"), got, want,
-                          strict=True):
-        pairs = a.items() if isinstance(a, dict) else [(name, a)]
-        other = b if isinstance(b, dict) else {name: b}
-        assert (set(a) == set(b)) if isinstance(a, dict) else True
-        for key, value in pairs:
+    names = ("obs", "reward", "terminated", "truncated", "info", "final_obs")
+    for name, a, b in zip(names, got, want, strict=True):
+        a, b = (x if isinstance(x, dict) else {name: x} for x in (a, b))
+        assert set(a) == set(b)
+        for key, value in a.items():
             if exact or not value.dtype.is_floating_point:
-                assert torch.equal(value, other[key]), key
+                assert torch.equal(value, b[key]), key
             else:
                 atol = 1e-6 if value.dtype == torch.float32 else 1e-9
-                torch.testing.assert_close(value, other[key], rtol=0, atol=atol, msg=key)
+                torch.testing.assert_close(value, b[key], rtol=0, atol=atol, msg=key)
 
 
 def assert_same_state(a: BatchedLOB, b: BatchedLOB) -> None:
@@ -98,12 +97,19 @@ def test_step_autoreset_matches_the_eager_path_on_synthetic_data(
     assert ends > 300 and partial > 20  # many episode ends, most of them of some books only
 
 
-@pytest.mark.parametrize("host_sync", [True, False], ids=["host-sync", "fused"])
-def test_step_autoreset_matches_the_eager_path_on_a_lobster_slice(lobster_dir: Path, host_sync: bool) -> None:
+@pytest.fixture(scope="module")
+def lobster_slice(lobster_dir: Path) -> MarketData:
+    """400 steps of the real GOOG sample."""
     from foxenv.data import load_market
 
-    market = load_market(str(lobster_dir)).slice(200, 600)
-    ends, partial = compare_with_eager(market, host_sync, steps=300)
+    return load_market(str(lobster_dir)).slice(200, 600)
+
+
+@pytest.mark.parametrize("host_sync", [True, False], ids=["host-sync", "fused"])
+def test_step_autoreset_matches_the_eager_path_on_a_lobster_slice(
+    lobster_slice: MarketData, host_sync: bool
+) -> None:
+    ends, partial = compare_with_eager(lobster_slice, host_sync, steps=300)
     assert ends > 300 and partial > 20
 
 
@@ -202,17 +208,25 @@ def test_compiled_fused_step_autoreset_follows_the_eager_path() -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("market", ["synthetic", "lobster_slice"])
 @pytest.mark.parametrize("host_sync", [True, False], ids=["host-sync", "fused"])
-def test_cuda_step_autoreset_matches_the_eager_path(synthetic: MarketData, host_sync: bool) -> None:
-    ends, partial = compare_with_eager(synthetic, host_sync, steps=300, device="cuda")
+def test_cuda_step_autoreset_matches_the_eager_path(
+    request: pytest.FixtureRequest, market: str, host_sync: bool
+) -> None:
+    ends, partial = compare_with_eager(request.getfixturevalue(market), host_sync, steps=300, device="cuda")
     assert ends > 300 and partial > 20
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("market", ["synthetic", "lobster_slice"])
 @pytest.mark.parametrize("host_sync", [True, False], ids=["host-sync", "fused"])
-def test_cuda_graph_step_autoreset_matches_the_eager_path(synthetic: MarketData, host_sync: bool) -> None:
+def test_cuda_graph_step_autoreset_matches_the_eager_path(
+    request: pytest.FixtureRequest, market: str, host_sync: bool
+) -> None:
     """Both captured graphs (step, and step with the fused reset) against the eager path, bit for bit."""
-    ends, partial = compare_with_eager(synthetic, host_sync, steps=300, device="cuda", graph=True)
+    ends, partial = compare_with_eager(
+        request.getfixturevalue(market), host_sync, steps=300, device="cuda", graph=True
+    )
     assert ends > 300 and partial > 20
 
 
