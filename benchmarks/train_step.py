@@ -11,8 +11,14 @@ Every model is seeded (``seed=0``); a seeded BranchingIQN on CUDA runs with
 ``torch.use_deterministic_algorithms`` on (its same-seed-same-result setting), which the benchmark switches
 back after each row, so the QR-DQN row runs without it; each row records ``deterministic_algorithms``.
 
+Each row also counts the aten ops dispatched per gradient step (``aten_ops_per_step``, views included;
+``kernel_ops_per_step`` without the view ops, which launch no kernel), over ``OP_COUNT_STEPS`` more steps:
+noise-free, and what predicts the step's cost on a GPU, where it is launch-bound. On the CPU the
+quantile-Huber loss runs in row blocks (more ops than the one block of the GPU path).
+
 Rows: BranchingIQN with its defaults (5 ensemble heads, IQN + C51, GradVac every 5 steps, PER),
-BranchingIQN "lean" (1 head, vaccine off) to show what the extras cost, and QR-DQN
+the same with ``compile_loss=True`` (the compile falls in the warm-up), BranchingIQN "lean" (1 head,
+vaccine off) to show what the extras cost, and QR-DQN
 (``n_quantiles`` = BranchingIQN's quantile count).
 
 Usage::
@@ -38,9 +44,30 @@ import gymnasium as gym
 import numpy as np
 import torch as th
 from gymnasium import spaces
+from torch.utils._python_dispatch import TorchDispatchMode
 
 RESULTS = Path(__file__).resolve().parent / "results" / "train_step.json"
 NVEC = (3, 3, 3, 3)
+#: Gradient steps whose ops are counted (a multiple of BranchingIQN's default vaccine interval, 5).
+OP_COUNT_STEPS = 10
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the aten ops dispatched inside the ``with`` block (forward, backward and optimizer).
+
+    :param count: ops so far (views included).
+    :param kernel_count: ops so far that are not views (the ones that may launch a kernel).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+        self.kernel_count = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        self.count += 1
+        self.kernel_count += not func.is_view
+        return func(*args, **(kwargs or {}))
 
 
 class RandomBoxEnv(gym.Env):
@@ -76,6 +103,14 @@ def _time_train(model: Any, fill: int, steps: int, batch: int, device: th.device
     return steps / (time.perf_counter() - start)
 
 
+def _count_ops(model: Any, steps: int, batch: int) -> tuple[float, float]:
+    """Aten ops per gradient step of ``model.train`` (all, and without views), over ``steps`` steps."""
+    counter = OpCounter()
+    with counter:
+        model.train(gradient_steps=steps, batch_size=batch)
+    return counter.count / steps, counter.kernel_count / steps
+
+
 def bench_device(device: str, widths: list[int], batch: int, steps: int, fill: int, obs_dim: int,
                  n_quantiles: int) -> list[dict[str, Any]]:
     """Time the three rows on ``device``.
@@ -103,6 +138,8 @@ def bench_device(device: str, widths: list[int], batch: int, steps: int, fill: i
     setups = [
         ("BranchingIQN (defaults: 5 heads, IQN+C51, GradVac/5, PER)", "BranchingIQN",
          lambda: BranchingIQN("MlpPolicy", md_env, policy_kwargs=iqn_policy, **common)),
+        ("BranchingIQN defaults + compile_loss (torch.compile'd quantile-Huber)", "BranchingIQN",
+         lambda: BranchingIQN("MlpPolicy", md_env, compile_loss=True, policy_kwargs=iqn_policy, **common)),
         ("BranchingIQN lean (1 head, no vaccine)", "BranchingIQN",
          lambda: BranchingIQN("MlpPolicy", md_env, vaccine_interval=0,
                               policy_kwargs={**iqn_policy, "n_ensemble": 1}, **common)),
@@ -120,10 +157,12 @@ def bench_device(device: str, widths: list[int], batch: int, steps: int, fill: i
             model = make()
             rate = _time_train(model, fill, steps, batch, dev)
             row_deterministic = th.are_deterministic_algorithms_enabled()
+            ops, kernel_ops = _count_ops(model, OP_COUNT_STEPS, batch)
         finally:
             th.use_deterministic_algorithms(deterministic, warn_only=warn_only)
         rows.append({"row": label, "algorithm": algo, "device": device, "grad_steps_per_s": rate,
-                     "deterministic_algorithms": row_deterministic})
+                     "deterministic_algorithms": row_deterministic, "aten_ops_per_step": ops,
+                     "kernel_ops_per_step": kernel_ops})
     peer = rows[-1]["grad_steps_per_s"]
     for row in rows:
         row["qrdqn_over_this"] = peer / row["grad_steps_per_s"]
@@ -162,15 +201,18 @@ def main() -> None:
     load_after = os.getloadavg()[0]
     print(f"\ntrain-step throughput  (batch {config['batch']}, widths {config['widths']}, "
           f"obs dim {config['obs_dim']}, {config['n_quantiles']} quantiles, {config['steps']} timed steps)")
-    print(f"{'device':<7} {'row':<60} {'grad steps/s':>12} {'QR-DQN / this':>14}")
+    print(f"{'device':<7} {'row':<70} {'grad steps/s':>12} {'QR-DQN / this':>14} {'ops/step':>9} "
+          f"{'non-view':>9}")
     for row in rows:
         rate, ratio = row["grad_steps_per_s"], row["qrdqn_over_this"]
-        print(f"{row['device']:<7} {row['row']:<60} {rate:>12.1f} {ratio:>14.2f}")
+        print(f"{row['device']:<7} {row['row']:<70} {rate:>12.1f} {ratio:>14.2f} "
+              f"{row['aten_ops_per_step']:>9.0f} {row['kernel_ops_per_step']:>9.0f}")
     print(f"1-min load average: {load_before:.2f} before, {load_after:.2f} after "
           f"({os.cpu_count()} CPUs, {th.get_num_threads()} torch threads)")
     result = {
         "benchmark": "train_step",
-        "config": {**config, "quick": args.quick, "action_space": f"MultiDiscrete({list(NVEC)})",
+        "config": {**config, "quick": args.quick, "op_count_steps": OP_COUNT_STEPS,
+                   "action_space": f"MultiDiscrete({list(NVEC)})",
                    "qrdqn_action_space": f"Discrete({int(np.prod(NVEC))})"},
         "machine": {"platform": platform.platform(), "processor": platform.processor(),
                     "torch": th.__version__, "torch_threads": th.get_num_threads(),

@@ -8,6 +8,8 @@ import torch as th
 from gymnasium import spaces
 from torch import nn
 
+from sb3_her_ext import BranchingIQN
+from sb3_her_ext.losses import quantile_huber_loss
 from sb3_her_ext.policy import BranchingIQNPolicy, BranchingQNetwork, BranchLinear, default_optimizer_kwargs
 from sb3_her_ext.popart import PopArt
 from sb3_her_ext.vaccine import assign_flat_grad
@@ -107,3 +109,27 @@ def test_assign_flat_grad_with_and_without_existing_grads() -> None:
     assert th.equal(params[2].grad, flat[10:])
     flat[:] = 0.0  # the new grads are copies, not views of the flat vector
     assert not th.equal(params[0].grad, th.zeros(2, 3))
+
+
+@pytest.mark.slow
+def test_compiled_quantile_huber_matches_the_fused_loss() -> None:
+    """torch.compile-d pairwise loss against the fused autograd function: values and both gradients, with
+    broadcast targets, N != N', kappa != 1, ties and errors far outside kappa (one shape: one compile)."""
+    gen = th.Generator().manual_seed(8)
+    current = (th.randn(3, 4, 2, 6, generator=gen, dtype=th.float64) * 5.0).requires_grad_()
+    target = th.randn(3, 4, 1, 9, generator=gen, dtype=th.float64) * 5.0
+    target[..., 0, 0] = current.detach()[..., 0, 0]  # ties: delta = 0
+    target.requires_grad_()
+    taus = th.rand(4, 6, generator=gen, dtype=th.float64)[None, :, None, :].expand_as(current)
+    upstream = th.randn(3, 4, 2, generator=gen, dtype=th.float64)
+    results = []
+    for compiled in (False, True):
+        loss = quantile_huber_loss(current, target, taus, kappa=0.7, compiled=compiled)
+        results.append((loss, *th.autograd.grad((loss * upstream).sum(), (current, target))))
+    for fused, compiled in zip(*results, strict=True):
+        assert th.allclose(fused, compiled)
+
+
+def test_compile_loss_must_be_a_bool() -> None:
+    with pytest.raises(ValueError, match="compile_loss=1"):
+        BranchingIQN("MlpPolicy", "CartPole-v1", compile_loss=1)
