@@ -266,3 +266,31 @@ def test_compile_must_be_a_bool(market: MarketData) -> None:
     with pytest.raises(ValueError, match="compile='yes'"):
         LOBEnv(data=market, compile="yes")
     assert LOBEnv(data=market, episode_length=20).compiled is False
+
+
+def test_packed_step_unpacks_to_the_eager_env_bit_for_bit(market: MarketData) -> None:
+    """PackedStep (what compile=True compiles), run eagerly, gives exactly the eager env's results."""
+    from foxenv.gym_env import PackedStep
+
+    eager = LOBEnv(data=market, seed=4, episode_length=25, max_drawdown=50.0)
+    packed_env = LOBEnv(data=market, seed=4, episode_length=25, max_drawdown=50.0)
+    eager.reset(seed=4)
+    packed_env.reset(seed=4)
+    packed = PackedStep.of(packed_env.core)
+    assert packed.info_keys[:3] == ("mid", "best_bid", "best_ask") and ("step", int) in packed.info_casts
+    fills = 0
+    for action in random_actions(60, seed=8):
+        expected = eager.step(action)
+        got = packed.unpack(packed.step(torch.from_numpy(action).view(1, 4)))
+        assert got[0].dtype == np.float32
+        np.testing.assert_array_equal(got[0], expected[0])
+        assert got[1:4] == expected[1:4] and [type(v) for v in got[1:4]] == [float, bool, bool]
+        assert list(got[4].items()) == list(expected[4].items())
+        assert [type(v) for v in got[4].values()] == [type(v) for v in expected[4].values()]
+        fills += expected[4]["fees"] != 0.0
+        if expected[2] or expected[3]:
+            eager.reset()
+            packed_env.reset()
+    assert fills > 0
+    with pytest.raises(ValueError, match="num_books=2"):
+        PackedStep.of(BatchedLOB(market, 2, config=EnvConfig(episode_length=25)))
