@@ -377,7 +377,8 @@ class BatchedLOB:
             ``entry_mid`` is the closed trade's where ``trade_closed``, else the open trade's (0 when flat);
             ``fees`` are this step's; ``cash``, ``realized_pnl`` (net of all fees) and ``unrealized_pnl``
             (average entry price) satisfy ``equity = cash + position * mid = realized + unrealized``.
-            No autoreset: reset finished books with ``reset(mask=terminated | truncated)``.
+            No autoreset: reset finished books with ``reset(mask=terminated | truncated)``, or step with
+            :meth:`step_autoreset`.
         """
         return self._run_step(self._check_action(action))
 
