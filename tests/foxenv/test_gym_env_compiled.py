@@ -50,3 +50,25 @@ def test_compiled_env_follows_the_eager_env() -> None:
     assert fills > 0 and ends >= 2  # the comparison covered fills and resets, not only idle steps
     with pytest.raises(ValueError, match="action"):
         compiled.step(np.array([0, 0, 3, 0]))
+
+
+@pytest.mark.slow
+@needs_compiler
+def test_two_compiled_envs_share_the_compiled_step_but_not_their_books() -> None:
+    """A second compiled env reuses the compiled step (same shapes) and still steps its own book."""
+    market = random_market(600, num_levels=10, seed=21)
+    options = {"data": market, "episode_length": 30, "max_drawdown": 50.0}
+    pairs = [(LOBEnv(seed=seed, compile=True, **options), LOBEnv(seed=seed, **options)) for seed in (1, 2)]
+    for compiled, eager in pairs:
+        compiled.reset(seed=None)
+        eager.reset(seed=None)
+    mids = set()
+    for action in np.random.default_rng(3).integers(0, 3, size=(25, 4)):
+        for compiled, eager in pairs:
+            obs_c, _, _, _, info_c = compiled.step(action)
+            obs_e, _, _, _, info_e = eager.step(action)
+            np.testing.assert_allclose(obs_c, obs_e, rtol=0, atol=1e-5)
+            assert info_c["position"] == info_e["position"] and info_c["step"] == info_e["step"]
+            assert info_c["equity"] == pytest.approx(info_e["equity"], rel=0, abs=1e-9)
+            mids.add(info_c["mid"])
+    assert len(mids) > 25  # the two books sit at different offsets of the market
