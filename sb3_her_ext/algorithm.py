@@ -518,7 +518,8 @@ class BranchingIQN(OffPolicyAlgorithm):
                 q_net_target, batch.next_observations, rand(batch_size, n_target), next_actions
             )
             z_next = z_next.mean(dim=2)  # [E, B, N']
-            mu_old, sigma_old = self._popart_stats()
+            # copies only when PopArt's update below changes the statistics in place
+            mu_old, sigma_old = self._popart_stats(copy=update_popart)
             not_done = (1.0 - dones)[None, :, None]
             y = rewards[None, :, None] + self.gamma * not_done * (sigma_old * z_next + mu_old)  # [E, B, N']
             next_probs = th.softmax(next_logits, dim=-1).mean(dim=1)  # [B, atoms]
@@ -528,7 +529,7 @@ class BranchingIQN(OffPolicyAlgorithm):
             popart.update(y)  # output-preserving: rescales the online output layers
 
         with th.no_grad():
-            mu, sigma = self._popart_stats()
+            mu, sigma = self._popart_stats(copy=False)  # used right here, before any further update
             y_norm = (y - mu) / sigma
             # C51 target in the (new) normalised space: (r + γ(1-d)(σ_old z + μ_old) - μ) / σ
             c51_rewards = (rewards + self.gamma * (1.0 - dones) * mu_old - mu) / sigma
@@ -619,11 +620,17 @@ class BranchingIQN(OffPolicyAlgorithm):
         """Uniform ``[0, 1)`` quantile fractions from the model's generator."""
         return th.rand(shape, generator=self._generator, device=self.device)
 
-    def _popart_stats(self) -> tuple[th.Tensor | float, th.Tensor | float]:
-        """PopArt's ``(μ, σ)`` (``(0, 1)`` without PopArt), as tensors: no host sync."""
+    def _popart_stats(self, copy: bool = True) -> tuple[th.Tensor | float, th.Tensor | float]:
+        """PopArt's ``(μ, σ)`` (``(0, 1)`` without PopArt), as tensors: no host sync.
+
+        :param copy: copies (else PopArt's own buffers, which its ``update`` changes in place).
+        :return: ``(μ, σ)``.
+        """
         popart = self.policy.popart
         if popart is None:
             return 0.0, 1.0
+        if not copy:
+            return popart.mu.detach(), popart.sigma.detach()
         return popart.mu.detach().clone(), popart.sigma.detach().clone()
 
     # ------------------------------------------------------------------ diagnostics

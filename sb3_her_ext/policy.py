@@ -246,10 +246,13 @@ class BranchingQNetwork(nn.Module):
         :param market: ``[B, n_market_features]``.
         :return: ``[NB, B, max(bottleneck_dims)]``; columns ``>= bottleneck_dims[b]`` of branch ``b`` are 0.
         """
-        weight = self.bottleneck_weight
+        weight = self.bottleneck_weight  # [NB, n_market_features, W]
         if self.uneven_bottlenecks:
             weight = weight * self.bottleneck_mask
-        return th.tanh(th.matmul(market.unsqueeze(0), weight))
+        n_branches, n_market, width = weight.shape
+        # one [B, n_market] @ [n_market, NB * W] product (a broadcast matmul would copy market NB times)
+        columns = weight.transpose(0, 1).reshape(n_market, n_branches * width)
+        return th.tanh(th.mm(market, columns).view(-1, n_branches, width).transpose(0, 1))
 
     def _iqn_from_features(self, features: th.Tensor, taus: th.Tensor) -> th.Tensor:
         """:param features: ``[NB, B, H]``.
