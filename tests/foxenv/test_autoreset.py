@@ -20,6 +20,11 @@ from tests.foxenv.fake_market import random_market
 needs_compiler = pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile on CPU needs g++")
 #: Short episodes and a tight drawdown limit: books finish often, at different steps, by both causes.
 CONFIG = EnvConfig(episode_length=13, max_drawdown=3.0, inventory_penalty=0.1)
+# Compiled runs end episodes by truncation only: a drawdown check compares equity built from prices on a
+# 0.01 tick grid with the limit, where exact ties are common, and a compiled kernel's different (still
+# correct) rounding can break a tie the other way; on the H200 one book of 64 terminated at step 58 in one
+# path and not in the other, and the trajectories parted. These tests are about the fused reset.
+COMPILED_CONFIG = EnvConfig(episode_length=13, inventory_penalty=0.1)
 
 
 def eager_autoreset(core: BatchedLOB, action: torch.Tensor, host_sync: bool) -> tuple:
@@ -57,12 +62,12 @@ def assert_same_state(a: BatchedLOB, b: BatchedLOB) -> None:
 
 def compare_with_eager(
     market: MarketData, host_sync: bool, steps: int, num_books: int = 24, device: str = "cpu",
-    compile: bool = False, graph: bool = False,
+    compile: bool = False, graph: bool = False, config: EnvConfig = CONFIG,
 ) -> tuple[int, int]:
     """Step a fused core and an eager-path core side by side; return (episode ends, steps with some but
     not all books finishing)."""
-    eager = BatchedLOB(market, num_books, CONFIG, device=device, seed=5)
-    fused = BatchedLOB(market, num_books, CONFIG, device=device, seed=5)
+    eager = BatchedLOB(market, num_books, config, device=device, seed=5)
+    fused = BatchedLOB(market, num_books, config, device=device, seed=5)
     if compile:
         fused.enable_compile()
     assert torch.equal(eager.reset(seed=7), fused.reset(seed=7))
@@ -234,7 +239,7 @@ def test_cuda_graph_step_autoreset_matches_the_eager_path(
 @pytest.mark.slow
 def test_compiled_cuda_graph_step_autoreset_follows_the_eager_path(synthetic: MarketData) -> None:
     ends, _ = compare_with_eager(synthetic, False, steps=100, num_books=64, device="cuda", compile=True,
-                                 graph=True)
+                                 graph=True, config=COMPILED_CONFIG)
     assert ends > 64
 
 
