@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch as th
@@ -133,3 +134,43 @@ def test_compiled_quantile_huber_matches_the_fused_loss() -> None:
 def test_compile_loss_must_be_a_bool() -> None:
     with pytest.raises(ValueError, match="compile_loss=1"):
         BranchingIQN("MlpPolicy", "CartPole-v1", compile_loss=1)
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_compiled_quantile_huber_and_fused_adam_on_cuda() -> None:
+    """On CUDA: the compiled loss (Triton) equals the fused one, and a train step with compile_loss and the
+    default (fused) Adam runs and changes the parameters."""
+    gen = th.Generator(device="cuda").manual_seed(3)
+    current = th.randn(5, 64, 4, 32, device="cuda", generator=gen).requires_grad_()
+    target = th.randn(5, 64, 1, 32, device="cuda", generator=gen)
+    taus = th.rand(64, 32, device="cuda", generator=gen)[None, :, None, :].expand_as(current)
+    results = []
+    for compiled in (False, True):
+        loss = quantile_huber_loss(current, target, taus, compiled=compiled)
+        results.append((loss, *th.autograd.grad(loss.sum(), current)))
+    for fused, compiled in zip(*results, strict=True):
+        assert th.allclose(fused, compiled, atol=1e-5, rtol=1e-4)
+    env = spaces.MultiDiscrete([3, 3, 3, 3])
+    model = BranchingIQN("MlpPolicy", _RandomEnv(env), learning_starts=64, batch_size=32, buffer_size=1000,
+                         compile_loss=True, seed=0, device="cuda", policy_kwargs=dict(net_arch=[32]))
+    model.learn(64)
+    assert model.policy.optimizer.param_groups[0]["fused"] is True
+    before = [p.detach().clone() for p in model.policy.q_net.parameters()]
+    model.train(gradient_steps=6, batch_size=32)
+    assert any(not th.equal(a, b) for a, b in zip(before, model.policy.q_net.parameters(), strict=True))
+
+
+class _RandomEnv(gym.Env):
+    """Random 6-feature observations and rewards; the action space is given."""
+
+    def __init__(self, action_space: spaces.Space) -> None:
+        self.observation_space = spaces.Box(-1.0, 1.0, (6,), np.float32)
+        self.action_space = action_space
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        return self.observation_space.sample(), {}
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
+        return self.observation_space.sample(), float(self.np_random.standard_normal()), False, False, {}
