@@ -338,8 +338,10 @@ class BranchingQNetwork(nn.Module):
         weight, bias = self.tau_embedding.weight, self.tau_embedding.bias
         weight = th.cat([weight[:, :1] + bias.unsqueeze(1), weight[:, 1:]], dim=1)
         embedding = th.matmul(cosines, weight.t())
-        if isinstance(self.activation, nn.ReLU) and not embedding.requires_grad:
-            embedding = embedding.relu_()  # no autograd graph (target, double-Q): one large buffer less
+        if isinstance(self.activation, nn.ReLU):
+            # in place: one large [B * N, H] buffer less (the product's backward does not need its output;
+            # relu's needs only its own)
+            embedding = embedding.relu_()
         else:
             embedding = self.activation(embedding)
         return embedding.view(batch, taus.shape[1], -1, self.net_arch[-1])
