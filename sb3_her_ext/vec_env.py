@@ -1,7 +1,7 @@
 """An SB3 ``VecEnv`` over the batched book core: B books stepped as one tensor batch, no subprocesses.
 
 :class:`LOBVecEnv` wraps :class:`foxenv.core.BatchedLOB` with SB3's numpy-in / numpy-out contract:
-autoreset of finished books (``reset(mask=done)``) with ``terminal_observation`` and
+autoreset of finished books (``BatchedLOB.step_autoreset``) with ``terminal_observation`` and
 ``TimeLimit.truncated`` in their infos, and Monitor-style ``episode`` stats, so neither ``VecMonitor``
 nor ``Monitor`` is needed (``env_is_wrapped(Monitor)`` answers True, which makes ``evaluate_policy``
 read the ``episode`` info). Infos are one dict per env of Python scalars with the env info contract keys.
@@ -150,7 +150,10 @@ class LOBVecEnv(VecEnv):
         """
         if self._actions is None:
             raise ValueError("step_wait() called without step_async(actions)")
-        obs, reward, terminated, truncated, info = self.lob.step(self._actions)
+        # the core's same-step autoreset; host_sync: reset only when a book finished (SB3 needs numpy anyway)
+        obs, reward, terminated, truncated, info, final_obs = self.lob.step_autoreset(
+            self._actions, host_sync=True
+        )
         self._actions = None
         done = terminated | truncated
         timeout = truncated & ~terminated
@@ -163,7 +166,7 @@ class LOBVecEnv(VecEnv):
         infos: list[dict[str, Any]] = [
             dict(zip(keys, row, strict=True)) for row in zip(*columns, strict=True)
         ]
-        obs_np = obs.detach().cpu().numpy().astype(np.float32, copy=False)
+        final_obs_np = final_obs.detach().cpu().numpy().astype(np.float32, copy=False)
         reward_np = reward.detach().cpu().numpy().astype(np.float32, copy=False)
         done_np = done.detach().cpu().numpy().astype(bool, copy=False)
         timeout_np = timeout.detach().cpu().numpy().astype(bool, copy=False)
@@ -173,14 +176,14 @@ class LOBVecEnv(VecEnv):
         if finished.size:
             elapsed = round(time.time() - self._t_start, 6)
             for i in finished:  # only the books that finished this step
-                infos[i]["terminal_observation"] = obs_np[i].copy()
+                infos[i]["terminal_observation"] = final_obs_np[i].copy()
                 infos[i]["TimeLimit.truncated"] = bool(timeout_np[i])
                 infos[i]["episode"] = {
                     "r": float(self._episode_return[i]), "l": int(self._episode_length[i]), "t": elapsed,
                 }
             self._episode_return[finished] = 0.0
             self._episode_length[finished] = 0
-            obs_np = self.lob.reset(mask=done).detach().cpu().numpy().astype(np.float32, copy=True)
+        obs_np = obs.detach().cpu().numpy().astype(np.float32, copy=True)
         return obs_np, reward_np, done_np, infos
 
     def close(self) -> None:
