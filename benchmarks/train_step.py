@@ -17,7 +17,9 @@ noise-free, and what predicts the step's cost on a GPU, where it is launch-bound
 quantile-Huber loss runs in row blocks (more ops than the one block of the GPU path).
 
 Rows: BranchingIQN with its defaults (5 ensemble heads, IQN + C51, GradVac every 5 steps, PER),
-the same with ``compile_loss=True`` (the compile falls in the warm-up), BranchingIQN "lean" (1 head,
+the same with ``compile_loss=True`` (the compile falls in the warm-up), on CUDA the same with
+``cuda_graph=True`` (each non-vaccine step one graph replay; the capture falls in the warm-up; its op
+count is what Python still dispatches per step), BranchingIQN "lean" (1 head,
 vaccine off) to show what the extras cost, and QR-DQN
 (``n_quantiles`` = BranchingIQN's quantile count).
 
@@ -147,6 +149,10 @@ def bench_device(device: str, widths: list[int], batch: int, steps: int, fill: i
          lambda: QRDQN("MlpPolicy", RandomBoxEnv(obs_dim, spaces.Discrete(int(np.prod(NVEC)))),
                        policy_kwargs=dict(net_arch=widths, n_quantiles=n_quantiles), **common)),
     ]
+    if dev.type == "cuda":  # the gradient step as one CUDA graph replay (vaccine steps stay eager)
+        setups.insert(2, ("BranchingIQN defaults + cuda_graph (graph replay per step)", "BranchingIQN",
+                          lambda: BranchingIQN("MlpPolicy", md_env, cuda_graph=True, policy_kwargs=iqn_policy,
+                                               **common)))
     for label, algo, make in setups:
         th.manual_seed(0)
         # A seeded BranchingIQN on CUDA turns on deterministic algorithms process-wide: restore the switch

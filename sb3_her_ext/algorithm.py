@@ -24,7 +24,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple, TypeVar
 
 import numpy as np
@@ -46,6 +47,7 @@ from sb3_her_ext.exploration import (
     resolve_exploration_mults,
     select_actions,
 )
+from sb3_her_ext.graphed_step import GraphedTrainStep, StaticBatch, StepOutputs
 from sb3_her_ext.losses import c51_cross_entropy, c51_project, quantile_huber_loss
 from sb3_her_ext.policy import BranchingIQNPolicy, branch_action_dims
 from sb3_her_ext.replay import HindsightConfig, PrioritizedHindsightReplayBuffer
@@ -202,6 +204,10 @@ class BranchingIQN(OffPolicyAlgorithm):
         :func:`~sb3_her_ext.losses.quantile_huber_loss`): a faster gradient step after a compile of some
         seconds at the first step of each batch shape; needs a working ``torch.compile`` (a C++ compiler on
         the CPU, Triton on a GPU).
+    :param cuda_graph: run each gradient step (all but the vaccine steps) as one CUDA graph replay
+        (:mod:`sb3_her_ext.graphed_step`); CUDA only. The optimizer is made capturable (its learning rate
+        a tensor, so schedules still apply); the first few steps run eagerly while the graph is prepared.
+        Same random draws and same arithmetic as the eager step.
     :param _init_setup_model: whether to build the networks on creation.
     """
 
@@ -249,6 +255,7 @@ class BranchingIQN(OffPolicyAlgorithm):
         diagnostics_path: str | None = None,
         diagnostics_interval: int = 1000,
         compile_loss: bool = False,
+        cuda_graph: bool = False,
         _init_setup_model: bool = True,
     ) -> None:
         if not 0.0 <= c51_alpha <= 1.0:
@@ -279,6 +286,8 @@ class BranchingIQN(OffPolicyAlgorithm):
             raise ValueError(f"target_update_interval={target_update_interval} must be > 0")
         if not isinstance(compile_loss, bool):
             raise ValueError(f"compile_loss={compile_loss!r} must be a bool")
+        if not isinstance(cuda_graph, bool):
+            raise ValueError(f"cuda_graph={cuda_graph!r} must be a bool")
         self.iqr_bonus_range = _pair(iqr_bonus, "iqr_bonus")
         self.per_beta_range = _pair(per_beta, "per_beta")
         if not all(0.0 <= b <= 1.0 for b in self.per_beta_range):
@@ -324,6 +333,10 @@ class BranchingIQN(OffPolicyAlgorithm):
         self.diagnostics_path = diagnostics_path
         self.diagnostics_interval = diagnostics_interval
         self.compile_loss = compile_loss
+        self.cuda_graph = cuda_graph
+        if cuda_graph and self.device.type != "cuda":
+            raise ValueError(f"cuda_graph=True needs a CUDA device, got device={self.device}")
+        self._rand_queue: list[th.Tensor] | None = None  # set while a graphed step runs: its static draws
         self.exploration_rate = 0.0
         self.iqr_bonus = self.iqr_bonus_range[0]
         self._n_calls = 0
@@ -380,6 +393,17 @@ class BranchingIQN(OffPolicyAlgorithm):
         would not give the same parameters on the GPU (verified on an H200). The switch is process-wide and
         stays on after the model is gone; ops without a deterministic kernel only warn.
         """
+        if self.cuda_graph and self.device.type != "cuda":  # a graphed model loaded onto a CPU
+            warnings.warn(
+                f"cuda_graph=True needs a CUDA device; device={self.device}: eager steps", stacklevel=2
+            )
+            self.cuda_graph = False
+        optimizer_kwargs = dict(self.policy_kwargs.get("optimizer_kwargs") or {})
+        if self.cuda_graph:
+            optimizer_kwargs["capturable"] = True  # the optimizer step is part of the graph
+        else:
+            optimizer_kwargs.pop("capturable", None)
+        self.policy_kwargs = {**self.policy_kwargs, "optimizer_kwargs": optimizer_kwargs}
         super()._setup_model()
         self.q_net = self.policy.q_net
         self.q_net_target = self.policy.q_net_target
@@ -402,6 +426,12 @@ class BranchingIQN(OffPolicyAlgorithm):
         self._vaccine_branch = names.index("magnitude") if "magnitude" in names and n_branches > 1 else 0
         self.diagnostics = TrainingDiagnostics(self.diagnostics_path, self.action_dims, names, self.device)
         self._diagnostics_clock = time.time()
+        self._rand_queue = None
+        self._graphed_step = (
+            GraphedTrainStep(self._graphable_step, self._step_rand_shapes, self._generator)
+            if self.cuda_graph
+            else None
+        )
         assert n_branches == self.q_net.n_branches, "policy and action space disagree on the branches"
 
     def _excluded_save_params(self) -> list[str]:
@@ -412,6 +442,8 @@ class BranchingIQN(OffPolicyAlgorithm):
             "vaccine",
             "diagnostics",
             "_generator",
+            "_graphed_step",
+            "_rand_queue",
             "_n_actions",
             "_valid_actions",
             "_mults",
@@ -570,6 +602,11 @@ class BranchingIQN(OffPolicyAlgorithm):
                 weights = batch.weights.reshape(-1).float()
             else:
                 weights = th.ones_like(batch.rewards.reshape(-1))
+            if self._graphed_step is not None and not self._vaccine_due(self._n_gradient_steps + 1):
+                # 2.-6. as below, as one CUDA graph replay (sb3_her_ext.graphed_step)
+                self._n_gradient_steps += 1
+                self._graphed_step.run(batch, weights, self._after_step(batch, prioritized))
+                continue
             # 2.-4. double-Q target, PopArt update, IQN + C51 loss of the taken actions, weighted
             result = self._distributional_loss(batch, update_popart=True)
             loss = (result.per_sample * weights).mean()
@@ -589,16 +626,77 @@ class BranchingIQN(OffPolicyAlgorithm):
             self.diagnostics.add_train_step(
                 (result.l_q * weights).mean(), (result.l_c51 * weights).mean(), loss, weights.mean()
             )
+            del result, loss  # free the autograd graph now: a graphed step may follow on a side stream
         self._n_updates += gradient_steps
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
 
-    def _vaccine_due(self) -> bool:
-        """Whether this gradient step gets a vaccine correction."""
+    def _vaccine_due(self, step: int | None = None) -> bool:
+        """Whether gradient step number ``step`` (default: the current one) gets a vaccine correction."""
+        step = self._n_gradient_steps if step is None else step
         return (
             self.vaccine_interval > 0
-            and self._n_gradient_steps % self.vaccine_interval == 0
+            and step % self.vaccine_interval == 0
             and hasattr(self.replay_buffer, "sample_stratified")
         )
+
+    # ------------------------------------------------------------------ the graphed step (cuda_graph=True)
+
+    def _step_rand_shapes(self, batch_size: int) -> list[tuple[int, ...]]:
+        """Shapes of a gradient step's generator draws, in the order ``_distributional_loss`` draws them."""
+        policy = self.policy
+        counts = (policy.n_quantiles_act, policy.n_quantiles_target, policy.n_quantiles)
+        return [(batch_size, n) for n in counts]
+
+    def _graphable_step(
+        self, batch: StaticBatch, weights: th.Tensor, rands: list[th.Tensor]
+    ) -> StepOutputs:
+        """Steps 2–4 and 6 of :meth:`train` (no vaccine) on static tensors, the draws taken from ``rands``.
+
+        :param batch: the static batch.
+        :param weights: ``[B]`` static importance weights.
+        :param rands: the step's random fractions, in draw order (all are used).
+        :return: the step's outputs.
+        """
+        self._rand_queue = rands
+        try:
+            result = self._distributional_loss(batch, update_popart=True)
+        finally:
+            left, self._rand_queue = self._rand_queue, None
+        if left:
+            raise RuntimeError(f"{len(left)} static draws left unused: the loss draws other than expected")
+        loss = (result.per_sample * weights).mean()
+        self.policy.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        th.nn.utils.clip_grad_norm_(list(self.q_net.parameters()), self.max_grad_norm)
+        self.policy.optimizer.step()
+        return StepOutputs(
+            result.td_abs.sum(dim=1).float(), (result.l_q * weights).mean(), (result.l_c51 * weights).mean(),
+            loss.detach(), weights.mean(),
+        )
+
+    def _after_step(self, batch: Any, prioritized: bool) -> Callable[[StepOutputs], None]:
+        """What follows a graphed step: the batch's new priorities and the diagnostics sums."""
+
+        def consume(outputs: StepOutputs) -> None:
+            if prioritized:
+                self.replay_buffer.update_priorities(batch.indices, outputs.td_abs_sum)
+            self.diagnostics.add_train_step(outputs.l_q, outputs.l_c51, outputs.loss, outputs.mean_weight)
+
+        return consume
+
+    def _update_learning_rate(self, optimizers: list[th.optim.Optimizer] | th.optim.Optimizer) -> None:
+        """SB3's schedule; with ``cuda_graph`` the rate is a tensor updated in place (the graph reads it)."""
+        if not self.cuda_graph:
+            super()._update_learning_rate(optimizers)
+            return
+        learning_rate = self.lr_schedule(self._current_progress_remaining)
+        self.logger.record("train/learning_rate", learning_rate)
+        for optimizer in optimizers if isinstance(optimizers, list) else [optimizers]:
+            for group in optimizer.param_groups:
+                if isinstance(group["lr"], th.Tensor):
+                    group["lr"].fill_(learning_rate)
+                else:
+                    group["lr"] = th.tensor(float(learning_rate), device=self.device)
 
     def _vaccinate(self, params: list[th.nn.Parameter], batch_size: int) -> None:
         """GradVac: correct the main gradient (in ``params``' grads) with a magnitude-stratified batch's.
@@ -617,7 +715,13 @@ class BranchingIQN(OffPolicyAlgorithm):
         self.diagnostics.add_vaccine(cos, corrected)
 
     def _rand(self, *shape: int) -> th.Tensor:
-        """Uniform ``[0, 1)`` quantile fractions from the model's generator."""
+        """Uniform ``[0, 1)`` quantile fractions from the model's generator (a graphed step's static draws,
+        drawn from it beforehand in the same order, while one runs)."""
+        if self._rand_queue is not None:
+            drawn = self._rand_queue.pop(0)
+            if tuple(drawn.shape) != shape:
+                raise RuntimeError(f"static draw of shape {tuple(drawn.shape)} where {shape} was drawn")
+            return drawn
         return th.rand(shape, generator=self._generator, device=self.device)
 
     def _popart_stats(self, copy: bool = True) -> tuple[th.Tensor | float, th.Tensor | float]:

@@ -107,9 +107,11 @@ class PopArt(nn.Module):
             shift = (old_mu - self.mu) / self.sigma
             weights = [layer.weight for layer in self._layers]
             biases = [layer.bias for layer in self._layers]
-            # W <- W scale, b <- b scale + shift, one multi-tensor op each
+            # W <- W scale (one multi-tensor op), b <- b scale + shift; the shift is added per layer: the
+            # multi-tensor add of a one-element CUDA tensor syncs with the host (it broke CUDA-graph capture)
             th._foreach_mul_(weights + biases, scale)
-            th._foreach_add_(biases, shift)
+            for bias in biases:
+                bias.add_(shift)
 
     def extra_repr(self) -> str:
         """:return: the hyper-parameters, for ``print(module)``."""

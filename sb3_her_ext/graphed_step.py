@@ -1,0 +1,142 @@
+"""BranchingIQN's gradient step captured in one CUDA graph (``BranchingIQN(cuda_graph=True)``).
+
+On a GPU a gradient step is ~650 small kernels, so it is bound by launch overhead, not arithmetic. This module
+runs the step — double-Q target, PopArt update, IQN + C51 loss, backward, gradient clipping, optimizer step —
+as one graph replay. Per step, outside the graph: the prioritized batch is sampled and copied into static
+input tensors, the step's quantile fractions are drawn from the model's generator into static tensors (in the
+order the eager step draws them, so both paths see the same numbers), and afterwards the priorities are
+updated and the diagnostics accumulated from the graph's static outputs.
+
+The first ``WARMUP_STEPS`` steps run eagerly on a side stream (they are real steps: optimizer state and
+library workspaces come to exist), the next is captured and replayed. Vaccine steps (every
+``vaccine_interval``-th) stay eager: they combine two batches' gradients. A new batch size captures anew.
+The optimizer must be capturable (``BranchingIQN`` sets ``capturable=True`` and a tensor learning rate).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch as th
+
+
+class StaticBatch(NamedTuple):
+    """The batch fields the loss reads, as static tensors the graph reads.
+
+    :param observations: ``[B, D]``.
+    :param actions: ``[B, NB]``.
+    :param next_observations: ``[B, D]``.
+    :param dones: ``[B, 1]``.
+    :param rewards: ``[B, 1]``.
+    """
+
+    observations: th.Tensor
+    actions: th.Tensor
+    next_observations: th.Tensor
+    dones: th.Tensor
+    rewards: th.Tensor
+
+
+class StepOutputs(NamedTuple):
+    """What one gradient step hands back: TD errors for the priorities, scalars for the diagnostics.
+
+    :param td_abs_sum: ``[B]`` sum over branches of ``|δ_b|``.
+    :param l_q: weighted mean IQN loss.
+    :param l_c51: weighted mean C51 loss.
+    :param loss: the mixed loss.
+    :param mean_weight: mean importance weight.
+    """
+
+    td_abs_sum: th.Tensor
+    l_q: th.Tensor
+    l_c51: th.Tensor
+    loss: th.Tensor
+    mean_weight: th.Tensor
+
+
+class GraphedTrainStep:
+    """Runs BranchingIQN's non-vaccine gradient steps through one captured CUDA graph.
+
+    :param step_fn: ``step_fn(batch, weights, rands) -> StepOutputs``: one gradient step on ``batch`` with
+        importance ``weights``, taking its random fractions from the list ``rands`` in order.
+    :param rand_shapes: ``rand_shapes(batch_size)``: the shapes of the step's random draws, in draw order.
+    :param generator: the model's generator the draws come from.
+    """
+
+    WARMUP_STEPS = 3
+
+    def __init__(
+        self,
+        step_fn: Callable[[StaticBatch, th.Tensor, list[th.Tensor]], StepOutputs],
+        rand_shapes: Callable[[int], list[tuple[int, ...]]],
+        generator: th.Generator,
+    ) -> None:
+        self.step_fn = step_fn
+        self.rand_shapes = rand_shapes
+        self.generator = generator
+        self.graph: th.cuda.CUDAGraph | None = None
+        self.batch: StaticBatch | None = None
+        self.weights: th.Tensor | None = None
+        self.rands: list[th.Tensor] = []
+        self.outputs: StepOutputs | None = None
+        self.warmup_left = self.WARMUP_STEPS
+        #: graph replays so far (the steps that ran as one graph launch)
+        self.replays = 0
+
+    def run(self, batch: Any, weights: th.Tensor, consume: Callable[[StepOutputs], None]) -> None:
+        """One gradient step on ``batch``; ``consume`` gets its outputs on the stream that made them.
+
+        :param batch: replay samples (SB3's field names).
+        :param weights: ``[B]`` importance weights.
+        :param consume: called with the step's outputs (priority update, diagnostics).
+        """
+        size = int(batch.observations.shape[0])
+        if self.batch is None or self.batch.observations.shape[0] != size:
+            self._allocate(batch, weights)
+        if self.graph is not None:
+            self._load(batch, weights)
+            self.graph.replay()
+            self.replays += 1
+            assert self.outputs is not None
+            consume(self.outputs)
+            return
+        if self.warmup_left > 0:  # an eager step on a side stream, as CUDA-graph capture requires
+            self.warmup_left -= 1
+            side = th.cuda.Stream()
+            side.wait_stream(th.cuda.current_stream())
+            with th.cuda.stream(side):
+                self._load(batch, weights)
+                consume(self._step())
+            th.cuda.current_stream().wait_stream(side)
+            return
+        self._load(batch, weights)  # the draws happen before (outside) the capture
+        graph = th.cuda.CUDAGraph()
+        with th.cuda.graph(graph):
+            self.outputs = self._step()
+        self.graph = graph
+        graph.replay()
+        self.replays += 1
+        consume(self.outputs)
+
+    def _allocate(self, batch: Any, weights: th.Tensor) -> None:
+        """Static tensors shaped like ``batch`` (a new batch size drops the captured graph)."""
+        self.batch = StaticBatch(*(th.empty_like(getattr(batch, name)) for name in StaticBatch._fields))
+        self.weights = th.empty_like(weights)
+        self.rands = [
+            th.empty(shape, device=weights.device) for shape in self.rand_shapes(int(weights.shape[0]))
+        ]
+        self.graph, self.outputs, self.warmup_left = None, None, self.WARMUP_STEPS
+
+    def _load(self, batch: Any, weights: th.Tensor) -> None:
+        """Copy the batch into the static inputs and draw this step's random fractions."""
+        assert self.batch is not None and self.weights is not None
+        for name, static in zip(StaticBatch._fields, self.batch, strict=True):
+            static.copy_(getattr(batch, name))
+        self.weights.copy_(weights)
+        for buffer in self.rands:
+            th.rand(buffer.shape, generator=self.generator, out=buffer)
+
+    def _step(self) -> StepOutputs:
+        assert self.batch is not None and self.weights is not None
+        return self.step_fn(self.batch, self.weights, list(self.rands))

@@ -1,0 +1,75 @@
+"""``BranchingIQN(cuda_graph=True)``: the gradient step as one CUDA graph replay (``graphed_step``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch as th
+
+from sb3_her_ext import BranchingIQN
+from sb3_her_ext.vec_env import LOBVecEnv
+from tests.sb3_her_ext.test_algorithm import TINY, TINY_POLICY, TinyEnv
+
+
+def test_cuda_graph_must_be_a_bool() -> None:
+    with pytest.raises(ValueError, match="cuda_graph=1"):
+        BranchingIQN("MlpPolicy", TinyEnv(), cuda_graph=1, **TINY)
+
+
+def test_cuda_graph_needs_a_cuda_device() -> None:
+    with pytest.raises(ValueError, match="cuda_graph=True needs a CUDA device, got device=cpu"):
+        BranchingIQN("MlpPolicy", TinyEnv(), cuda_graph=True, **TINY)
+
+
+def test_eager_model_has_no_graph_and_a_plain_optimizer() -> None:
+    model = BranchingIQN("MlpPolicy", TinyEnv(), **TINY)
+    assert model._graphed_step is None
+    assert not model.policy.optimizer.param_groups[0].get("capturable", False)
+
+
+def _lob_run(tmp_path: Path, cuda_graph: bool, steps: int = 600) -> tuple[BranchingIQN, LOBVecEnv]:
+    env = LOBVecEnv(4, device="cuda", seed=0, data="synthetic", num_steps=1500, episode_length=100)
+    # the eager twin gets the same capturable optimizer, so that both run the same optimizer arithmetic
+    policy = {**TINY_POLICY, "optimizer_kwargs": {"capturable": True}}
+    model = BranchingIQN("MlpPolicy", env, **{**TINY, "device": "cuda", "policy_kwargs": policy},
+                         vaccine_interval=5, cuda_graph=cuda_graph, diagnostics_interval=100,
+                         diagnostics_path=str(tmp_path / f"diag_{cuda_graph}.jsonl"))
+    model.learn(steps)
+    return model, env
+
+
+@pytest.mark.gpu
+def test_graphed_training_follows_the_eager_training(tmp_path: Path) -> None:
+    """Same seed: the graphed steps (with eager vaccine steps between them) give the eager run's parameters,
+    PER priorities and diagnostics, up to the float32 learning-rate tensor's rounding."""
+    graphed, env_g = _lob_run(tmp_path, cuda_graph=True)
+    eager, env_e = _lob_run(tmp_path, cuda_graph=False)
+    assert graphed._graphed_step is not None and graphed._graphed_step.replays > 50
+    assert graphed._n_updates == eager._n_updates > graphed._graphed_step.replays
+    for (name, a), b in zip(graphed.policy.named_parameters(), eager.policy.parameters(), strict=True):
+        th.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
+    th.testing.assert_close(graphed.replay_buffer.tree, eager.replay_buffer.tree, rtol=1e-4, atol=1e-6)
+    lines_g = (tmp_path / "diag_True.jsonl").read_text().splitlines()
+    lines_e = (tmp_path / "diag_False.jsonl").read_text().splitlines()
+    assert len(lines_g) == len(lines_e) > 0
+    obs = env_g.reset()
+    greedy_g = graphed.predict(obs, deterministic=True)[0]
+    assert np.array_equal(greedy_g, eager.predict(obs, deterministic=True)[0])
+
+
+@pytest.mark.gpu
+def test_graphed_model_saves_and_loads(tmp_path: Path) -> None:
+    model, env = _lob_run(tmp_path, cuda_graph=True, steps=300)
+    model.save(tmp_path / "model")
+    loaded = BranchingIQN.load(tmp_path / "model", env=env, device="cuda")
+    assert loaded.cuda_graph and loaded._graphed_step is not None
+    obs = env.reset()
+    greedy = model.predict(obs, deterministic=True)[0]
+    assert np.array_equal(greedy, loaded.predict(obs, deterministic=True)[0])
+    loaded.learn(200, reset_num_timesteps=False)  # trains on (a new graph is captured)
+    assert loaded._graphed_step.replays > 0
+    with pytest.warns(UserWarning, match="cuda_graph=True needs a CUDA device"):  # a CPU load steps eagerly
+        on_cpu = BranchingIQN.load(tmp_path / "model", device="cpu")
+    assert not on_cpu.cuda_graph and on_cpu._graphed_step is None
