@@ -267,7 +267,9 @@ def test_tensor_infos_match_the_numpy_path():
     ("field", "value"),
     [("threshold", -1.0), ("priority_boost", 0.0), ("lookahead", 0), ("anchor", "mid"),
      ("forward_capacity", 0), ("reward_scale", 0.0), ("magnitudes", ()), ("magnitude_branch", 0),
-     ("flat_action", -1)],
+     ("flat_action", -1), ("threshold", float("nan")), ("lookahead", float("nan")),
+     ("lookahead", float("inf")), ("lookahead", 2.5), ("forward_capacity", "many"), ("lookahead", "50"),
+     ("direction_branch", float("nan"))],
 )
 def test_config_validation_names_the_field(field, value):
     with pytest.raises(ValueError, match=field):
