@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
+from typing import Any
 
 
-def _require_finite(name: str, value: float) -> None:
-    if not math.isfinite(value):
-        raise ValueError(f"{name}={value} must be finite")
+def _require_finite(name: str, value: Any) -> None:
+    """A real number (not a bool), finite; else a ``ValueError`` naming ``name`` and the value."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(f"{name}={value!r} must be a finite number")
+
+
+def is_whole(value: Any) -> bool:
+    """Whether ``value`` is a whole number: an int, or a finite float without a fraction (never raises).
+
+    :param value: anything.
+    :return: True for ``3``, ``np.int64(3)``, ``3.0``; False for ``3.5``, NaN, inf, strings, bools.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return False
+    return isinstance(value, numbers.Integral) or (math.isfinite(value) and float(value).is_integer())
 
 
 @dataclass(frozen=True)
@@ -53,12 +67,12 @@ class EnvConfig:
             "inventory_penalty",
             "queue_power",
         ):
-            _require_finite(name, float(getattr(self, name)))
+            _require_finite(name, getattr(self, name))
         if self.max_position <= 0:
             raise ValueError(f"max_position={self.max_position} must be > 0")
-        if int(self.episode_length) != self.episode_length or self.episode_length < 1:
+        if not is_whole(self.episode_length) or self.episode_length < 1:
             raise ValueError(f"episode_length={self.episode_length} must be an integer >= 1")
-        if int(self.levels) != self.levels or self.levels < 1:
+        if not is_whole(self.levels) or self.levels < 1:
             raise ValueError(f"levels={self.levels} must be an integer >= 1")
         if self.taker_fee_bps < 0:
             raise ValueError(f"taker_fee_bps={self.taker_fee_bps} must be >= 0 (takers never earn a rebate)")
@@ -67,19 +81,21 @@ class EnvConfig:
         if self.inventory_penalty < 0:
             raise ValueError(f"inventory_penalty={self.inventory_penalty} must be >= 0")
         if self.max_drawdown is not None:
-            _require_finite("max_drawdown", float(self.max_drawdown))
+            _require_finite("max_drawdown", self.max_drawdown)
             if self.max_drawdown <= 0:
                 raise ValueError(f"max_drawdown={self.max_drawdown} must be > 0 or None")
         if self.queue_power < 0:
             raise ValueError(f"queue_power={self.queue_power} must be >= 0")
+        if isinstance(self.return_horizons, (str, bytes)) or not hasattr(self.return_horizons, "__len__"):
+            raise ValueError(f"return_horizons={self.return_horizons!r} must be a sequence of integers >= 1")
         if len(self.return_horizons) == 0:
             raise ValueError(f"return_horizons={self.return_horizons} must name at least one horizon")
         for horizon in self.return_horizons:
-            if int(horizon) != horizon or horizon < 1:
+            if not is_whole(horizon) or horizon < 1:
                 raise ValueError(
                     f"return_horizons={self.return_horizons} must hold integers >= 1, got {horizon}"
                 )
-        if int(self.vol_window) != self.vol_window or self.vol_window < 2:
+        if not is_whole(self.vol_window) or self.vol_window < 2:
             raise ValueError(f"vol_window={self.vol_window} must be an integer >= 2")
-        if int(self.flow_window) != self.flow_window or self.flow_window < 1:
+        if not is_whole(self.flow_window) or self.flow_window < 1:
             raise ValueError(f"flow_window={self.flow_window} must be an integer >= 1")

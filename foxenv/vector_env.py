@@ -20,7 +20,7 @@ import torch
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from foxenv.config import EnvConfig
+from foxenv.config import EnvConfig, is_whole
 from foxenv.gym_env import RENDER_HISTORY, DataSource, action_space_of, make_core, observation_space_of
 
 ArrayOrTensor = np.ndarray | torch.Tensor
@@ -112,7 +112,7 @@ class LOBVectorEnv(VectorEnv):
         cuda_graph: bool = False,
         **kwargs: Any,
     ) -> None:
-        if int(num_envs) != num_envs or num_envs < 1:
+        if not is_whole(num_envs) or num_envs < 1:
             raise ValueError(f"num_envs={num_envs} must be an integer >= 1")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             modes = self.metadata["render_modes"]

@@ -216,6 +216,10 @@ def test_bad_num_books_raises() -> None:
     ("episode_length", 0), ("levels", 0), ("reward_scale", 0.0), ("inventory_penalty", -0.1),
     ("max_drawdown", -5.0), ("queue_power", -1.0), ("taker_fee_bps", -0.1), ("return_horizons", ()),
     ("return_horizons", (1, 0)), ("vol_window", 1), ("flow_window", 0), ("maker_fee_bps", float("inf")),
+    ("episode_length", float("nan")), ("episode_length", float("inf")), ("episode_length", "10"),
+    ("levels", 2.5), ("levels", True), ("vol_window", float("nan")), ("flow_window", float("inf")),
+    ("reward_scale", "1"), ("max_position", True), ("max_drawdown", float("nan")), ("queue_power", "2"),
+    ("return_horizons", 5), ("return_horizons", "15"), ("return_horizons", (1, float("nan"))),
 ])
 def test_bad_config_raises_naming_the_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=rf"{field}="):

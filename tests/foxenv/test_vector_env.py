@@ -177,6 +177,9 @@ def test_bad_actions_raise_value_error_naming_action(market: MarketData, actions
 def test_bad_arguments_raise_value_error(market: MarketData) -> None:
     with pytest.raises(ValueError, match="num_envs=0"):
         make_vec(0, data=market)
+    for bad in (float("nan"), float("inf"), "4", 2.5):
+        with pytest.raises(ValueError, match="num_envs="):
+            make_vec(bad, data=market)
     with pytest.raises(ValueError, match="bogus=1"):
         make_vec(2, data=market, bogus=1)
     with pytest.raises(ValueError, match="episode_length=0"):
