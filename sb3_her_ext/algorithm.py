@@ -38,6 +38,7 @@ from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedul
 from stable_baselines3.common.utils import LinearSchedule, polyak_update, safe_mean
 from stable_baselines3.common.vec_env import VecEnv
 
+from foxenv.config import is_whole
 from sb3_her_ext.diagnostics import TrainingDiagnostics
 from sb3_her_ext.exploration import (
     branch_epsilons,
@@ -278,12 +279,20 @@ class BranchingIQN(OffPolicyAlgorithm):
             raise ValueError(f"ensemble_bonus={ensemble_bonus} must be >= 0")
         if not per_alpha >= 0.0:
             raise ValueError(f"per_alpha={per_alpha} must be >= 0")
-        if vaccine_interval < 0:
-            raise ValueError(f"vaccine_interval={vaccine_interval} must be >= 0 (0 = off)")
-        if diagnostics_interval <= 0:
-            raise ValueError(f"diagnostics_interval={diagnostics_interval} must be > 0")
-        if target_update_interval <= 0:
-            raise ValueError(f"target_update_interval={target_update_interval} must be > 0")
+        if not is_whole(vaccine_interval) or vaccine_interval < 0:
+            raise ValueError(f"vaccine_interval={vaccine_interval!r} must be an integer >= 0 (0 = off)")
+        if not is_whole(diagnostics_interval) or diagnostics_interval <= 0:
+            raise ValueError(f"diagnostics_interval={diagnostics_interval!r} must be an integer > 0")
+        if not is_whole(target_update_interval) or target_update_interval <= 0:
+            raise ValueError(f"target_update_interval={target_update_interval!r} must be an integer > 0")
+        for field, value, least in (("buffer_size", buffer_size, 1), ("batch_size", batch_size, 1),
+                                    ("learning_starts", learning_starts, 0),
+                                    ("gradient_steps", gradient_steps, -1)):
+            if not is_whole(value) or value < least:
+                raise ValueError(f"{field}={value!r} must be an integer >= {least}")
+        frequency = train_freq[0] if isinstance(train_freq, tuple) and len(train_freq) == 2 else train_freq
+        if not is_whole(frequency) or frequency < 1:
+            raise ValueError(f"train_freq={train_freq!r} must be an integer >= 1 or (integer >= 1, unit)")
         if not isinstance(compile_loss, bool):
             raise ValueError(f"compile_loss={compile_loss!r} must be a bool")
         if not isinstance(cuda_graph, bool):

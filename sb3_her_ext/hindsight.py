@@ -18,14 +18,13 @@ nothing reads a device value on the host.
 
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass, fields
-from typing import Any, Literal, NamedTuple
+from typing import Literal, NamedTuple
 
 import torch
 
 import cuda_ext  # noqa: F401  (defines torch.ops.cuda_ext)
+from foxenv.config import is_whole
 
 #: Ring length of the per-book mid tracker (fixed by ``cuda_ext.hindsight_track``).
 TRACK_RING = 512
@@ -39,13 +38,6 @@ REQUIRED_INFO_KEYS: tuple[str, ...] = (
 )
 
 _ANCHORS = {"close": 0, "peak": 1}
-
-
-def _is_whole(value: Any) -> bool:
-    """Whether ``value`` is a whole number: an int, or a finite float without a fraction (never raises)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        return False
-    return isinstance(value, numbers.Integral) or (math.isfinite(value) and float(value).is_integer())
 
 
 @dataclass
@@ -91,17 +83,17 @@ class HindsightConfig:
             raise ValueError(f"threshold={self.threshold} must be >= 0")
         if not self.priority_boost > 0:
             raise ValueError(f"priority_boost={self.priority_boost} must be > 0")
-        if not _is_whole(self.lookahead) or self.lookahead < 1:
+        if not is_whole(self.lookahead) or self.lookahead < 1:
             raise ValueError(f"lookahead={self.lookahead} must be an integer >= 1")
         if self.anchor not in _ANCHORS:
             raise ValueError(f"anchor={self.anchor!r} must be one of {sorted(_ANCHORS)}")
-        if not _is_whole(self.forward_capacity) or self.forward_capacity < 1:
+        if not is_whole(self.forward_capacity) or self.forward_capacity < 1:
             raise ValueError(f"forward_capacity={self.forward_capacity} must be an integer >= 1")
         if not self.reward_scale > 0:
             raise ValueError(f"reward_scale={self.reward_scale} must be > 0")
         for name in ("direction_branch", "magnitude_branch", "flat_action"):
             value = getattr(self, name)
-            if not _is_whole(value) or value < 0:
+            if not is_whole(value) or value < 0:
                 raise ValueError(f"{name}={value} must be an integer >= 0")
         if self.direction_branch == self.magnitude_branch:
             raise ValueError(

@@ -25,7 +25,7 @@ from gymnasium import spaces
 from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
 
-from foxenv.config import EnvConfig
+from foxenv.config import EnvConfig, is_whole
 from foxenv.data.market import MarketData
 
 
@@ -68,7 +68,7 @@ class LOBVecEnv(VecEnv):
 
     def __init__(self, num_envs: int, device: str = "cpu", seed: int | None = None,
                  data: str | os.PathLike | MarketData = "synthetic", **env_kwargs: Any) -> None:
-        if isinstance(num_envs, bool) or int(num_envs) != num_envs or num_envs < 1:
+        if not is_whole(num_envs) or num_envs < 1:
             raise ValueError(f"num_envs={num_envs} must be an integer >= 1")
         from foxenv.core import BatchedLOB
 

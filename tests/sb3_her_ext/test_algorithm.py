@@ -105,6 +105,17 @@ def test_c51_alpha_outside_unit_interval(alpha: float) -> None:
         ("vaccine_beta", 0.0, "vaccine_beta=0.0 must lie in (0, 1]"),
         ("ensemble_bonus", -0.1, "ensemble_bonus=-0.1 must be >= 0"),
         ("iqr_bonus", (0.3, -0.1), "iqr_bonus=(0.3, -0.1) must be >= 0"),
+        ("buffer_size", float("nan"), "buffer_size=nan must be an integer >= 1"),
+        ("batch_size", 0, "batch_size=0 must be an integer >= 1"),
+        ("batch_size", "64", "batch_size='64' must be an integer >= 1"),
+        ("learning_starts", 2.5, "learning_starts=2.5 must be an integer >= 0"),
+        ("gradient_steps", -2, "gradient_steps=-2 must be an integer >= -1"),
+        ("train_freq", 0, "train_freq=0 must be an integer >= 1 or (integer >= 1, unit)"),
+        ("train_freq", (float("inf"), "step"),
+         "train_freq=(inf, 'step') must be an integer >= 1 or (integer >= 1, unit)"),
+        ("target_update_interval", "x", "target_update_interval='x' must be an integer > 0"),
+        ("diagnostics_interval", float("nan"), "diagnostics_interval=nan must be an integer > 0"),
+        ("vaccine_interval", 2.5, "vaccine_interval=2.5 must be an integer >= 0 (0 = off)"),
     ],
 )
 def test_bad_hyper_parameters_name_field_and_value(field: str, value: object, message: str) -> None:

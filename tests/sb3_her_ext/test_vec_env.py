@@ -32,7 +32,7 @@ def random_actions(env: LOBVecEnv, rng: np.random.Generator) -> np.ndarray:
     return rng.integers(0, env.action_space.nvec, size=(env.num_envs, len(env.action_space.nvec)))
 
 
-@pytest.mark.parametrize("bad", [0, -2, 1.5, True])
+@pytest.mark.parametrize("bad", [0, -2, 1.5, True, float("nan"), float("inf"), "4"])
 def test_num_envs_must_be_a_positive_integer(market, bad):
     with pytest.raises(ValueError, match="num_envs"):
         LOBVecEnv(bad, data=market, levels=5, episode_length=6)
