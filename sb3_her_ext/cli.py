@@ -143,6 +143,20 @@ def _print_summary(title: str, summary: dict[str, Any]) -> None:
             print(f"  {key:>22}: {value}")
 
 
+def _check_seed_and_device(args: argparse.Namespace) -> None:
+    """``--seed`` in numpy's range, ``--device`` the CPU or an available CUDA device; else ``ValueError``."""
+    if not 0 <= args.seed < 2**32:
+        raise ValueError(f"--seed={args.seed} must lie in [0, 2**32)")
+    try:
+        device = th.device(args.device)
+    except RuntimeError:
+        raise ValueError(f"--device={args.device!r} must be cpu or cuda") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device={args.device!r} must be cpu or cuda")
+    if device.type == "cuda" and not th.cuda.is_available():
+        raise ValueError(f"--device={args.device!r}: no CUDA device is available")
+
+
 def train(args: argparse.Namespace) -> Path:
     """``foxhunt train``: train, save the run folder, evaluate.
 
@@ -158,6 +172,7 @@ def train(args: argparse.Namespace) -> Path:
         raise ValueError(f"--n-envs={args.n_envs} must be >= 1")
     if args.eval_steps < 2:  # checked before training, not after it
         raise ValueError(f"--eval-steps={args.eval_steps} must be >= 2")
+    _check_seed_and_device(args)
     out = Path(args.out) if args.out else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     eval_seed = args.seed + 1000
@@ -205,6 +220,7 @@ def rollout(args: argparse.Namespace) -> dict[str, Any]:
     """
     from foxenv.rollout import random_rollout
 
+    _check_seed_and_device(args)
     summary = random_rollout(
         num_steps=args.steps, num_envs=args.n_envs, data=args.data, seed=args.seed,
         device=args.device, progress=args.progress,

@@ -51,6 +51,21 @@ def test_train_rejects_too_few_eval_steps_before_training(tmp_path: Path) -> Non
     assert not (tmp_path / "run").exists()  # refused before anything was written
 
 
+@pytest.mark.parametrize(("flag", "value", "message"), [
+    ("--seed", "-1", "--seed=-1 must lie in"), ("--seed", str(2**32), "--seed=4294967296 must lie in"),
+    ("--device", "tpu", "--device='tpu' must be cpu or cuda"),
+    ("--device", "meta", "--device='meta' must be cpu or cuda"),
+])
+@pytest.mark.parametrize("command", ["train", "rollout"])
+def test_bad_seed_or_device_is_refused_before_anything_runs(
+    tmp_path: Path, command: str, flag: str, value: str, message: str
+) -> None:
+    extra = ["--out", str(tmp_path / "run")] if command == "train" else []
+    with pytest.raises(ValueError, match=message):
+        main([command, "--steps", "10", flag, value, "--no-progress", *extra])
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.slow
 def test_train_writes_the_run_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from sb3_her_ext import BranchingIQN
