@@ -2,6 +2,7 @@
 // current stream, output allocation, then the plain launch functions of hindsight_kernels.cuh. The ops'
 // schemas are defined in Python (cuda_ext/ops_hindsight.py); this file registers their CUDA kernels.
 // Read-only inputs are made contiguous; state tensors mutated in place must already be contiguous.
+#include <cmath>
 #include <cstdint>
 #include <initializer_list>
 #include <tuple>
@@ -85,7 +86,9 @@ Rows hindsight_inject_cuda(const at::Tensor& ring_len, const at::Tensor& entry_m
   check(trade_closed, "trade_closed", at::kBool, {n_books}, obs, false);
   check(raw_reward, "raw_reward", at::kFloat, {n_books}, obs, false);
   check(lots, "lots", at::kFloat, {n_books}, obs, false);
-  TORCH_CHECK_VALUE(reward_scale > 0, "reward_scale=", reward_scale, " must be > 0");
+  TORCH_CHECK_VALUE(std::isfinite(reward_scale) && reward_scale > 0, "reward_scale=", reward_scale,
+                    " must be a finite number > 0");
+  TORCH_CHECK_VALUE(std::isfinite(threshold), "threshold=", threshold, " must be a finite number");
   TORCH_CHECK_VALUE(anchor == 0 || anchor == 1, "anchor=", anchor, " must be 0 (close) or 1 (peak)");
   TORCH_CHECK_VALUE(anchor == 0 || replay_next_obs.size(0) >= 1, "replay_next_obs.shape=",
                     replay_next_obs.sizes(), " must have rows for anchor=1");
@@ -155,6 +158,9 @@ Rows hindsight_forward_cuda(const at::Tensor& slot_valid, const at::Tensor& slot
   check(actual, "actual", at::kFloat, {n_books}, slot_obs, false);
   check(lots, "lots", at::kFloat, {n_books}, slot_obs, false);
   TORCH_CHECK_VALUE(lookahead >= 1, "lookahead=", lookahead, " must be >= 1");
+  TORCH_CHECK_VALUE(std::isfinite(threshold), "threshold=", threshold, " must be a finite number");
+  TORCH_CHECK_VALUE(std::isfinite(reward_scale) && reward_scale > 0, "reward_scale=", reward_scale,
+                    " must be a finite number > 0");
   TORCH_CHECK_VALUE(direction_branch >= 0 && direction_branch < n_branches, "direction_branch=",
                     direction_branch, " must be in [0, ", n_branches, ")");
   const c10::cuda::CUDAGuard guard(slot_obs.device());

@@ -2,6 +2,7 @@
 // (c10::cuda::getCurrentCUDAStream, the function at::cuda::getCurrentCUDAStream forwards to), then
 // the plain launch functions of per_kernels.cuh. The ops' schemas are defined in Python
 // (cuda_ext/ops_per.py); this file only registers their CUDA implementations.
+#include <cmath>
 #include <cstdint>
 #include <tuple>
 #include <utility>
@@ -50,6 +51,7 @@ at::Tensor per_push_cuda(const at::Tensor& obs, const at::Tensor& next_obs, cons
                          const at::Tensor& new_action, const at::Tensor& new_reward,
                          const at::Tensor& new_done, const at::Tensor& new_kind, const at::Tensor& wants,
                          const at::Tensor& new_priority, const at::Tensor& max_multiplier, double alpha) {
+  TORCH_CHECK_VALUE(std::isfinite(alpha) && alpha >= 0, "alpha=", alpha, " must be a finite number >= 0");
   const int64_t n_leaves = leaf_count(tree);
   check_tensor(obs, "obs", at::kFloat, 2, tree);
   const int64_t capacity = obs.size(0);
@@ -119,6 +121,7 @@ void per_tree_rebuild_cuda(const at::Tensor& tree, const at::Tensor& leaf_idx) {
 
 std::tuple<at::Tensor, at::Tensor> per_sample_cuda(const at::Tensor& tree, const at::Tensor& head_size,
                                                    const at::Tensor& uniforms, double beta) {
+  TORCH_CHECK_VALUE(std::isfinite(beta) && beta >= 0 && beta <= 1, "beta=", beta, " must lie in [0, 1]");
   const int64_t n_leaves = leaf_count(tree);
   check_tensor(head_size, "head_size", at::kLong, 1, tree);
   check_size(head_size, "head_size", 0, 2);
@@ -137,6 +140,8 @@ std::tuple<at::Tensor, at::Tensor> per_sample_cuda(const at::Tensor& tree, const
 
 void per_update_cuda(const at::Tensor& tree, const at::Tensor& max_priority, const at::Tensor& indices,
                      const at::Tensor& td_abs, double alpha, double eps) {
+  TORCH_CHECK_VALUE(std::isfinite(alpha) && alpha >= 0, "alpha=", alpha, " must be a finite number >= 0");
+  TORCH_CHECK_VALUE(std::isfinite(eps) && eps >= 0, "eps=", eps, " must be a finite number >= 0");
   const int64_t n_leaves = leaf_count(tree);
   check_tensor(max_priority, "max_priority", at::kFloat, 1, tree);
   check_size(max_priority, "max_priority", 0, 1);

@@ -1,6 +1,7 @@
 // Torch launchers of the action-selection ops: argument checks (ValueError naming the argument), device
 // guard, current stream, output allocation, then the plain launch functions of select_kernels.cuh. The ops'
 // schemas are defined in Python (cuda_ext/ops_select.py); this file registers their CUDA kernels.
+#include <cmath>
 #include <cstdint>
 
 #include <ATen/ATen.h>
@@ -25,6 +26,8 @@ at::Tensor branch_select_cuda(const at::Tensor& q, const at::Tensor& iqr, const 
                               const at::Tensor& n_actions, const at::Tensor& eps, const at::Tensor& boltzmann,
                               const at::Tensor& u_explore, const at::Tensor& u_action, double alpha,
                               double beta) {
+  TORCH_CHECK_VALUE(std::isfinite(alpha), "alpha=", alpha, " must be a finite number");
+  TORCH_CHECK_VALUE(std::isfinite(beta), "beta=", beta, " must be a finite number");
   TORCH_CHECK_VALUE(q.is_cuda(), "q.device=", q.device(), " must be a CUDA device");
   TORCH_CHECK_VALUE(q.scalar_type() == at::kFloat, "q.dtype=", q.scalar_type(), " must be Float");
   TORCH_CHECK_VALUE(q.dim() == 3, "q.shape=", q.sizes(), " must be [B, NB, A]");

@@ -6,10 +6,12 @@ instead of deep inside torch. They read only metadata (dtype, shape, device): no
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
-__all__ = ["check_same_device", "check_tensor"]
+__all__ = ["check_same_device", "check_scalar", "check_tensor"]
 
 
 def check_tensor(name: str, tensor: Tensor, dtype: torch.dtype, shape: tuple[int | None, ...]) -> None:
@@ -42,3 +44,23 @@ def check_same_device(**tensors: Tensor) -> None:
     for name, device in devices.items():
         if device != first:
             raise ValueError(f"{name}.device={device} must match {first_name}.device={first}")
+
+
+def check_scalar(name: str, value: float, low: float | None = None, high: float | None = None,
+                 low_open: bool = False) -> None:
+    """Raise ``ValueError`` unless ``value`` is a finite number in ``[low, high]`` (``(low, high]`` with
+    ``low_open``; a ``None`` bound is no bound). NaN and infinities are refused: every comparison with NaN is
+    false, so a NaN threshold or exponent would silently switch a kernel's decisions off.
+
+    :param name: the argument name used in the message.
+    :param value: the scalar.
+    :param low: the lower bound, or None.
+    :param high: the upper bound, or None.
+    :param low_open: exclude ``low`` itself.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name}={value!r} must be a finite number")
+    if low is not None and (value <= low if low_open else value < low):
+        raise ValueError(f"{name}={value} must be {'>' if low_open else '>='} {low}")
+    if high is not None and value > high:
+        raise ValueError(f"{name}={value} must be <= {high}")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from cuda_ext.reference.checks import check_same_device, check_tensor
+from cuda_ext.reference.checks import check_same_device, check_scalar, check_tensor
 
 __all__ = [
     "check_hindsight_forward",
@@ -167,8 +167,8 @@ def check_hindsight_inject(
         trade_closed=trade_closed, raw_reward=raw_reward, lots=lots, obs=obs, next_obs=next_obs,
         action=action, replay_next_obs=replay_next_obs,
     )
-    if not reward_scale > 0:
-        raise ValueError(f"reward_scale={reward_scale} must be > 0")
+    check_scalar("reward_scale", reward_scale, low=0.0, low_open=True)
+    check_scalar("threshold", threshold)
     if anchor not in (0, 1):
         raise ValueError(f"anchor={anchor} must be 0 (close) or 1 (peak)")
     if anchor == 1 and replay_next_obs.shape[0] < 1:
@@ -333,6 +333,8 @@ def check_hindsight_forward(
     )
     if lookahead < 1:
         raise ValueError(f"lookahead={lookahead} must be >= 1")
+    check_scalar("threshold", threshold)
+    check_scalar("reward_scale", reward_scale, low=0.0, low_open=True)
     if not 0 <= direction_branch < n_branches:
         raise ValueError(f"direction_branch={direction_branch} must be in [0, {n_branches})")
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from cuda_ext.reference.checks import check_same_device, check_tensor
+from cuda_ext.reference.checks import check_same_device, check_scalar, check_tensor
 
 
 def tree_leaf_count(tree: torch.Tensor) -> int:
@@ -94,6 +94,7 @@ def check_per_push(
         new_action=new_action, new_reward=new_reward, new_done=new_done, new_kind=new_kind, wants=wants,
         new_priority=new_priority, max_multiplier=max_multiplier,
     )
+    check_scalar("alpha", alpha, low=0.0)
 
 
 def check_per_tree_rebuild(tree: torch.Tensor, leaf_idx: torch.Tensor) -> None:
@@ -117,6 +118,7 @@ def check_per_sample(
     check_tensor("head_size", head_size, torch.int64, (2,))
     check_tensor("uniforms", uniforms, torch.float64, (None,))
     check_same_device(tree=tree, head_size=head_size, uniforms=uniforms)
+    check_scalar("beta", beta, low=0.0, high=1.0)
 
 
 def check_per_update(
@@ -136,6 +138,8 @@ def check_per_update(
     check_tensor("indices", indices, torch.int64, (None,))
     check_tensor("td_abs", td_abs, torch.float32, (indices.shape[0],))
     check_same_device(tree=tree, max_priority=max_priority, indices=indices, td_abs=td_abs)
+    check_scalar("alpha", alpha, low=0.0)
+    check_scalar("eps", eps, low=0.0)
 
 
 def per_push(

@@ -13,7 +13,7 @@ import math
 import torch
 from torch import Tensor
 
-from cuda_ext.reference.checks import check_same_device, check_tensor
+from cuda_ext.reference.checks import check_same_device, check_scalar, check_tensor
 
 __all__ = ["branch_select", "check_branch_select", "check_quantile_iqr", "iqr_positions", "quantile_iqr"]
 
@@ -55,6 +55,8 @@ def check_branch_select(
         q=q, iqr=iqr, ens_std=ens_std, n_actions=n_actions, eps=eps, boltzmann=boltzmann,
         u_explore=u_explore, u_action=u_action,
     )
+    check_scalar("alpha", alpha)
+    check_scalar("beta", beta)
     if check_values and n_actions.device.type == "cpu" and n_actions.numel() > 0:
         bad = (n_actions < 1) | (n_actions > max_actions)
         if bad.any():
