@@ -28,6 +28,7 @@ Usage (the algorithm does this through SB3's ``replay_buffer_class``)::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -91,7 +92,7 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
         rows have their own).
     :param handle_timeout_termination: store ``done = done and not TimeLimit.truncated`` (as SB3).
     :param alpha: priority exponent; >= 0.
-    :param beta: importance-sampling exponent (the algorithm anneals it); >= 0.
+    :param beta: importance-sampling exponent (the algorithm anneals it); in [0, 1].
     :param priority_eps: added to ``|TD|`` in ``update_priorities``; > 0.
     :param hindsight: a :class:`HindsightConfig`, a dict of its fields, or ``None`` (hindsight off).
     """
@@ -124,12 +125,12 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
             )
         if not isinstance(observation_space, spaces.Box):
             raise ValueError(f"observation_space={observation_space} must be a Box")
-        if not alpha >= 0:
-            raise ValueError(f"alpha={alpha} must be >= 0")
-        if not beta >= 0:
-            raise ValueError(f"beta={beta} must be >= 0")
-        if not priority_eps > 0:
-            raise ValueError(f"priority_eps={priority_eps} must be > 0")
+        if not 0 <= alpha < math.inf:
+            raise ValueError(f"alpha={alpha} must be a finite number >= 0")
+        if not 0 <= beta <= 1:
+            raise ValueError(f"beta={beta} must lie in [0, 1]")
+        if not 0 < priority_eps < math.inf:
+            raise ValueError(f"priority_eps={priority_eps} must be a finite number > 0")
         self.branch_sizes = branch_action_dims(action_space)
         self._allocated = False
         BaseBuffer.__init__(

@@ -46,6 +46,8 @@ def leaves(buffer: PrioritizedHindsightReplayBuffer) -> torch.Tensor:
     ("kwargs", "field"),
     [({"buffer_size": 0}, "buffer_size"), ({"n_envs": 0}, "n_envs"), ({"alpha": -0.1}, "alpha"),
      ({"beta": -1.0}, "beta"), ({"priority_eps": 0.0}, "priority_eps"),
+     ({"beta": 1.5}, "beta=1.5"), ({"alpha": float("nan")}, "alpha=nan"),
+     ({"alpha": float("inf")}, "alpha=inf"), ({"priority_eps": float("nan")}, "priority_eps=nan"),
      ({"optimize_memory_usage": True}, "optimize_memory_usage"),
      ({"action_space": spaces.Box(0, 1, (2,))}, "action_space"),
      ({"observation_space": spaces.Discrete(4)}, "observation_space"),
