@@ -14,12 +14,15 @@ back after each row, so the QR-DQN row runs without it; each row records ``deter
 Each row also counts the aten ops dispatched per gradient step (``aten_ops_per_step``, views included;
 ``kernel_ops_per_step`` without the view ops, which launch no kernel), over ``OP_COUNT_STEPS`` more steps:
 noise-free, and what predicts the step's cost on a GPU, where it is launch-bound. On the CPU the
-quantile-Huber loss runs in row blocks (more ops than the one block of the GPU path).
+quantile-Huber loss runs in row blocks (more ops than the one block of the GPU path). And it counts the
+matrix-product GFLOP per step (``matmul_gflop_per_step``, ``torch.utils.flop_counter``, forward and backward)
+and their ratio to QR-DQN's (``gflop_over_qrdqn``): on a compute-bound CPU that ratio is a floor under the
+speed ratio, whatever the elementwise work costs.
 
 Rows: BranchingIQN with its defaults (5 ensemble heads, IQN + C51, GradVac every 5 steps, PER),
 the same with ``compile_loss=True`` (the compile falls in the warm-up), on CUDA the same with
-``cuda_graph=True`` (each non-vaccine step one graph replay; the capture falls in the warm-up; its op
-count is what Python still dispatches per step), BranchingIQN "lean" (1 head,
+``cuda_graph=True`` (each step one graph replay, the vaccine steps from a second graph; both captures
+fall in the warm-up; its op count is what Python still dispatches per step), BranchingIQN "lean" (1 head,
 vaccine off) to show what the extras cost, and QR-DQN
 (``n_quantiles`` = BranchingIQN's quantile count).
 
@@ -47,11 +50,15 @@ import numpy as np
 import torch as th
 from gymnasium import spaces
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
 
 RESULTS = Path(__file__).resolve().parent / "results" / "train_step.json"
 NVEC = (3, 3, 3, 3)
 #: Gradient steps whose ops are counted (a multiple of BranchingIQN's default vaccine interval, 5).
 OP_COUNT_STEPS = 10
+#: Untimed gradient steps before the timed ones: with ``cuda_graph`` the vaccine graph (every 5th step) is
+#: captured after 3 eager warm-up steps of its kind, at step 20, so the timed steps are all replays.
+WARMUP_STEPS = 25
 
 
 class OpCounter(TorchDispatchMode):
@@ -95,7 +102,7 @@ class RandomBoxEnv(gym.Env):
 def _time_train(model: Any, fill: int, steps: int, batch: int, device: th.device) -> float:
     """Fill the buffer, warm up, then time ``model.train``; return gradient steps per second."""
     model.learn(fill)
-    model.train(gradient_steps=max(steps // 10, 2), batch_size=batch)  # warm-up (allocations, lazy init)
+    model.train(gradient_steps=WARMUP_STEPS, batch_size=batch)  # allocations, lazy init, graph captures
     if device.type == "cuda":
         th.cuda.synchronize(device)
     start = time.perf_counter()
@@ -105,12 +112,21 @@ def _time_train(model: Any, fill: int, steps: int, batch: int, device: th.device
     return steps / (time.perf_counter() - start)
 
 
-def _count_ops(model: Any, steps: int, batch: int) -> tuple[float, float]:
-    """Aten ops per gradient step of ``model.train`` (all, and without views), over ``steps`` steps."""
+def _count_ops(model: Any, steps: int, batch: int) -> tuple[float, float, float | None]:
+    """Aten ops per gradient step of ``model.train`` (all, and without views) and its matrix-product GFLOP,
+    over ``steps`` steps.
+
+    The FLOPs are ``torch.utils.flop_counter``'s (matrix products and convolutions only, forward and
+    backward): the arithmetic a step cannot avoid, whatever its elementwise overhead. None for a graphed
+    model, whose replays dispatch no ops to count.
+    """
     counter = OpCounter()
-    with counter:
+    flops = FlopCounterMode(display=False)
+    with counter, flops:
         model.train(gradient_steps=steps, batch_size=batch)
-    return counter.count / steps, counter.kernel_count / steps
+    graphed = getattr(model, "cuda_graph", False)
+    gflop = None if graphed else flops.get_total_flops() / steps / 1e9
+    return counter.count / steps, counter.kernel_count / steps, gflop
 
 
 def bench_device(device: str, widths: list[int], batch: int, steps: int, fill: int, obs_dim: int,
@@ -149,7 +165,7 @@ def bench_device(device: str, widths: list[int], batch: int, steps: int, fill: i
          lambda: QRDQN("MlpPolicy", RandomBoxEnv(obs_dim, spaces.Discrete(int(np.prod(NVEC)))),
                        policy_kwargs=dict(net_arch=widths, n_quantiles=n_quantiles), **common)),
     ]
-    if dev.type == "cuda":  # the gradient step as one CUDA graph replay (vaccine steps stay eager)
+    if dev.type == "cuda":  # the gradient step as one CUDA graph replay (vaccine steps: a second graph)
         setups.insert(2, ("BranchingIQN defaults + cuda_graph (graph replay per step)", "BranchingIQN",
                           lambda: BranchingIQN("MlpPolicy", md_env, cuda_graph=True, policy_kwargs=iqn_policy,
                                                **common)))
@@ -163,16 +179,23 @@ def bench_device(device: str, widths: list[int], batch: int, steps: int, fill: i
             model = make()
             rate = _time_train(model, fill, steps, batch, dev)
             row_deterministic = th.are_deterministic_algorithms_enabled()
-            ops, kernel_ops = _count_ops(model, OP_COUNT_STEPS, batch)
+            ops, kernel_ops, gflop = _count_ops(model, OP_COUNT_STEPS, batch)
         finally:
             th.use_deterministic_algorithms(deterministic, warn_only=warn_only)
         rows.append({"row": label, "algorithm": algo, "device": device, "grad_steps_per_s": rate,
                      "deterministic_algorithms": row_deterministic, "aten_ops_per_step": ops,
-                     "kernel_ops_per_step": kernel_ops})
-    peer = rows[-1]["grad_steps_per_s"]
+                     "kernel_ops_per_step": kernel_ops, "matmul_gflop_per_step": gflop})
+    peer, peer_gflop = rows[-1]["grad_steps_per_s"], rows[-1]["matmul_gflop_per_step"]
     for row in rows:
         row["qrdqn_over_this"] = peer / row["grad_steps_per_s"]
+        gflop = row["matmul_gflop_per_step"]
+        row["gflop_over_qrdqn"] = gflop / peer_gflop if gflop is not None and peer_gflop else None
     return rows
+
+
+def _fmt(value: float | None, width: int, digits: int) -> str:
+    """``value`` right-aligned in ``width`` with ``digits`` decimals, or ``-`` when None."""
+    return f"{'-':>{width}}" if value is None else f"{value:>{width}.{digits}f}"
 
 
 def main() -> None:
@@ -208,11 +231,12 @@ def main() -> None:
     print(f"\ntrain-step throughput  (batch {config['batch']}, widths {config['widths']}, "
           f"obs dim {config['obs_dim']}, {config['n_quantiles']} quantiles, {config['steps']} timed steps)")
     print(f"{'device':<7} {'row':<70} {'grad steps/s':>12} {'QR-DQN / this':>14} {'ops/step':>9} "
-          f"{'non-view':>9}")
+          f"{'non-view':>9} {'GFLOP/step':>10} {'GFLOP / QR-DQN':>14}")
     for row in rows:
         rate, ratio = row["grad_steps_per_s"], row["qrdqn_over_this"]
         print(f"{row['device']:<7} {row['row']:<70} {rate:>12.1f} {ratio:>14.2f} "
-              f"{row['aten_ops_per_step']:>9.0f} {row['kernel_ops_per_step']:>9.0f}")
+              f"{row['aten_ops_per_step']:>9.0f} {row['kernel_ops_per_step']:>9.0f} "
+              f"{_fmt(row['matmul_gflop_per_step'], 10, 3)} {_fmt(row['gflop_over_qrdqn'], 14, 2)}")
     print(f"1-min load average: {load_before:.2f} before, {load_after:.2f} after "
           f"({os.cpu_count()} CPUs, {th.get_num_threads()} torch threads)")
     result = {

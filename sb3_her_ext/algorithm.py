@@ -205,10 +205,11 @@ class BranchingIQN(OffPolicyAlgorithm):
         :func:`~sb3_her_ext.losses.quantile_huber_loss`): a faster gradient step after a compile of some
         seconds at the first step of each batch shape; needs a working ``torch.compile`` (a C++ compiler on
         the CPU, Triton on a GPU).
-    :param cuda_graph: run each gradient step (all but the vaccine steps) as one CUDA graph replay
-        (:mod:`sb3_her_ext.graphed_step`); CUDA only. The optimizer is made capturable (its learning rate
-        a tensor, so schedules still apply); the first few steps run eagerly while the graph is prepared.
-        Same random draws and same arithmetic as the eager step.
+    :param cuda_graph: run each gradient step as one CUDA graph replay (:mod:`sb3_her_ext.graphed_step`;
+        the vaccine steps as a second graph, which also holds the vaccine batch's pass); CUDA only. The
+        optimizer is made capturable (its learning rate a tensor, so schedules still apply); the first few
+        steps of each kind run eagerly while its graph is prepared. Same random draws and same arithmetic as
+        the eager step.
     :param _init_setup_model: whether to build the networks on creation.
     """
 
@@ -436,11 +437,13 @@ class BranchingIQN(OffPolicyAlgorithm):
         self.diagnostics = TrainingDiagnostics(self.diagnostics_path, self.action_dims, names, self.device)
         self._diagnostics_clock = time.time()
         self._rand_queue = None
-        self._graphed_step = (
-            GraphedTrainStep(self._graphable_step, self._step_rand_shapes, self._generator)
-            if self.cuda_graph
-            else None
-        )
+        self._graphed_step = self._graphed_vaccine_step = None
+        if self.cuda_graph:
+            generator = self._generator
+            self._graphed_step = GraphedTrainStep(self._graphable_step, self._step_rand_shapes, generator)
+            self._graphed_vaccine_step = GraphedTrainStep(
+                self._graphable_step, self._vaccine_rand_shapes, generator
+            )
         assert n_branches == self.q_net.n_branches, "policy and action space disagree on the branches"
 
     def _excluded_save_params(self) -> list[str]:
@@ -452,6 +455,7 @@ class BranchingIQN(OffPolicyAlgorithm):
             "diagnostics",
             "_generator",
             "_graphed_step",
+            "_graphed_vaccine_step",
             "_rand_queue",
             "_n_actions",
             "_valid_actions",
@@ -611,10 +615,17 @@ class BranchingIQN(OffPolicyAlgorithm):
                 weights = batch.weights.reshape(-1).float()
             else:
                 weights = th.ones_like(batch.rewards.reshape(-1))
-            if self._graphed_step is not None and not self._vaccine_due(self._n_gradient_steps + 1):
-                # 2.-6. as below, as one CUDA graph replay (sb3_her_ext.graphed_step)
+            if self._graphed_step is not None and self._graphed_vaccine_step is not None:
+                # 2.-6. as below, as one CUDA graph replay (sb3_her_ext.graphed_step); a vaccine step's graph
+                # also runs the stratified batch, sampled here (after the main batch, as the eager step does)
                 self._n_gradient_steps += 1
-                self._graphed_step.run(batch, weights, self._after_step(batch, prioritized))
+                if self._vaccine_due():
+                    vaccine_batch = self._sample_vaccine_batch(batch_size)
+                    self._graphed_vaccine_step.run(
+                        (batch, vaccine_batch), weights, self._after_step(batch, prioritized)
+                    )
+                else:
+                    self._graphed_step.run((batch,), weights, self._after_step(batch, prioritized))
                 continue
             # 2.-4. double-Q target, PopArt update, IQN + C51 loss of the taken actions, weighted
             result = self._distributional_loss(batch, update_popart=True)
@@ -625,7 +636,8 @@ class BranchingIQN(OffPolicyAlgorithm):
             # 5. every vaccine_interval-th step: GradVac correction from a magnitude-stratified batch
             self._n_gradient_steps += 1
             if self._vaccine_due():
-                self._vaccinate(params, batch_size)
+                cos, corrected = self._vaccinate(params, self._sample_vaccine_batch(batch_size))
+                self.diagnostics.add_vaccine(cos, corrected)
 
             # 6. clip, optimizer step, PER priorities from the per-branch TD errors
             th.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
@@ -656,37 +668,47 @@ class BranchingIQN(OffPolicyAlgorithm):
         counts = (policy.n_quantiles_act, policy.n_quantiles_target, policy.n_quantiles)
         return [(batch_size, n) for n in counts]
 
-    def _graphable_step(
-        self, batch: StaticBatch, weights: th.Tensor, rands: list[th.Tensor]
-    ) -> StepOutputs:
-        """Steps 2–4 and 6 of :meth:`train` (no vaccine) on static tensors, the draws taken from ``rands``.
+    def _vaccine_rand_shapes(self, batch_size: int) -> list[tuple[int, ...]]:
+        """Shapes of a vaccine step's draws: the main batch's loss, then the vaccine batch's."""
+        return 2 * self._step_rand_shapes(batch_size)
 
-        :param batch: the static batch.
-        :param weights: ``[B]`` static importance weights.
+    def _graphable_step(
+        self, batches: tuple[StaticBatch, ...], weights: th.Tensor, rands: list[th.Tensor]
+    ) -> StepOutputs:
+        """Steps 2–6 of :meth:`train` on static tensors, the draws taken from ``rands``.
+
+        :param batches: the static main batch, and for a vaccine step (step 5) the static vaccine batch.
+        :param weights: ``[B]`` static importance weights of the main batch.
         :param rands: the step's random fractions, in draw order (all are used).
-        :return: the step's outputs.
+        :return: the step's outputs (with the vaccine's cosine and correction flag on a vaccine step).
         """
+        params = list(self.q_net.parameters())
         self._rand_queue = rands
         try:
-            result = self._distributional_loss(batch, update_popart=True)
+            result = self._distributional_loss(batches[0], update_popart=True)
+            loss = (result.per_sample * weights).mean()
+            self.policy.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            cos = corrected = None
+            if len(batches) > 1:
+                cos, corrected = self._vaccinate(params, batches[1])
         finally:
             left, self._rand_queue = self._rand_queue, None
         if left:
             raise RuntimeError(f"{len(left)} static draws left unused: the loss draws other than expected")
-        loss = (result.per_sample * weights).mean()
-        self.policy.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        th.nn.utils.clip_grad_norm_(list(self.q_net.parameters()), self.max_grad_norm)
+        th.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
         self.policy.optimizer.step()
         return StepOutputs(
             result.td_abs.sum(dim=1).float(), (result.l_q * weights).mean(), (result.l_c51 * weights).mean(),
-            loss.detach(), weights.mean(),
+            loss.detach(), weights.mean(), cos, corrected,
         )
 
     def _after_step(self, batch: Any, prioritized: bool) -> Callable[[StepOutputs], None]:
         """What follows a graphed step: the batch's new priorities and the diagnostics sums."""
 
         def consume(outputs: StepOutputs) -> None:
+            if outputs.vaccine_cos is not None and outputs.vaccine_corrected is not None:
+                self.diagnostics.add_vaccine(outputs.vaccine_cos, outputs.vaccine_corrected)
             if prioritized:
                 self.replay_buffer.update_priorities(batch.indices, outputs.td_abs_sum)
             self.diagnostics.add_train_step(outputs.l_q, outputs.l_c51, outputs.loss, outputs.mean_weight)
@@ -707,21 +729,26 @@ class BranchingIQN(OffPolicyAlgorithm):
                 else:
                     group["lr"] = th.tensor(float(learning_rate), device=self.device)
 
-    def _vaccinate(self, params: list[th.nn.Parameter], batch_size: int) -> None:
-        """GradVac: correct the main gradient (in ``params``' grads) with a magnitude-stratified batch's.
+    def _sample_vaccine_batch(self, batch_size: int) -> Any:
+        """The vaccine batch: ``batch_size`` rows stratified by the vaccine branch's action (``⅓`` each of
+        Small/Half/Full for the magnitude branch)."""
+        branch = self._vaccine_branch
+        return self.replay_buffer.sample_stratified(batch_size, branch, self.action_dims[branch])
+
+    def _vaccinate(self, params: list[th.nn.Parameter], batch: Any) -> tuple[th.Tensor, th.Tensor]:
+        """GradVac: correct the main gradient (in ``params``' grads) with the vaccine ``batch``'s gradient.
 
         :param params: the online network's parameters, holding the main gradient.
-        :param batch_size: size of the stratified batch.
+        :param batch: the stratified vaccine batch (:meth:`_sample_vaccine_batch`).
+        :return: ``(cos, corrected)``: the gradients' cosine and whether the main one was corrected (0-dim).
         """
         g_main = flat_grad(params)
         self.policy.optimizer.zero_grad()
-        branch = self._vaccine_branch
-        batch = self.replay_buffer.sample_stratified(batch_size, branch, self.action_dims[branch])
         self._distributional_loss(batch, update_popart=False).per_sample.mean().backward()
         g_aux = flat_grad(params)
         g_new, cos, corrected = self.vaccine.correct(g_main, g_aux)
         assign_flat_grad(params, g_new)
-        self.diagnostics.add_vaccine(cos, corrected)
+        return cos, corrected
 
     def _rand(self, *shape: int) -> th.Tensor:
         """Uniform ``[0, 1)`` quantile fractions from the model's generator (a graphed step's static draws,

@@ -1,21 +1,24 @@
-"""BranchingIQN's gradient step captured in one CUDA graph (``BranchingIQN(cuda_graph=True)``).
+"""BranchingIQN's gradient steps captured in CUDA graphs (``BranchingIQN(cuda_graph=True)``).
 
 On a GPU a gradient step is ~650 small kernels, so it is bound by launch overhead, not arithmetic. This module
-runs the step — double-Q target, PopArt update, IQN + C51 loss, backward, gradient clipping, optimizer step —
-as one graph replay. Per step, outside the graph: the prioritized batch is sampled and copied into static
-input tensors, the step's quantile fractions are drawn from the model's generator into static tensors (in the
-order the eager step draws them, so both paths see the same numbers), and afterwards the priorities are
-updated and the diagnostics accumulated from the graph's static outputs.
+runs a step — double-Q target, PopArt update, IQN + C51 loss, backward, gradient clipping, optimizer step —
+as one graph replay. Per step, outside the graph: the prioritized batch (and, for a vaccine step, the
+stratified vaccine batch) is sampled and copied into static input tensors, the step's quantile fractions are
+drawn from the model's generator into static tensors (in the order the eager step draws them, so both paths
+see the same numbers), and afterwards the priorities are updated and the diagnostics accumulated from the
+graph's static outputs.
 
-The first ``WARMUP_STEPS`` steps run eagerly on a side stream (they are real steps: optimizer state and
-library workspaces come to exist), the next is captured and replayed. Vaccine steps (every
-``vaccine_interval``-th) stay eager: they combine two batches' gradients. A new batch size captures anew.
-The optimizer must be capturable (``BranchingIQN`` sets ``capturable=True`` and a tensor learning rate).
+``BranchingIQN`` keeps two of these: one for the plain steps and one for the vaccine steps (every
+``vaccine_interval``-th), whose graph also holds the vaccine batch's loss, backward and the GradVac
+correction. Each runs its first ``WARMUP_STEPS`` steps eagerly on a side stream (they are real steps:
+optimizer state and library workspaces come to exist), captures the next, and replays it from then on.
+A new batch size captures anew. The optimizer must be capturable (``BranchingIQN`` sets
+``capturable=True`` and a tensor learning rate).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch as th
@@ -46,6 +49,8 @@ class StepOutputs(NamedTuple):
     :param l_c51: weighted mean C51 loss.
     :param loss: the mixed loss.
     :param mean_weight: mean importance weight.
+    :param vaccine_cos: a vaccine step's cosine of the main and vaccine gradients (None on other steps).
+    :param vaccine_corrected: whether a vaccine step corrected the main gradient (None on other steps).
     """
 
     td_abs_sum: th.Tensor
@@ -53,13 +58,16 @@ class StepOutputs(NamedTuple):
     l_c51: th.Tensor
     loss: th.Tensor
     mean_weight: th.Tensor
+    vaccine_cos: th.Tensor | None = None
+    vaccine_corrected: th.Tensor | None = None
 
 
 class GraphedTrainStep:
-    """Runs BranchingIQN's non-vaccine gradient steps through one captured CUDA graph.
+    """Runs one kind of BranchingIQN gradient step (plain, or vaccine) through one captured CUDA graph.
 
-    :param step_fn: ``step_fn(batch, weights, rands) -> StepOutputs``: one gradient step on ``batch`` with
-        importance ``weights``, taking its random fractions from the list ``rands`` in order.
+    :param step_fn: ``step_fn(batches, weights, rands) -> StepOutputs``: one gradient step on the static
+        ``batches`` (the main batch first) with importance ``weights`` of the main batch, taking its random
+        fractions from the list ``rands`` in order.
     :param rand_shapes: ``rand_shapes(batch_size)``: the shapes of the step's random draws, in draw order.
     :param generator: the model's generator the draws come from.
     """
@@ -68,7 +76,7 @@ class GraphedTrainStep:
 
     def __init__(
         self,
-        step_fn: Callable[[StaticBatch, th.Tensor, list[th.Tensor]], StepOutputs],
+        step_fn: Callable[[tuple[StaticBatch, ...], th.Tensor, list[th.Tensor]], StepOutputs],
         rand_shapes: Callable[[int], list[tuple[int, ...]]],
         generator: th.Generator,
     ) -> None:
@@ -76,7 +84,7 @@ class GraphedTrainStep:
         self.rand_shapes = rand_shapes
         self.generator = generator
         self.graph: th.cuda.CUDAGraph | None = None
-        self.batch: StaticBatch | None = None
+        self.batches: tuple[StaticBatch, ...] = ()
         self.weights: th.Tensor | None = None
         self.rands: list[th.Tensor] = []
         self.outputs: StepOutputs | None = None
@@ -84,18 +92,18 @@ class GraphedTrainStep:
         #: graph replays so far (the steps that ran as one graph launch)
         self.replays = 0
 
-    def run(self, batch: Any, weights: th.Tensor, consume: Callable[[StepOutputs], None]) -> None:
-        """One gradient step on ``batch``; ``consume`` gets its outputs on the stream that made them.
+    def run(self, batches: Sequence[Any], weights: th.Tensor, consume: Callable[[StepOutputs], None]) -> None:
+        """One gradient step on ``batches``; ``consume`` gets its outputs on the stream that made them.
 
-        :param batch: replay samples (SB3's field names).
-        :param weights: ``[B]`` importance weights.
+        :param batches: replay samples (SB3's field names): the main batch, then any others the step reads.
+        :param weights: ``[B]`` importance weights of the main batch.
         :param consume: called with the step's outputs (priority update, diagnostics).
         """
-        size = int(batch.observations.shape[0])
-        if self.batch is None or self.batch.observations.shape[0] != size:
-            self._allocate(batch, weights)
+        shapes = [tuple(batch.observations.shape) for batch in batches]
+        if [tuple(static.observations.shape) for static in self.batches] != shapes:
+            self._allocate(batches, weights)
         if self.graph is not None:
-            self._load(batch, weights)
+            self._load(batches, weights)
             self.graph.replay()
             self.replays += 1
             assert self.outputs is not None
@@ -106,11 +114,11 @@ class GraphedTrainStep:
             side = th.cuda.Stream()
             side.wait_stream(th.cuda.current_stream())
             with th.cuda.stream(side):
-                self._load(batch, weights)
+                self._load(batches, weights)
                 consume(self._step())
             th.cuda.current_stream().wait_stream(side)
             return
-        self._load(batch, weights)  # the draws happen before (outside) the capture
+        self._load(batches, weights)  # the draws happen before (outside) the capture
         graph = th.cuda.CUDAGraph()
         with th.cuda.graph(graph):
             self.outputs = self._step()
@@ -119,24 +127,28 @@ class GraphedTrainStep:
         self.replays += 1
         consume(self.outputs)
 
-    def _allocate(self, batch: Any, weights: th.Tensor) -> None:
-        """Static tensors shaped like ``batch`` (a new batch size drops the captured graph)."""
-        self.batch = StaticBatch(*(th.empty_like(getattr(batch, name)) for name in StaticBatch._fields))
+    def _allocate(self, batches: Sequence[Any], weights: th.Tensor) -> None:
+        """Static tensors shaped like ``batches`` (new shapes drop the captured graph)."""
+        self.batches = tuple(
+            StaticBatch(*(th.empty_like(getattr(batch, name)) for name in StaticBatch._fields))
+            for batch in batches
+        )
         self.weights = th.empty_like(weights)
         self.rands = [
             th.empty(shape, device=weights.device) for shape in self.rand_shapes(int(weights.shape[0]))
         ]
         self.graph, self.outputs, self.warmup_left = None, None, self.WARMUP_STEPS
 
-    def _load(self, batch: Any, weights: th.Tensor) -> None:
-        """Copy the batch into the static inputs and draw this step's random fractions."""
-        assert self.batch is not None and self.weights is not None
-        for name, static in zip(StaticBatch._fields, self.batch, strict=True):
-            static.copy_(getattr(batch, name))
+    def _load(self, batches: Sequence[Any], weights: th.Tensor) -> None:
+        """Copy the batches into the static inputs and draw this step's random fractions."""
+        assert self.weights is not None
+        for static_batch, batch in zip(self.batches, batches, strict=True):
+            for name, static in zip(StaticBatch._fields, static_batch, strict=True):
+                static.copy_(getattr(batch, name))
         self.weights.copy_(weights)
         for buffer in self.rands:
             th.rand(buffer.shape, generator=self.generator, out=buffer)
 
     def _step(self) -> StepOutputs:
-        assert self.batch is not None and self.weights is not None
-        return self.step_fn(self.batch, self.weights, list(self.rands))
+        assert self.weights is not None
+        return self.step_fn(self.batches, self.weights, list(self.rands))

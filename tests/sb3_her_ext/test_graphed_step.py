@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +26,7 @@ def test_cuda_graph_needs_a_cuda_device() -> None:
 
 def test_eager_model_has_no_graph_and_a_plain_optimizer() -> None:
     model = BranchingIQN("MlpPolicy", TinyEnv(), **TINY)
-    assert model._graphed_step is None
+    assert model._graphed_step is None and model._graphed_vaccine_step is None
     assert not model.policy.optimizer.param_groups[0].get("capturable", False)
 
 
@@ -42,18 +43,27 @@ def _lob_run(tmp_path: Path, cuda_graph: bool, steps: int = 600) -> tuple[Branch
 
 @pytest.mark.gpu
 def test_graphed_training_follows_the_eager_training(tmp_path: Path) -> None:
-    """Same seed: the graphed steps (with eager vaccine steps between them) give the eager run's parameters,
-    PER priorities and diagnostics, up to the float32 learning-rate tensor's rounding."""
+    """Same seed: the graphed steps (plain and vaccine graphs, every step after the warm-ups a replay) give
+    the eager run's parameters, PER priorities and diagnostics, up to the float32 learning-rate tensor's
+    rounding."""
     graphed, env_g = _lob_run(tmp_path, cuda_graph=True)
     eager, env_e = _lob_run(tmp_path, cuda_graph=False)
-    assert graphed._graphed_step is not None and graphed._graphed_step.replays > 50
-    assert graphed._n_updates == eager._n_updates > graphed._graphed_step.replays
+    plain, vaccine = graphed._graphed_step, graphed._graphed_vaccine_step
+    assert plain is not None and vaccine is not None
+    assert plain.replays > 50 and vaccine.replays > 10
+    warmups = plain.WARMUP_STEPS + vaccine.WARMUP_STEPS
+    assert graphed._n_updates == eager._n_updates == plain.replays + vaccine.replays + warmups
     for (name, a), b in zip(graphed.policy.named_parameters(), eager.policy.parameters(), strict=True):
         th.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
     th.testing.assert_close(graphed.replay_buffer.tree, eager.replay_buffer.tree, rtol=1e-4, atol=1e-6)
     lines_g = (tmp_path / "diag_True.jsonl").read_text().splitlines()
     lines_e = (tmp_path / "diag_False.jsonl").read_text().splitlines()
     assert len(lines_g) == len(lines_e) > 0
+    for line_g, line_e in zip(lines_g, lines_e, strict=True):
+        record_g, record_e = json.loads(line_g), json.loads(line_e)
+        for key in ("l_q", "l_c51", "loss"):
+            assert record_g[key] == pytest.approx(record_e[key], rel=1e-3, abs=1e-5, nan_ok=True), key
+        assert record_g["vaccine"] == pytest.approx(record_e["vaccine"], rel=1e-3, abs=1e-5, nan_ok=True)
     obs = env_g.reset()
     greedy_g = graphed.predict(obs, deterministic=True)[0]
     assert np.array_equal(greedy_g, eager.predict(obs, deterministic=True)[0])
