@@ -698,9 +698,11 @@ class BranchingIQN(OffPolicyAlgorithm):
             raise RuntimeError(f"{len(left)} static draws left unused: the loss draws other than expected")
         th.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
         self.policy.optimizer.step()
+        # Detached outputs: the graph's static outputs live as long as the graph, and an output that kept its
+        # autograd graph would keep the parameters' AccumulateGrad nodes (and the capture stream) alive.
         return StepOutputs(
-            result.td_abs.sum(dim=1).float(), (result.l_q * weights).mean(), (result.l_c51 * weights).mean(),
-            loss.detach(), weights.mean(), cos, corrected,
+            result.td_abs.sum(dim=1).float(), (result.l_q * weights).mean().detach(),
+            (result.l_c51 * weights).mean().detach(), loss.detach(), weights.mean(), cos, corrected,
         )
 
     def _after_step(self, batch: Any, prioritized: bool) -> Callable[[StepOutputs], None]:
