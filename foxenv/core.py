@@ -25,6 +25,7 @@ at the mid of snapshot ``i`` (``entry_mid``).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,14 @@ from foxenv.rewards import drawdown_hit, step_reward
 
 #: Names of the per-book resting order state tensors (for ``state_dict``).
 _ORDER_FIELDS = ("order_side", "order_tick", "order_ahead", "order_remaining", "order_target")
+#: The float64 ledger fields, in :class:`~foxenv.accounting.Ledger`'s order (its last field,
+#: ``trade_start``, is an int64 counter).
+_LEDGER_FLOATS = ("cash", "position", "avg_price", "realized", "trade_realized", "trade_fees", "entry_mid")
+#: Rows of the float64 state matrix ``BatchedLOB._books`` (``[len, B]``), by their ``state_dict`` names.
+_BOOK_ROWS = ("equity", "peak_equity", *_ORDER_FIELDS, *(f"ledger.{name}" for name in _LEDGER_FLOATS))
+#: Rows of the int64 state matrix ``BatchedLOB._counters`` (``[len, B]``), by their ``state_dict`` names.
+_COUNTER_ROWS = ("offset", "step", "ledger.trade_start")
+assert tuple(field.name for field in fields(Ledger)) == (*_LEDGER_FLOATS, "trade_start")
 #: The smallest positive double (subnormal): ``x.clamp_min(_SMALLEST_DOUBLE)`` is ``x`` for every ``x > 0``.
 _SMALLEST_DOUBLE = 5e-324
 #: What :meth:`BatchedLOB.step_autoreset` returns: obs, reward, terminated, truncated, info, final_obs.
@@ -71,6 +80,82 @@ _ROW_COLUMNS = (
     "next_flow_bid",
     "next_flow_ask",
 )
+
+
+@dataclass
+class BookState:
+    """The per-book state of every book, one ``[B]`` tensor per field: what a step reads and writes.
+
+    The core keeps it packed in two matrices, ``[len(_BOOK_ROWS), B]`` float64 and
+    ``[len(_COUNTER_ROWS), B]`` int64 (:meth:`unpack` and :meth:`pack`), so a compiled step has two state
+    inputs and two state outputs instead of one per field: at one book a compiled call's cost grows with
+    the number of tensors crossing it (guards, wrappers, buffer allocations), not with the arithmetic.
+    A row of a matrix is a contiguous ``[B]`` tensor, so the step reads each field as before.
+
+    :param offset: ``[B]`` int64 market row of each book's episode start.
+    :param step: ``[B]`` int64 steps taken in the episode.
+    :param equity: ``[B]`` equity after the last step.
+    :param peak_equity: ``[B]`` highest equity of the episode.
+    :param order_side: ``[B]`` +1 a resting buy, -1 a resting sell, 0 no resting order.
+    :param order_tick: ``[B]`` its limit price in ticks.
+    :param order_ahead: ``[B]`` shares queued ahead of it.
+    :param order_remaining: ``[B]`` its unfilled shares.
+    :param order_target: ``[B]`` the target position it works towards.
+    :param ledger: cash, position and trade bookkeeping.
+    """
+
+    offset: torch.Tensor
+    step: torch.Tensor
+    equity: torch.Tensor
+    peak_equity: torch.Tensor
+    order_side: torch.Tensor
+    order_tick: torch.Tensor
+    order_ahead: torch.Tensor
+    order_remaining: torch.Tensor
+    order_target: torch.Tensor
+    ledger: Ledger
+
+    @classmethod
+    def unpack(cls, books: torch.Tensor, counters: torch.Tensor) -> BookState:
+        """The state held in the packed matrices (views of their rows, no copies).
+
+        :param books: ``[len(_BOOK_ROWS), B]`` float64.
+        :param counters: ``[len(_COUNTER_ROWS), B]`` int64.
+        :return: the state.
+        """
+        equity, peak_equity, side, tick, ahead, remaining, target, *ledger_floats = books.unbind(0)
+        offset, step, trade_start = counters.unbind(0)
+        return cls(
+            offset, step, equity, peak_equity, side, tick, ahead, remaining, target,
+            Ledger(*ledger_floats, trade_start=trade_start),
+        )
+
+    def pack(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The state as the two matrices :meth:`unpack` reads (new tensors).
+
+        :return: ``[len(_BOOK_ROWS), B]`` float64 and ``[len(_COUNTER_ROWS), B]`` int64.
+        """
+        ledger = self.ledger
+        books = torch.stack(
+            [
+                self.equity,
+                self.peak_equity,
+                self.order_side,
+                self.order_tick,
+                self.order_ahead,
+                self.order_remaining,
+                self.order_target,
+                ledger.cash,
+                ledger.position,
+                ledger.avg_price,
+                ledger.realized,
+                ledger.trade_realized,
+                ledger.trade_fees,
+                ledger.entry_mid,
+            ]
+        )
+        counters = torch.stack([self.offset, self.step, ledger.trade_start])
+        return books, counters
 
 
 class BatchedLOB:
@@ -124,17 +209,11 @@ class BatchedLOB:
             self._generator.seed()
         else:
             self._generator.manual_seed(int(seed))
-        zeros = torch.zeros(self.num_books, dtype=torch.float64, device=self.device)
-        self._offset = torch.zeros(self.num_books, dtype=torch.int64, device=self.device)
-        self._step = torch.zeros_like(self._offset)
-        self._ledger = Ledger.zeros(self.num_books, self.device)
-        self._equity = zeros.clone()
-        self._peak_equity = zeros.clone()
-        self._order_side = zeros.clone()
-        self._order_tick = zeros.clone()
-        self._order_ahead = zeros.clone()
-        self._order_remaining = zeros.clone()
-        self._order_target = zeros.clone()
+        #: The per-book state, packed (:class:`BookState`): float64 rows ``_BOOK_ROWS``, int64 rows
+        #: ``_COUNTER_ROWS``. A step replaces both with new tensors (earlier outputs stay unchanged).
+        books = self.num_books
+        self._books = torch.zeros(len(_BOOK_ROWS), books, dtype=torch.float64, device=self.device)
+        self._counters = torch.zeros(len(_COUNTER_ROWS), books, dtype=torch.int64, device=self.device)
         self._graph: torch.cuda.CUDAGraph | None = None  # the captured step (enable_cuda_graph)
         self._autoreset_graph: torch.cuda.CUDAGraph | None = None  # the captured step with autoreset
         self._compiled_advance: Any = None  # set by enable_compile, as is the one below
@@ -289,10 +368,12 @@ class BatchedLOB:
             mask = mask.to(self.device)
         self._reset_books(mask, self._draw_offsets())
         self._pin_state()
-        row = self._offset + self._step
+        state = BookState.unpack(self._books, self._counters)
+        row = state.offset + state.step
         mid = self._rows.index_select(0, row)[:, 0]
         features = self._features.index_select(0, row)
-        return self._observe(features, mid, self._ledger.unrealized(mid), self._order_tick * self._tick)
+        unrealized = state.ledger.unrealized(mid)
+        return self._observe(state, features, mid, unrealized, state.order_tick * self._tick)
 
     def _draw_offsets(self) -> torch.Tensor:
         """One draw of episode start offsets for every book from the env's generator (what a reset uses)."""
@@ -306,11 +387,9 @@ class BatchedLOB:
         :param mask: ``[B]`` bool.
         :param offsets: ``[B]`` int64 start offsets (only the masked books' are used).
         """
-        self._offset = torch.where(mask, offsets, self._offset)
-        self._step = self._step.masked_fill(mask, 0)
-        self._ledger.reset(mask)
-        for name in ("_equity", "_peak_equity", *(f"_{f}" for f in _ORDER_FIELDS)):
-            setattr(self, name, getattr(self, name).masked_fill(mask, 0))
+        self._books = self._books.masked_fill(mask, 0)
+        offset = torch.where(mask, offsets, self._counters[0])  # step and trade_start go to 0
+        self._counters = torch.cat([offset[None], self._counters[1:].masked_fill(mask, 0)])
 
     def _autoreset_books(
         self, done: torch.Tensor, offsets: torch.Tensor, final_obs: torch.Tensor
@@ -327,10 +406,8 @@ class BatchedLOB:
         :return: ``[B, D]`` the observations to hand out.
         """
         self._reset_books(done, offsets)
-        start = torch.cat(
-            [self._features.index_select(0, self._offset), self._start_portfolio.expand(self.num_books, -1)],
-            dim=1,
-        )
+        features = self._features.index_select(0, self._counters[0])  # at the new offsets
+        start = torch.cat([features, self._start_portfolio.expand(self.num_books, -1)], dim=1)
         return torch.where(done[:, None], start, final_obs)
 
     # ------------------------------------------------------------------ step
@@ -356,7 +433,7 @@ class BatchedLOB:
                     f"action[{book}, {branch}]={int(values[book, branch])} out of range for branch "
                     f"{self.BRANCH_NAMES[branch]!r} (0..{self.ACTION_NVEC[branch] - 1})"
                 )
-            steps = self._step.cpu().numpy()
+            steps = self._counters[_COUNTER_ROWS.index("step")].cpu().numpy()
             if steps.max() >= self.config.episode_length:
                 book = int(np.argmax(steps))
                 raise ValueError(
@@ -474,10 +551,11 @@ class BatchedLOB:
         few ops; every float expression is the same as in the plain formulas the comments give.
         """
         cfg = self.config
-        ledger = self._ledger
+        state = BookState.unpack(self._books, self._counters)
+        ledger = state.ledger
         levels = self._levels
         zero = self._zero
-        row = self._offset + self._step
+        row = state.offset + state.step
         # This step's row of the market table (snapshot ``row`` and the next one; see ``_precompute``) and
         # the action's row of the action table (by action code d * 27 + m * 9 + o * 3 + u).
         (
@@ -516,18 +594,18 @@ class BatchedLOB:
         # The resting order: kept on an unchanged LimitMaker target, replaced on a changed one, and
         # cancelled by any other action. A new one is priced off the own touch (matching.limit_maker_tick).
         is_maker = is_maker > 0
-        keep = is_maker & (self._order_target == target) & (self._order_side != 0)
+        keep = is_maker & (state.order_target == target) & (state.order_side != 0)
         post = is_maker & (side != 0) & ~keep
-        order_side = torch.where(post, side, self._order_side * keep)
+        order_side = torch.where(post, side, state.order_side * keep)
         maker_tick = torch.addcmul(
             torch.where(buy, best_bid, best_ask), side, torch.addcmul(improve, aggressive, wide)
         )
-        order_tick = torch.where(post, maker_tick, self._order_tick)
+        order_tick = torch.where(post, maker_tick, state.order_tick)
         own = self._sides.index_select(0, side_row + (order_side <= 0))  # resting buys queue at the bids
         visible = torch.where(own[:, :levels] == order_tick[:, None], own[:, levels:], zero).sum(dim=1)
-        ahead = torch.where(post, visible, self._order_ahead)
-        remaining = torch.where(post, need, self._order_remaining * keep)
-        order_target = torch.where(post, target, self._order_target)
+        ahead = torch.where(post, visible, state.order_ahead)
+        remaining = torch.where(post, need, state.order_remaining * keep)
+        order_target = torch.where(post, target, state.order_target)
 
         # It meets the flow of the next market step at its price (grid column, clamped to the grid).
         width = self._flow_width
@@ -553,11 +631,11 @@ class BatchedLOB:
         maker_reached = (fill > 0) & (left <= 0)
         alive = left > 0
         still_resting = torch.sign(left)  # 1.0 while some of the order is left, else 0.0 (left >= 0)
-        self._order_side = order_side * still_resting
-        self._order_tick = order_tick * still_resting
-        self._order_ahead = ahead * still_resting
-        self._order_target = order_target * still_resting
-        self._order_remaining = left
+        state.order_side = order_side * still_resting
+        state.order_tick = order_tick * still_resting
+        state.order_ahead = ahead * still_resting
+        state.order_target = order_target * still_resting
+        state.order_remaining = left
 
         # One fill per book: either the marketable order's or the resting order's. Where nothing filled
         # the notional is 0, so dividing by max(|quantity|, smallest double) gives the price 0.
@@ -566,19 +644,20 @@ class BatchedLOB:
         fees = notional * torch.where(marketable, self._taker_rate, self._maker_rate)
         price = notional / quantity.abs().clamp_min(_SMALLEST_DOUBLE)
         reached = torch.where(marketable, taker_reached, maker_reached)
-        closed = ledger.apply_fill(quantity, price, fees, mid_now, self._step, target, reached)
+        closed = ledger.apply_fill(quantity, price, fees, mid_now, state.step, target, reached)
 
         # Advance the market, mark to market, reward.
-        self._step = self._step + 1
+        state.step = state.step + 1
         equity = ledger.equity(mid)
-        reward = step_reward(self._equity, equity, ledger.position, cfg)
-        self._equity = equity
-        self._peak_equity = torch.maximum(self._peak_equity, equity)
-        terminated = drawdown_hit(self._peak_equity, equity, cfg)
-        truncated = self._step >= cfg.episode_length
+        reward = step_reward(state.equity, equity, ledger.position, cfg)
+        state.equity = equity
+        state.peak_equity = torch.maximum(state.peak_equity, equity)
+        terminated = drawdown_hit(state.peak_equity, equity, cfg)
+        truncated = state.step >= cfg.episode_length
         unrealized = ledger.unrealized(mid)
-        order_price = self._order_tick * self._tick
-        obs = self._observe(self._next_features.index_select(0, row), mid, unrealized, order_price)
+        order_price = state.order_tick * self._tick
+        obs = self._observe(state, self._next_features.index_select(0, row), mid, unrealized, order_price)
+        self._books, self._counters = state.pack()
 
         info = {
             "mid": mid,
@@ -596,30 +675,36 @@ class BatchedLOB:
             "unrealized_pnl": unrealized,
             "order_active": alive,
             "order_price": order_price,
-            "order_queue_ahead": self._order_ahead,
-            "order_remaining": self._order_remaining,
-            "step": self._step,
+            "order_queue_ahead": state.order_ahead,
+            "order_remaining": state.order_remaining,
+            "step": state.step,
         }
         return obs, reward, terminated, truncated, info
 
     # ------------------------------------------------------------------ observation
 
     def _observe(
-        self, features: torch.Tensor, mid: torch.Tensor, unrealized: torch.Tensor, order_price: torch.Tensor
+        self,
+        state: BookState,
+        features: torch.Tensor,
+        mid: torch.Tensor,
+        unrealized: torch.Tensor,
+        order_price: torch.Tensor,
     ) -> torch.Tensor:
-        """Observation ``[B, D]`` of every book: its market ``features`` row, then its portfolio features."""
-        ledger = self._ledger
-        time_in_trade = (self._step - ledger.trade_start) * (ledger.position != 0)
+        """Observation ``[B, D]`` of every book in ``state``: its market ``features`` row, then its
+        portfolio features."""
+        ledger = state.ledger
+        time_in_trade = (state.step - ledger.trade_start) * (ledger.position != 0)
         portfolio = portfolio_features(
             ledger.position,
             unrealized,
             mid,
-            self._order_side,
+            state.order_side,
             order_price,
-            self._order_ahead,
-            self._order_remaining,
+            state.order_ahead,
+            state.order_remaining,
             time_in_trade.double(),
-            self._step.double(),
+            state.step.double(),
             self.config,
             self._tick,
             self._portfolio_affine,
@@ -629,26 +714,20 @@ class BatchedLOB:
     # ------------------------------------------------------------------ checkpointing
 
     def _state_tensors(self) -> dict[str, torch.Tensor]:
-        """The per-book state tensors by their ``state_dict`` names (not copies)."""
-        state = {
-            "offset": self._offset,
-            "step": self._step,
-            "equity": self._equity,
-            "peak_equity": self._peak_equity,
-        }
-        for name in _ORDER_FIELDS:
-            state[name] = getattr(self, f"_{name}")
-        for name, value in vars(self._ledger).items():
-            state[f"ledger.{name}"] = value
-        return state
+        """The packed per-book state tensors, ``books`` and ``counters`` (not copies)."""
+        return {"books": self._books, "counters": self._counters}
 
     def _set_state_tensors(self, state: dict[str, torch.Tensor]) -> None:
-        """Point the per-book state at ``state``'s tensors (no copies)."""
-        for key, value in state.items():
-            if key.startswith("ledger."):
-                setattr(self._ledger, key.removeprefix("ledger."), value)
-            else:
-                setattr(self, f"_{key}", value)
+        """Point the packed per-book state at ``state``'s tensors (no copies)."""
+        self._books = state["books"]
+        self._counters = state["counters"]
+
+    def _named_state(self) -> dict[str, torch.Tensor]:
+        """The per-book state by its ``state_dict`` names: ``[B]`` rows of the packed tensors (views)."""
+        named = dict(zip(_COUNTER_ROWS[:2], self._counters[:2].unbind(0), strict=True))  # offset, step
+        named.update(zip(_BOOK_ROWS, self._books.unbind(0), strict=True))
+        named[_COUNTER_ROWS[2]] = self._counters[2]  # ledger.trade_start, after the other ledger fields
+        return named
 
     def _pin_state(self) -> None:
         """With a CUDA graph, copy the state into the graph's static input tensors and point at them."""
@@ -663,7 +742,7 @@ class BatchedLOB:
 
         :return: a dict of cloned ``[B]`` tensors plus the generator state (``"generator"``).
         """
-        state: dict[str, Any] = {key: value.clone() for key, value in self._state_tensors().items()}
+        state: dict[str, Any] = {key: value.clone() for key, value in self._named_state().items()}
         state["generator"] = self._generator.get_state()
         return state
 
@@ -677,7 +756,7 @@ class BatchedLOB:
         expected = set(self.state_dict())
         if set(state) != expected:
             raise ValueError(f"state keys {sorted(set(state) ^ expected)} differ from this env's state")
-        current = self._state_tensors()
+        current = self._named_state()
         for key, value in current.items():
             if not isinstance(state[key], torch.Tensor):
                 raise ValueError(f"state[{key!r}] of type {type(state[key]).__name__} must be a torch.Tensor")
@@ -693,12 +772,8 @@ class BatchedLOB:
             low, top = int(offset.min()), int(offset.max())
             raise ValueError(f"state['offset'] values in [{low}, {top}] must lie in [0, {high})")
         self._generator.set_state(state["generator"])
-        self._set_state_tensors(
-            {
-                key: state[key].to(device=self.device).clone()
-                for key in current
-            }
-        )
+        self._books = torch.stack([state[key].to(device=self.device) for key in _BOOK_ROWS])
+        self._counters = torch.stack([state[key].to(device=self.device) for key in _COUNTER_ROWS])
         self._pin_state()
 
     # ------------------------------------------------------------------ compiled step
