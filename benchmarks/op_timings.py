@@ -16,7 +16,9 @@ trade per step. Usage::
 With ``--per``, the four prioritized-replay ops are timed one by one too (CUDA graph, as in one replay cycle
 of ``benchmarks/replay_throughput.py``: capacity 2^20, push 4096 rows of obs dim 64 + 4 branches, B = 256 and
 4096): ``per_push``, ``per_tree_rebuild`` of the pushed slots, ``per_sample``, ``per_update``,
-``per_tree_rebuild`` of the sampled indices. ``--no-reference`` skips timing the references.
+``per_tree_rebuild`` of the sampled indices; and a writer with the tree update after it in one graph: the
+rebuild of the listed leaves, or ``per_tree_refresh`` of the subtrees the writer marked. ``--no-reference``
+skips timing the references.
 
 ``benchmarks/replay_throughput.py`` imports :func:`run`.
 """
@@ -240,6 +242,16 @@ def per_rows(quick: bool = False) -> list[dict]:
                 s["tree"], s["max_priority"], i, t, 0.6, 1e-6
             ),
             "per_tree_rebuild(sampled)": lambda s=state, i=indices: ops.per_tree_rebuild(s["tree"], i),
+            # pairs in one graph: a writer, then the tree brought up to date from the list or the marks
+            "per_push + per_tree_rebuild(slots)": lambda s=state: ops.per_tree_rebuild(s["tree"], push()),
+            "per_push + per_tree_refresh": lambda s=state: (push(), ops.per_tree_refresh(s["tree"])),
+            "per_update + per_tree_rebuild(sampled)": lambda s=state, i=indices, t=td_abs: (
+                ops.per_update(s["tree"], s["max_priority"], i, t, 0.6, 1e-6),
+                ops.per_tree_rebuild(s["tree"], i),
+            ),
+            "per_update + per_tree_refresh": lambda s=state, i=indices, t=td_abs: (
+                ops.per_update(s["tree"], s["max_priority"], i, t, 0.6, 1e-6), ops.per_tree_refresh(s["tree"])
+            ),
         }
         for name, fn in timed.items():
             rows.append({"op": name, "B": batch_size, "device": "cuda", "cuda_us": time_graph_us(fn)})

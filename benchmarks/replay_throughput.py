@@ -128,7 +128,8 @@ class CudaExtPER:
         self.max_priority = torch.ones(1, device=device)
 
     def push(self, batch: Batch) -> torch.Tensor:
-        """Push a batch and rebuild the tree.
+        """Push a batch; on the CPU also rebuild the tree above its slots (on a GPU the push marks the
+        dirty subtrees, and :meth:`cycle` refreshes them before sampling).
 
         :param batch: the transitions.
         :return: their slots.
@@ -138,11 +139,14 @@ class CudaExtPER:
             self.head_size, self.max_priority, batch.obs, batch.next_obs, batch.action, batch.reward,
             batch.done, batch.kind, batch.wants, batch.priority, batch.multiplier, ALPHA,
         )  # fmt: skip
-        OPS.per_tree_rebuild(self.tree, slots)
+        if not self.tree.is_cuda:
+            OPS.per_tree_rebuild(self.tree, slots)
         return slots
 
     def cycle(self, batch: Batch, uniforms: torch.Tensor, td_abs: torch.Tensor, gather: bool = True) -> tuple:
-        """Push, sample (with the row gather a learner needs), update priorities, rebuild.
+        """Push, sample (with the row gather a learner needs), update priorities, as the replay buffer does:
+        on a GPU one ``per_tree_refresh`` before the sample brings the tree up to date after this push and
+        the previous cycle's update (both marked their subtrees); on the CPU ``per_tree_rebuild`` after each.
 
         :param batch: the transitions to push.
         :param uniforms: ``[B] float64`` draws (refilled in place each cycle).
@@ -151,13 +155,16 @@ class CudaExtPER:
         :return: the sampled rows (empty without ``gather``) and weights.
         """
         self.push(batch)
+        if self.tree.is_cuda:
+            OPS.per_tree_refresh(self.tree)
         uniforms.uniform_()
         indices, weights = OPS.per_sample(self.tree, self.head_size, uniforms, BETA)
         rows: tuple = ()
         if gather:
             rows = (self.obs[indices], self.next_obs[indices], self.action[indices], self.reward[indices])
         OPS.per_update(self.tree, self.max_priority, indices, td_abs, ALPHA, EPS)
-        OPS.per_tree_rebuild(self.tree, indices)
+        if not self.tree.is_cuda:
+            OPS.per_tree_rebuild(self.tree, indices)
         return rows, weights
 
 

@@ -1,4 +1,5 @@
-"""The prioritized-replay ops ``cuda_ext::per_push``, ``per_tree_rebuild``, ``per_sample``, ``per_update``.
+"""The prioritized-replay ops ``cuda_ext::per_push``, ``per_tree_rebuild``, ``per_tree_refresh``,
+``per_sample``, ``per_update``.
 
 Each is defined here with its schema, its pure-PyTorch reference (:mod:`cuda_ext.reference.per`) and a
 fake (shape-only) implementation; the CUDA kernels (``csrc/per*.{cu,cuh,cpp}``) register themselves
@@ -40,6 +41,14 @@ def _rebuild_fake(tree: torch.Tensor, leaf_idx: torch.Tensor) -> None:
     reference.check_per_tree_rebuild(tree, leaf_idx)
 
 
+def _refresh_fake(tree: torch.Tensor) -> None:
+    """Fake :func:`cuda_ext.reference.per.per_tree_refresh`: validates, returns nothing.
+
+    :param tree: see the reference.
+    """
+    reference.check_per_tree_refresh(tree)
+
+
 def _sample_fake(
     tree: torch.Tensor, head_size: torch.Tensor, uniforms: torch.Tensor, beta: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,6 +84,11 @@ per_tree_rebuild = define_op(
     "per_tree_rebuild(Tensor(a!) tree, Tensor leaf_idx) -> ()",
     reference.per_tree_rebuild,
     _rebuild_fake,
+)
+per_tree_refresh = define_op(
+    "per_tree_refresh(Tensor(a!) tree) -> ()",
+    reference.per_tree_refresh,
+    _refresh_fake,
 )
 per_sample = define_op(
     "per_sample(Tensor tree, Tensor head_size, Tensor uniforms, float beta) -> (Tensor, Tensor)",

@@ -5,10 +5,16 @@ subclass (so ``OffPolicyAlgorithm`` can ``add`` to it, ``save_replay_buffer`` / 
 whose storage is the DESIGN.md layout as torch tensors on one device, driven by the ``cuda_ext`` ops:
 
 * ``add``: hindsight candidates (backward, forward, relabel; :mod:`sb3_her_ext.hindsight`) and the real
-  rows are concatenated and written by ONE ``per_push``, then ``per_tree_rebuild``, then the trackers
-  advance with the real rows' slots;
+  rows are concatenated and written by ONE ``per_push``, then the sum tree is brought up to date, then the
+  trackers advance with the real rows' slots;
 * ``sample``: ``per_sample`` (stratified proportional, importance weights divided by their max);
-* ``update_priorities``: ``per_update`` + ``per_tree_rebuild``.
+* ``update_priorities``: ``per_update``, then the sum tree is brought up to date.
+
+Bringing the tree up to date: on the CPU ``per_tree_rebuild`` of the written leaves, right away. On a GPU
+``per_tree_refresh`` (one launch: the writers marked their dirty subtrees), lazily: at the next ``sample``,
+so one launch serves a push and the update before it (trees beyond 2^23 leaves, which are not marked:
+``per_tree_rebuild`` right away, as on the CPU). :meth:`refresh_tree` does it on demand (call it
+before reading ``tree`` directly); pickling does it first.
 
 Counts (``write_head``, ``size``, hindsight counters) stay device tensors; ``add``/``sample``/
 ``update_priorities`` never read a device value on the host. ``size()``, ``pos``, ``full``,
@@ -39,6 +45,7 @@ from stable_baselines3.common.buffers import BaseBuffer, ReplayBuffer
 from stable_baselines3.common.vec_env import VecNormalize
 
 import cuda_ext  # noqa: F401  (defines torch.ops.cuda_ext)
+from cuda_ext.reference.per import marks_subtrees
 from sb3_her_ext.hindsight import (
     KIND_REAL,
     REQUIRED_INFO_KEYS,
@@ -174,6 +181,8 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
         self.dones = torch.zeros(c, dtype=torch.float32, device=dev)
         self.kinds = torch.zeros(c, dtype=torch.int8, device=dev)
         self.tree = torch.zeros(2 * self.tree_leaves, dtype=torch.float64, device=dev)
+        #: whether per_push / per_update left marked subtrees that per_tree_refresh has not rebuilt yet
+        self._tree_stale = False
         self.head_size = torch.zeros(2, dtype=torch.int64, device=dev)
         self.max_priority_tensor = torch.ones(1, dtype=torch.float32, device=dev)
         self.last_weights = torch.full((1,), float("nan"), dtype=torch.float32, device=dev)
@@ -352,7 +361,7 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
             rows.obs, rows.next_obs, rows.action, rows.reward, rows.done, rows.kind, rows.wants,
             rows.priority, rows.max_multiplier, self.alpha,
         )
-        torch.ops.cuda_ext.per_tree_rebuild(self.tree, slots)
+        self._tree_written(slots)
         if self.hindsight_state is not None:
             self.hindsight_state.after_push(batch, slots[: self.n_envs])
 
@@ -387,6 +396,7 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
         if env is not None:
             raise ValueError(f"env={env!r}: VecNormalize is not supported by this device buffer")
         uniforms = torch.rand(int(batch_size), dtype=torch.float64, device=self.device)
+        self.refresh_tree()
         indices, weights = torch.ops.cuda_ext.per_sample(
             self.tree, self.head_size, uniforms, float(self.beta)
         )
@@ -394,7 +404,8 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
         return self._gather(indices, weights)
 
     def update_priorities(self, indices: torch.Tensor, td_abs: torch.Tensor) -> None:
-        """Set the priorities of sampled rows to ``|TD| + eps`` (``per_update`` + ``per_tree_rebuild``).
+        """Set the priorities of sampled rows to ``|TD| + eps`` (``per_update``, then the tree: see the module
+        docstring).
 
         :param indices: ``[B]`` int64 slots from :meth:`sample`.
         :param td_abs: ``[B]`` (or ``[B, 1]``) absolute TD errors.
@@ -405,7 +416,23 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
             raise ValueError(f"td_abs has {td.numel()} values for {indices.numel()} indices")
         torch.ops.cuda_ext.per_update(self.tree, self.max_priority_tensor, indices, td, self.alpha,
                                       self.priority_eps)
-        torch.ops.cuda_ext.per_tree_rebuild(self.tree, indices)
+        self._tree_written(indices)
+
+    def _tree_written(self, leaves: torch.Tensor) -> None:
+        """After ``per_push`` / ``per_update`` wrote ``leaves``: leave the marked subtrees to the next
+        :meth:`refresh_tree` (GPU, a tree the writers mark), or rebuild the leaves' ancestors now (CPU; and
+        trees of more than 2^23 leaves, whose refresh would rebuild every node)."""
+        if self.tree.is_cuda and marks_subtrees(self.tree_leaves):
+            self._tree_stale = True
+        else:
+            torch.ops.cuda_ext.per_tree_rebuild(self.tree, leaves)
+
+    def refresh_tree(self) -> None:
+        """Bring every node of ``tree`` up to date (``per_tree_refresh``) if a write left it stale (GPU only;
+        no host sync)."""
+        if self._tree_stale:
+            torch.ops.cuda_ext.per_tree_refresh(self.tree)
+            self._tree_stale = False
 
     def _stratum_candidates(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Candidate slots for :meth:`sample_stratified`: ``M = STRATIFIED_OVERSAMPLE * batch_size`` of them.
@@ -506,6 +533,8 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
     # ----------------------------------------------------------------------------------- pickling
     def __getstate__(self) -> dict[str, Any]:
         """Pickle with every tensor on the CPU (the device is restored on load when available)."""
+        if getattr(self, "_allocated", False):
+            self.refresh_tree()
         state = self.__dict__.copy()
         for name in self._tensor_names():
             state[name] = state[name].cpu()
@@ -517,6 +546,7 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Restore the tensors onto the pickled device, or the CPU when it is not available here."""
         saved = torch.device(state["_device"])
+        self._tree_stale = False  # pickles of earlier versions lack it; their trees were always up to date
         self.__dict__.update(state)
         self._device = torch.device("cpu")
         if saved.type == "cpu" or (saved.type == "cuda" and torch.cuda.is_available()):

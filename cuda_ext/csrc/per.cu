@@ -23,6 +23,26 @@ constexpr int64_t kMinSubtreeLeaves = 2048;
 constexpr int64_t kTopLeaves = 4096;       // subtree roots reduced by the single top block, preferred
 constexpr int64_t kMaxSubtreeLeaves = 16384;  // 128 KiB of shared memory per block
 
+// Dirty subtrees (cuda_ext/reference/per.py): for kMarkedMinLeaves <= P <= kFastMaxLeaves the writers
+// (push, update) set the root of each written leaf's kFastSubtreeLeaves-leaf subtree, heap node
+// P / kFastSubtreeLeaves + leaf / kFastSubtreeLeaves, to kDirtyMarker; per_tree_refresh rebuilds those.
+constexpr int kFastThreads = 256;
+constexpr int64_t kFastSubtreeLeaves = 8 * kFastThreads;  // 2048: the subtree root is 11 levels up
+constexpr int64_t kFastMaxLeaves = int64_t{1} << 23;       // at most 4096 subtree roots for the top block
+constexpr int64_t kMarkedMinLeaves = 2 * kFastSubtreeLeaves;
+constexpr unsigned long long kDirtyMarker = 0x7FF4C0FFEE0DDBA1ULL;  // a signaling-NaN bit pattern
+
+// Whether the writers of a P-leaf tree mark dirty subtrees.
+__host__ __device__ inline bool marks_subtrees(int64_t n_leaves) {
+  return n_leaves >= kMarkedMinLeaves && n_leaves <= kFastMaxLeaves;
+}
+
+// Mark the subtree above `leaf` dirty (the caller checked marks_subtrees(n_leaves)).
+__device__ inline void mark_subtree(double* tree, int64_t n_leaves, int64_t leaf) {
+  reinterpret_cast<unsigned long long*>(tree)[n_leaves / kFastSubtreeLeaves + leaf / kFastSubtreeLeaves] =
+      kDirtyMarker;
+}
+
 // ---------------------------------------------------------------- per_push
 
 // per_push in two launches over blocks of kPushRows rows. push_count_kernel: each block's number of rows
@@ -104,6 +124,7 @@ __global__ void __launch_bounds__(kPushThreads) push_write_kernel(
       slot = (head + prefix) % capacity;
       const float raw = __fadd_rn(new_priority[row], __fmul_rn(max_multiplier[row], max_priority[0]));
       tree[n_leaves + slot] = pow(static_cast<double>(raw), alpha);
+      if (marks_subtrees(n_leaves)) mark_subtree(tree, n_leaves, slot);
     }
     if (row < n) slots[row] = slot;
     s_slot[threadIdx.x] = slot;
@@ -220,11 +241,6 @@ __global__ void tree_rebuild_kernel(double* tree, int64_t n_leaves, int64_t widt
 // mark_dirty_kernel set the subtree root to kDirtyMarker (a clean root cannot hold a stale value; a
 // legitimate sum that happens to equal the marker is just rebuilt again), kAll rebuilds every subtree.
 // The last block to arrive reduces the gridDim.x subtree roots to the root.
-constexpr int kFastThreads = 256;
-constexpr int64_t kFastSubtreeLeaves = 8 * kFastThreads;  // 2048: the subtree root is 11 levels up
-constexpr int64_t kFastMaxLeaves = int64_t{1} << 23;       // at most 4096 subtree roots for the top block
-constexpr unsigned long long kDirtyMarker = 0x7FF4C0FFEE0DDBA1ULL;  // a signaling-NaN bit pattern
-
 __global__ void mark_dirty_kernel(double* __restrict__ tree, const int64_t* __restrict__ leaf_idx, int64_t m,
                                   int64_t n_leaves, int64_t n_subtrees) {
   pdl_wait_then_release();
@@ -591,6 +607,7 @@ __global__ void __launch_bounds__(1024) update_block_kernel(double* __restrict__
     atomicCAS(reinterpret_cast<unsigned long long*>(tree + n_leaves + leaf),
               kClaimMarker + static_cast<unsigned long long>(i),
               static_cast<unsigned long long>(__double_as_longlong(value)));
+    if (marks_subtrees(n_leaves)) mark_subtree(tree, n_leaves, leaf);
   }
 }
 
@@ -607,6 +624,7 @@ __global__ void update_write_kernel(double* __restrict__ tree, const int64_t* __
   atomicCAS(reinterpret_cast<unsigned long long*>(tree + n_leaves + leaf),
             kClaimMarker + static_cast<unsigned long long>(i),
             static_cast<unsigned long long>(__double_as_longlong(value)));
+  if (marks_subtrees(n_leaves)) mark_subtree(tree, n_leaves, leaf);
 }
 
 }  // namespace
@@ -684,6 +702,33 @@ cudaError_t launch_tree_rebuild(double* tree, const int64_t* leaf_idx, int64_t m
   const int64_t* filter = m < blocks ? leaf_idx : nullptr;
   CUDA_EXT_LAUNCH(tree_rebuild_kernel, static_cast<unsigned>(blocks), 1024, shared_bytes, stream, tree, n_leaves, width,
                                                                                      filter, m);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_tree_refresh(double* tree, int64_t n_leaves, cudaStream_t stream) {
+  if (n_leaves < 2) return cudaSuccess;
+  if (n_leaves <= kMinSubtreeLeaves) {  // small: the whole tree in one block
+    const int threads = static_cast<int>(n_leaves / 2 < 1024 ? n_leaves / 2 : 1024);
+    CUDA_EXT_LAUNCH(small_tree_kernel, 1, threads, static_cast<size_t>(n_leaves) * sizeof(double), stream, tree, n_leaves);
+    return cudaGetLastError();
+  }
+  if (marks_subtrees(n_leaves) && (reinterpret_cast<uintptr_t>(tree) & 15u) == 0) {  // the marked subtrees
+    const int64_t n_subtrees = n_leaves / kFastSubtreeLeaves;
+    const size_t shared_bytes = static_cast<size_t>(n_subtrees < 32 ? 32 : n_subtrees) * sizeof(double);
+    CUDA_EXT_LAUNCH(fast_rebuild_kernel, static_cast<unsigned>(n_subtrees), kFastThreads, shared_bytes, stream,
+                    tree, n_leaves, DirtyTest::kMarker, static_cast<const int64_t*>(nullptr), int64_t{0});
+    return cudaGetLastError();
+  }
+  // Unmarked (P > 2^23) or unaligned: every subtree (which also overwrites any marker).
+  int64_t width = n_leaves / kTopLeaves;
+  if (width < kMinSubtreeLeaves) width = kMinSubtreeLeaves;
+  if (width > kMaxSubtreeLeaves) width = kMaxSubtreeLeaves;
+  const int64_t blocks = n_leaves / width;
+  const size_t shared_bytes = static_cast<size_t>(width > blocks ? width : blocks) * sizeof(double);
+  const cudaError_t err = set_shared_limit(reinterpret_cast<const void*>(tree_rebuild_kernel), shared_bytes);
+  if (err != cudaSuccess) return err;
+  CUDA_EXT_LAUNCH(tree_rebuild_kernel, static_cast<unsigned>(blocks), 1024, shared_bytes, stream, tree, n_leaves, width,
+                  static_cast<const int64_t*>(nullptr), int64_t{0});
   return cudaGetLastError();
 }
 

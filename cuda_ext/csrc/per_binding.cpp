@@ -119,6 +119,13 @@ void per_tree_rebuild_cuda(const at::Tensor& tree, const at::Tensor& leaf_idx) {
                                                     c10::cuda::getCurrentCUDAStream()));
 }
 
+void per_tree_refresh_cuda(const at::Tensor& tree) {
+  const int64_t n_leaves = leaf_count(tree);
+  const c10::cuda::CUDAGuard guard(tree.device());
+  C10_CUDA_CHECK(cuda_ext::per::launch_tree_refresh(tree.data_ptr<double>(), n_leaves,
+                                                    c10::cuda::getCurrentCUDAStream()));
+}
+
 std::tuple<at::Tensor, at::Tensor> per_sample_cuda(const at::Tensor& tree, const at::Tensor& head_size,
                                                    const at::Tensor& uniforms, double beta) {
   TORCH_CHECK_VALUE(std::isfinite(beta) && beta >= 0 && beta <= 1, "beta=", beta, " must lie in [0, 1]");
@@ -160,6 +167,7 @@ void per_update_cuda(const at::Tensor& tree, const at::Tensor& max_priority, con
 TORCH_LIBRARY_IMPL(cuda_ext, CUDA, m) {
   m.impl("per_push", &per_push_cuda);
   m.impl("per_tree_rebuild", &per_tree_rebuild_cuda);
+  m.impl("per_tree_refresh", &per_tree_refresh_cuda);
   m.impl("per_sample", &per_sample_cuda);
   m.impl("per_update", &per_update_cuda);
 }

@@ -18,7 +18,8 @@ constexpr int64_t kMaxLeaves = int64_t{1} << 28;
 int64_t push_workspace_size(int64_t n);
 
 // per_push (two launches over blocks of rows: per-block counts, then slots, leaves, row copies and
-// head_size); `workspace` of push_workspace_size(n) int64 entries.
+// head_size; in a tree of 2^12 <= P <= 2^23 leaves also the written leaves' dirty-subtree markers);
+// `workspace` of push_workspace_size(n) int64 entries.
 cudaError_t launch_push(const bool* wants, const float* new_priority, const float* max_multiplier,
                         const float* max_priority, int64_t* head_size, double* tree, int64_t* slots,
                         const float* new_obs, const float* new_next_obs, const int64_t* new_action,
@@ -32,6 +33,11 @@ cudaError_t launch_push(const bool* wants, const float* new_priority, const floa
 // tree. tree[0] must be 0: its low 32 bits count the finished blocks (left 0 again).
 cudaError_t launch_tree_rebuild(double* tree, const int64_t* leaf_idx, int64_t m, int64_t n_leaves,
                                 cudaStream_t stream);
+
+// per_tree_refresh (one launch): after launch_push / launch_update, bring every internal node up to date
+// without the changed leaves: for 2^12 <= P <= 2^23 (16-byte aligned) the subtrees those writers marked
+// dirty and the nodes above; otherwise the whole tree. tree[0] must be 0, as for launch_tree_rebuild.
+cudaError_t launch_tree_refresh(double* tree, int64_t n_leaves, cudaStream_t stream);
 
 // Scratch float64 entries launch_sample needs for a batch.
 int64_t sample_workspace_size(int64_t batch);
@@ -47,7 +53,7 @@ cudaError_t launch_sample(const double* tree, const int64_t* head_size, const do
 
 // per_update: leaf = (td_abs + eps) ** alpha, last duplicate wins; raises max_priority. Two passes (claim
 // each leaf with atomicMax of a marker + position, then compare-and-swap the marker of the last
-// occurrence): in one block up to 1024 rows, else two grid launches.
+// occurrence): in one block up to 1024 rows, else two grid launches. Marks dirty subtrees as launch_push.
 cudaError_t launch_update(double* tree, float* max_priority, const int64_t* indices, const float* td_abs,
                           int64_t batch, int64_t n_leaves, double alpha, float eps, cudaStream_t stream);
 

@@ -1,5 +1,5 @@
 """Pure-PyTorch references of the prioritized-replay ops: ``per_push``, ``per_tree_rebuild``,
-``per_sample`` and ``per_update``.
+``per_tree_refresh``, ``per_sample`` and ``per_update``.
 
 They are the CPU path and the oracle the CUDA kernels are tested against; the semantics are those of
 ``cuda_ext/README.md``. Arithmetic order is chosen so that the kernels can reproduce it exactly:
@@ -10,6 +10,12 @@ They are the CPU path and the oracle the CUDA kernels are tested against; the se
 * every tree node is ``left + right`` in float64, so any rebuild order gives the same bits;
 * a sampling target is ``(i + u_i) / B * total`` in float64.
 
+Dirty subtrees: when ``MARKED_MIN_LEAVES <= P <= MARKED_MAX_LEAVES``, ``per_push`` and ``per_update`` also set
+the root of each written leaf's subtree of ``SUBTREE_LEAVES`` leaves (heap node ``P / SUBTREE_LEAVES +
+leaf // SUBTREE_LEAVES``) to ``DIRTY_MARKER`` (a NaN bit pattern), so that ``per_tree_refresh`` can bring the
+tree up to date without being told which leaves changed (on a GPU: one launch, no marking pass). Outside
+that range nothing is marked and ``per_tree_refresh`` rebuilds the whole tree.
+
 The replay state layout (``tree [2P] float64``, ``head_size [2] int64``, ``max_priority [1] float32``)
 is described in ``cuda_ext/README.md``.
 """
@@ -19,6 +25,30 @@ from __future__ import annotations
 import torch
 
 from cuda_ext.reference.checks import check_same_device, check_scalar, check_tensor
+
+#: Leaves under one marked subtree root (the CUDA rebuild's per-block subtree).
+SUBTREE_LEAVES = 2048
+#: Trees of ``P`` leaves in ``[MARKED_MIN_LEAVES, MARKED_MAX_LEAVES]`` get their dirty subtrees marked.
+MARKED_MIN_LEAVES = 2 * SUBTREE_LEAVES
+MARKED_MAX_LEAVES = 1 << 23
+#: The bits a dirty subtree root holds (read as float64: a NaN), as a signed int64.
+DIRTY_MARKER = 0x7FF4C0FFEE0DDBA1
+
+
+def marks_subtrees(n_leaves: int) -> bool:
+    """Whether the writers of a ``P``-leaf tree mark their dirty subtrees (see the module docstring).
+
+    :param n_leaves: ``P``.
+    :return: True when ``MARKED_MIN_LEAVES <= P <= MARKED_MAX_LEAVES``.
+    """
+    return MARKED_MIN_LEAVES <= n_leaves <= MARKED_MAX_LEAVES
+
+
+def _mark_dirty(tree: torch.Tensor, leaves: torch.Tensor) -> None:
+    """Set the subtree roots above ``leaves`` (valid leaf indices) to ``DIRTY_MARKER`` in a marked tree."""
+    n_leaves = tree.shape[0] // 2
+    if marks_subtrees(n_leaves) and leaves.numel():
+        tree.view(torch.int64)[n_leaves // SUBTREE_LEAVES + leaves // SUBTREE_LEAVES] = DIRTY_MARKER
 
 
 def tree_leaf_count(tree: torch.Tensor) -> int:
@@ -107,6 +137,14 @@ def check_per_tree_rebuild(tree: torch.Tensor, leaf_idx: torch.Tensor) -> None:
     check_same_device(tree=tree, leaf_idx=leaf_idx)
 
 
+def check_per_tree_refresh(tree: torch.Tensor) -> None:
+    """Validate the argument of :func:`per_tree_refresh`; raise ``ValueError``.
+
+    :param tree: see :func:`per_tree_refresh`.
+    """
+    tree_leaf_count(tree)
+
+
 def check_per_sample(
     tree: torch.Tensor, head_size: torch.Tensor, uniforms: torch.Tensor, beta: float
 ) -> None:
@@ -168,8 +206,8 @@ def per_push(
     Slots come from one exclusive prefix sum over ``wants``: ``slot = (write_head + prefix) % C``. If more
     than ``C`` rows want a slot, only the last ``C`` are written; the others, and unwanted rows, get -1.
     A written row's leaf becomes ``(new_priority + max_multiplier * max_priority[0]) ** alpha``.
-    ``head_size`` advances by the number of wanted rows. Only leaves change: call
-    :func:`per_tree_rebuild` with the returned slots next.
+    ``head_size`` advances by the number of wanted rows. Leaves change (and, in a marked tree, the dirty
+    subtree roots): call :func:`per_tree_rebuild` with the returned slots, or :func:`per_tree_refresh`, next.
 
     :param obs: replay observations ``[C, D]`` (written in place).
     :param next_obs: replay next observations ``[C, D]`` (written in place).
@@ -213,6 +251,7 @@ def per_push(
     kind[rows] = new_kind[keep].to(kind.dtype)
     raw = new_priority[keep].float() + max_multiplier[keep].float() * max_priority[0].float()
     tree[n_leaves + rows] = raw.double() ** alpha
+    _mark_dirty(tree, rows)
 
     head_size[0] = (head_size[0] + total) % capacity
     head_size[1] = torch.clamp(head_size[1] + total, max=capacity)
@@ -237,6 +276,32 @@ def per_tree_rebuild(tree: torch.Tensor, leaf_idx: torch.Tensor) -> None:
         nodes = torch.unique(nodes // 2)
         tree[nodes] = tree[2 * nodes] + tree[2 * nodes + 1]
         n_leaves //= 2
+
+
+def per_tree_refresh(tree: torch.Tensor) -> None:
+    """Bring the tree up to date after :func:`per_push` / :func:`per_update`, without the changed leaves.
+
+    In a marked tree (``marks_subtrees(P)``): rebuild every subtree whose root holds ``DIRTY_MARKER`` and
+    every node above (the same nodes and bits as :func:`per_tree_rebuild` of the leaves those writers
+    changed); otherwise rebuild every node. Either way every internal node ends as ``left + right``.
+
+    :param tree: sum tree ``[2P] float64`` (internal nodes written in place).
+    """
+    check_per_tree_refresh(tree)
+    n_leaves = tree_leaf_count(tree)
+    if not marks_subtrees(n_leaves):
+        start = n_leaves
+        while start > 1:
+            tree[start // 2 : start] = tree[start : 2 * start : 2] + tree[start + 1 : 2 * start : 2]
+            start //= 2
+        return
+    n_subtrees = n_leaves // SUBTREE_LEAVES
+    roots = tree.view(torch.int64)[n_subtrees : 2 * n_subtrees]
+    dirty = torch.nonzero(roots == DIRTY_MARKER).flatten()
+    if dirty.numel() == 0:
+        return
+    offsets = torch.arange(SUBTREE_LEAVES, device=tree.device)
+    per_tree_rebuild(tree, (dirty[:, None] * SUBTREE_LEAVES + offsets).flatten())
 
 
 def per_sample(
@@ -301,7 +366,8 @@ def per_update(
     """Set the leaves of sampled rows from their absolute TD errors and raise the running max priority.
 
     ``p = td_abs + eps`` (float32), leaf ``= p ** alpha``; for duplicate indices the last occurrence wins;
-    ``max_priority = max(max_priority, max p)``. Call :func:`per_tree_rebuild` with ``indices`` next.
+    ``max_priority = max(max_priority, max p)``. In a marked tree the dirty subtree roots are marked too.
+    Call :func:`per_tree_rebuild` with ``indices``, or :func:`per_tree_refresh`, next.
 
     :param tree: sum tree ``[2P] float64`` (leaves written in place).
     :param max_priority: running max raw priority ``[1] float32`` (updated in place).
@@ -320,4 +386,5 @@ def per_update(
     raw = td_abs.float() + torch.tensor(eps, dtype=torch.float32, device=td_abs.device)
     winner = last_occurrence_mask(indices)
     tree[n_leaves + indices[winner]] = raw[winner].double() ** alpha
+    _mark_dirty(tree, indices)
     max_priority.copy_(torch.maximum(max_priority, raw.max().reshape(1)))

@@ -47,6 +47,15 @@ def test_opcheck_per_tree_rebuild(device: str) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("capacity", [10, 5000])  # unmarked (whole-tree refresh) and marked trees
+def test_opcheck_per_tree_refresh(device: str, capacity: int) -> None:
+    state = make_state(capacity, device=device)
+    rows = {name: value.to(device) for name, value in make_rows(7).items()}
+    OPS.per_push(*_push_args(state, rows))
+    torch.library.opcheck(OPS.per_tree_refresh, (state["tree"],))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_opcheck_per_sample(device: str) -> None:
     state = _filled_state(device)
     uniforms = torch.rand(5, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).to(device)

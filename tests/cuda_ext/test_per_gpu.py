@@ -21,6 +21,9 @@ pytestmark = pytest.mark.gpu
 OPS = torch.ops.cuda_ext
 SIZES = [1, 31, 4097, 65536]
 FLOAT_TOL = {"rtol": 2e-7, "atol": 0.0}  # float32 rounding of float64-computed values
+#: Trees compare with NaN == NaN: push and update leave the dirty-subtree marker (a NaN) in marked trees,
+#: and its positions must agree (``_assert_markers_equal`` checks the bits).
+TREE_TOL = {**FLOAT_TOL, "equal_nan": True}
 
 
 def _to(state: dict, device: str) -> dict:
@@ -50,7 +53,14 @@ def _random_rows(n: int, generator: torch.Generator, obs_dim: int = 5, n_branche
 def _assert_state_equal(actual: dict, expected: dict) -> None:
     for name in ["obs", "next_obs", "action", "reward", "done", "kind", "head_size", "max_priority"]:
         assert torch.equal(actual[name].cpu(), expected[name]), name
-    torch.testing.assert_close(actual["tree"].cpu(), expected["tree"], **FLOAT_TOL)
+    torch.testing.assert_close(actual["tree"].cpu(), expected["tree"], **TREE_TOL)
+    _assert_markers_equal(actual["tree"], expected["tree"])
+
+
+def _assert_markers_equal(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """The dirty-subtree markers sit at the same nodes, with the same bits."""
+    marker = reference.DIRTY_MARKER
+    assert torch.equal(actual.cpu().view(torch.int64) == marker, expected.view(torch.int64) == marker)
 
 
 def _check_push(device: str, capacity: int, batches: list[int], seed: int) -> None:
@@ -176,7 +186,8 @@ def _check_update(device: str, capacity: int, batch: int, seed: int) -> None:
     actual_tree, actual_max = tree.to(device), max_priority.to(device)
     OPS.per_update(actual_tree, actual_max, indices.to(device), td_abs.to(device), 0.6, 1e-3)
     reference.per_update(tree, max_priority, indices, td_abs, 0.6, 1e-3)
-    torch.testing.assert_close(actual_tree.cpu(), tree, **FLOAT_TOL)
+    torch.testing.assert_close(actual_tree.cpu(), tree, **TREE_TOL)
+    _assert_markers_equal(actual_tree, tree)
     assert torch.equal(actual_max.cpu(), max_priority)
 
 
@@ -185,23 +196,74 @@ def test_update_matches_reference_with_duplicates(batch: int) -> None:
     _check_update("cuda", capacity=70000, batch=batch, seed=batch)
 
 
+def _check_refresh(device: str, capacity: int, seed: int, offset: int = 0) -> None:
+    """Pushes and updates on ``device`` and on the reference, each followed by ``per_tree_refresh``: the same
+    slots and tree, every internal node ``left + right`` bit for bit, no marker left. ``offset`` > 0 puts the
+    tree at an element offset in its storage (not 16-byte aligned: the kernel's whole-tree path)."""
+    generator = torch.Generator().manual_seed(seed)
+    expected = make_state(capacity, obs_dim=5)
+    actual = _to(expected, device)
+    storage = torch.zeros(expected["tree"].numel() + offset, dtype=torch.float64, device=device)
+    actual["tree"] = storage[offset:]
+    for n, batch in [(4097, 256), (31, 4096), (65536, 1000)]:
+        rows = _random_rows(n, generator)
+        expected_slots = _reference_push(expected, rows, 0.6)
+        assert torch.equal(push(actual, _to(rows, device), alpha=0.6).cpu(), expected_slots)
+        _assert_state_equal(actual, expected)  # leaves and markers
+        for state in (expected, actual):
+            OPS.per_tree_refresh(state["tree"])
+        tree = actual["tree"].cpu()
+        assert torch.equal(tree, _full_rebuild(tree.clone()))  # bit-identical: every node left + right
+        torch.testing.assert_close(tree, expected["tree"], **FLOAT_TOL)  # no NaN marker left on either
+        indices = torch.randint(0, capacity, (batch,), generator=generator)
+        td_abs = torch.rand(batch, generator=generator)
+        cuda_args = (indices.to(device), td_abs.to(device), 0.6, 1e-6)
+        OPS.per_update(actual["tree"], actual["max_priority"], *cuda_args)
+        reference.per_update(expected["tree"], expected["max_priority"], indices, td_abs, 0.6, 1e-6)
+        _assert_state_equal(actual, expected)
+        for state in (expected, actual):
+            OPS.per_tree_refresh(state["tree"])
+        tree = actual["tree"].cpu()
+        assert torch.equal(tree, _full_rebuild(tree.clone()))
+        torch.testing.assert_close(tree, expected["tree"], **FLOAT_TOL)
+
+
+@pytest.mark.parametrize("capacity", [1, 1000, 4096, 70_000, (1 << 20) + 3, (1 << 23) + 1])
+def test_refresh_after_push_and_update_matches_reference(capacity: int) -> None:
+    """Unmarked small trees, marked trees from P = 2^12 to 2^21, and an unmarked P = 2^24 tree."""
+    _check_refresh("cuda", capacity, seed=capacity)
+
+
+def test_refresh_of_an_unaligned_marked_tree_rebuilds_everything() -> None:
+    _check_refresh("cuda", 70_000, seed=4, offset=1)
+
+
 def test_backend_is_cuda() -> None:
     assert cuda_ext.backend() == "cuda"
-    for op in ["per_push", "per_tree_rebuild", "per_sample", "per_update"]:
+    for op in ["per_push", "per_tree_rebuild", "per_tree_refresh", "per_sample", "per_update"]:
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"cuda_ext::{op}", "CUDA"), op
 
 
-def _training_cycle(state: dict, rows: dict, uniforms: torch.Tensor, td_abs: torch.Tensor) -> tuple:
+def _training_cycle(
+    state: dict, rows: dict, uniforms: torch.Tensor, td_abs: torch.Tensor, refresh: bool = False
+) -> tuple:
+    """Push, bring the tree up to date, sample, update (and with ``refresh`` leave the update's subtrees
+    marked, to be refreshed with the next push's, as the replay buffer does on a GPU)."""
     slots = push(state, rows, alpha=0.6)
-    OPS.per_tree_rebuild(state["tree"], slots)
+    if refresh:
+        OPS.per_tree_refresh(state["tree"])
+    else:
+        OPS.per_tree_rebuild(state["tree"], slots)
     indices, weights = OPS.per_sample(state["tree"], state["head_size"], uniforms, 0.4)
     OPS.per_update(state["tree"], state["max_priority"], indices, td_abs, 0.6, 1e-6)
-    OPS.per_tree_rebuild(state["tree"], indices)
+    if not refresh:
+        OPS.per_tree_rebuild(state["tree"], indices)
     return slots, indices, weights
 
 
+@pytest.mark.parametrize("refresh", [False, True])
 @pytest.mark.parametrize("batch", [256, 4096])  # per_update: the one-block path and the two-pass path
-def test_cuda_graph_capture_and_replay_of_a_training_cycle(batch: int) -> None:
+def test_cuda_graph_capture_and_replay_of_a_training_cycle(batch: int, refresh: bool) -> None:
     generator = torch.Generator().manual_seed(11)
     capacity, n = 1 << 16, 4096
     initial = make_state(capacity, obs_dim=5)
@@ -219,14 +281,14 @@ def test_cuda_graph_capture_and_replay_of_a_training_cycle(batch: int) -> None:
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up outside the capture
-        _training_cycle(_to(initial, "cuda"), static_rows, static_uniforms, static_td)
+        _training_cycle(_to(initial, "cuda"), static_rows, static_uniforms, static_td, refresh)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        outputs = _training_cycle(static_state, static_rows, static_uniforms, static_td)
+        outputs = _training_cycle(static_state, static_rows, static_uniforms, static_td, refresh)
 
     expected_state = _to(initial, "cpu")
-    expected = _training_cycle(expected_state, rows, uniforms, td_abs)
+    expected = _training_cycle(expected_state, rows, uniforms, td_abs, refresh)
     for replay in range(2):  # replay twice from the initial state: the same result each time
         for name, value in initial.items():
             static_state[name].copy_(value)
@@ -238,7 +300,7 @@ def test_cuda_graph_capture_and_replay_of_a_training_cycle(batch: int) -> None:
         _assert_state_equal(static_state, expected_state)
 
 
-@pytest.mark.parametrize("op", ["push", "rebuild", "sample", "update"])
+@pytest.mark.parametrize("op", ["push", "rebuild", "refresh", "sample", "update"])
 def test_each_op_captures_in_a_cuda_graph(op: str) -> None:
     generator = torch.Generator().manual_seed(5)
     capacity = 4097
@@ -252,6 +314,8 @@ def test_each_op_captures_in_a_cuda_graph(op: str) -> None:
     if op == "rebuild":  # change the listed leaves, so the rebuild has work to do
         n_leaves = initial["tree"].shape[0] // 2
         initial["tree"][n_leaves + indices] = torch.rand(31, dtype=torch.float64, generator=generator)
+    if op == "refresh":  # an update marks the subtrees the refresh rebuilds
+        reference.per_update(initial["tree"], initial["max_priority"], indices, td_abs, 0.6, 1e-6)
 
     def run(state: dict, inputs: tuple) -> tuple:
         rows_, uniforms_, indices_, td_ = inputs
@@ -259,6 +323,9 @@ def test_each_op_captures_in_a_cuda_graph(op: str) -> None:
             return (push(state, rows_, alpha=0.6),)
         if op == "rebuild":
             OPS.per_tree_rebuild(state["tree"], indices_)
+            return ()
+        if op == "refresh":
+            OPS.per_tree_refresh(state["tree"])
             return ()
         if op == "sample":
             return OPS.per_sample(state["tree"], state["head_size"], uniforms_, 0.4)

@@ -9,6 +9,7 @@ import torch
 
 import cuda_ext  # noqa: F401  (defines the ops)
 from cuda_ext.ops_per import new_tree
+from cuda_ext.reference import per as per_reference
 from tests.cuda_ext.per_state import make_rows, make_state, push
 
 OPS = torch.ops.cuda_ext
@@ -191,6 +192,73 @@ def test_update_rejects_out_of_range_indices() -> None:
     tree = new_tree(4)
     with pytest.raises(ValueError, match=r"indices range=\[0, 4\]"):
         OPS.per_update(tree, torch.ones(1), torch.tensor([0, 4]), torch.ones(2), 1.0, 0.0)
+
+
+def _full_rebuild(tree: torch.Tensor) -> torch.Tensor:
+    start = tree.shape[0] // 2
+    while start > 1:
+        tree[start // 2 : start] = tree[start : 2 * start : 2] + tree[start + 1 : 2 * start : 2]
+        start //= 2
+    return tree
+
+
+def _dirty_roots(tree: torch.Tensor) -> list[int]:
+    """Subtree-root heap nodes that hold the dirty marker."""
+    return torch.nonzero(tree.view(torch.int64) == per_reference.DIRTY_MARKER).flatten().tolist()
+
+
+def test_push_and_update_mark_the_dirty_subtree_roots_of_a_marked_tree() -> None:
+    capacity = 3 * per_reference.SUBTREE_LEAVES + 5  # P = 8192: 4 subtrees, roots at heap nodes 4..7
+    state = make_state(capacity)
+    state["head_size"][0] = per_reference.SUBTREE_LEAVES - 2  # the 4 rows straddle subtrees 0 and 1
+    push(state, make_rows(4), alpha=1.0)
+    assert _dirty_roots(state["tree"]) == [4, 5]
+    OPS.per_tree_refresh(state["tree"])
+    assert _dirty_roots(state["tree"]) == []
+    assert torch.equal(state["tree"], _full_rebuild(state["tree"].clone()))
+    assert state["tree"][1].item() == 4.0  # four rows of priority 1
+    OPS.per_update(state["tree"], state["max_priority"], torch.tensor([3 * per_reference.SUBTREE_LEAVES + 1]),
+                   torch.tensor([2.0]), 1.0, 0.0)
+    assert _dirty_roots(state["tree"]) == [7]
+    OPS.per_tree_refresh(state["tree"])
+    assert _dirty_roots(state["tree"]) == [] and state["tree"][1].item() == 6.0
+
+
+def test_refresh_equals_rebuild_of_the_changed_leaves() -> None:
+    generator = torch.Generator().manual_seed(3)
+    for capacity in [1, 7, 2048, 4096, 70_000]:  # unmarked (whole-tree refresh) and marked trees
+        state = make_state(capacity)
+        listed = make_state(capacity)
+        for _ in range(3):
+            rows = make_rows(50, generator=generator)
+            rows["new_priority"] = torch.rand(50, generator=generator)
+            slots = push(state, dict(rows), alpha=0.6)
+            assert torch.equal(push(listed, dict(rows), alpha=0.6), slots)
+            OPS.per_tree_refresh(state["tree"])
+            OPS.per_tree_rebuild(listed["tree"], slots)
+            assert torch.equal(state["tree"], listed["tree"]), capacity
+            indices = torch.randint(0, min(capacity, 150), (20,), generator=generator)
+            td_abs = torch.rand(20, generator=generator)
+            for target in (state, listed):
+                OPS.per_update(target["tree"], target["max_priority"], indices, td_abs, 0.6, 1e-6)
+            OPS.per_tree_refresh(state["tree"])
+            OPS.per_tree_rebuild(listed["tree"], indices)
+            assert torch.equal(state["tree"], listed["tree"]), capacity
+            assert torch.equal(state["tree"], _full_rebuild(state["tree"].clone())), capacity
+
+
+def test_refresh_of_an_unmarked_tree_rebuilds_every_node() -> None:
+    tree = new_tree(1000)  # P = 1024 < MARKED_MIN_LEAVES
+    tree[1024:] = torch.rand(1024, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    OPS.per_tree_refresh(tree)
+    assert torch.equal(tree, _full_rebuild(tree.clone()))
+    assert not per_reference.marks_subtrees(1024) and per_reference.marks_subtrees(4096)
+    assert not per_reference.marks_subtrees(1 << 24)
+
+
+def test_refresh_rejects_a_bad_tree() -> None:
+    with pytest.raises(ValueError, match="tree length=6"):
+        OPS.per_tree_refresh(torch.zeros(6, dtype=torch.float64))
 
 
 def test_bad_tree_is_rejected() -> None:

@@ -60,6 +60,8 @@ def test_graphed_training_follows_the_eager_training(tmp_path: Path) -> None:
     assert graphed._n_updates == eager._n_updates == plain.replays + vaccine.replays + warmups
     for (name, a), b in zip(graphed.policy.named_parameters(), eager.policy.parameters(), strict=True):
         th.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
+    graphed.replay_buffer.refresh_tree()
+    eager.replay_buffer.refresh_tree()
     th.testing.assert_close(graphed.replay_buffer.tree, eager.replay_buffer.tree, rtol=1e-4, atol=1e-6)
     lines_g = (tmp_path / "diag_True.jsonl").read_text().splitlines()
     lines_e = (tmp_path / "diag_False.jsonl").read_text().splitlines()

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from stable_baselines3 import DQN
 from stable_baselines3.common.buffers import ReplayBuffer
 
+from cuda_ext.reference import per as cuda_reference
 from sb3_her_ext.replay import HindsightConfig, PrioritizedHindsightReplayBuffer, PrioritizedReplaySamples
 
 OBS_SPACE = spaces.Box(-np.inf, np.inf, (3,), np.float32)
@@ -450,3 +451,50 @@ def test_loading_onto_another_device():
     back = pickle.loads(pickle.dumps(loaded))
     assert back.device.type == "cuda"
     assert_same_state(buffer, back)
+
+
+def _sample_with(buffer: PrioritizedHindsightReplayBuffer, uniforms: torch.Tensor,
+                 monkeypatch: pytest.MonkeyPatch) -> PrioritizedReplaySamples:
+    """``buffer.sample`` with its uniform draws replaced by ``uniforms`` (moved to the buffer's device)."""
+    with monkeypatch.context() as patch:
+        patch.setattr(torch, "rand", lambda *args, **kwargs: uniforms.to(buffer.device))
+        return buffer.sample(uniforms.numel())
+
+
+@pytest.mark.gpu
+def test_cuda_tree_is_refreshed_lazily_before_sampling_and_pickling(monkeypatch):
+    """On a GPU the writers mark their subtrees and the tree is refreshed at the next sample: the sampled
+    rows and weights, and the refreshed tree, equal a CPU buffer's (which rebuilds right away)."""
+    capacity = 5000  # P = 8192: a marked tree
+    buffers = {dev: PrioritizedHindsightReplayBuffer(capacity, OBS_SPACE, ACTION_SPACE, device=dev, n_envs=2)
+               for dev in ("cpu", "cuda")}
+    gen = torch.Generator().manual_seed(0)
+    for step in range(300):
+        obs = torch.randn(2, 3, generator=gen)
+        action = torch.randint(0, 3, (2, 4), generator=gen)
+        reward = torch.randn(2, generator=gen)
+        for dev, buffer in buffers.items():
+            buffer.add(obs.to(dev), (obs + 1).to(dev), action.to(dev), reward.to(dev),
+                       torch.zeros(2, dtype=torch.bool, device=dev), {})
+        if step % 10 == 9:
+            indices = torch.randint(0, 2 * (step + 1), (64,), generator=gen)
+            td_abs = torch.rand(64, generator=gen)
+            for dev, buffer in buffers.items():
+                buffer.update_priorities(indices.to(dev), td_abs.to(dev))
+    cpu, cuda = buffers["cpu"], buffers["cuda"]
+    assert cuda._tree_stale and not cpu._tree_stale
+    assert bool((cuda.tree.view(torch.int64) == cuda_reference.DIRTY_MARKER).any())
+    loaded = pickle.loads(pickle.dumps(cuda))  # pickling refreshes first
+    assert not cuda._tree_stale and not loaded._tree_stale
+    torch.testing.assert_close(cuda.tree.cpu(), cpu.tree, rtol=2e-7, atol=0.0)
+    torch.testing.assert_close(loaded.tree.cpu(), cpu.tree, rtol=2e-7, atol=0.0)
+    for buffer in (cpu, cuda):
+        device = buffer.device
+        buffer.update_priorities(torch.arange(8, device=device), torch.full((8,), 5.0, device=device))
+    assert cuda._tree_stale
+    uniforms = torch.rand(256, dtype=torch.float64, generator=gen)
+    expected, actual = _sample_with(cpu, uniforms, monkeypatch), _sample_with(cuda, uniforms, monkeypatch)
+    assert not cuda._tree_stale
+    assert torch.equal(actual.indices.cpu(), expected.indices)
+    torch.testing.assert_close(actual.weights.cpu(), expected.weights, rtol=2e-7, atol=0.0)
+    torch.testing.assert_close(cuda.tree.cpu(), cpu.tree, rtol=2e-7, atol=0.0)
