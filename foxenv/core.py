@@ -318,13 +318,10 @@ class BatchedLOB:
         self._actions = torch.tensor(actions, dtype=torch.float64, device=self.device)
         self._action_code = torch.tensor([27, 9, 3, 1], dtype=torch.int64, device=self.device)
         self._nvec = np.array(self.ACTION_NVEC)
-        self._taker_rate = torch.tensor(
-            self.config.taker_fee_bps * 1e-4, dtype=torch.float64, device=self.device
-        )
-        self._maker_rate = torch.tensor(
-            self.config.maker_fee_bps * 1e-4, dtype=torch.float64, device=self.device
-        )
-        self._zero = torch.zeros((), dtype=torch.float64, device=self.device)  # torch.where's "else 0"
+        # Fee rates as Python floats, not tensors: a compiled step takes them as constants (a 0-dim tensor
+        # would be one more graph input, and one more guard on its value).
+        self._taker_rate = float(self.config.taker_fee_bps) * 1e-4
+        self._maker_rate = float(self.config.maker_fee_bps) * 1e-4
         self._portfolio_affine = portfolio_affine(self.config, self._tick, self.device)
         # The portfolio features at the start of an episode, [1, P] float32: flat, no order, step 0. They
         # are the same for every book (the mid only divides or multiplies zeros), so an autoreset takes
@@ -554,7 +551,6 @@ class BatchedLOB:
         state = BookState.unpack(self._books, self._counters)
         ledger = state.ledger
         levels = self._levels
-        zero = self._zero
         row = state.offset + state.step
         # This step's row of the market table (snapshot ``row`` and the next one; see ``_precompute``) and
         # the action's row of the action table (by action code d * 27 + m * 9 + o * 3 + u).
@@ -602,7 +598,8 @@ class BatchedLOB:
         )
         order_tick = torch.where(post, maker_tick, state.order_tick)
         own = self._sides.index_select(0, side_row + (order_side <= 0))  # resting buys queue at the bids
-        visible = torch.where(own[:, :levels] == order_tick[:, None], own[:, levels:], zero).sum(dim=1)
+        elsewhere = own[:, :levels] != order_tick[:, None]
+        visible = own[:, levels:].masked_fill(elsewhere, 0.0).sum(dim=1)  # = where(at its tick, size, 0)
         ahead = torch.where(post, visible, state.order_ahead)
         remaining = torch.where(post, need, state.order_remaining * keep)
         order_target = torch.where(post, target, state.order_target)
@@ -641,7 +638,7 @@ class BatchedLOB:
         # the notional is 0, so dividing by max(|quantity|, smallest double) gives the price 0.
         quantity = torch.where(marketable, side * taken, order_side * fill)
         notional = torch.where(marketable, notional, fill * order_tick) * self._tick
-        fees = notional * torch.where(marketable, self._taker_rate, self._maker_rate)
+        fees = torch.where(marketable, notional * self._taker_rate, notional * self._maker_rate)
         price = notional / quantity.abs().clamp_min(_SMALLEST_DOUBLE)
         reached = torch.where(marketable, taker_reached, maker_reached)
         closed = ledger.apply_fill(quantity, price, fees, mid_now, state.step, target, reached)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
+import types
 from collections import deque
 from collections.abc import Callable
 from os import PathLike
@@ -38,6 +40,15 @@ MARKET_KWARGS = (
 
 #: Steps of mid history kept for rendering.
 RENDER_HISTORY = 200
+
+#: Inductor options of the compiled single-book step (:meth:`PackedStep.compile`): C++ glue between the
+#: generated kernels (as ``BatchedLOB.enable_compile`` on a CPU), and the packing ``cat`` of ~25 pieces
+#: computed in the kernel that makes them (on a CPU inductor otherwise gives every piece a view of the
+#: output buffer: a tensor handle each per call).
+COMPILE_OPTIONS: dict[str, Any] = {"cpp_wrapper": True, "force_pointwise_cat": True}
+
+#: Numbers the code object of each compiled packed step (:meth:`PackedStep.compile`).
+_compiled_step_ids = itertools.count()
 
 
 def split_env_kwargs(
@@ -205,6 +216,33 @@ class PackedStep:
 
         return cls(packed_step, core.observation_dim, tuple(info), casts)
 
+    def compile(self) -> PackedStep:
+        """This packed step through ``torch.compile``, with a code object of its own and no guards.
+
+        ``torch.compile`` keeps its compiled graphs per code object and checks ~50 guards on every call
+        before it picks one (the core's tensors' shapes, dtypes and strides, its config's values, the
+        globals the step reads). At one book those checks cost about as much as the fused kernels. Here
+        they can never fail: the step is a closure over ONE core, whose tables and config do not change
+        after it is built (``EnvConfig`` is frozen), whose state keeps its shapes and dtypes (``reset``,
+        the step and ``load_state_dict``, which checks them, all keep them), and whose action is always
+        the ``[1, 4]`` int64 row ``LOBEnv.step`` builds; the generated code still asserts every input's
+        size and stride on each call. What makes this safe is the code object of its own: without it
+        every env's packed step would share one cache, and a second env with another config, fee or
+        market shape would run the first env's graph unchecked. With it, each env traces its own graph
+        on its first step (about 0.5 s more per env when the inductor cache already holds the kernels;
+        no cache entries accumulate across envs, so no env hits ``torch.compile``'s recompile limit).
+
+        :return: the packed step with :attr:`step` compiled (:data:`COMPILE_OPTIONS`, ``fullgraph``, a fixed
+            batch size); the first call compiles.
+        """
+        function = self.step
+        name = f"{function.__name__}_{next(_compiled_step_ids)}"
+        code = function.__code__.replace(co_name=name, co_qualname=name)
+        own = types.FunctionType(code, function.__globals__, name, closure=function.__closure__)
+        options = {**COMPILE_OPTIONS, "guard_filter_fn": torch.compiler.skip_all_guards_unsafe}
+        compiled = torch.compile(own, fullgraph=True, dynamic=False, options=options)
+        return dataclasses.replace(self, step=compiled)
+
     def unpack(self, packed: torch.Tensor) -> StepResult:
         """Gymnasium's step result from a packed vector.
 
@@ -230,7 +268,7 @@ class LOBEnv(gymnasium.Env[np.ndarray, np.ndarray]):
     ``fees``, ...). ``reset`` returns an empty info.
 
     A step is bound by per-op overhead at one book: the eager core runs ~200 tiny tensor ops (about
-    1e3 steps/s on one CPU core), the compiled one a few fused kernels (about 5e3 steps/s). The env
+    1e3 steps/s on one CPU core), the compiled one two fused kernels (about 1e4 steps/s). The env
     checks the action on numpy and the episode end on a Python counter, so the core skips its own checks
     (which would copy the action and the step counter out of tensors every step). ``env.compiled`` says
     whether the step is compiled.
@@ -243,11 +281,12 @@ class LOBEnv(gymnasium.Env[np.ndarray, np.ndarray]):
     :param compile: step through ``torch.compile`` (opt-in): the core's step, the function
         :meth:`BatchedLOB.enable_compile` compiles, fused with the packing of all its outputs into one
         vector (:class:`PackedStep`); ``env.core.step`` itself stays eager. Needs a C++ compiler. The
-        first step compiles: about 20-30 s with a cold inductor cache and 2-3 s with a warm one (measured
-        on a busy 2-core x86 machine); further envs with the same market shape and config in the process
-        reuse the compiled step. Later steps are about 5x faster than eager. Floats may differ from the
-        eager step in the last bits (a fused multiply-add). Off by default: a single-book env is often
-        built for a short run, an env check or a test, where the compile would cost more than it saves.
+        first step compiles: about 25 s with a cold inductor cache and 3 s with a warm one (measured on
+        a busy 2-core x86 machine); each further env in the process traces its own step (its first step
+        takes about 0.5 s when the cache holds its kernels, see :meth:`PackedStep.compile`). Later steps
+        are about 10x faster than eager. Floats may differ from the eager step in the last bits (a fused
+        multiply-add). Off by default: a single-book env is often built for a short run, an env check or
+        a test, where the compile would cost more than it saves.
     :param kwargs: :class:`EnvConfig` fields and ``load_market`` options, see :func:`make_core`.
     """
 
@@ -275,10 +314,7 @@ class LOBEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         #: The compiled packed step (``compile=True``), else None (the eager core's step).
         self._packed_step: PackedStep | None = None
         if compile:
-            packed = PackedStep.of(self.core)
-            # The options BatchedLOB.enable_compile uses on a CPU: B is fixed, C++ glue between kernels.
-            compiled = torch.compile(packed.step, dynamic=False, options={"cpp_wrapper": True})
-            self._packed_step = dataclasses.replace(packed, step=compiled)
+            self._packed_step = PackedStep.of(self.core).compile()
         self.compiled = compile
         self.config: EnvConfig = self.core.config
         self.market: MarketData = self.core.market

@@ -9,10 +9,28 @@ import numpy as np
 import pytest
 
 import foxenv
-from foxenv.gym_env import LOBEnv
+from foxenv.gym_env import LOBEnv, StepResult
 from tests.foxenv.fake_market import random_market
 
 needs_compiler = pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile on CPU needs g++")
+
+
+def assert_steps_match(compiled: StepResult, eager: StepResult) -> None:
+    """A compiled step's result equals the eager one's: flags, integers and types exactly, floats up to
+    the last bits (the generated code may fuse a multiply and an add)."""
+    obs_c, reward_c, terminated_c, truncated_c, info_c = compiled
+    obs_e, reward_e, terminated_e, truncated_e, info_e = eager
+    assert obs_c.dtype == np.float32 and type(reward_c) is float
+    np.testing.assert_allclose(obs_c, obs_e, rtol=0, atol=1e-5)
+    assert reward_c == pytest.approx(reward_e, rel=0, abs=1e-6)
+    assert (terminated_c, truncated_c) == (terminated_e, truncated_e)
+    assert info_c.keys() == info_e.keys()
+    for key, value in info_e.items():
+        assert type(info_c[key]) is type(value), key
+        if isinstance(value, float):
+            assert info_c[key] == pytest.approx(value, rel=0, abs=1e-9), key
+        else:
+            assert info_c[key] == value, key
 
 
 @pytest.mark.slow
@@ -30,19 +48,9 @@ def test_compiled_env_follows_the_eager_env() -> None:
     np.testing.assert_array_equal(obs_e, obs_c)  # the reset is not compiled
     fills = ends = 0
     for action in actions:
-        obs_e, reward_e, terminated_e, truncated_e, info_e = eager.step(action)
-        obs_c, reward_c, terminated_c, truncated_c, info_c = compiled.step(action)
-        assert obs_c.dtype == np.float32 and type(reward_c) is float
-        np.testing.assert_allclose(obs_c, obs_e, rtol=0, atol=1e-5)
-        assert reward_c == pytest.approx(reward_e, rel=0, abs=1e-6)
-        assert (terminated_c, truncated_c) == (terminated_e, truncated_e)
-        assert info_c.keys() == info_e.keys()
-        for key, value in info_e.items():
-            assert type(info_c[key]) is type(value), key
-            if isinstance(value, float):
-                assert info_c[key] == pytest.approx(value, rel=0, abs=1e-9), key
-            else:
-                assert info_c[key] == value, key
+        result_e = eager.step(action)
+        assert_steps_match(compiled.step(action), result_e)
+        _, _, terminated_e, truncated_e, info_e = result_e
         fills += info_e["fees"] != 0.0
         if terminated_e or truncated_e:
             ends += 1
@@ -54,8 +62,8 @@ def test_compiled_env_follows_the_eager_env() -> None:
 
 @pytest.mark.slow
 @needs_compiler
-def test_two_compiled_envs_share_the_compiled_step_but_not_their_books() -> None:
-    """A second compiled env reuses the compiled step (same shapes) and still steps its own book."""
+def test_two_compiled_envs_with_one_config_step_their_own_books() -> None:
+    """Two compiled envs on one market and config (the same compiled kernels) each step their own book."""
     market = random_market(600, num_levels=10, seed=21)
     options = {"data": market, "episode_length": 30, "max_drawdown": 50.0}
     pairs = [(LOBEnv(seed=seed, compile=True, **options), LOBEnv(seed=seed, **options)) for seed in (1, 2)]
@@ -72,3 +80,35 @@ def test_two_compiled_envs_share_the_compiled_step_but_not_their_books() -> None
             assert info_c["equity"] == pytest.approx(info_e["equity"], rel=0, abs=1e-9)
             mids.add(info_c["mid"])
     assert len(mids) > 25  # the two books sit at different offsets of the market
+
+
+@pytest.mark.slow
+@needs_compiler
+def test_compiled_envs_with_other_fees_configs_and_markets_follow_their_own_eager_env() -> None:
+    """A compiled step runs without ``torch.compile``'s guards, so each env must run a graph traced from its
+    own core. Envs built in one process that differ only in their fees (the same shapes: a shared graph
+    would pass every size check), or in their config and market shape, stepped in turn, each follow an
+    eager env of their own settings."""
+    market = random_market(400, num_levels=10, seed=31)
+    other_market = random_market(700, num_levels=6, seed=32)
+    base = {"data": market, "episode_length": 30, "max_drawdown": 50.0}
+    settings = [
+        base,
+        {**base, "taker_fee_bps": 5.0, "maker_fee_bps": 2.0},
+        {
+            "data": other_market, "episode_length": 45, "levels": 4, "max_position": 40.0, "queue_power": 3.0,
+            "inventory_penalty": 0.01, "reward_scale": 2.0, "return_horizons": (1, 3),
+        },
+    ]
+    pairs = [(LOBEnv(seed=7, compile=True, **options), LOBEnv(seed=7, **options)) for options in settings]
+    for compiled, eager in pairs:
+        np.testing.assert_array_equal(compiled.reset(seed=8)[0], eager.reset(seed=8)[0])
+    fees: list[list[float]] = [[] for _ in pairs]
+    for action in np.random.default_rng(9).integers(0, 3, size=(100, 4)):
+        for (compiled, eager), env_fees in zip(pairs, fees, strict=True):
+            result_e = eager.step(action)
+            assert_steps_match(compiled.step(action), result_e)
+            env_fees.append(result_e[4]["fees"])
+            if result_e[2] or result_e[3]:
+                np.testing.assert_array_equal(compiled.reset()[0], eager.reset()[0])
+    assert fees[0] != fees[1] and any(fees[0])  # the fee rates really differ, and the steps filled orders
