@@ -338,7 +338,8 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
         """Store one step of ``n_envs`` transitions plus its hindsight rows in ONE ``per_push``.
 
         Order: hindsight_inject → hindsight_forward → magnitude_relabel → concat with the real rows →
-        ``per_push`` → ``per_tree_rebuild`` → ``hindsight_track`` (with the real rows' slots).
+        ``per_push`` → the tree (``per_tree_rebuild`` now; on a GPU ``per_tree_refresh`` at the next
+        sample) → ``hindsight_track`` (with the real rows' slots).
 
         :param obs: ``[n_envs, D]`` observations (numpy, SB3's path, or torch).
         :param next_obs: ``[n_envs, D]`` next observations.
