@@ -255,11 +255,84 @@ __global__ void mark_dirty_kernel(double* __restrict__ tree, const int64_t* __re
 
 enum class DirtyTest { kAll, kMarker, kScan };
 
+// One level of reduce_chunk: the W values r[0..W) (nodes level + chunk W + k) to W / 2 parents, written,
+// then the levels above (W a compile-time constant, so r stays in registers).
+template <int W>
+__device__ inline void sum_levels(double* r, double* tree, int64_t level, int64_t chunk) {
+  level /= 2;
+#pragma unroll
+  for (int k = 0; k < W / 2; ++k) {
+    r[k] = r[2 * k] + r[2 * k + 1];
+    tree[level + chunk * (W / 2) + k] = r[k];
+  }
+  if constexpr (W / 2 > 1) sum_levels<W / 2>(r, tree, level, chunk);
+}
+
+// Sum the C subtree roots [level + chunk C, level + (chunk + 1) C) (coherent 16-byte loads: other blocks
+// wrote them in this launch) to one node, writing the log2(C) levels between; returns that node's value.
+template <int C>
+__device__ inline double reduce_chunk(double* tree, int64_t level, int64_t chunk) {
+  double r[C];
+  const double2* pairs = reinterpret_cast<const double2*>(tree + level + chunk * C);
+#pragma unroll
+  for (int k = 0; k < C / 2; ++k) {
+    const double2 pair = __ldcg(pairs + k);
+    r[2 * k] = pair.x;
+    r[2 * k + 1] = pair.y;
+  }
+  sum_levels<C>(r, tree, level, chunk);
+  return r[0];
+}
+
+// The top of the tree above the n = gridDim.x subtree roots [n, 2n) (n a power of two, 2..4096), by the
+// kFastThreads threads of one block: each sums n / 256 roots in registers (n > 256), then each warp reduces
+// its 32 values by shuffles, then warp 0 the warp roots; every node is written, as left + right.
+__device__ void reduce_top(double* tree, int64_t n) {
+  __shared__ double warp_roots[kFastThreads / 32];
+  const int t = threadIdx.x;
+  const int lane = t & 31;
+  const int warp = t >> 5;
+  int64_t m = n;  // thread t < m holds node m + t
+  double v = 0.0;
+  switch (n / kFastThreads) {
+    case 16: v = reduce_chunk<16>(tree, n, t); m = kFastThreads; break;
+    case 8: v = reduce_chunk<8>(tree, n, t); m = kFastThreads; break;
+    case 4: v = reduce_chunk<4>(tree, n, t); m = kFastThreads; break;
+    case 2: v = reduce_chunk<2>(tree, n, t); m = kFastThreads; break;
+    default: if (t < n) v = __ldcg(tree + n + t); break;  // n <= 256
+  }
+  // Each warp: its (up to) 32 nodes [m + 32 warp, ...) down to one, node m / 32 + warp (node 1 if m <= 32).
+  const bool holds = warp * 32 < m;
+  int64_t count = m;
+  for (int active = m < 32 ? static_cast<int>(m) : 32; active > 1;) {
+    const double left = __shfl_sync(0xffffffffu, v, (2 * lane) & 31);
+    const double right = __shfl_sync(0xffffffffu, v, (2 * lane + 1) & 31);
+    v = left + right;
+    active /= 2;
+    count /= 2;
+    if (holds && lane < active) tree[count + warp * active + lane] = v;
+  }
+  if (m <= 32) return;
+  const int n_warps = static_cast<int>(m / 32);  // 2..8 warp roots, nodes [n_warps, 2 n_warps)
+  if (lane == 0 && holds) warp_roots[warp] = v;
+  __syncthreads();
+  if (warp != 0) return;
+  v = lane < n_warps ? warp_roots[lane] : 0.0;
+  count = n_warps;
+  for (int active = n_warps; active > 1;) {
+    const double left = __shfl_sync(0xffffffffu, v, (2 * lane) & 31);
+    const double right = __shfl_sync(0xffffffffu, v, (2 * lane + 1) & 31);
+    v = left + right;
+    active /= 2;
+    count /= 2;
+    if (lane < active) tree[count + lane] = v;
+  }
+}
+
 __global__ void __launch_bounds__(kFastThreads) fast_rebuild_kernel(double* tree, int64_t n_leaves, DirtyTest test,
                                                                     const int64_t* __restrict__ leaf_idx,
                                                                     int64_t m) {
   pdl_wait_then_release();
-  extern __shared__ double local[];  // gridDim.x doubles (>= 32) for the top reduction
   __shared__ double warp_roots[kFastThreads / 32];
   __shared__ int is_last;
   const int64_t n_subtrees = gridDim.x;
@@ -327,7 +400,7 @@ __global__ void __launch_bounds__(kFastThreads) fast_rebuild_kernel(double* tree
   __syncthreads();
   if (!is_last) return;
   __threadfence();
-  reduce_nodes(tree, n_subtrees, n_subtrees, local, true);
+  reduce_top(tree, n_subtrees);
 }
 
 cudaError_t set_shared_limit(const void* kernel, size_t shared_bytes) {
@@ -686,8 +759,7 @@ cudaError_t launch_tree_rebuild(double* tree, const int64_t* leaf_idx, int64_t m
       const cudaError_t err = cudaGetLastError();
       if (err != cudaSuccess) return err;
     }
-    const size_t shared_bytes = static_cast<size_t>(n_subtrees < 32 ? 32 : n_subtrees) * sizeof(double);
-    CUDA_EXT_LAUNCH(fast_rebuild_kernel, static_cast<unsigned>(n_subtrees), kFastThreads, shared_bytes, stream, 
+    CUDA_EXT_LAUNCH(fast_rebuild_kernel, static_cast<unsigned>(n_subtrees), kFastThreads, 0, stream, 
         tree, n_leaves, test, leaf_idx, m);
     return cudaGetLastError();
   }
@@ -714,8 +786,7 @@ cudaError_t launch_tree_refresh(double* tree, int64_t n_leaves, cudaStream_t str
   }
   if (marks_subtrees(n_leaves) && (reinterpret_cast<uintptr_t>(tree) & 15u) == 0) {  // the marked subtrees
     const int64_t n_subtrees = n_leaves / kFastSubtreeLeaves;
-    const size_t shared_bytes = static_cast<size_t>(n_subtrees < 32 ? 32 : n_subtrees) * sizeof(double);
-    CUDA_EXT_LAUNCH(fast_rebuild_kernel, static_cast<unsigned>(n_subtrees), kFastThreads, shared_bytes, stream,
+    CUDA_EXT_LAUNCH(fast_rebuild_kernel, static_cast<unsigned>(n_subtrees), kFastThreads, 0, stream,
                     tree, n_leaves, DirtyTest::kMarker, static_cast<const int64_t*>(nullptr), int64_t{0});
     return cudaGetLastError();
   }
