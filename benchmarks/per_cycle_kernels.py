@@ -1,0 +1,94 @@
+"""Per-kernel GPU time of one prioritized-replay cycle captured in a CUDA graph (torch.profiler).
+
+The cycle is ``benchmarks/replay_throughput.py``'s "cuda_ext ops only (CUDA graph)" one: push 4096 rows of
+obs dim 64 and 4 branches, bring the tree up to date, draw B uniforms, sample B, update B priorities;
+capacity 2^20; B = 256 and 4096. For each B: the mean graph replay time over 1000 replays (CUDA events),
+then every kernel's mean time and launches per cycle over 200 profiled replays. With programmatic dependent
+launch on (``FOXHUNT_CUDA_PDL`` unset) a kernel's time includes its wait for the kernel before it; run with
+``FOXHUNT_CUDA_PDL=0`` for each kernel's own time. The two ``FillFunctor<long>`` kernels are PyTorch's
+per-replay update of the graph's RNG seed and offset (the cycle draws its uniforms inside the graph).
+
+Usage::
+
+    python benchmarks/per_cycle_kernels.py [--out benchmarks/results/per_cycle_kernels.json]
+
+Needs a CUDA device. Prints a table and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from replay_throughput import Batch, CudaExtPER, _capture_cycle  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results" / "per_cycle_kernels.json"
+PROFILED_REPLAYS = 200
+
+
+def profile_cycle(batch_size: int, device: torch.device) -> dict:
+    """Time one graphed cycle and profile its kernels.
+
+    :param batch_size: B, rows sampled and updated per cycle.
+    :param device: a CUDA device.
+    :return: ``{"B", "us_per_cycle", "kernels": [{"kernel", "us_per_cycle", "launches_per_cycle"}]}``.
+    """
+    batch = Batch(4096, 64, 4, device)
+    buffer = CudaExtPER(1 << 20, 64, 4, device)
+    uniforms = torch.zeros(batch_size, dtype=torch.float64, device=device)
+    td_abs = torch.rand(batch_size, device=device)
+    graph = _capture_cycle(buffer, batch, uniforms, td_abs, False)
+    for _ in range(50):
+        graph.replay()
+    torch.cuda.synchronize(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(1000):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize(device)
+    us_per_cycle = start.elapsed_time(end)  # ms for 1000 replays = µs per replay
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(PROFILED_REPLAYS):
+            graph.replay()
+        torch.cuda.synchronize(device)
+    kernels = [
+        {"kernel": event.key, "us_per_cycle": event.device_time_total / PROFILED_REPLAYS,
+         "launches_per_cycle": event.count / PROFILED_REPLAYS}
+        for event in sorted(prof.key_averages(), key=lambda e: -e.device_time_total)
+        if event.device_time_total > 0
+    ]
+    return {"B": batch_size, "us_per_cycle": us_per_cycle, "kernels": kernels}
+
+
+def main() -> None:
+    """Profile B = 256 and 4096, print the table, write the JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=str(RESULTS), help=f"JSON file (default: {RESULTS})")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("per_cycle_kernels.py needs a CUDA device")
+    device = torch.device("cuda")
+    rows = [profile_cycle(batch_size, device) for batch_size in (256, 4096)]
+    for row in rows:
+        print(f"B={row['B']}: {row['us_per_cycle']:.1f} us per graphed cycle")
+        for kernel in row["kernels"]:
+            us, launches = kernel["us_per_cycle"], kernel["launches_per_cycle"]
+            print(f"  {us:7.2f} us  {launches:4.1f}x  {kernel['kernel'][:100]}")
+    result = {"benchmark": "per_cycle_kernels", "device_name": torch.cuda.get_device_name(device),
+              "torch": torch.__version__, "pdl": os.environ.get("FOXHUNT_CUDA_PDL", "1") != "0", "rows": rows}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
