@@ -216,8 +216,9 @@ class PackedStep:
 
         return cls(packed_step, core.observation_dim, tuple(info), casts)
 
-    def compile(self) -> PackedStep:
-        """This packed step through ``torch.compile``, with a code object of its own and no guards.
+    def compile(self, core: BatchedLOB) -> PackedStep:
+        """This packed step through ``torch.compile``, with a code object of its own and no guards,
+        compiled now.
 
         ``torch.compile`` keeps its compiled graphs per code object and checks ~50 guards on every call
         before it picks one (the core's tensors' shapes, dtypes and strides, its config's values, the
@@ -229,18 +230,29 @@ class PackedStep:
         size and stride on each call. What makes this safe is the code object of its own: without it
         every env's packed step would share one cache, and a second env with another config, fee or
         market shape would run the first env's graph unchecked. With it, each env traces its own graph
-        on its first step (about 0.5 s more per env when the inductor cache already holds the kernels;
-        no cache entries accumulate across envs, so no env hits ``torch.compile``'s recompile limit).
+        (about 0.5 s more per env when the inductor cache already holds the kernels; no cache entries
+        accumulate across envs, so no env hits ``torch.compile``'s recompile limit).
 
-        :return: the packed step with :attr:`step` compiled (:data:`COMPILE_OPTIONS`, ``fullgraph``, a fixed
-            batch size); the first call compiles.
+        With no guards the compiled code is never traced again, so what ``dynamic=False`` and
+        ``fullgraph=True`` ask for is set once, around the compiling call (static shapes; a graph break
+        is an error): passed to ``torch.compile`` they would patch dynamo's config and check the graph
+        count on every call, which cost about 15 us per step here.
+
+        :param core: the core :meth:`of` made this packed step for; the compiling call steps it once and
+            restores its state.
+        :return: the packed step with :attr:`step` compiled (:data:`COMPILE_OPTIONS`).
         """
         function = self.step
         name = f"{function.__name__}_{next(_compiled_step_ids)}"
         code = function.__code__.replace(co_name=name, co_qualname=name)
         own = types.FunctionType(code, function.__globals__, name, closure=function.__closure__)
         options = {**COMPILE_OPTIONS, "guard_filter_fn": torch.compiler.skip_all_guards_unsafe}
-        compiled = torch.compile(own, fullgraph=True, dynamic=False, options=options)
+        compiled = torch.compile(own, options=options)
+        saved = core.state_dict()
+        static = torch._dynamo.config.patch(automatic_dynamic_shapes=False, assume_static_by_default=True)
+        with static, torch._dynamo.error_on_graph_break(True):
+            compiled(torch.ones(1, len(core.ACTION_NVEC), dtype=torch.int64, device=core.device))
+        core.load_state_dict(saved)
         return dataclasses.replace(self, step=compiled)
 
     def unpack(self, packed: torch.Tensor) -> StepResult:
@@ -281,10 +293,10 @@ class LOBEnv(gymnasium.Env[np.ndarray, np.ndarray]):
     :param compile: step through ``torch.compile`` (opt-in): the core's step, the function
         :meth:`BatchedLOB.enable_compile` compiles, fused with the packing of all its outputs into one
         vector (:class:`PackedStep`); ``env.core.step`` itself stays eager. Needs a C++ compiler. The
-        first step compiles: about 25 s with a cold inductor cache and 3 s with a warm one (measured on
-        a busy 2-core x86 machine); each further env in the process traces its own step (its first step
-        takes about 0.5 s when the cache holds its kernels, see :meth:`PackedStep.compile`). Later steps
-        are about 10x faster than eager. Floats may differ from the eager step in the last bits (a fused
+        env compiles while it is built: about 25 s with a cold inductor cache and 3 s with a warm one
+        (measured on a busy 2-core x86 machine); each further env in the process traces its own step
+        (about 0.5 s when the cache holds its kernels, see :meth:`PackedStep.compile`). Steps are about
+        10x faster than eager. Floats may differ from the eager step in the last bits (a fused
         multiply-add). Off by default: a single-book env is often built for a short run, an env check or
         a test, where the compile would cost more than it saves.
     :param kwargs: :class:`EnvConfig` fields and ``load_market`` options, see :func:`make_core`.
@@ -314,7 +326,7 @@ class LOBEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         #: The compiled packed step (``compile=True``), else None (the eager core's step).
         self._packed_step: PackedStep | None = None
         if compile:
-            self._packed_step = PackedStep.of(self.core).compile()
+            self._packed_step = PackedStep.of(self.core).compile(self.core)
         self.compiled = compile
         self.config: EnvConfig = self.core.config
         self.market: MarketData = self.core.market
