@@ -47,8 +47,32 @@ RENDER_HISTORY = 200
 #: output buffer: a tensor handle each per call).
 COMPILE_OPTIONS: dict[str, Any] = {"cpp_wrapper": True, "force_pointwise_cat": True}
 
-#: Numbers the code object of each compiled packed step (:meth:`PackedStep.compile`).
+#: Numbers the code objects of the compiled packed steps (:meth:`PackedStep.compile`).
 _compiled_step_ids = itertools.count()
+#: The code object of the compiled packed steps, by what their graph is specialised on
+#: (:func:`compiled_step_key`): envs whose cores agree on it share one code object, so one compiled graph.
+_compiled_step_codes: dict[tuple[Any, ...], types.CodeType] = {}
+
+
+def compiled_step_key(core: BatchedLOB) -> tuple[Any, ...]:
+    """Everything of a core that its compiled packed step can bake into the graph, so two cores with the
+    same key can run one graph: the config, every Python scalar the core holds (tick size, levels, fee
+    rates, ...), and the shape, strides, dtype and device of every tensor it holds (with the value of a
+    0-dim one, on which ``torch.compile`` may specialise). Tensor values are graph inputs, read on every
+    call, so cores on different markets of one shape share a graph.
+
+    :param core: the core.
+    :return: a hashable key.
+    """
+    key: list[Any] = [type(core), core.config]
+    for name, value in sorted(vars(core).items()):
+        for item in value if isinstance(value, tuple) else (value,):
+            if isinstance(item, torch.Tensor):
+                scalar = item.item() if item.dim() == 0 else None
+                key.append((name, tuple(item.shape), item.stride(), item.dtype, str(item.device), scalar))
+            elif isinstance(item, bool | int | float | str):
+                key.append((name, item))
+    return tuple(key)
 
 
 def split_env_kwargs(
@@ -217,8 +241,8 @@ class PackedStep:
         return cls(packed_step, core.observation_dim, tuple(info), casts)
 
     def compile(self, core: BatchedLOB) -> PackedStep:
-        """This packed step through ``torch.compile``, with a code object of its own and no guards,
-        compiled now.
+        """This packed step through ``torch.compile``, with a code object shared only by the steps of
+        cores with the same :func:`compiled_step_key`, and no guards; compiled now.
 
         ``torch.compile`` keeps its compiled graphs per code object and checks ~50 guards on every call
         before it picks one (the core's tensors' shapes, dtypes and strides, its config's values, the
@@ -227,11 +251,13 @@ class PackedStep:
         after it is built (``EnvConfig`` is frozen), whose state keeps its shapes and dtypes (``reset``,
         the step and ``load_state_dict``, which checks them, all keep them), and whose action is always
         the ``[1, 4]`` int64 row ``LOBEnv.step`` builds; the generated code still asserts every input's
-        size and stride on each call. What makes this safe is the code object of its own: without it
+        size and stride on each call. What makes this safe is the code object per key: with one for all,
         every env's packed step would share one cache, and a second env with another config, fee or
-        market shape would run the first env's graph unchecked. With it, each env traces its own graph
-        (about 0.5 s more per env when the inductor cache already holds the kernels; no cache entries
-        accumulate across envs, so no env hits ``torch.compile``'s recompile limit).
+        market shape would run the first env's graph unchecked. With it, envs that differ in anything
+        the graph is specialised on trace graphs of their own (about 0.5 s when the inductor cache already
+        holds the kernels), and no cache entries accumulate on one code object, so no env hits
+        ``torch.compile``'s recompile limit. Envs with the same key share the graph: it reads the core of
+        the calling env's closure, like any function that reads its arguments.
 
         With no guards the compiled code is never traced again, so what ``dynamic=False`` and
         ``fullgraph=True`` ask for is set once, around the compiling call (static shapes; a graph break
@@ -243,9 +269,12 @@ class PackedStep:
         :return: the packed step with :attr:`step` compiled (:data:`COMPILE_OPTIONS`).
         """
         function = self.step
-        name = f"{function.__name__}_{next(_compiled_step_ids)}"
-        code = function.__code__.replace(co_name=name, co_qualname=name)
-        own = types.FunctionType(code, function.__globals__, name, closure=function.__closure__)
+        key = compiled_step_key(core)
+        if key not in _compiled_step_codes:
+            name = f"{function.__name__}_{next(_compiled_step_ids)}"
+            _compiled_step_codes[key] = function.__code__.replace(co_name=name, co_qualname=name)
+        code = _compiled_step_codes[key]
+        own = types.FunctionType(code, function.__globals__, code.co_name, closure=function.__closure__)
         options = {**COMPILE_OPTIONS, "guard_filter_fn": torch.compiler.skip_all_guards_unsafe}
         compiled = torch.compile(own, options=options)
         saved = core.state_dict()
@@ -294,9 +323,10 @@ class LOBEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         :meth:`BatchedLOB.enable_compile` compiles, fused with the packing of all its outputs into one
         vector (:class:`PackedStep`); ``env.core.step`` itself stays eager. Needs a C++ compiler. The
         env compiles while it is built: about 25 s with a cold inductor cache and 3 s with a warm one
-        (measured on a busy 2-core x86 machine); each further env in the process traces its own step
-        (about 0.5 s when the cache holds its kernels, see :meth:`PackedStep.compile`). Steps are about
-        10x faster than eager. Floats may differ from the eager step in the last bits (a fused
+        (measured on a busy 2-core x86 machine); a further env in the process with the same config and
+        market shape reuses the compiled step (0.04 s), one that differs traces its own (about 0.5 s
+        when the cache holds its kernels, see :meth:`PackedStep.compile`). Steps are about 10x faster
+        than eager. Floats may differ from the eager step in the last bits (a fused
         multiply-add). Off by default: a single-book env is often built for a short run, an env check or
         a test, where the compile would cost more than it saves.
     :param kwargs: :class:`EnvConfig` fields and ``load_market`` options, see :func:`make_core`.

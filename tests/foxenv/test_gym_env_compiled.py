@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import foxenv
-from foxenv.gym_env import LOBEnv, StepResult
+from foxenv.gym_env import LOBEnv, StepResult, compiled_step_key
 from tests.foxenv.fake_market import random_market
 
 needs_compiler = pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile on CPU needs g++")
@@ -62,11 +62,16 @@ def test_compiled_env_follows_the_eager_env() -> None:
 
 @pytest.mark.slow
 @needs_compiler
-def test_two_compiled_envs_with_one_config_step_their_own_books() -> None:
-    """Two compiled envs on one market and config (the same compiled kernels) each step their own book."""
-    market = random_market(600, num_levels=10, seed=21)
-    options = {"data": market, "episode_length": 30, "max_drawdown": 50.0}
-    pairs = [(LOBEnv(seed=seed, compile=True, **options), LOBEnv(seed=seed, **options)) for seed in (1, 2)]
+def test_two_compiled_envs_with_one_config_share_the_graph_and_step_their_own_books() -> None:
+    """Two compiled envs of one config on markets of one shape run one compiled graph, each on its own
+    book and market."""
+    options = {"episode_length": 30, "max_drawdown": 50.0}
+    markets = [random_market(600, num_levels=10, seed=seed) for seed in (21, 22)]
+    pairs = [
+        (LOBEnv(data=market, seed=seed, compile=True, **options), LOBEnv(data=market, seed=seed, **options))
+        for seed, market in zip((1, 2), markets, strict=True)
+    ]
+    assert compiled_step_key(pairs[0][0].core) == compiled_step_key(pairs[1][0].core)
     for compiled, eager in pairs:
         compiled.reset(seed=None)
         eager.reset(seed=None)
@@ -79,18 +84,18 @@ def test_two_compiled_envs_with_one_config_step_their_own_books() -> None:
             assert info_c["position"] == info_e["position"] and info_c["step"] == info_e["step"]
             assert info_c["equity"] == pytest.approx(info_e["equity"], rel=0, abs=1e-9)
             mids.add(info_c["mid"])
-    assert len(mids) > 25  # the two books sit at different offsets of the market
+    assert len(mids) > 25  # the two books sit on different markets
 
 
 @pytest.mark.slow
 @needs_compiler
 def test_compiled_envs_with_other_fees_configs_and_markets_follow_their_own_eager_env() -> None:
-    """A compiled step runs without ``torch.compile``'s guards, so each env must run a graph traced from its
-    own core. Envs built in one process that differ only in their fees (the same shapes: a shared graph
-    would pass every size check), or in their config and market shape, stepped in turn, each follow an
-    eager env of their own settings."""
+    """A compiled step runs without ``torch.compile``'s guards, so each env must run a graph traced for its
+    own settings. Envs built in one process that differ only in their fees (the same shapes: a shared
+    graph would pass every size check), or in their config, tick size and market shape, stepped in turn,
+    each follow an eager env of their own settings."""
     market = random_market(400, num_levels=10, seed=31)
-    other_market = random_market(700, num_levels=6, seed=32)
+    other_market = random_market(700, num_levels=6, seed=32, tick_size=0.05)
     base = {"data": market, "episode_length": 30, "max_drawdown": 50.0}
     settings = [
         base,
@@ -101,6 +106,8 @@ def test_compiled_envs_with_other_fees_configs_and_markets_follow_their_own_eage
         },
     ]
     pairs = [(LOBEnv(seed=7, compile=True, **options), LOBEnv(seed=7, **options)) for options in settings]
+    keys = {compiled_step_key(compiled.core) for compiled, _ in pairs}
+    assert len(keys) == len(settings)  # three graphs
     for compiled, eager in pairs:
         np.testing.assert_array_equal(compiled.reset(seed=8)[0], eager.reset(seed=8)[0])
     fees: list[list[float]] = [[] for _ in pairs]
