@@ -94,3 +94,17 @@ def push(state: dict, rows: dict, alpha: float = 0.6) -> torch.Tensor:
         rows["max_multiplier"],
         alpha,
     )
+
+
+def full_rebuild(tree: torch.Tensor) -> torch.Tensor:
+    """Oracle: every internal node recomputed level by level as ``left + right`` with plain tensor ops (the
+    kernels' arithmetic, any size), in place.
+
+    :param tree: sum tree ``[2P] float64``.
+    :return: the same tensor.
+    """
+    start = tree.shape[0] // 2
+    while start > 1:
+        tree[start // 2 : start] = tree[start : 2 * start : 2] + tree[start + 1 : 2 * start : 2]
+        start //= 2
+    return tree

@@ -14,7 +14,7 @@ import torch
 import cuda_ext
 from cuda_ext.ops_per import new_tree
 from cuda_ext.reference import per as reference
-from tests.cuda_ext.per_state import make_rows, make_state, push
+from tests.cuda_ext.per_state import full_rebuild, make_rows, make_state, push
 
 pytestmark = pytest.mark.gpu
 
@@ -94,16 +94,7 @@ def _consistent_tree(capacity: int, generator: torch.Generator, device: str) -> 
     leaves[torch.rand(capacity, generator=generator) < 0.2] = 0.0  # some zero-priority rows
     leaves[capacity // 2] = 0.75  # never an empty tree
     tree[n_leaves : n_leaves + capacity] = leaves
-    return _full_rebuild(tree.to(device))
-
-
-def _full_rebuild(tree: torch.Tensor) -> torch.Tensor:
-    """Oracle: level-by-level ``left + right`` with plain tensor ops (same arithmetic, any size)."""
-    start = tree.shape[0] // 2
-    while start > 1:
-        tree[start // 2 : start] = tree[start : 2 * start : 2] + tree[start + 1 : 2 * start : 2]
-        start //= 2
-    return tree
+    return full_rebuild(tree.to(device))
 
 
 def _check_rebuild(device: str, capacity: int, n_changed: int, seed: int) -> None:
@@ -115,7 +106,7 @@ def _check_rebuild(device: str, capacity: int, n_changed: int, seed: int) -> Non
     leaf_idx = torch.cat([changed, torch.tensor([-1, -5])])  # negatives are ignored
     actual = tree.to(device)
     OPS.per_tree_rebuild(actual, leaf_idx.to(device))
-    expected = _full_rebuild(tree.clone())
+    expected = full_rebuild(tree.clone())
     assert torch.equal(actual.cpu(), expected)  # bit-identical, tree[0] still 0
     for _ in range(2):  # again (the CUDA kernel's arrival counter must have returned to 0)
         changed = torch.randperm(capacity, generator=generator)[:n_changed]  # distinct: no write races
@@ -123,7 +114,7 @@ def _check_rebuild(device: str, capacity: int, n_changed: int, seed: int) -> Non
         expected[n_leaves + changed] = values
         actual[n_leaves + changed.to(device)] = values.to(device)
         OPS.per_tree_rebuild(actual, changed.to(device))
-        assert torch.equal(actual.cpu(), _full_rebuild(expected))
+        assert torch.equal(actual.cpu(), full_rebuild(expected))
 
 
 @pytest.mark.parametrize("capacity", [1, 31, 4097, 65536, (1 << 20) + 3])
@@ -165,7 +156,7 @@ def _check_sample_huge(device: str) -> None:
     head_size = torch.tensor([0, capacity])
     indices, weights = OPS.per_sample(tree, head_size.to(device), uniforms.to(device), 0.4)
     tree_cpu = tree.cpu()
-    assert torch.equal(tree_cpu, _full_rebuild(tree_cpu.clone()))
+    assert torch.equal(tree_cpu, full_rebuild(tree_cpu.clone()))
     expected_indices, expected_weights = reference.per_sample(tree_cpu, head_size, uniforms, 0.4)
     assert torch.equal(indices.cpu(), expected_indices)
     torch.testing.assert_close(weights.cpu(), expected_weights, **FLOAT_TOL)
@@ -213,7 +204,7 @@ def _check_refresh(device: str, capacity: int, seed: int, offset: int = 0) -> No
         for state in (expected, actual):
             OPS.per_tree_refresh(state["tree"])
         tree = actual["tree"].cpu()
-        assert torch.equal(tree, _full_rebuild(tree.clone()))  # bit-identical: every node left + right
+        assert torch.equal(tree, full_rebuild(tree.clone()))  # bit-identical: every node left + right
         torch.testing.assert_close(tree, expected["tree"], **FLOAT_TOL)  # no NaN marker left on either
         indices = torch.randint(0, capacity, (batch,), generator=generator)
         td_abs = torch.rand(batch, generator=generator)
@@ -224,7 +215,7 @@ def _check_refresh(device: str, capacity: int, seed: int, offset: int = 0) -> No
         for state in (expected, actual):
             OPS.per_tree_refresh(state["tree"])
         tree = actual["tree"].cpu()
-        assert torch.equal(tree, _full_rebuild(tree.clone()))
+        assert torch.equal(tree, full_rebuild(tree.clone()))
         torch.testing.assert_close(tree, expected["tree"], **FLOAT_TOL)
 
 
@@ -270,7 +261,7 @@ def test_cuda_graph_capture_and_replay_of_a_training_cycle(batch: int, refresh: 
     warm_rows = _random_rows(5000, generator)
     warm_rows["wants"][:] = True
     _reference_push(initial, warm_rows, 0.6)
-    _full_rebuild(initial["tree"])
+    full_rebuild(initial["tree"])
     rows = _random_rows(n, generator)
     uniforms = torch.rand(batch, dtype=torch.float64, generator=generator)
     td_abs = torch.rand(batch, generator=generator)

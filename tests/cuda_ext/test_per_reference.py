@@ -10,7 +10,7 @@ import torch
 import cuda_ext  # noqa: F401  (defines the ops)
 from cuda_ext.ops_per import new_tree
 from cuda_ext.reference import per as per_reference
-from tests.cuda_ext.per_state import make_rows, make_state, push
+from tests.cuda_ext.per_state import full_rebuild, make_rows, make_state, push
 
 OPS = torch.ops.cuda_ext
 
@@ -194,14 +194,6 @@ def test_update_rejects_out_of_range_indices() -> None:
         OPS.per_update(tree, torch.ones(1), torch.tensor([0, 4]), torch.ones(2), 1.0, 0.0)
 
 
-def _full_rebuild(tree: torch.Tensor) -> torch.Tensor:
-    start = tree.shape[0] // 2
-    while start > 1:
-        tree[start // 2 : start] = tree[start : 2 * start : 2] + tree[start + 1 : 2 * start : 2]
-        start //= 2
-    return tree
-
-
 def _dirty_roots(tree: torch.Tensor) -> list[int]:
     """Subtree-root heap nodes that hold the dirty marker."""
     return torch.nonzero(tree.view(torch.int64) == per_reference.DIRTY_MARKER).flatten().tolist()
@@ -215,7 +207,7 @@ def test_push_and_update_mark_the_dirty_subtree_roots_of_a_marked_tree() -> None
     assert _dirty_roots(state["tree"]) == [4, 5]
     OPS.per_tree_refresh(state["tree"])
     assert _dirty_roots(state["tree"]) == []
-    assert torch.equal(state["tree"], _full_rebuild(state["tree"].clone()))
+    assert torch.equal(state["tree"], full_rebuild(state["tree"].clone()))
     assert state["tree"][1].item() == 4.0  # four rows of priority 1
     OPS.per_update(state["tree"], state["max_priority"], torch.tensor([3 * per_reference.SUBTREE_LEAVES + 1]),
                    torch.tensor([2.0]), 1.0, 0.0)
@@ -244,14 +236,14 @@ def test_refresh_equals_rebuild_of_the_changed_leaves() -> None:
             OPS.per_tree_refresh(state["tree"])
             OPS.per_tree_rebuild(listed["tree"], indices)
             assert torch.equal(state["tree"], listed["tree"]), capacity
-            assert torch.equal(state["tree"], _full_rebuild(state["tree"].clone())), capacity
+            assert torch.equal(state["tree"], full_rebuild(state["tree"].clone())), capacity
 
 
 def test_refresh_of_an_unmarked_tree_rebuilds_every_node() -> None:
     tree = new_tree(1000)  # P = 1024 < MARKED_MIN_LEAVES
     tree[1024:] = torch.rand(1024, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     OPS.per_tree_refresh(tree)
-    assert torch.equal(tree, _full_rebuild(tree.clone()))
+    assert torch.equal(tree, full_rebuild(tree.clone()))
     assert not per_reference.marks_subtrees(1024) and per_reference.marks_subtrees(4096)
     assert not per_reference.marks_subtrees(1 << 24)
 
