@@ -173,6 +173,10 @@ def train(args: argparse.Namespace) -> Path:
     if args.eval_steps < 2:  # checked before training, not after it
         raise ValueError(f"--eval-steps={args.eval_steps} must be >= 2")
     _check_seed_and_device(args)
+    on_cuda = th.device(args.device).type == "cuda"
+    cuda_graph = on_cuda if args.cuda_graph is None else args.cuda_graph
+    if cuda_graph and not on_cuda:
+        raise ValueError(f"--cuda-graph needs --device cuda, got --device={args.device!r}")
     out = Path(args.out) if args.out else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     eval_seed = args.seed + 1000
@@ -183,8 +187,8 @@ def train(args: argparse.Namespace) -> Path:
     }
     config = {
         "command": "train", "data": args.data, "steps": args.steps, "n_envs": args.n_envs,
-        "device": args.device, "seed": args.seed, "threads": args.threads, "hindsight": args.hindsight,
-        "eval_steps": args.eval_steps,
+        "device": args.device, "cuda_graph": cuda_graph, "seed": args.seed, "threads": args.threads,
+        "hindsight": args.hindsight, "eval_steps": args.eval_steps,
         "eval_data": "test split" if args.data != "synthetic" else f"synthetic, seed {eval_seed}",
         "model_kwargs": model_kwargs, "policy_kwargs": DEFAULT_POLICY_KWARGS,
         "env_kwargs": DEFAULT_ENV_KWARGS,
@@ -194,7 +198,7 @@ def train(args: argparse.Namespace) -> Path:
 
     env = _make_env(args.data, args.n_envs, args.device, args.seed, split="train")
     model = BranchingIQN(
-        "MlpPolicy", env, seed=args.seed, device=args.device, hindsight=args.hindsight,
+        "MlpPolicy", env, seed=args.seed, device=args.device, hindsight=args.hindsight, cuda_graph=cuda_graph,
         policy_kwargs=dict(DEFAULT_POLICY_KWARGS), tensorboard_log=str(out / "tb"),
         diagnostics_path=str(out / "diagnostics.jsonl"), **model_kwargs,
     )
@@ -266,6 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
                               help="hindsight replay injections (default: on)")
     train_parser.add_argument("--eval-steps", type=int, default=500,
                               help="vector steps of the final evaluation (default: 500)")
+    train_parser.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
+                              help="run each gradient step as one CUDA graph replay (BranchingIQN's "
+                                   "cuda_graph=True); CUDA only (default: on with --device cuda)")
     rollout_parser = sub.add_parser(
         "rollout", help="score a uniformly random policy (foxenv.rollout.random_rollout)",
         description="Run a uniformly random policy on the vector env and print foxenv.metrics.",

@@ -66,6 +66,26 @@ def test_bad_seed_or_device_is_refused_before_anything_runs(
     assert not (tmp_path / "run").exists()
 
 
+def test_cuda_graph_on_the_cpu_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="--cuda-graph needs --device cuda, got --device='cpu'"):
+        main(["train", "--steps", "10", "--cuda-graph", "--no-progress", "--out", str(tmp_path / "run")])
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.gpu
+def test_train_on_cuda_runs_graphed_steps(tmp_path: Path) -> None:
+    """``--device cuda`` trains with ``cuda_graph`` on by default (and ``--no-cuda-graph`` turns it off)."""
+    from sb3_her_ext import BranchingIQN
+
+    for flags, graphed in (([], True), (["--no-cuda-graph"], False)):
+        out = tmp_path / f"run_{graphed}"
+        assert main(["train", "--device", "cuda", "--steps", "600", "--n-envs", "4", "--out", str(out),
+                     "--no-progress", "--eval-steps", "5", *flags]) == 0
+        assert json.loads((out / "config.json").read_text())["cuda_graph"] is graphed
+        model = BranchingIQN.load(out / "model.zip", device="cuda")
+        assert model.cuda_graph is graphed and model.num_timesteps == 600
+
+
 @pytest.mark.slow
 def test_train_writes_the_run_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from sb3_her_ext import BranchingIQN
@@ -84,7 +104,7 @@ def test_train_writes_the_run_folder(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert (out / "training.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     config = json.loads((out / "config.json").read_text())
     assert config["steps"] == 240 and config["n_envs"] == 2 and config["hindsight"] is False
-    assert config["seed"] == 3
+    assert config["seed"] == 3 and config["cuda_graph"] is False  # off on the CPU
     lines = read_diagnostics(out / "diagnostics.jsonl")
     assert lines and all(tuple(line) == DIAGNOSTICS_KEYS for line in lines)
     assert lines[-1]["step"] == 240
