@@ -736,14 +736,35 @@ cudaError_t launch_push(const bool* wants, const float* new_priority, const floa
   return cudaGetLastError();
 }
 
+// The whole tree of 2 <= P <= kMinSubtreeLeaves leaves, in one block.
+static cudaError_t launch_small_tree(double* tree, int64_t n_leaves, cudaStream_t stream) {
+  const int threads = static_cast<int>(n_leaves / 2 < 1024 ? n_leaves / 2 : 1024);
+  CUDA_EXT_LAUNCH(small_tree_kernel, 1, threads, static_cast<size_t>(n_leaves) * sizeof(double), stream, tree, n_leaves);
+  return cudaGetLastError();
+}
+
+// Subtrees of kMinSubtreeLeaves..kMaxSubtreeLeaves leaves, one block each, the last block the top. With fewer
+// listed leaves (`leaf_idx`, m) than subtrees, only the subtrees holding one (each block scans the m indices);
+// otherwise, or with no list (nullptr), every subtree.
+static cudaError_t launch_subtree_rebuild(double* tree, int64_t n_leaves, const int64_t* leaf_idx, int64_t m,
+                                          cudaStream_t stream) {
+  int64_t width = n_leaves / kTopLeaves;
+  if (width < kMinSubtreeLeaves) width = kMinSubtreeLeaves;
+  if (width > kMaxSubtreeLeaves) width = kMaxSubtreeLeaves;  // then n_leaves / width <= 16384 too
+  const int64_t blocks = n_leaves / width;
+  const size_t shared_bytes = static_cast<size_t>(width > blocks ? width : blocks) * sizeof(double);
+  const cudaError_t err = set_shared_limit(reinterpret_cast<const void*>(tree_rebuild_kernel), shared_bytes);
+  if (err != cudaSuccess) return err;
+  const int64_t* filter = m < blocks ? leaf_idx : nullptr;  // null leaf_idx: every subtree
+  CUDA_EXT_LAUNCH(tree_rebuild_kernel, static_cast<unsigned>(blocks), 1024, shared_bytes, stream, tree, n_leaves, width,
+                  filter, m);
+  return cudaGetLastError();
+}
+
 cudaError_t launch_tree_rebuild(double* tree, const int64_t* leaf_idx, int64_t m, int64_t n_leaves,
                                 cudaStream_t stream) {
   if (n_leaves < 2) return cudaSuccess;
-  if (n_leaves <= kMinSubtreeLeaves) {
-    const int threads = static_cast<int>(n_leaves / 2 < 1024 ? n_leaves / 2 : 1024);
-    CUDA_EXT_LAUNCH(small_tree_kernel, 1, threads, static_cast<size_t>(n_leaves) * sizeof(double), stream, tree, n_leaves);
-    return cudaGetLastError();
-  }
+  if (n_leaves <= kMinSubtreeLeaves) return launch_small_tree(tree, n_leaves, stream);
   if (n_leaves <= kFastMaxLeaves && (reinterpret_cast<uintptr_t>(tree) & 15u) == 0) {
     const int64_t n_subtrees = n_leaves / kFastSubtreeLeaves;
     // Up to kScanMax listed leaves: every block scans them (no extra launch); more, up to P / 8: a marking
@@ -763,27 +784,12 @@ cudaError_t launch_tree_rebuild(double* tree, const int64_t* leaf_idx, int64_t m
         tree, n_leaves, test, leaf_idx, m);
     return cudaGetLastError();
   }
-  int64_t width = n_leaves / kTopLeaves;
-  if (width < kMinSubtreeLeaves) width = kMinSubtreeLeaves;
-  if (width > kMaxSubtreeLeaves) width = kMaxSubtreeLeaves;  // then n_leaves / width <= 16384 too
-  const int64_t blocks = n_leaves / width;
-  const size_t shared_bytes = static_cast<size_t>(width > blocks ? width : blocks) * sizeof(double);
-  const cudaError_t err = set_shared_limit(reinterpret_cast<const void*>(tree_rebuild_kernel), shared_bytes);
-  if (err != cudaSuccess) return err;
-  // Few listed leaves: skip the subtrees that hold none (each block scans the m indices).
-  const int64_t* filter = m < blocks ? leaf_idx : nullptr;
-  CUDA_EXT_LAUNCH(tree_rebuild_kernel, static_cast<unsigned>(blocks), 1024, shared_bytes, stream, tree, n_leaves, width,
-                                                                                     filter, m);
-  return cudaGetLastError();
+  return launch_subtree_rebuild(tree, n_leaves, leaf_idx, m, stream);
 }
 
 cudaError_t launch_tree_refresh(double* tree, int64_t n_leaves, cudaStream_t stream) {
   if (n_leaves < 2) return cudaSuccess;
-  if (n_leaves <= kMinSubtreeLeaves) {  // small: the whole tree in one block
-    const int threads = static_cast<int>(n_leaves / 2 < 1024 ? n_leaves / 2 : 1024);
-    CUDA_EXT_LAUNCH(small_tree_kernel, 1, threads, static_cast<size_t>(n_leaves) * sizeof(double), stream, tree, n_leaves);
-    return cudaGetLastError();
-  }
+  if (n_leaves <= kMinSubtreeLeaves) return launch_small_tree(tree, n_leaves, stream);
   if (marks_subtrees(n_leaves) && (reinterpret_cast<uintptr_t>(tree) & 15u) == 0) {  // the marked subtrees
     const int64_t n_subtrees = n_leaves / kFastSubtreeLeaves;
     CUDA_EXT_LAUNCH(fast_rebuild_kernel, static_cast<unsigned>(n_subtrees), kFastThreads, 0, stream,
@@ -791,16 +797,7 @@ cudaError_t launch_tree_refresh(double* tree, int64_t n_leaves, cudaStream_t str
     return cudaGetLastError();
   }
   // Unmarked (P > 2^23) or unaligned: every subtree (which also overwrites any marker).
-  int64_t width = n_leaves / kTopLeaves;
-  if (width < kMinSubtreeLeaves) width = kMinSubtreeLeaves;
-  if (width > kMaxSubtreeLeaves) width = kMaxSubtreeLeaves;
-  const int64_t blocks = n_leaves / width;
-  const size_t shared_bytes = static_cast<size_t>(width > blocks ? width : blocks) * sizeof(double);
-  const cudaError_t err = set_shared_limit(reinterpret_cast<const void*>(tree_rebuild_kernel), shared_bytes);
-  if (err != cudaSuccess) return err;
-  CUDA_EXT_LAUNCH(tree_rebuild_kernel, static_cast<unsigned>(blocks), 1024, shared_bytes, stream, tree, n_leaves, width,
-                  static_cast<const int64_t*>(nullptr), int64_t{0});
-  return cudaGetLastError();
+  return launch_subtree_rebuild(tree, n_leaves, nullptr, 0, stream);
 }
 
 int64_t sample_workspace_size(int64_t batch) {
