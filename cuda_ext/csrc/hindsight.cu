@@ -124,6 +124,28 @@ __device__ inline void count_wanted_block(bool want, int64_t* count) {
   }
 }
 
+// The end of a candidate kernel with one row per thread (row blockIdx.x * kThreads + threadIdx.x of n_total),
+// its sources staged in the block's shared arrays: each warp copies its wanted rows' observations
+// (copy_wanted_rows) and writes their actions (write_actions), then the block adds its wanted rows to
+// `*count`. Every thread of the block must call it.
+__device__ inline void emit_block_rows(bool vec4, bool want, int64_t n_total, float* out_obs, float* out_next_obs,
+                                       int64_t* out_action, const float* const* s_obs,
+                                       const float* const* s_next_obs, const int64_t* const* s_action,
+                                       const int64_t* s_replace, const bool* s_has_replace, int64_t branch,
+                                       int64_t obs_dim, int64_t n_branches, int64_t* count) {
+  __syncwarp();
+  const int lane = threadIdx.x & 31;
+  const int warp_base = threadIdx.x & ~31;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads + warp_base;
+  const int64_t left = n_total - first;
+  const int n_rows = static_cast<int>(left < 0 ? 0 : (left < 32 ? left : 32));
+  copy_wanted_rows(vec4, out_obs, out_next_obs, s_obs + warp_base, s_next_obs + warp_base, first, n_rows, obs_dim,
+                   lane);
+  write_actions(out_action, s_action + warp_base, s_replace + warp_base, s_has_replace + warp_base, branch, first,
+                n_rows, n_branches, lane, 32);
+  count_wanted_block(want, count);
+}
+
 __global__ void track_kernel(float* __restrict__ ring, int64_t* __restrict__ ring_len,
                              float* __restrict__ entry_mid, int64_t* __restrict__ direction,
                              float* __restrict__ peak, int64_t* __restrict__ peak_row,
@@ -218,17 +240,8 @@ __global__ void inject_kernel(int64_t* __restrict__ ring_len, float* __restrict_
     s_flat[threadIdx.x] = flat_action;
     s_exit[threadIdx.x] = use_peak;
   }
-  __syncwarp();
-  const int lane = threadIdx.x & 31;
-  const int warp_base = threadIdx.x & ~31;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads + warp_base;
-  const int64_t left = n_books - first;
-  const int n_rows = static_cast<int>(left < 0 ? 0 : (left < 32 ? left : 32));
-  copy_wanted_rows(vec4, out_obs, out_next_obs, s_obs + warp_base, s_next_obs + warp_base, first, n_rows, obs_dim,
-                   lane);
-  write_actions(out_action, s_action + warp_base, s_flat + warp_base, s_exit + warp_base, direction_branch, first,
-                n_rows, n_branches, lane, 32);
-  count_wanted_block(want, count);
+  emit_block_rows(vec4, want, n_books, out_obs, out_next_obs, out_action, s_obs, s_next_obs, s_action, s_flat,
+                  s_exit, direction_branch, obs_dim, n_branches, count);
 }
 
 // Forward phase 1 (blocks [0, slot_blocks)): judge slots, write one candidate row per slot, per-block
@@ -439,17 +452,8 @@ __global__ void relabel_kernel(const bool* __restrict__ trade_closed, const floa
     s_target[threadIdx.x] = target;
     s_relabel[threadIdx.x] = true;
   }
-  __syncwarp();
-  const int lane = threadIdx.x & 31;
-  const int warp_base = threadIdx.x & ~31;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads + warp_base;
-  const int64_t left = n_rows_total - first;
-  const int n_rows = static_cast<int>(left < 0 ? 0 : (left < 32 ? left : 32));
-  copy_wanted_rows(vec4, out_obs, out_next_obs, s_obs + warp_base, s_next_obs + warp_base, first, n_rows, obs_dim,
-                   lane);
-  write_actions(out_action, s_action + warp_base, s_target + warp_base, s_relabel + warp_base, magnitude_branch,
-                first, n_rows, n_branches, lane, 32);
-  count_wanted_block(want, count);
+  emit_block_rows(vec4, want, n_rows_total, out_obs, out_next_obs, out_action, s_obs, s_next_obs, s_action,
+                  s_target, s_relabel, magnitude_branch, obs_dim, n_branches, count);
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }

@@ -182,6 +182,28 @@ __device__ inline float interpolate(float below, float above, float weight) {
 }
 
 // Compile-time order-statistic positions of a row of exactly N samples (as iqr_positions, in float32).
+// Sort N values (a power of two) ascending in registers: a bitonic network, fully unrolled.
+template <int N>
+__device__ inline void bitonic_sort_ascending(float (&v)[N]) {
+#pragma unroll
+  for (int k = 2; k <= N; k <<= 1) {
+#pragma unroll
+    for (int j = k >> 1; j > 0; j >>= 1) {
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        const int partner = i ^ j;
+        if (partner > i) {
+          const float lo = fminf(v[i], v[partner]);
+          const float hi = fmaxf(v[i], v[partner]);
+          const bool ascending = (i & k) == 0;
+          v[i] = ascending ? lo : hi;
+          v[partner] = ascending ? hi : lo;
+        }
+      }
+    }
+  }
+}
+
 template <int N>
 struct ExactPositions {
   static constexpr float kPos25 = 0.25f * static_cast<float>(N - 1);
@@ -235,23 +257,7 @@ __global__ void iqr_register_kernel(const float* __restrict__ samples, int64_t n
     has_nan |= isnan(x);
     v[i] = isnan(x) ? INFINITY : x;
   }
-#pragma unroll
-  for (int k = 2; k <= NMAX; k <<= 1) {
-#pragma unroll
-    for (int j = k >> 1; j > 0; j >>= 1) {
-#pragma unroll
-      for (int i = 0; i < NMAX; ++i) {
-        const int partner = i ^ j;
-        if (partner > i) {
-          const float lo = fminf(v[i], v[partner]);
-          const float hi = fmaxf(v[i], v[partner]);
-          const bool ascending = (i & k) == 0;
-          v[i] = ascending ? lo : hi;
-          v[partner] = ascending ? hi : lo;
-        }
-      }
-    }
-  }
+  bitonic_sort_ascending<NMAX>(v);
   float lo25 = 0.0f, hi25 = 0.0f, lo75 = 0.0f, hi75 = 0.0f;
   if (EXACT) {
     using P = ExactPositions<NMAX>;
@@ -322,23 +328,7 @@ __global__ void __launch_bounds__(kRowsPerBlock) iqr_pipelined_kernel(const floa
       has_nan |= isnan(x);
       v[i] = isnan(x) ? INFINITY : x;
     }
-#pragma unroll
-    for (int k = 2; k <= N; k <<= 1) {
-#pragma unroll
-      for (int j = k >> 1; j > 0; j >>= 1) {
-#pragma unroll
-        for (int i = 0; i < N; ++i) {
-          const int partner = i ^ j;
-          if (partner > i) {
-            const float lo = fminf(v[i], v[partner]);
-            const float hi = fmaxf(v[i], v[partner]);
-            const bool ascending = (i & k) == 0;
-            v[i] = ascending ? lo : hi;
-            v[partner] = ascending ? hi : lo;
-          }
-        }
-      }
-    }
+    bitonic_sort_ascending<N>(v);
     using P = ExactPositions<N>;
     const float iqr = __fsub_rn(interpolate(v[P::kLo75], v[P::kHi75], at.w75),
                                 interpolate(v[P::kLo25], v[P::kHi25], at.w25));
