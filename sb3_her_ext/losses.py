@@ -13,9 +13,10 @@ from typing import Any
 
 import torch as th
 
-#: On the CPU the ``[rows, N, N']`` pair tensors are built this many pairs at a time (1 MiB per float32
-#: buffer), in reused buffers: they stay in cache and no large allocation is touched afresh per call.
-CPU_PAIRS_PER_CHUNK = 1 << 18
+#: On the CPU the pair tensors are built this many pairs at a time (512 KiB per float32 buffer), in reused
+#: buffers: they stay in the core's cache and no large allocation is touched afresh per call (one thread,
+#: ``5120`` rows of ``32 x 32`` pairs: 2^16 and 2^17 pairs per block equal, 2^18 and 2^15 1.25x slower).
+CPU_PAIRS_PER_CHUNK = 1 << 17
 
 
 class _QuantileHuber(th.autograd.Function):
@@ -28,6 +29,10 @@ class _QuantileHuber(th.autograd.Function):
     ``j``, so only four row sums over the pairs are needed: ``sum_j c``, ``sum_j c-`` (the gradient of
     ``current``) and ``sum_j c * h``, ``sum_j c- * h`` (the loss); the gradient of ``target`` (when it is
     needed) is ``sum_i g_ij``, two batched matrix products.
+
+    The pair tensors are laid out ``[N', rows, N]`` (``j`` outermost), so the sums over ``j`` add whole
+    contiguous ``[rows, N]`` slabs instead of reducing 32-element rows (measured 1.3x faster forward on one
+    CPU thread for ``[5120, 32] x [5120, 32]``).
     """
 
     @staticmethod
@@ -41,25 +46,30 @@ class _QuantileHuber(th.autograd.Function):
         chunk = n_rows if current.device.type != "cpu" else CPU_PAIRS_PER_CHUNK // (n * n_target)
         chunk = max(1, min(n_rows, chunk))
         need_target_grad = ctx.needs_input_grad[1]
-        delta = rows_current.new_empty(chunk, n, n_target)
-        parts = rows_current.new_empty(2, chunk, n, n_target)  # c and c-
+        delta = rows_current.new_empty(n_target, chunk, n)
+        parts = rows_current.new_empty(2, n_target, chunk, n)  # c and c-
         grad_sums = rows_current.new_empty(2, n_rows, n)  # sum_j c, sum_j c-
         loss_sums = rows_current.new_empty(2, n_rows, n)  # sum_j c * h, sum_j c- * h
         neg_weight = 1.0 - 2.0 * rows_taus
-        grad_target = rows_current.new_empty(n_rows, 1, n_target) if need_target_grad else None
+        grad_target = rows_current.new_empty(n_rows, n_target, 1) if need_target_grad else None
+        columns_target = rows_target.t()  # [N', rows]
         for start in range(0, n_rows, chunk):  # one chunk on the GPU; blocks of rows on the CPU
             stop = min(start + chunk, n_rows)
-            pair_delta = th.sub(rows_target[start:stop, None, :], rows_current[start:stop, :, None],
-                                out=delta[: stop - start])
-            pair_parts = parts[:, : stop - start]
+            pair_delta = th.sub(
+                columns_target[:, start:stop, None],
+                rows_current[None, start:stop, :],
+                out=delta[:, : stop - start],
+            )
+            pair_parts = parts[:, :, : stop - start]
             th.clamp(pair_delta, -kappa, kappa, out=pair_parts[0])
             th.clamp(pair_parts[0], max=0.0, out=pair_parts[1])
-            th.sum(pair_parts, dim=-1, out=grad_sums[:, start:stop])
-            if grad_target is not None:
-                th.bmm(rows_taus[start:stop, None, :], pair_parts[0], out=grad_target[start:stop])
-                grad_target[start:stop].baddbmm_(neg_weight[start:stop, None, :], pair_parts[1])
+            th.sum(pair_parts, dim=1, out=grad_sums[:, start:stop])
+            if grad_target is not None:  # [rows, N', N] @ [rows, N, 1]
+                block_grad = grad_target[start:stop]
+                th.bmm(pair_parts[0].transpose(0, 1), rows_taus[start:stop, :, None], out=block_grad)
+                block_grad.baddbmm_(pair_parts[1].transpose(0, 1), neg_weight[start:stop, :, None])
             pair_parts.mul_(pair_delta.sub_(pair_parts[0], alpha=0.5))  # c * h, c- * h
-            th.sum(pair_parts, dim=-1, out=loss_sums[:, start:stop])
+            th.sum(pair_parts, dim=1, out=loss_sums[:, start:stop])
         scale = 1.0 / (kappa * n_target)
         loss = (rows_taus * loss_sums[0] + neg_weight * loss_sums[1]).sum(dim=-1).mul_(scale)
         grad_current = (rows_taus * grad_sums[0] + neg_weight * grad_sums[1]).mul_(-scale)

@@ -9,9 +9,14 @@ import torch as th
 from gymnasium import spaces
 from torch import nn
 
-from sb3_her_ext import BranchingIQN
+from sb3_her_ext import BranchingIQN, losses
 from sb3_her_ext.losses import quantile_huber_loss
-from sb3_her_ext.policy import BranchingIQNPolicy, BranchingQNetwork, BranchLinear, default_optimizer_kwargs
+from sb3_her_ext.policy import (
+    BranchingIQNPolicy,
+    BranchingQNetwork,
+    BranchLinear,
+    default_optimizer_kwargs,
+)
 from sb3_her_ext.popart import PopArt
 from sb3_her_ext.vaccine import assign_flat_grad
 
@@ -174,3 +179,72 @@ class _RandomEnv(gym.Env):
 
     def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
         return self.observation_space.sample(), float(self.np_random.standard_normal()), False, False, {}
+
+
+def _old_quantile_huber_row_sums(
+    current: th.Tensor, target: th.Tensor, taus: th.Tensor, kappa: float
+) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+    """The ``[rows, N, N']``-layout forward of the fused loss before the ``[N', rows, N]`` layout (a frozen
+    copy of the previous implementation, one block): ``(loss [rows], grad_current [rows, N], grad_target
+    [rows, N'])`` for unit upstream gradients."""
+    delta = target[:, None, :] - current[:, :, None]
+    clipped = delta.clamp(-kappa, kappa)
+    negative = clipped.clamp(max=0.0)
+    neg_weight = 1.0 - 2.0 * taus
+    grad_target = th.bmm(taus[:, None, :], clipped) + th.bmm(neg_weight[:, None, :], negative)
+    half = delta - 0.5 * clipped
+    loss_sums = (clipped * half).sum(-1), (negative * half).sum(-1)
+    grad_sums = clipped.sum(-1), negative.sum(-1)
+    scale = 1.0 / (kappa * target.shape[-1])
+    loss = (taus * loss_sums[0] + neg_weight * loss_sums[1]).sum(-1) * scale
+    grad_current = -(taus * grad_sums[0] + neg_weight * grad_sums[1]) * scale
+    return loss, grad_current, grad_target.squeeze(1) * scale
+
+
+@pytest.mark.parametrize("pairs_per_chunk", [1 << 16, 150, 1])
+@pytest.mark.parametrize("dtype", [th.float32, th.float64])
+def test_quantile_huber_blocks_match_the_formula_and_the_old_layout(
+    monkeypatch: pytest.MonkeyPatch, pairs_per_chunk: int, dtype: th.dtype
+) -> None:
+    """The ``[N', rows, N]``-layout loss in one block, in several blocks with a partial last one, and one row
+    per block: values and both gradients against the textbook formula under autograd and against the old
+    ``[rows, N, N']`` layout, with ties, errors far outside kappa and a broadcast (expanded) target."""
+    monkeypatch.setattr(losses, "CPU_PAIRS_PER_CHUNK", pairs_per_chunk)
+    gen = th.Generator().manual_seed(11)
+    current = th.randn(3, 7, 4, 6, generator=gen, dtype=dtype) * 3.0
+    target = th.randn(3, 7, 1, 5, generator=gen, dtype=dtype) * 3.0
+    target[:, :, 0, 0] = current[:, :, 0, 0]  # ties: delta = 0
+    taus = th.rand(7, 6, generator=gen, dtype=dtype)[None, :, None, :]
+    upstream = th.randn(3, 7, 4, generator=gen, dtype=dtype)
+    kappa = 0.8
+    current.requires_grad_()
+    target.requires_grad_()
+    fused = quantile_huber_loss(current, target.expand(-1, -1, 4, -1), taus.expand_as(current), kappa)
+    grads = th.autograd.grad((fused * upstream).sum(), (current, target))
+    delta = target.unsqueeze(-2) - current.unsqueeze(-1)
+    huber = th.where(delta.abs() <= kappa, 0.5 * delta**2, kappa * (delta.abs() - 0.5 * kappa))
+    weight = (taus.unsqueeze(-1) - (delta < 0).to(dtype)).abs()
+    naive = (weight * huber / kappa).mean(-1).sum(-1)
+    expected = th.autograd.grad((naive * upstream).sum(), (current, target))
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == th.float32 else {}
+    assert th.allclose(fused, naive, **tol)
+    assert th.allclose(grads[0], expected[0], **tol) and th.allclose(grads[1], expected[1], **tol)
+    rows = [
+        x.detach().broadcast_to(3, 7, 4, x.shape[-1]).reshape(-1, x.shape[-1])
+        for x in (current, target, taus)
+    ]
+    old_loss, old_grad_current, old_grad_target = _old_quantile_huber_row_sums(*rows, kappa)
+    flat_upstream = upstream.reshape(-1, 1)
+    assert th.allclose(fused.detach().reshape(-1), old_loss, **tol)
+    assert th.allclose(grads[0].reshape(-1, 6), old_grad_current * flat_upstream, **tol)
+    old_target_grad = (old_grad_target * flat_upstream).view(3, 7, 4, 5).sum(2, keepdim=True)
+    assert th.allclose(grads[1], old_target_grad, **tol)
+    if dtype == th.float64:  # without a target gradient (training's detached target) too
+        assert th.autograd.gradcheck(
+            lambda c: quantile_huber_loss(c, target.detach(), taus.expand_as(c), kappa), (current,)
+        )
+        assert th.autograd.gradcheck(
+            lambda c, t: quantile_huber_loss(c, t.expand(-1, -1, 4, -1), taus.expand_as(c), kappa),
+            (current, target),
+        )
+
