@@ -15,6 +15,7 @@ from sb3_her_ext.policy import (
     BranchingIQNPolicy,
     BranchingQNetwork,
     BranchLinear,
+    _FoldedQuantileHead,
     default_optimizer_kwargs,
 )
 from sb3_her_ext.popart import PopArt
@@ -248,3 +249,38 @@ def test_quantile_huber_blocks_match_the_formula_and_the_old_layout(
             (current, target),
         )
 
+
+@pytest.mark.parametrize(
+    "needs",
+    [
+        (True, True, True, True),
+        (True, False, False, False),
+        (False, True, True, False),
+        (False, False, False, True),
+    ],
+)
+def test_folded_quantile_head_matches_autograd_of_the_plain_ops(needs: tuple[bool, ...]) -> None:
+    """The taken-action IQN head's custom backward against autograd through the same mul and baddbmm, and
+    gradcheck, for every subset of inputs that need a gradient."""
+    gen = th.Generator().manual_seed(12)
+    batch, n_taus, n_branches, n_ensemble, hidden_dim = 3, 5, 2, 3, 4
+    embedding = th.randn(batch, n_taus, hidden_dim, generator=gen, dtype=th.float64).relu()
+    features = th.randn(n_branches, batch, hidden_dim, generator=gen, dtype=th.float64).transpose(0, 1)
+    weight = th.randn(batch, n_branches, n_ensemble, hidden_dim, generator=gen, dtype=th.float64)
+    bias = th.randn(batch, n_branches * n_ensemble, generator=gen, dtype=th.float64)
+    inputs = [
+        x.clone().requires_grad_(need)
+        for x, need in zip((embedding, features.unsqueeze(2), weight, bias), needs, strict=True)
+    ]
+    upstream = th.randn(batch, n_branches * n_ensemble, n_taus, generator=gen, dtype=th.float64)
+    out = _FoldedQuantileHead.apply(*inputs)
+    folded = (inputs[2] * inputs[1]).view(batch, n_branches * n_ensemble, hidden_dim)
+    plain = th.baddbmm(inputs[3].unsqueeze(-1), folded, inputs[0].transpose(1, 2))
+    assert out.shape == (batch, n_branches * n_ensemble, n_taus)
+    assert th.allclose(out, plain)
+    wanted = [x for x in inputs if x.requires_grad]
+    got = th.autograd.grad((out * upstream).sum(), wanted)
+    expected = th.autograd.grad((plain * upstream).sum(), wanted)
+    for g, e, x in zip(got, expected, wanted, strict=True):
+        assert g.shape == x.shape and th.allclose(g, e)
+    assert th.autograd.gradcheck(lambda *xs: _FoldedQuantileHead.apply(*xs), tuple(inputs))
