@@ -4,9 +4,7 @@ A cycle = push 4096 transitions (obs dim 64, 4 action branches), sample B rows, 
 (and rebuild the sum tree where there is one), capacity 2^20, for B = 256 and 4096. Contenders:
 
 * ``cuda_ext``: the ``torch.ops.cuda_ext`` PER ops (CUDA kernels on a GPU; the references on CPU);
-* ``cuda_ext (CUDA graph)``: the same cycle captured once and replayed (GPU only); ``ops only``: without
-  the row gather (issue #3's cycle); ``refresh + sample unfused``: the ops-only cycle with
-  ``per_tree_refresh`` then ``per_sample`` instead of ``per_refresh_sample`` (an A/B in the same run);
+* ``cuda_ext (CUDA graph)``: the same cycle captured once and replayed (GPU only);
 * ``plain PyTorch PER``: priorities in a flat tensor, ``cumsum`` + ``searchsorted`` sampling (this file);
 * ``TorchRL PER (CPU tree)``: ``TensorDictPrioritizedReplayBuffer`` with CPU storage and CPU sum tree,
   sampled batches moved to the device (skipped with a note when torchrl is not importable);
@@ -116,13 +114,9 @@ class CudaExtPER:
     :param obs_dim: observation width.
     :param n_branches: action branches.
     :param device: where the buffer lives.
-    :param fused: on a GPU, refresh and sample with ``per_refresh_sample`` (off: the two ops).
     """
 
-    def __init__(
-        self, capacity: int, obs_dim: int, n_branches: int, device: torch.device, fused: bool = True
-    ) -> None:
-        self.fused = fused
+    def __init__(self, capacity: int, obs_dim: int, n_branches: int, device: torch.device) -> None:
         self.obs = torch.zeros(capacity, obs_dim, device=device)
         self.next_obs = torch.zeros(capacity, obs_dim, device=device)
         self.action = torch.zeros(capacity, n_branches, dtype=torch.int64, device=device)
@@ -151,9 +145,8 @@ class CudaExtPER:
 
     def cycle(self, batch: Batch, uniforms: torch.Tensor, td_abs: torch.Tensor, gather: bool = True) -> tuple:
         """Push, sample (with the row gather a learner needs), update priorities, as the replay buffer does:
-        on a GPU the sample is ``per_refresh_sample``, which first brings the tree up to date after this push
-        and the previous cycle's update (both marked their subtrees; with ``fused`` off, ``per_tree_refresh``
-        then ``per_sample``); on the CPU ``per_tree_rebuild`` after each write.
+        on a GPU one ``per_tree_refresh`` before the sample brings the tree up to date after this push and
+        the previous cycle's update (both marked their subtrees); on the CPU ``per_tree_rebuild`` after each.
 
         :param batch: the transitions to push.
         :param uniforms: ``[B] float64`` draws (refilled in place each cycle).
@@ -162,13 +155,10 @@ class CudaExtPER:
         :return: the sampled rows (empty without ``gather``) and weights.
         """
         self.push(batch)
+        if self.tree.is_cuda:
+            OPS.per_tree_refresh(self.tree)
         uniforms.uniform_()
-        if self.tree.is_cuda and self.fused:
-            indices, weights = OPS.per_refresh_sample(self.tree, self.head_size, uniforms, BETA)
-        else:
-            if self.tree.is_cuda:
-                OPS.per_tree_refresh(self.tree)
-            indices, weights = OPS.per_sample(self.tree, self.head_size, uniforms, BETA)
+        indices, weights = OPS.per_sample(self.tree, self.head_size, uniforms, BETA)
         rows: tuple = ()
         if gather:
             rows = (self.obs[indices], self.next_obs[indices], self.action[indices], self.reward[indices])
@@ -361,15 +351,10 @@ def _time_contenders(
     results["cuda_ext"] = (timer(lambda: ours.cycle(batch, uniforms, td_abs)), backend)
 
     if device.type == "cuda":
-        graphed = [
-            ("cuda_ext (CUDA graph)", True, True, ""),
-            ("cuda_ext ops only (CUDA graph)", False, True, "no row gather: issue #3 target"),
-            ("cuda_ext ops only, refresh + sample unfused (CUDA graph)", False, False, "A/B of the fusion"),
-        ]
-        for name, gather, fused, note in graphed:
-            buffer = CudaExtPER(capacity, obs_dim, n_branches, device, fused=fused)
+        for name, gather in [("cuda_ext (CUDA graph)", True), ("cuda_ext ops only (CUDA graph)", False)]:
+            buffer = CudaExtPER(capacity, obs_dim, n_branches, device)
             graph = _capture_cycle(buffer, batch, uniforms, td_abs, gather)
-            results[name] = (timer(graph.replay), note)
+            results[name] = (timer(graph.replay), "no row gather: issue #3 target" if not gather else "")
 
     if not peers:
         return results

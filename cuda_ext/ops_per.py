@@ -1,5 +1,5 @@
 """The prioritized-replay ops ``cuda_ext::per_push``, ``per_tree_rebuild``, ``per_tree_refresh``,
-``per_sample``, ``per_refresh_sample``, ``per_update``.
+``per_sample``, ``per_update``.
 
 Each is defined here with its schema, its pure-PyTorch reference (:mod:`cuda_ext.reference.per`) and a
 fake (shape-only) implementation; the CUDA kernels (``csrc/per*.{cu,cuh,cpp}``) register themselves
@@ -93,11 +93,6 @@ per_tree_refresh = define_op(
 per_sample = define_op(
     "per_sample(Tensor tree, Tensor head_size, Tensor uniforms, float beta) -> (Tensor, Tensor)",
     reference.per_sample,
-    _sample_fake,
-)
-per_refresh_sample = define_op(
-    "per_refresh_sample(Tensor(a!) tree, Tensor head_size, Tensor uniforms, float beta) -> (Tensor, Tensor)",
-    reference.per_refresh_sample,
     _sample_fake,
 )
 per_update = define_op(

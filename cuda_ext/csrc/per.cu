@@ -195,23 +195,6 @@ __device__ void reduce_nodes(double* tree, int64_t first, int64_t width, double*
   }
 }
 
-// Every thread of every block calls it once, after its block's node writes: true only in the last block to
-// arrive, which then sees every block's writes. The arrival counter is the low 32 bits of tree[0] (unused by
-// the tree, kept 0 between calls: atomicInc wraps it back to 0 on the last arrival).
-__device__ bool last_block_to_arrive(double* tree) {
-  __shared__ int is_last;
-  __threadfence();  // this thread's node writes are visible device-wide before the block arrives
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const unsigned int arrived = atomicInc(reinterpret_cast<unsigned int*>(tree), gridDim.x - 1);
-    is_last = arrived == gridDim.x - 1 ? 1 : 0;
-  }
-  __syncthreads();
-  if (!is_last) return false;
-  __threadfence();
-  return true;
-}
-
 // Whole tree of n_leaves <= width in one block.
 __global__ void small_tree_kernel(double* tree, int64_t n_leaves) {
   pdl_wait_then_release();
@@ -221,11 +204,13 @@ __global__ void small_tree_kernel(double* tree, int64_t n_leaves) {
 
 // Block b rebuilds the subtree over leaves [b * width, (b + 1) * width) (with `leaf_idx` non-null,
 // only if one of them is listed); the last block to finish then reduces the gridDim.x subtree roots
-// to the root.
+// to the root. The arrival counter is the low 32 bits of tree[0] (unused by the tree, kept 0
+// between calls: atomicInc wraps it back to 0 on the last arrival).
 __global__ void tree_rebuild_kernel(double* tree, int64_t n_leaves, int64_t width,
                                     const int64_t* __restrict__ leaf_idx, int64_t m) {
   pdl_wait_then_release();
   extern __shared__ double local[];
+  __shared__ int is_last;
   bool listed = true;
   if (leaf_idx != nullptr) {
     const int64_t lo = blockIdx.x * width;
@@ -238,7 +223,15 @@ __global__ void tree_rebuild_kernel(double* tree, int64_t n_leaves, int64_t widt
     listed = __syncthreads_or(found) != 0;
   }
   if (listed) reduce_nodes(tree, n_leaves + blockIdx.x * width, width, local, false);
-  if (!last_block_to_arrive(tree)) return;
+  __threadfence();  // this thread's node writes are visible device-wide before the block arrives
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned int arrived = atomicInc(reinterpret_cast<unsigned int*>(tree), gridDim.x - 1);
+    is_last = arrived == gridDim.x - 1 ? 1 : 0;
+  }
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
   reduce_nodes(tree, gridDim.x, gridDim.x, local, true);
 }
 
@@ -336,15 +329,20 @@ __device__ void reduce_top(double* tree, int64_t n) {
   }
 }
 
-// Whether block b's subtree (of the gridDim.x) needs a rebuild, by `test` (see fast_rebuild_kernel). Every
-// thread of the block calls it.
-__device__ bool fast_subtree_is_dirty(const double* tree, DirtyTest test, const int64_t* __restrict__ leaf_idx,
-                                      int64_t m) {
+__global__ void __launch_bounds__(kFastThreads) fast_rebuild_kernel(double* tree, int64_t n_leaves, DirtyTest test,
+                                                                    const int64_t* __restrict__ leaf_idx,
+                                                                    int64_t m) {
+  pdl_wait_then_release();
+  __shared__ double warp_roots[kFastThreads / 32];
+  __shared__ int is_last;
+  const int64_t n_subtrees = gridDim.x;
   const int64_t b = blockIdx.x;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  bool dirty = true;
   if (test == DirtyTest::kMarker) {
-    return reinterpret_cast<const unsigned long long*>(tree)[gridDim.x + b] == kDirtyMarker;
-  }
-  if (test == DirtyTest::kScan) {  // few listed leaves: every block reads them all
+    dirty = reinterpret_cast<const unsigned long long*>(tree)[n_subtrees + b] == kDirtyMarker;
+  } else if (test == DirtyTest::kScan) {  // few listed leaves: every block reads them all
     const int64_t lo = b * kFastSubtreeLeaves;
     const int64_t hi = lo + kFastSubtreeLeaves;
     int found = 0;
@@ -352,66 +350,57 @@ __device__ bool fast_subtree_is_dirty(const double* tree, DirtyTest test, const 
       const int64_t leaf = leaf_idx[i];
       found |= (leaf >= lo && leaf < hi) ? 1 : 0;
     }
-    return __syncthreads_or(found) != 0;
+    dirty = __syncthreads_or(found) != 0;
   }
-  return true;
-}
-
-// Rebuild the kFastSubtreeLeaves-leaf subtree of block b from its leaves, by the kFastThreads threads of the
-// block: each sums 8 leaves in registers (16-byte loads), then warp shuffles; one barrier.
-__device__ void rebuild_fast_subtree(double* tree, int64_t n_leaves) {
-  __shared__ double warp_roots[kFastThreads / 32];
-  const int64_t b = blockIdx.x;
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  const int64_t t = threadIdx.x;
-  const double2* leaves = reinterpret_cast<const double2*>(tree + n_leaves + b * kFastSubtreeLeaves + 8 * t);
-  const double2 p0 = leaves[0];
-  const double2 p1 = leaves[1];
-  const double2 p2 = leaves[2];
-  const double2 p3 = leaves[3];
-  const double a0 = p0.x + p0.y, a1 = p1.x + p1.y, a2 = p2.x + p2.y, a3 = p3.x + p3.y;  // level 1
-  double2* level1 = reinterpret_cast<double2*>(tree + (n_leaves >> 1) + b * (kFastSubtreeLeaves >> 1) + 4 * t);
-  level1[0] = make_double2(a0, a1);
-  level1[1] = make_double2(a2, a3);
-  const double c0 = a0 + a1, c1 = a2 + a3;  // level 2
-  reinterpret_cast<double2*>(tree + (n_leaves >> 2) + b * (kFastSubtreeLeaves >> 2) + 2 * t)[0] =
-      make_double2(c0, c1);
-  double v = c0 + c1;  // level 3: node t of the subtree
-  tree[(n_leaves >> 3) + b * (kFastSubtreeLeaves >> 3) + t] = v;
-  // Levels 4..8 inside each warp: 32 nodes -> 1.
+  if (dirty) {
+    const int64_t t = threadIdx.x;
+    const double2* leaves = reinterpret_cast<const double2*>(tree + n_leaves + b * kFastSubtreeLeaves + 8 * t);
+    const double2 p0 = leaves[0];
+    const double2 p1 = leaves[1];
+    const double2 p2 = leaves[2];
+    const double2 p3 = leaves[3];
+    const double a0 = p0.x + p0.y, a1 = p1.x + p1.y, a2 = p2.x + p2.y, a3 = p3.x + p3.y;  // level 1
+    double2* level1 = reinterpret_cast<double2*>(tree + (n_leaves >> 1) + b * (kFastSubtreeLeaves >> 1) + 4 * t);
+    level1[0] = make_double2(a0, a1);
+    level1[1] = make_double2(a2, a3);
+    const double c0 = a0 + a1, c1 = a2 + a3;  // level 2
+    reinterpret_cast<double2*>(tree + (n_leaves >> 2) + b * (kFastSubtreeLeaves >> 2) + 2 * t)[0] =
+        make_double2(c0, c1);
+    double v = c0 + c1;  // level 3: node t of the subtree
+    tree[(n_leaves >> 3) + b * (kFastSubtreeLeaves >> 3) + t] = v;
+    // Levels 4..8 inside each warp: 32 nodes -> 1.
 #pragma unroll
-  for (int level = 4; level <= 8; ++level) {
-    const int active = 32 >> (level - 3);
-    const double left = __shfl_sync(0xffffffffu, v, (2 * lane) & 31);
-    const double right = __shfl_sync(0xffffffffu, v, (2 * lane + 1) & 31);
-    v = left + right;
-    if (lane < active) tree[(n_leaves >> level) + b * (kFastSubtreeLeaves >> level) + warp * active + lane] = v;
-  }
-  if (lane == 0) warp_roots[warp] = v;
-  __syncthreads();
-  if (warp == 0) {  // levels 9..11: 8 nodes -> the subtree root
-    v = lane < kFastThreads / 32 ? warp_roots[lane] : 0.0;
-#pragma unroll
-    for (int level = 9; level <= 11; ++level) {
-      const int active = (kFastThreads / 32) >> (level - 8);
+    for (int level = 4; level <= 8; ++level) {
+      const int active = 32 >> (level - 3);
       const double left = __shfl_sync(0xffffffffu, v, (2 * lane) & 31);
       const double right = __shfl_sync(0xffffffffu, v, (2 * lane + 1) & 31);
       v = left + right;
-      if (lane < active) tree[(n_leaves >> level) + b * (kFastSubtreeLeaves >> level) + lane] = v;
+      if (lane < active) tree[(n_leaves >> level) + b * (kFastSubtreeLeaves >> level) + warp * active + lane] = v;
+    }
+    if (lane == 0) warp_roots[warp] = v;
+    __syncthreads();
+    if (warp == 0) {  // levels 9..11: 8 nodes -> the subtree root
+      v = lane < kFastThreads / 32 ? warp_roots[lane] : 0.0;
+#pragma unroll
+      for (int level = 9; level <= 11; ++level) {
+        const int active = (kFastThreads / 32) >> (level - 8);
+        const double left = __shfl_sync(0xffffffffu, v, (2 * lane) & 31);
+        const double right = __shfl_sync(0xffffffffu, v, (2 * lane + 1) & 31);
+        v = left + right;
+        if (lane < active) tree[(n_leaves >> level) + b * (kFastSubtreeLeaves >> level) + lane] = v;
+      }
     }
   }
-}
-
-// One block per subtree (gridDim.x = P / kFastSubtreeLeaves): rebuild it if `test` says so, then the last
-// block to arrive reduces the subtree roots to the root.
-__global__ void __launch_bounds__(kFastThreads) fast_rebuild_kernel(double* tree, int64_t n_leaves, DirtyTest test,
-                                                                    const int64_t* __restrict__ leaf_idx,
-                                                                    int64_t m) {
-  pdl_wait_then_release();
-  if (fast_subtree_is_dirty(tree, test, leaf_idx, m)) rebuild_fast_subtree(tree, n_leaves);
-  if (!last_block_to_arrive(tree)) return;
-  reduce_top(tree, gridDim.x);
+  __threadfence();  // this thread's node writes are visible device-wide before the block arrives
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned int arrived = atomicInc(reinterpret_cast<unsigned int*>(tree), gridDim.x - 1);
+    is_last = arrived == gridDim.x - 1 ? 1 : 0;
+  }
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  reduce_top(tree, n_subtrees);
 }
 
 cudaError_t set_shared_limit(const void* kernel, size_t shared_bytes) {
@@ -522,114 +511,26 @@ __device__ inline void descend_one(double left, double right, double& target, in
   value = go_left ? left : right;
 }
 
-// Two adjacent nodes; kCoherent reads them from L2 (nodes other blocks wrote in this launch).
-template <bool kCoherent>
-__device__ inline double2 load_pair(const double* node) {
-  const double2* pair = reinterpret_cast<const double2*>(node);
-  if constexpr (kCoherent) return __ldcg(pair);
-  return *pair;
-}
-
-// K descents at once (interleaved, to overlap their loads), each from `node` (1: the root) down `depth`
-// levels: the cached top, then two levels per round trip. The cached levels are the same for every descent
-// (n_cached is a power of two).
-template <int K, bool kCoherent>
-__device__ inline void descend_many(const double* __restrict__ tree, const double* cached, int64_t n_cached,
-                                    int depth, double (&target)[K], int64_t (&node)[K], double (&value)[K]) {
+// From `node` (1: the root) down `depth` levels: the cached top, then two levels per round trip.
+__device__ inline void descend(const double* __restrict__ tree, const double* cached, int64_t n_cached, int depth,
+                               double& target, int64_t& node, double& value) {
   int level = 0;
-  while (level < depth && 2 * node[0] < n_cached) {
-#pragma unroll
-    for (int k = 0; k < K; ++k) descend_one(cached[2 * node[k]], cached[2 * node[k] + 1], target[k], node[k], value[k]);
+  while (level < depth && 2 * node < n_cached) {
+    descend_one(cached[2 * node], cached[2 * node + 1], target, node, value);
     ++level;
   }
   while (level + 2 <= depth) {
-    double2 children[K], left_pair[K], right_pair[K];
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      children[k] = load_pair<kCoherent>(tree + 2 * node[k]);
-      left_pair[k] = load_pair<kCoherent>(tree + 4 * node[k]);
-      right_pair[k] = load_pair<kCoherent>(tree + 4 * node[k] + 2);
-    }
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      descend_one(children[k].x, children[k].y, target[k], node[k], value[k]);
-      const double2 below = (node[k] & 1) ? right_pair[k] : left_pair[k];
-      descend_one(below.x, below.y, target[k], node[k], value[k]);
-    }
+    const double2 children = *reinterpret_cast<const double2*>(tree + 2 * node);
+    const double2 left_pair = *reinterpret_cast<const double2*>(tree + 4 * node);
+    const double2 right_pair = *reinterpret_cast<const double2*>(tree + 4 * node + 2);
+    descend_one(children.x, children.y, target, node, value);
+    const double2 below = (node & 1) ? right_pair : left_pair;
+    descend_one(below.x, below.y, target, node, value);
     level += 2;
   }
   if (level < depth) {
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const double2 children = load_pair<kCoherent>(tree + 2 * node[k]);
-      descend_one(children.x, children.y, target[k], node[k], value[k]);
-    }
-  }
-}
-
-// The top min(2P, kSampleCached) tree nodes into shared memory (the caller syncs); returns how many.
-template <bool kCoherent>
-__device__ inline int64_t fill_sample_cache(const double* __restrict__ tree, double* cached, int64_t n_leaves) {
-  const int64_t n_cached = (2 * n_leaves < kSampleCached) ? 2 * n_leaves : kSampleCached;
-  for (int64_t k = threadIdx.x; k < n_cached; k += blockDim.x) cached[k] = kCoherent ? __ldcg(tree + k) : tree[k];
-  return n_cached;
-}
-
-// Sample i's descent target, (i + u_i) / B * total, for i < batch (else the last sample's, a harmless copy).
-__device__ inline double sample_target(const double* __restrict__ uniforms, int64_t i, int64_t batch, double total) {
-  const int64_t safe_i = i < batch ? i : batch - 1;
-  return (static_cast<double>(safe_i) + uniforms[safe_i]) / static_cast<double>(batch) * total;
-}
-
-// The largest `value` over the block (every thread calls it; blockDim.x a multiple of 32).
-__device__ inline double block_max(double value) {
-  __shared__ double warp_max[32];
-  for (int offset = 16; offset > 0; offset >>= 1) value = fmax(value, __shfl_down_sync(0xffffffffu, value, offset));
-  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = value;
-  __syncthreads();
-  value = warp_max[0];
-  for (int k = 1; k < static_cast<int>(blockDim.x >> 5); ++k) value = fmax(value, warp_max[k]);
-  return value;
-}
-
-// The whole batch (at most K * blockDim.x samples) in one block: sample i = k * blockDim.x + threadIdx.x,
-// its index and its weight normalized by the batch maximum.
-template <int K, bool kCoherent>
-__device__ void sample_in_block(const double* __restrict__ tree, const int64_t* __restrict__ head_size,
-                                const double* __restrict__ uniforms, int64_t* __restrict__ indices,
-                                float* __restrict__ weights, int64_t batch, int64_t n_leaves, int depth,
-                                double beta) {
-  __shared__ double cached[kSampleCached];
-  const int64_t n_cached = fill_sample_cache<kCoherent>(tree, cached, n_leaves);
-  const double size = static_cast<double>(head_size[1]);
-  __syncthreads();
-  const double total = cached[1];
-  double target[K], value[K];
-  int64_t node[K];
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    target[k] = sample_target(uniforms, k * static_cast<int64_t>(blockDim.x) + threadIdx.x, batch, total);
-    node[k] = 1;
-    value[k] = total;
-  }
-  descend_many<K, kCoherent>(tree, cached, n_cached, depth, target, node, value);
-  double w[K];
-  double m = 0.0;
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    const int64_t i = k * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-    w[k] = 0.0;
-    if (i < batch) {
-      indices[i] = node[k] - n_leaves;
-      w[k] = pow(size * (value[k] / total), -beta);
-    }
-    m = fmax(m, w[k]);
-  }
-  m = block_max(m);
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    const int64_t i = k * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-    if (i < batch) weights[i] = static_cast<float>(w[k] / m);
+    const double2 children = *reinterpret_cast<const double2*>(tree + 2 * node);
+    descend_one(children.x, children.y, target, node, value);
   }
 }
 
@@ -641,7 +542,32 @@ __global__ void __launch_bounds__(1024) sample_block_kernel(const double* __rest
                                                             float* __restrict__ weights, int64_t batch,
                                                             int64_t n_leaves, int depth, double beta) {
   pdl_wait_then_release();
-  sample_in_block<1, false>(tree, head_size, uniforms, indices, weights, batch, n_leaves, depth, beta);
+  __shared__ double cached[kSampleCached];
+  __shared__ double warp_max[32];
+  const int64_t n_cached = (2 * n_leaves < kSampleCached) ? 2 * n_leaves : kSampleCached;
+  for (int64_t k = threadIdx.x; k < n_cached; k += blockDim.x) cached[k] = tree[k];
+  const int64_t i = threadIdx.x;
+  const int64_t safe_i = i < batch ? i : batch - 1;
+  const double u = uniforms[safe_i];
+  const double size = static_cast<double>(head_size[1]);
+  __syncthreads();
+  const double total = cached[1];
+  double target = (static_cast<double>(safe_i) + u) / static_cast<double>(batch) * total;
+  int64_t node = 1;
+  double value = total;
+  descend(tree, cached, n_cached, depth, target, node, value);
+  double w = 0.0;
+  if (i < batch) {
+    indices[i] = node - n_leaves;
+    w = pow(size * (value / total), -beta);
+  }
+  double m = w;
+  for (int offset = 16; offset > 0; offset >>= 1) m = fmax(m, __shfl_down_sync(0xffffffffu, m, offset));
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
+  __syncthreads();
+  m = warp_max[0];
+  for (int k = 1; k < static_cast<int>(blockDim.x >> 5); ++k) m = fmax(m, warp_max[k]);
+  if (i < batch) weights[i] = static_cast<float>(w / m);
 }
 
 __global__ void __launch_bounds__(kSampleBlockThreads) sample_descend_kernel(
@@ -651,19 +577,22 @@ __global__ void __launch_bounds__(kSampleBlockThreads) sample_descend_kernel(
   pdl_wait_then_release();
   __shared__ double cached[kSampleCached];
   __shared__ double block_max[kSampleBlockThreads / 32];
-  const int64_t n_cached = fill_sample_cache<false>(tree, cached, n_leaves);
+  const int64_t n_cached = (2 * n_leaves < kSampleCached) ? 2 * n_leaves : kSampleCached;
+  for (int64_t k = threadIdx.x; k < n_cached; k += blockDim.x) cached[k] = tree[k];
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t safe_i = i < batch ? i : batch - 1;
+  const double u = uniforms[safe_i];
   const double size = static_cast<double>(head_size[1]);
   __syncthreads();
   const double total = cached[1];
-  double target[1] = {sample_target(uniforms, i, batch, total)};
-  int64_t node[1] = {1};
-  double value[1] = {total};
-  descend_many<1, false>(tree, cached, n_cached, depth, target, node, value);
+  double target = (static_cast<double>(safe_i) + u) / static_cast<double>(batch) * total;
+  int64_t node = 1;
+  double value = total;
+  descend(tree, cached, n_cached, depth, target, node, value);
   double w = 0.0;
   if (i < batch) {
-    indices[i] = node[0] - n_leaves;
-    w = pow(size * (value[0] / total), -beta);
+    indices[i] = node - n_leaves;
+    w = pow(size * (value / total), -beta);
     workspace[i] = w;
   }
   for (int offset = 16; offset > 0; offset >>= 1) w = fmax(w, __shfl_down_sync(0xffffffffu, w, offset));
@@ -674,23 +603,6 @@ __global__ void __launch_bounds__(kSampleBlockThreads) sample_descend_kernel(
     for (int k = 1; k < kSampleBlockThreads / 32; ++k) m = fmax(m, block_max[k]);
     workspace[batch + blockIdx.x] = m;
   }
-}
-
-// per_refresh_sample for a marked tree and at most kRefreshSampleMax samples, in one launch: the blocks of
-// fast_rebuild_kernel (kMarker) rebuild the dirty subtrees, the last to arrive reduces the top, then samples
-// the whole batch (K samples per thread) from the tree the launch just finished (coherent L2 reads).
-constexpr int64_t kRefreshSampleMax = 4 * kFastThreads;
-
-template <int K>
-__global__ void __launch_bounds__(kFastThreads) refresh_sample_kernel(
-    double* tree, int64_t n_leaves, const int64_t* __restrict__ head_size, const double* __restrict__ uniforms,
-    int64_t* __restrict__ indices, float* __restrict__ weights, int64_t batch, int depth, double beta) {
-  pdl_wait_then_release();
-  if (fast_subtree_is_dirty(tree, DirtyTest::kMarker, nullptr, 0)) rebuild_fast_subtree(tree, n_leaves);
-  if (!last_block_to_arrive(tree)) return;
-  reduce_top(tree, gridDim.x);
-  __syncthreads();  // the top this block wrote is visible to all its threads
-  sample_in_block<K, true>(tree, head_size, uniforms, indices, weights, batch, n_leaves, depth, beta);
 }
 
 __global__ void sample_weights_kernel(const double* __restrict__ workspace, float* __restrict__ weights,
@@ -734,13 +646,8 @@ __global__ void update_claim_kernel(double* __restrict__ tree, float* __restrict
             kClaimMarker + static_cast<unsigned long long>(i));
 }
 
-// Batches of at most kUpdateBlockMax rows: one block, one row per thread, and "last occurrence wins" without
-// global atomics on the leaves: each in-range row claims its leaf in a shared-memory hash table (open
-// addressing on the leaf, holding the largest row position); after a barrier, the row the table names writes
-// the leaf. The same leaves, values and markers as the two grid passes.
+// Batches of at most kUpdateBlockMax: the same two passes in one block, a barrier between them.
 constexpr int64_t kUpdateBlockMax = 1024;  // H200, B = 4096: one block 13.1 us, two launches 4.1 us
-constexpr int kUpdateHashSlots = 2 * kUpdateBlockMax;  // load factor <= 1/2; a power of two
-constexpr unsigned long long kEmptyHashKey = ~0ULL;    // no leaf (leaves < kMaxLeaves)
 
 __global__ void __launch_bounds__(1024) update_block_kernel(double* __restrict__ tree,
                                                             float* __restrict__ max_priority,
@@ -748,36 +655,31 @@ __global__ void __launch_bounds__(1024) update_block_kernel(double* __restrict__
                                                             const float* __restrict__ td_abs, int64_t batch,
                                                             int64_t n_leaves, double alpha, float eps) {
   pdl_wait_then_release();
-  __shared__ unsigned long long hash_leaf[kUpdateHashSlots];
-  __shared__ int hash_last_row[kUpdateHashSlots];
-  for (int k = threadIdx.x; k < kUpdateHashSlots; k += blockDim.x) {
-    hash_leaf[k] = kEmptyHashKey;
-    hash_last_row[k] = -1;
-  }
-  const int row = threadIdx.x;  // batch <= blockDim.x
-  const bool has_row = row < batch;
-  const float raw = has_row ? __fadd_rn(td_abs[row], eps) : 0.0f;
-  const int64_t leaf = has_row ? indices[row] : -1;
-  // One atomicMax per warp (of the warp's largest bit pattern: max_priority >= 0, so int order is float
-  // order for every value that can win).
-  const int warp_bits = __reduce_max_sync(0xffffffffu, has_row ? __float_as_int(raw) : INT_MIN);
-  if ((threadIdx.x & 31) == 0 && warp_bits != INT_MIN) atomicMax(reinterpret_cast<int*>(max_priority), warp_bits);
-  const bool in_range = leaf >= 0 && leaf < n_leaves;
-  __syncthreads();  // the table is empty
-  int slot = 0;
-  if (in_range) {
-    const unsigned long long key = static_cast<unsigned long long>(leaf);
-    slot = static_cast<int>((key * 0x9E3779B97F4A7C15ULL) >> 40) & (kUpdateHashSlots - 1);
-    for (;;) {
-      const unsigned long long held = atomicCAS(&hash_leaf[slot], kEmptyHashKey, key);
-      if (held == kEmptyHashKey || held == key) break;
-      slot = (slot + 1) & (kUpdateHashSlots - 1);
+  for (int64_t base = 0; base < batch; base += blockDim.x) {  // uniform trip count: whole warps reduce
+    const int64_t i = base + threadIdx.x;
+    const int bits = i < batch ? __float_as_int(__fadd_rn(td_abs[i], eps)) : INT_MIN;
+    const int warp_bits = __reduce_max_sync(0xffffffffu, bits);
+    if ((threadIdx.x & 31) == 0 && warp_bits != INT_MIN) {
+      atomicMax(reinterpret_cast<int*>(max_priority), warp_bits);
     }
-    atomicMax(&hash_last_row[slot], row);
+    if (i < batch) {
+      const int64_t leaf = indices[i];
+      if (leaf >= 0 && leaf < n_leaves) {
+        atomicMax(reinterpret_cast<unsigned long long*>(tree + n_leaves + leaf),
+                  kClaimMarker + static_cast<unsigned long long>(i));
+      }
+    }
   }
-  __syncthreads();  // every claim is in
-  if (in_range && hash_last_row[slot] == row) {
-    tree[n_leaves + leaf] = pow(static_cast<double>(raw), alpha);
+  __threadfence();
+  __syncthreads();  // every claim is in place before any entry looks for its own marker
+  for (int64_t i = threadIdx.x; i < batch; i += blockDim.x) {
+    const int64_t leaf = indices[i];
+    if (leaf < 0 || leaf >= n_leaves) continue;
+    const float raw = __fadd_rn(td_abs[i], eps);
+    const double value = pow(static_cast<double>(raw), alpha);
+    atomicCAS(reinterpret_cast<unsigned long long*>(tree + n_leaves + leaf),
+              kClaimMarker + static_cast<unsigned long long>(i),
+              static_cast<unsigned long long>(__double_as_longlong(value)));
     if (marks_subtrees(n_leaves)) mark_subtree(tree, n_leaves, leaf);
   }
 }
@@ -928,31 +830,6 @@ cudaError_t launch_sample(const double* tree, const int64_t* head_size, const do
   CUDA_EXT_LAUNCH(sample_weights_kernel, static_cast<unsigned>((batch + 255) / 256), 256, 0, stream, 
       workspace, weights, batch, static_cast<int>(blocks));
   return cudaGetLastError();
-}
-
-cudaError_t launch_refresh_sample(double* tree, const int64_t* head_size, const double* uniforms,
-                                  int64_t* indices, float* weights, int64_t batch, int64_t n_leaves, double beta,
-                                  double* workspace, cudaStream_t stream) {
-  const bool aligned = (reinterpret_cast<uintptr_t>(tree) & 15u) == 0;
-  if (batch < 1 || batch > kRefreshSampleMax || !marks_subtrees(n_leaves) || !aligned) {
-    const cudaError_t err = launch_tree_refresh(tree, n_leaves, stream);
-    if (err != cudaSuccess) return err;
-    return launch_sample(tree, head_size, uniforms, indices, weights, batch, n_leaves, beta, workspace, stream);
-  }
-  int depth = 0;
-  while ((int64_t{1} << depth) < n_leaves) ++depth;
-  const unsigned n_subtrees = static_cast<unsigned>(n_leaves / kFastSubtreeLeaves);
-  if (batch <= kFastThreads) {
-    CUDA_EXT_LAUNCH(refresh_sample_kernel<1>, n_subtrees, kFastThreads, 0, stream, tree, n_leaves, head_size,
-                    uniforms, indices, weights, batch, depth, beta);
-  } else if (batch <= 2 * kFastThreads) {
-    CUDA_EXT_LAUNCH(refresh_sample_kernel<2>, n_subtrees, kFastThreads, 0, stream, tree, n_leaves, head_size,
-                    uniforms, indices, weights, batch, depth, beta);
-  } else {
-    CUDA_EXT_LAUNCH(refresh_sample_kernel<4>, n_subtrees, kFastThreads, 0, stream, tree, n_leaves, head_size,
-                    uniforms, indices, weights, batch, depth, beta);
-  }
-  return cudaSuccess;
 }
 
 cudaError_t launch_update(double* tree, float* max_priority, const int64_t* indices, const float* td_abs,

@@ -126,9 +126,8 @@ void per_tree_refresh_cuda(const at::Tensor& tree) {
                                                     c10::cuda::getCurrentCUDAStream()));
 }
 
-// per_sample (refresh false) and per_refresh_sample (refresh true): the same checks and outputs.
-std::tuple<at::Tensor, at::Tensor> sample_cuda(const at::Tensor& tree, const at::Tensor& head_size,
-                                               const at::Tensor& uniforms, double beta, bool refresh) {
+std::tuple<at::Tensor, at::Tensor> per_sample_cuda(const at::Tensor& tree, const at::Tensor& head_size,
+                                                   const at::Tensor& uniforms, double beta) {
   TORCH_CHECK_VALUE(std::isfinite(beta) && beta >= 0 && beta <= 1, "beta=", beta, " must lie in [0, 1]");
   const int64_t n_leaves = leaf_count(tree);
   check_tensor(head_size, "head_size", at::kLong, 1, tree);
@@ -139,25 +138,11 @@ std::tuple<at::Tensor, at::Tensor> sample_cuda(const at::Tensor& tree, const at:
   at::Tensor indices = at::empty({batch}, uniforms.options().dtype(at::kLong));
   at::Tensor weights = at::empty({batch}, uniforms.options().dtype(at::kFloat));
   at::Tensor workspace = at::empty({cuda_ext::per::sample_workspace_size(batch)}, uniforms.options());
-  const auto launch = refresh ? cuda_ext::per::launch_refresh_sample
-                              : [](double* t, const int64_t* hs, const double* u, int64_t* idx, float* w, int64_t b,
-                                   int64_t p, double be, double* ws, cudaStream_t s) {
-                                  return cuda_ext::per::launch_sample(t, hs, u, idx, w, b, p, be, ws, s);
-                                };
-  C10_CUDA_CHECK(launch(tree.data_ptr<double>(), head_size.data_ptr<int64_t>(), uniforms.data_ptr<double>(),
-                        indices.data_ptr<int64_t>(), weights.data_ptr<float>(), batch, n_leaves, beta,
-                        workspace.data_ptr<double>(), c10::cuda::getCurrentCUDAStream()));
+  C10_CUDA_CHECK(cuda_ext::per::launch_sample(tree.data_ptr<double>(), head_size.data_ptr<int64_t>(),
+                                              uniforms.data_ptr<double>(), indices.data_ptr<int64_t>(),
+                                              weights.data_ptr<float>(), batch, n_leaves, beta,
+                                              workspace.data_ptr<double>(), c10::cuda::getCurrentCUDAStream()));
   return {indices, weights};
-}
-
-std::tuple<at::Tensor, at::Tensor> per_sample_cuda(const at::Tensor& tree, const at::Tensor& head_size,
-                                                   const at::Tensor& uniforms, double beta) {
-  return sample_cuda(tree, head_size, uniforms, beta, false);
-}
-
-std::tuple<at::Tensor, at::Tensor> per_refresh_sample_cuda(const at::Tensor& tree, const at::Tensor& head_size,
-                                                           const at::Tensor& uniforms, double beta) {
-  return sample_cuda(tree, head_size, uniforms, beta, true);
 }
 
 void per_update_cuda(const at::Tensor& tree, const at::Tensor& max_priority, const at::Tensor& indices,
@@ -184,6 +169,5 @@ TORCH_LIBRARY_IMPL(cuda_ext, CUDA, m) {
   m.impl("per_tree_rebuild", &per_tree_rebuild_cuda);
   m.impl("per_tree_refresh", &per_tree_refresh_cuda);
   m.impl("per_sample", &per_sample_cuda);
-  m.impl("per_refresh_sample", &per_refresh_sample_cuda);
   m.impl("per_update", &per_update_cuda);
 }

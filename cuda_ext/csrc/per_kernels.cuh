@@ -51,16 +51,9 @@ cudaError_t launch_sample(const double* tree, const int64_t* head_size, const do
                           int64_t* indices, float* weights, int64_t batch, int64_t n_leaves, double beta,
                           double* workspace, cudaStream_t stream);
 
-// per_refresh_sample: launch_tree_refresh, then launch_sample. For a marked, aligned tree and 1..1024 samples
-// one launch (the refresh's last block samples); otherwise the two launchers. Same `workspace` as launch_sample.
-cudaError_t launch_refresh_sample(double* tree, const int64_t* head_size, const double* uniforms,
-                                  int64_t* indices, float* weights, int64_t batch, int64_t n_leaves, double beta,
-                                  double* workspace, cudaStream_t stream);
-
-// per_update: leaf = (td_abs + eps) ** alpha, last duplicate wins; raises max_priority. Up to 1024 rows one
-// block (a shared-memory hash table finds each leaf's last row); more, two grid launches (claim each leaf with
-// atomicMax of a marker + position, then compare-and-swap the marker of the last occurrence). Marks dirty
-// subtrees as launch_push.
+// per_update: leaf = (td_abs + eps) ** alpha, last duplicate wins; raises max_priority. Two passes (claim
+// each leaf with atomicMax of a marker + position, then compare-and-swap the marker of the last
+// occurrence): in one block up to 1024 rows, else two grid launches. Marks dirty subtrees as launch_push.
 cudaError_t launch_update(double* tree, float* max_priority, const int64_t* indices, const float* td_abs,
                           int64_t batch, int64_t n_leaves, double alpha, float eps, cudaStream_t stream);
 

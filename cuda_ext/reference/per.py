@@ -341,22 +341,6 @@ def per_sample(
     return indices, weights.float()
 
 
-def per_refresh_sample(
-    tree: torch.Tensor, head_size: torch.Tensor, uniforms: torch.Tensor, beta: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`per_tree_refresh`, then :func:`per_sample`: what a buffer does before each sample after
-    :func:`per_push` / :func:`per_update` (the CUDA kernel does both in one launch for a marked tree and up
-    to 1024 samples).
-
-    :param tree: sum tree ``[2P] float64`` (internal nodes brought up to date in place).
-    :param head_size: see :func:`per_sample`; the other parameters likewise.
-    :return: ``(indices [B] int64, weights [B] float32)``, as :func:`per_sample`.
-    """
-    check_per_sample(tree, head_size, uniforms, beta)  # before the tree changes
-    per_tree_refresh(tree)
-    return per_sample(tree, head_size, uniforms, beta)
-
-
 def last_occurrence_mask(indices: torch.Tensor) -> torch.Tensor:
     """Mark, for every repeated value, only its last position in ``indices``.
 

@@ -63,16 +63,6 @@ def test_opcheck_per_sample(device: str) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("capacity", [10, 5000])  # unmarked and marked trees (on CUDA: two launches, one)
-def test_opcheck_per_refresh_sample(device: str, capacity: int) -> None:
-    state = make_state(capacity, device=device)
-    rows = {name: value.to(device) for name, value in make_rows(7).items()}
-    OPS.per_push(*_push_args(state, rows))
-    uniforms = torch.rand(5, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).to(device)
-    torch.library.opcheck(OPS.per_refresh_sample, (state["tree"], state["head_size"], uniforms, 0.4))
-
-
-@pytest.mark.parametrize("device", DEVICES)
 def test_opcheck_per_update(device: str) -> None:
     state = _filled_state(device)
     indices = torch.tensor([1, 4, 1, 9], device=device)

@@ -229,91 +229,32 @@ def test_refresh_of_an_unaligned_marked_tree_rebuilds_everything() -> None:
     _check_refresh("cuda", 70_000, seed=4, offset=1)
 
 
-def _check_refresh_sample(capacity: int, batches: list[int], seed: int, offset: int = 0) -> None:
-    """After pushes and duplicate-laden updates (which leave marked subtrees), ``per_refresh_sample`` on the
-    GPU against ``per_tree_refresh`` + ``per_sample`` on a GPU twin (bit for bit: tree, indices, weights) and
-    against the CPU reference (indices equal, weights to float32 rounding), for each batch size."""
-    generator = torch.Generator().manual_seed(seed)
-    expected = make_state(capacity, obs_dim=5)
-    actual = _to(expected, "cuda")
-    storage = torch.zeros(expected["tree"].numel() + offset, dtype=torch.float64, device="cuda")
-    actual["tree"] = storage[offset:]
-    for batch in batches:
-        rows = _random_rows(min(3 * batch + 7, 70_000), generator)
-        _reference_push(expected, rows, 0.6)
-        push(actual, _to(rows, "cuda"), alpha=0.6)
-        indices = torch.randint(0, capacity, (batch,), generator=generator)
-        indices[: batch // 3] = indices[0]  # duplicates
-        td_abs = torch.rand(batch, generator=generator)
-        OPS.per_update(actual["tree"], actual["max_priority"], indices.cuda(), td_abs.cuda(), 0.6, 1e-6)
-        reference.per_update(expected["tree"], expected["max_priority"], indices, td_abs, 0.6, 1e-6)
-        _assert_state_equal(actual, expected)
-        uniforms = torch.rand(batch, dtype=torch.float64, generator=generator)
-        twin = actual["tree"].clone()
-        OPS.per_tree_refresh(twin)
-        twin_indices, twin_weights = OPS.per_sample(twin, actual["head_size"], uniforms.cuda(), 0.4)
-        got_indices, got_weights = OPS.per_refresh_sample(
-            actual["tree"], actual["head_size"], uniforms.cuda(), 0.4
-        )
-        want_indices, want_weights = reference.per_refresh_sample(
-            expected["tree"], expected["head_size"], uniforms, 0.4
-        )
-        tree = actual["tree"].cpu()
-        assert torch.equal(tree, twin.cpu()), batch
-        assert torch.equal(tree, full_rebuild(tree.clone())), batch  # every node left + right, no marker
-        torch.testing.assert_close(tree, expected["tree"], **FLOAT_TOL)
-        assert torch.equal(got_indices, twin_indices) and torch.equal(got_weights, twin_weights), batch
-        assert torch.equal(got_indices.cpu(), want_indices), batch
-        torch.testing.assert_close(got_weights.cpu(), want_weights, **FLOAT_TOL)
-        written = int(expected["head_size"][1])
-        assert int(got_indices.max()) < written
-        assert bool((tree[tree.shape[0] // 2 + got_indices.cpu()] > 0).all())
-
-
-@pytest.mark.parametrize("capacity", [1000, 4096, 70_000, (1 << 20) + 3, (1 << 23) + 1])
-def test_refresh_sample_matches_refresh_then_sample_and_reference(capacity: int) -> None:
-    """An unmarked small tree, marked trees P = 2^12 .. 2^21 (one launch up to 1024 samples: 1, 2 or 4 per
-    thread; above, two), and an unmarked P = 2^24 tree (two launches)."""
-    batches = [1, 31, 256, 257, 512, 513, 1000, 1024, 1025] if capacity < (1 << 23) else [1, 256, 1025]
-    _check_refresh_sample(capacity, batches, seed=capacity)
-
-
-def test_refresh_sample_of_an_unaligned_marked_tree() -> None:
-    _check_refresh_sample(70_000, [31, 1024], seed=6, offset=1)
-
-
 def test_backend_is_cuda() -> None:
     assert cuda_ext.backend() == "cuda"
-    for op in ["per_push", "per_tree_rebuild", "per_tree_refresh", "per_sample", "per_refresh_sample",
-               "per_update"]:
+    for op in ["per_push", "per_tree_rebuild", "per_tree_refresh", "per_sample", "per_update"]:
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"cuda_ext::{op}", "CUDA"), op
 
 
 def _training_cycle(
-    state: dict, rows: dict, uniforms: torch.Tensor, td_abs: torch.Tensor, refresh: str = "rebuild"
+    state: dict, rows: dict, uniforms: torch.Tensor, td_abs: torch.Tensor, refresh: bool = False
 ) -> tuple:
-    """Push, bring the tree up to date, sample, update. ``refresh``: ``"rebuild"`` the listed leaves after
-    each write; ``"refresh"`` leaves the update's subtrees marked, refreshed with the next push's by
-    ``per_tree_refresh`` before the sample; ``"fused"`` the same by ``per_refresh_sample`` (the replay buffer
-    on a GPU)."""
+    """Push, bring the tree up to date, sample, update (and with ``refresh`` leave the update's subtrees
+    marked, to be refreshed with the next push's, as the replay buffer does on a GPU)."""
     slots = push(state, rows, alpha=0.6)
-    if refresh == "fused":
-        indices, weights = OPS.per_refresh_sample(state["tree"], state["head_size"], uniforms, 0.4)
+    if refresh:
+        OPS.per_tree_refresh(state["tree"])
     else:
-        if refresh == "refresh":
-            OPS.per_tree_refresh(state["tree"])
-        else:
-            OPS.per_tree_rebuild(state["tree"], slots)
-        indices, weights = OPS.per_sample(state["tree"], state["head_size"], uniforms, 0.4)
+        OPS.per_tree_rebuild(state["tree"], slots)
+    indices, weights = OPS.per_sample(state["tree"], state["head_size"], uniforms, 0.4)
     OPS.per_update(state["tree"], state["max_priority"], indices, td_abs, 0.6, 1e-6)
-    if refresh == "rebuild":
+    if not refresh:
         OPS.per_tree_rebuild(state["tree"], indices)
     return slots, indices, weights
 
 
-@pytest.mark.parametrize("refresh", ["rebuild", "refresh", "fused"])
+@pytest.mark.parametrize("refresh", [False, True])
 @pytest.mark.parametrize("batch", [256, 4096])  # per_update: the one-block path and the two-pass path
-def test_cuda_graph_capture_and_replay_of_a_training_cycle(batch: int, refresh: str) -> None:
+def test_cuda_graph_capture_and_replay_of_a_training_cycle(batch: int, refresh: bool) -> None:
     generator = torch.Generator().manual_seed(11)
     capacity, n = 1 << 16, 4096
     initial = make_state(capacity, obs_dim=5)
@@ -350,7 +291,7 @@ def test_cuda_graph_capture_and_replay_of_a_training_cycle(batch: int, refresh: 
         _assert_state_equal(static_state, expected_state)
 
 
-@pytest.mark.parametrize("op", ["push", "rebuild", "refresh", "sample", "refresh_sample", "update"])
+@pytest.mark.parametrize("op", ["push", "rebuild", "refresh", "sample", "update"])
 def test_each_op_captures_in_a_cuda_graph(op: str) -> None:
     generator = torch.Generator().manual_seed(5)
     capacity = 4097
@@ -364,7 +305,7 @@ def test_each_op_captures_in_a_cuda_graph(op: str) -> None:
     if op == "rebuild":  # change the listed leaves, so the rebuild has work to do
         n_leaves = initial["tree"].shape[0] // 2
         initial["tree"][n_leaves + indices] = torch.rand(31, dtype=torch.float64, generator=generator)
-    if op in ("refresh", "refresh_sample"):  # an update marks the subtrees the refresh rebuilds
+    if op == "refresh":  # an update marks the subtrees the refresh rebuilds
         reference.per_update(initial["tree"], initial["max_priority"], indices, td_abs, 0.6, 1e-6)
 
     def run(state: dict, inputs: tuple) -> tuple:
@@ -379,8 +320,6 @@ def test_each_op_captures_in_a_cuda_graph(op: str) -> None:
             return ()
         if op == "sample":
             return OPS.per_sample(state["tree"], state["head_size"], uniforms_, 0.4)
-        if op == "refresh_sample":
-            return OPS.per_refresh_sample(state["tree"], state["head_size"], uniforms_, 0.4)
         OPS.per_update(state["tree"], state["max_priority"], indices_, td_, 0.6, 1e-6)
         return ()
 

@@ -294,34 +294,3 @@ def test_wrong_dtype_or_shape_raises_naming_the_argument() -> None:
     with pytest.raises(ValueError, match="new_done.dtype=torch.bool must be torch.float32"):
         push(state, rows)
     assert state["head_size"].tolist() == [0, 0]  # nothing was written
-
-
-def test_refresh_sample_equals_refresh_then_sample() -> None:
-    generator = torch.Generator().manual_seed(8)
-    for capacity in [7, 70_000]:  # unmarked and marked trees
-        state = make_state(capacity)
-        rows = make_rows(60, generator=generator)
-        rows["new_priority"] = torch.rand(60, generator=generator)
-        push(state, rows, alpha=0.6)
-        indices = torch.randint(0, min(capacity, 60), (9,), generator=generator)
-        td_abs = torch.rand(9, generator=generator)
-        OPS.per_update(state["tree"], state["max_priority"], indices, td_abs, 0.6, 0.0)
-        twin = state["tree"].clone()
-        marked = bool((twin.view(torch.int64) == per_reference.DIRTY_MARKER).any())
-        assert marked == per_reference.marks_subtrees(twin.shape[0] // 2)
-        uniforms = torch.rand(13, dtype=torch.float64, generator=generator)
-        fused = OPS.per_refresh_sample(state["tree"], state["head_size"], uniforms, 0.4)
-        OPS.per_tree_refresh(twin)
-        separate = OPS.per_sample(twin, state["head_size"], uniforms, 0.4)
-        assert torch.equal(state["tree"], twin) and torch.equal(twin, full_rebuild(twin.clone()))
-        assert torch.equal(fused[0], separate[0]) and torch.equal(fused[1], separate[1])
-        assert int(fused[0].max()) < 60  # written rows only
-
-
-def test_refresh_sample_rejects_bad_beta_before_touching_the_tree() -> None:
-    state = make_state(70_000)
-    push(state, make_rows(5), alpha=0.6)
-    before = state["tree"].clone()
-    with pytest.raises(ValueError, match="beta"):
-        OPS.per_refresh_sample(state["tree"], state["head_size"], torch.rand(3, dtype=torch.float64), 1.5)
-    assert torch.equal(state["tree"].view(torch.int64), before.view(torch.int64))  # markers still there
