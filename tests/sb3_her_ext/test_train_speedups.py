@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -10,12 +12,13 @@ from gymnasium import spaces
 from torch import nn
 
 from sb3_her_ext import BranchingIQN, losses
+from sb3_her_ext import policy as policy_module
 from sb3_her_ext.losses import quantile_huber_loss
 from sb3_her_ext.policy import (
     BranchingIQNPolicy,
     BranchingQNetwork,
     BranchLinear,
-    _FoldedQuantileHead,
+    _TakenQuantileHead,
     default_optimizer_kwargs,
 )
 from sb3_her_ext.popart import PopArt
@@ -250,6 +253,35 @@ def test_quantile_huber_blocks_match_the_formula_and_the_old_layout(
         )
 
 
+@pytest.mark.parametrize("rows_per_block", [8, 12, 1 << 20])
+@pytest.mark.parametrize("activation", [nn.ReLU, nn.Tanh])
+def test_taken_quantiles_in_blocks_and_without_autograd_match_gathering(
+    monkeypatch: pytest.MonkeyPatch, rows_per_block: int, activation: type[nn.Module]
+) -> None:
+    """The taken-action pass in CPU blocks of 2 and 3 samples (5 samples: a partial last block) and in one
+    block, with the fused ReLU head and the plain ops of another activation: values and gradients equal
+    gathering from the full pass, and the same values under ``no_grad`` (where nothing is kept)."""
+    monkeypatch.setattr(policy_module, "CPU_EMBEDDING_ROWS_PER_BLOCK", rows_per_block)
+    th.manual_seed(14)
+    net = BranchingQNetwork(9, 6, [3, 2, 3], [3, 2, 3], net_arch=[16, 12], n_ensemble=3, n_cos=8, n_atoms=7,
+                            activation_fn=activation).double()
+    obs, taus = th.randn(5, 9, dtype=th.float64), th.rand(5, 4, dtype=th.float64)
+    actions = th.stack([th.randint(0, n, (5,)) for n in (3, 2, 3)], dim=1)
+    upstream = th.randn(3, 5, 3, 4, dtype=th.float64)
+    quantiles, _ = net.taken_quantiles_and_logits(obs, taus, actions)
+    grads = th.autograd.grad((quantiles * upstream).sum(), list(net.parameters()), allow_unused=True)
+    z, _ = net.quantiles_and_logits(obs, taus)
+    expected = z.gather(3, actions[None, :, :, None, None].expand(3, -1, -1, 1, 4)).squeeze(3)
+    expected_grads = th.autograd.grad((expected * upstream).sum(), list(net.parameters()), allow_unused=True)
+    assert th.allclose(quantiles, expected)
+    for got, want in zip(grads, expected_grads, strict=True):
+        assert (got is None) == (want is None)
+        assert got is None or th.allclose(got, want)
+    with th.no_grad():
+        assert th.allclose(net.taken_quantiles_and_logits(obs, taus, actions)[0], expected)
+
+
+@pytest.mark.parametrize("block", [1, 2, 3, 10])
 @pytest.mark.parametrize(
     "needs",
     [
@@ -259,23 +291,31 @@ def test_quantile_huber_blocks_match_the_formula_and_the_old_layout(
         (False, False, False, True),
     ],
 )
-def test_folded_quantile_head_matches_autograd_of_the_plain_ops(needs: tuple[bool, ...]) -> None:
-    """The taken-action IQN head's custom backward against autograd through the same mul and baddbmm, and
-    gradcheck, for every subset of inputs that need a gradient."""
+def test_taken_quantile_head_matches_autograd_of_the_plain_ops(block: int, needs: tuple[bool, ...]) -> None:
+    """The fused taken-action IQN head (tau embedding, ReLU, folded weights) in blocks of 1, 2 and 3 samples
+    and in one block: values and its custom backward against autograd through the plain ops, and gradcheck,
+    for every subset of inputs that need a gradient."""
     gen = th.Generator().manual_seed(12)
-    batch, n_taus, n_branches, n_ensemble, hidden_dim = 3, 5, 2, 3, 4
-    embedding = th.randn(batch, n_taus, hidden_dim, generator=gen, dtype=th.float64).relu()
-    features = th.randn(n_branches, batch, hidden_dim, generator=gen, dtype=th.float64).transpose(0, 1)
+    batch, n_taus, n_branches, n_ensemble, hidden_dim, n_cos = 3, 5, 2, 3, 4, 6
+    taus = th.rand(batch, n_taus, generator=gen, dtype=th.float64)
+    frequencies = th.arange(n_cos, dtype=th.float64) * math.pi
+    tau_weight = th.randn(hidden_dim, n_cos, generator=gen, dtype=th.float64)
+    features = th.randn(n_branches, batch, hidden_dim, generator=gen, dtype=th.float64).relu().transpose(0, 1)
     weight = th.randn(batch, n_branches, n_ensemble, hidden_dim, generator=gen, dtype=th.float64)
     bias = th.randn(batch, n_branches * n_ensemble, generator=gen, dtype=th.float64)
     inputs = [
         x.clone().requires_grad_(need)
-        for x, need in zip((embedding, features.unsqueeze(2), weight, bias), needs, strict=True)
+        for x, need in zip((tau_weight, features.unsqueeze(2), weight, bias), needs, strict=True)
     ]
     upstream = th.randn(batch, n_branches * n_ensemble, n_taus, generator=gen, dtype=th.float64)
-    out = _FoldedQuantileHead.apply(*inputs)
+
+    def fused(*xs: th.Tensor) -> th.Tensor:
+        return _TakenQuantileHead.apply(taus, frequencies, *xs, block)
+
+    out = fused(*inputs)
+    embedding = th.matmul(th.cos(taus[..., None] * frequencies), inputs[0].t()).relu()
     folded = (inputs[2] * inputs[1]).view(batch, n_branches * n_ensemble, hidden_dim)
-    plain = th.baddbmm(inputs[3].unsqueeze(-1), folded, inputs[0].transpose(1, 2))
+    plain = th.baddbmm(inputs[3].unsqueeze(-1), folded, embedding.transpose(1, 2))
     assert out.shape == (batch, n_branches * n_ensemble, n_taus)
     assert th.allclose(out, plain)
     wanted = [x for x in inputs if x.requires_grad]
@@ -283,4 +323,6 @@ def test_folded_quantile_head_matches_autograd_of_the_plain_ops(needs: tuple[boo
     expected = th.autograd.grad((plain * upstream).sum(), wanted)
     for g, e, x in zip(got, expected, wanted, strict=True):
         assert g.shape == x.shape and th.allclose(g, e)
-    assert th.autograd.gradcheck(lambda *xs: _FoldedQuantileHead.apply(*xs), tuple(inputs))
+    assert th.autograd.gradcheck(fused, tuple(inputs))
+    with th.no_grad():
+        assert th.allclose(fused(*inputs), plain)
