@@ -14,10 +14,10 @@ back after each row, so the QR-DQN row runs without it; each row records ``deter
 Each row also counts the aten ops dispatched per gradient step (``aten_ops_per_step``, views included;
 ``kernel_ops_per_step`` without the view ops, which launch no kernel), over ``OP_COUNT_STEPS`` more steps:
 noise-free, and what predicts the step's cost on a GPU, where it is launch-bound. On the CPU the
-quantile-Huber loss runs in row blocks (more ops than the one block of the GPU path). And it counts the
-matrix-product GFLOP per step (``matmul_gflop_per_step``, ``torch.utils.flop_counter``, forward and backward)
-and their ratio to QR-DQN's (``gflop_over_qrdqn``): on a compute-bound CPU that ratio is a floor under the
-speed ratio, whatever the elementwise work costs.
+quantile-Huber loss and the taken-action IQN head run in blocks of rows (more ops than the one block of the
+GPU path). And it counts the matrix-product GFLOP per step (``matmul_gflop_per_step``,
+``torch.utils.flop_counter``, forward and backward) and their ratio to QR-DQN's (``gflop_over_qrdqn``): on
+a compute-bound CPU that ratio is a floor under the speed ratio, whatever the elementwise work costs.
 
 Rows: BranchingIQN with its defaults (5 ensemble heads, IQN + C51, GradVac every 5 steps, PER),
 the same with ``compile_loss=True`` (the compile falls in the warm-up), on CUDA the same with
