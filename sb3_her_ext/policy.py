@@ -84,15 +84,16 @@ class _TakenQuantileHead(th.autograd.Function):
     """IQN output of the taken actions: tau embedding (ReLU), branch features folded into the taken weights.
 
     ``out[b, k, n] = sum_h folded[b, k, h] * embedding[b, n, h] + bias[b, k]`` for ``k = (branch, head)``,
-    with ``folded = weight * features`` and ``embedding = relu(cos(taus[..., None] * frequencies) @
-    tau_weight.T)``: one ``[NB * E, H] @ [H, N]`` product per sample. The samples go through in blocks (on
-    the CPU a few dozen, so a block's ``[rows, H]`` embedding and its gradient stay in the core's cache; on a
-    GPU the whole batch is one block), and backward forms every gradient contiguous, applies the ReLU's mask
-    in place and sums the tau weight's gradient over the blocks. Autograd through the same ops took about 1.3x
-    as long on one CPU thread: it handed ``H``-strided gradients to the elementwise ops and made the
-    ``[B, N, H]`` embedding and its gradients round-trip through memory several times. Without autograd
-    (the target network's pass) nothing is kept and the blocks fold their own weights. Same values and
-    gradients (the tau weight's summed block by block).
+    with ``folded = (selector @ weight_rows) * features`` (each sample's taken actions' weights, selected by
+    a product with one-hot rows) and ``embedding = relu(cos(taus[..., None] * frequencies) @ tau_weight.T)``:
+    one ``[NB * E, H] @ [H, N]`` product per sample. The samples go through in blocks (on the CPU a few dozen,
+    so a block's ``[rows, H]`` embedding, its weights and their gradients stay in the core's cache; on a GPU
+    the whole batch is one block); backward forms every gradient contiguous, applies the ReLU's mask in place
+    and sums the weights' gradients over the blocks, and no ``[B, NB, E, H]`` weight gradient is formed.
+    Autograd through the same ops took about 1.3x as long on one CPU thread: it handed ``H``-strided
+    gradients to the elementwise ops and made the ``[B, N, H]`` embedding and its gradients round-trip
+    through memory several times. Without autograd (the target network's pass) nothing is kept. Same values
+    and gradients (the weights' summed block by block).
     """
 
     @staticmethod
@@ -102,7 +103,8 @@ class _TakenQuantileHead(th.autograd.Function):
         frequencies: th.Tensor,
         tau_weight: th.Tensor,
         features: th.Tensor,
-        weight: th.Tensor,
+        selector: th.Tensor,
+        weight_rows: th.Tensor,
         bias: th.Tensor,
         block: int,
     ) -> th.Tensor:
@@ -110,44 +112,51 @@ class _TakenQuantileHead(th.autograd.Function):
         :param frequencies: ``[n_cos]`` cosine frequencies (no gradient).
         :param tau_weight: ``[H, n_cos]`` tau embedding weight, its bias on the first column.
         :param features: ``[B, NB, 1, H]`` branch features.
-        :param weight: ``[B, NB, E, H]`` taken actions' output weights.
+        :param selector: ``[B * NB, NB * A]`` one-hot rows of the taken actions (no gradient).
+        :param weight_rows: ``[NB * A, E * H]`` output weights of every (branch, action), ``(E, H)`` inner.
         :param bias: ``[B, NB * E]`` taken actions' output biases.
         :param block: samples per block.
         :return: ``[B, NB * E, N]``.
         """
         batch, n_taus = taus.shape
-        n_branches, n_ensemble, hidden_dim = weight.shape[1:]
+        n_branches, hidden_dim = features.shape[1], features.shape[-1]
+        n_ensemble = weight_rows.shape[1] // hidden_dim
         keep = any(ctx.needs_input_grad)  # else nothing is saved and the blocks' buffers are temporary
-        folded = (weight * features).view(batch, n_branches * n_ensemble, hidden_dim) if keep else None
+        folded = taus.new_empty(batch, n_branches * n_ensemble, hidden_dim) if keep else None
         embedding = taus.new_empty(batch, n_taus, hidden_dim) if keep else None
         out = taus.new_empty(batch, n_branches * n_ensemble, n_taus)
         for start in range(0, batch, block):
             stop = min(start + block, batch)
+            # the taken actions' weights (a product with the one-hot rows), folded with the features in place
+            block_rows = None if folded is None else folded[start:stop].view(-1, n_ensemble * hidden_dim)
+            block_selector = selector[start * n_branches : stop * n_branches]
+            block_folded = th.mm(block_selector, weight_rows, out=block_rows)
+            block_folded = block_folded.view(stop - start, n_branches, n_ensemble, hidden_dim)
+            block_folded = block_folded.mul_(features[start:stop]).view(stop - start, -1, hidden_dim)
             cosines = th.cos(taus[start:stop, :, None] * frequencies)  # [b, N, n_cos]
             block_out = None if embedding is None else embedding[start:stop]
             block_embedding = th.matmul(cosines, tau_weight.t(), out=block_out).relu_()
-            if folded is None:
-                block_folded = (weight[start:stop] * features[start:stop]).view(stop - start, -1, hidden_dim)
-            else:
-                block_folded = folded[start:stop]
             th.baddbmm(
                 bias[start:stop, :, None], block_folded, block_embedding.transpose(1, 2), out=out[start:stop]
             )
         if keep:
-            ctx.save_for_backward(taus, frequencies, tau_weight, features, weight, folded, embedding)
+            saved = (taus, frequencies, tau_weight, features, selector, weight_rows, folded, embedding)
+            ctx.save_for_backward(*saved)
         ctx.block = block
         return out
 
     @staticmethod
     def backward(ctx: Any, grad_out: th.Tensor) -> tuple[th.Tensor | None, ...]:
-        taus, frequencies, tau_weight, features, weight, folded, embedding = ctx.saved_tensors
-        need_tau_weight = ctx.needs_input_grad[2]
-        need_folded = ctx.needs_input_grad[3] or ctx.needs_input_grad[4]
+        taus, frequencies, tau_weight, features, selector, weight_rows, folded, embedding = ctx.saved_tensors
+        need_tau_weight, need_features, need_weight_rows = (ctx.needs_input_grad[i] for i in (2, 3, 5))
+        batch, n_branches, hidden_dim = taus.shape[0], features.shape[1], features.shape[-1]
+        n_ensemble = weight_rows.shape[1] // hidden_dim
         grad_out = grad_out.contiguous()  # [B, NB * E, N]
         grad_tau_weight = th.zeros_like(tau_weight) if need_tau_weight else None
-        grad_folded = th.empty_like(folded) if need_folded else None
-        for start in range(0, taus.shape[0], ctx.block):
-            stop = min(start + ctx.block, taus.shape[0])
+        grad_features = features.new_empty(features.shape) if need_features else None
+        grad_weight_rows = th.zeros_like(weight_rows) if need_weight_rows else None
+        for start in range(0, batch, ctx.block):
+            stop = min(start + ctx.block, batch)
             block_grad = grad_out[start:stop]
             if grad_tau_weight is not None:
                 grad_embedding = th.bmm(block_grad.transpose(1, 2), folded[start:stop])  # [b, N, H]
@@ -158,17 +167,19 @@ class _TakenQuantileHead(th.autograd.Function):
                 grad_tau_weight.addmm_(
                     grad_embedding.view(-1, grad_embedding.shape[-1]).t(), cosines.view(-1, cosines.shape[-1])
                 )
-            if grad_folded is not None:
-                th.bmm(block_grad, embedding[start:stop], out=grad_folded[start:stop])  # [b, NB * E, H]
-        grad_features = grad_weight = None
-        if grad_folded is not None:
-            grad_folded = grad_folded.view(weight.shape)
-            if ctx.needs_input_grad[4]:
-                grad_weight = grad_folded * features
-            if ctx.needs_input_grad[3]:
-                grad_features = grad_folded.mul_(weight).sum(dim=2, keepdim=True)
-        grad_bias = grad_out.sum(dim=-1) if ctx.needs_input_grad[5] else None
-        return None, None, grad_tau_weight, grad_features, grad_weight, grad_bias, None
+            if grad_features is None and grad_weight_rows is None:
+                continue
+            grad_folded = th.bmm(block_grad, embedding[start:stop])  # [b, NB * E, H]
+            grad_folded = grad_folded.view(stop - start, n_branches, n_ensemble, hidden_dim)
+            block_selector = selector[start * n_branches : stop * n_branches]
+            if grad_weight_rows is not None:  # the one-hot product's backward: dense, no index scatter
+                grad_taken = (grad_folded * features[start:stop]).view(-1, n_ensemble * hidden_dim)
+                grad_weight_rows.addmm_(block_selector.t(), grad_taken)
+            if grad_features is not None:
+                taken = th.mm(block_selector, weight_rows).view_as(grad_folded)  # as in forward
+                th.sum(grad_folded.mul_(taken), dim=2, keepdim=True, out=grad_features[start:stop])
+        grad_bias = grad_out.sum(dim=-1) if ctx.needs_input_grad[6] else None
+        return None, None, grad_tau_weight, grad_features, None, grad_weight_rows, grad_bias, None
 
 
 class BranchLinear(nn.Module):
@@ -495,17 +506,17 @@ class BranchingQNetwork(nn.Module):
         bias_rows = bias.transpose(1, 2).reshape(n_branches * n_actions, n_ensemble)
         taken_bias = th.mm(selector, bias_rows).view(batch, n_branches * n_ensemble)
         features_bt = features.transpose(0, 1).unsqueeze(2)  # [B, NB, 1, H]
-        taken_weight = th.mm(selector, weight_rows).view(batch, n_branches, n_ensemble, hidden_dim)
         if self.shared_tau_embedding and isinstance(self.activation, nn.ReLU):
             # one [NB * E, H] @ [H, N] product per sample, the branch features folded into the taken weights
             tau_weight = self._tau_embedding_weight()
             block = self._block_samples(taus)
             out = _TakenQuantileHead.apply(
-                taus, self.cos_frequencies, tau_weight, features_bt, taken_weight, taken_bias, block
+                taus, self.cos_frequencies, tau_weight, features_bt, selector, weight_rows, taken_bias, block
             )
             quantiles = out.view(batch, n_branches, n_ensemble, n_taus).permute(2, 0, 1, 3)  # [E, B, NB, N]
         else:
             embedding = self._tau_embedding(taus, batch)  # [B, N, G, H]
+            taken_weight = th.mm(selector, weight_rows).view(batch, n_branches, n_ensemble, hidden_dim)
             # fold the branch features into the taken weights (H stays the contiguous inner dim)
             folded = taken_weight * features_bt  # [B, NB, E, H]
             if embedding.shape[2] == 1:  # shared: one [N, H] @ [H, NB * E] product per sample

@@ -287,34 +287,39 @@ def test_taken_quantiles_in_blocks_and_without_autograd_match_gathering(
     [
         (True, True, True, True),
         (True, False, False, False),
-        (False, True, True, False),
+        (False, True, False, False),
+        (False, False, True, False),
         (False, False, False, True),
     ],
 )
 def test_taken_quantile_head_matches_autograd_of_the_plain_ops(block: int, needs: tuple[bool, ...]) -> None:
-    """The fused taken-action IQN head (tau embedding, ReLU, folded weights) in blocks of 1, 2 and 3 samples
-    and in one block: values and its custom backward against autograd through the plain ops, and gradcheck,
-    for every subset of inputs that need a gradient."""
+    """The fused taken-action IQN head (tau embedding, ReLU, one-hot selected and folded weights) in blocks of
+    1, 2 and 3 samples and in one block: values and its custom backward against autograd through the plain
+    ops, and gradcheck, for every subset of inputs that need a gradient; the same values without autograd."""
     gen = th.Generator().manual_seed(12)
-    batch, n_taus, n_branches, n_ensemble, hidden_dim, n_cos = 3, 5, 2, 3, 4, 6
+    batch, n_taus, n_branches, n_actions, n_ensemble, hidden_dim, n_cos = 3, 5, 2, 3, 3, 4, 6
     taus = th.rand(batch, n_taus, generator=gen, dtype=th.float64)
     frequencies = th.arange(n_cos, dtype=th.float64) * math.pi
     tau_weight = th.randn(hidden_dim, n_cos, generator=gen, dtype=th.float64)
     features = th.randn(n_branches, batch, hidden_dim, generator=gen, dtype=th.float64).relu().transpose(0, 1)
-    weight = th.randn(batch, n_branches, n_ensemble, hidden_dim, generator=gen, dtype=th.float64)
+    actions = th.randint(0, n_actions, (batch, n_branches), generator=gen)
+    selector = th.nn.functional.one_hot(actions + th.arange(n_branches) * n_actions, n_branches * n_actions)
+    selector = selector.to(th.float64).view(batch * n_branches, n_branches * n_actions)
+    weight_rows = th.randn(n_branches * n_actions, n_ensemble * hidden_dim, generator=gen, dtype=th.float64)
     bias = th.randn(batch, n_branches * n_ensemble, generator=gen, dtype=th.float64)
     inputs = [
         x.clone().requires_grad_(need)
-        for x, need in zip((tau_weight, features.unsqueeze(2), weight, bias), needs, strict=True)
+        for x, need in zip((tau_weight, features.unsqueeze(2), weight_rows, bias), needs, strict=True)
     ]
     upstream = th.randn(batch, n_branches * n_ensemble, n_taus, generator=gen, dtype=th.float64)
 
-    def fused(*xs: th.Tensor) -> th.Tensor:
-        return _TakenQuantileHead.apply(taus, frequencies, *xs, block)
+    def fused(tau_w: th.Tensor, feats: th.Tensor, rows: th.Tensor, b: th.Tensor) -> th.Tensor:
+        return _TakenQuantileHead.apply(taus, frequencies, tau_w, feats, selector, rows, b, block)
 
     out = fused(*inputs)
     embedding = th.matmul(th.cos(taus[..., None] * frequencies), inputs[0].t()).relu()
-    folded = (inputs[2] * inputs[1]).view(batch, n_branches * n_ensemble, hidden_dim)
+    taken = th.mm(selector, inputs[2]).view(batch, n_branches, n_ensemble, hidden_dim)
+    folded = (taken * inputs[1]).view(batch, n_branches * n_ensemble, hidden_dim)
     plain = th.baddbmm(inputs[3].unsqueeze(-1), folded, embedding.transpose(1, 2))
     assert out.shape == (batch, n_branches * n_ensemble, n_taus)
     assert th.allclose(out, plain)
