@@ -331,3 +331,44 @@ def test_taken_quantile_head_matches_autograd_of_the_plain_ops(block: int, needs
     assert th.autograd.gradcheck(fused, tuple(inputs))
     with th.no_grad():
         assert th.allclose(fused(*inputs), plain)
+
+
+@pytest.mark.gpu
+def test_taken_quantiles_and_quantile_huber_on_cuda_match_the_cpu() -> None:
+    """On CUDA (one block, one pair chunk): the taken-action pass and its gradients equal gathering from the
+    full pass there and the CPU's blocked pass, and the quantile-Huber loss and gradient equal the CPU's."""
+    th.manual_seed(15)
+    cpu_net = BranchingQNetwork(9, 6, [3, 2, 3], [3, 2, 3], net_arch=[16, 12], n_ensemble=3, n_cos=8,
+                                n_atoms=7).double()
+    cuda_net = BranchingQNetwork(9, 6, [3, 2, 3], [3, 2, 3], net_arch=[16, 12], n_ensemble=3, n_cos=8,
+                                 n_atoms=7).double().cuda()
+    cuda_net.load_state_dict(cpu_net.state_dict())
+    obs, taus = th.randn(70, 9, dtype=th.float64), th.rand(70, 32, dtype=th.float64)  # 3 CPU blocks
+    actions = th.stack([th.randint(0, n, (70,)) for n in (3, 2, 3)], dim=1)
+    upstream = th.randn(3, 70, 3, 32, dtype=th.float64)
+    results = []
+    for net, device in ((cpu_net, "cpu"), (cuda_net, "cuda"), (cuda_net, "gather")):
+        args = [x.to("cpu" if device == "cpu" else "cuda") for x in (obs, taus, actions, upstream)]
+        if device == "gather":
+            z, _ = net.quantiles_and_logits(args[0], args[1])
+            quantiles = z.gather(3, args[2][None, :, :, None, None].expand(3, -1, -1, 1, 32)).squeeze(3)
+        else:
+            quantiles, _ = net.taken_quantiles_and_logits(*args[:3])
+        grads = th.autograd.grad((quantiles * args[3]).sum(), list(net.parameters()), allow_unused=True)
+        results.append([quantiles.cpu()] + [g.cpu() if g is not None else None for g in grads])
+    for cpu_value, cuda_value, gathered in zip(*results, strict=True):
+        assert (cpu_value is None) == (cuda_value is None) == (gathered is None)
+        if cpu_value is not None:
+            assert th.allclose(cuda_value, cpu_value) and th.allclose(cuda_value, gathered)
+    current = th.randn(5, 64, 4, 32, dtype=th.float64, requires_grad=True)
+    target = th.randn(5, 64, 1, 32, dtype=th.float64)
+    pair_taus = th.rand(64, 32, dtype=th.float64)[None, :, None, :]
+    losses_and_grads = []
+    for device in ("cpu", "cuda"):
+        c = current.detach().to(device).requires_grad_()
+        loss = quantile_huber_loss(
+            c, target.to(device).expand(-1, -1, 4, -1), pair_taus.to(device).expand_as(c)
+        )
+        losses_and_grads.append((loss.cpu(), th.autograd.grad(loss.sum(), c)[0].cpu()))
+    assert th.allclose(losses_and_grads[0][0], losses_and_grads[1][0])
+    assert th.allclose(losses_and_grads[0][1], losses_and_grads[1][1])
