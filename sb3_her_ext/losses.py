@@ -52,24 +52,30 @@ class _QuantileHuber(th.autograd.Function):
         loss_sums = rows_current.new_empty(2, n_rows, n)  # sum_j c * h, sum_j c- * h
         neg_weight = 1.0 - 2.0 * rows_taus
         grad_target = rows_current.new_empty(n_rows, n_target, 1) if need_target_grad else None
-        columns_target = rows_target.t()  # [N', rows]
-        for start in range(0, n_rows, chunk):  # one chunk on the GPU; blocks of rows on the CPU
-            stop = min(start + chunk, n_rows)
-            pair_delta = th.sub(
-                columns_target[:, start:stop, None],
-                rows_current[None, start:stop, :],
-                out=delta[:, : stop - start],
-            )
-            pair_parts = parts[:, :, : stop - start]
-            th.clamp(pair_delta, -kappa, kappa, out=pair_parts[0])
-            th.clamp(pair_parts[0], max=0.0, out=pair_parts[1])
-            th.sum(pair_parts, dim=1, out=grad_sums[:, start:stop])
+        # the blocks' views, made up front (split: one call instead of a dozen Python indexings per block)
+        blocks = zip(
+            rows_target.t().unsqueeze(-1).split(chunk, dim=1),  # [N', rows, 1]
+            rows_current.unsqueeze(0).split(chunk, dim=1),  # [1, rows, N]
+            grad_sums.split(chunk, dim=1),
+            loss_sums.split(chunk, dim=1),
+            range(0, n_rows, chunk),
+            strict=True,
+        )
+        for block_target, block_current, block_grad_sums, block_loss_sums, start in blocks:
+            size = block_current.shape[1]  # chunk, but fewer rows in a last partial block
+            pair_delta = delta if size == chunk else delta[:, :size]
+            pair_parts = parts if size == chunk else parts[:, :, :size]
+            clipped, negative = pair_parts.unbind(0)
+            th.sub(block_target, block_current, out=pair_delta)
+            th.clamp(pair_delta, -kappa, kappa, out=clipped)
+            th.clamp(clipped, max=0.0, out=negative)
+            th.sum(pair_parts, dim=1, out=block_grad_sums)
             if grad_target is not None:  # [rows, N', N] @ [rows, N, 1]
-                block_grad = grad_target[start:stop]
-                th.bmm(pair_parts[0].transpose(0, 1), rows_taus[start:stop, :, None], out=block_grad)
-                block_grad.baddbmm_(pair_parts[1].transpose(0, 1), neg_weight[start:stop, :, None])
-            pair_parts.mul_(pair_delta.sub_(pair_parts[0], alpha=0.5))  # c * h, c- * h
-            th.sum(pair_parts, dim=1, out=loss_sums[:, start:stop])
+                block_grad = grad_target[start : start + size]
+                th.bmm(clipped.transpose(0, 1), rows_taus[start : start + size, :, None], out=block_grad)
+                block_grad.baddbmm_(negative.transpose(0, 1), neg_weight[start : start + size, :, None])
+            pair_parts.mul_(pair_delta.sub_(clipped, alpha=0.5))  # c * h, c- * h
+            th.sum(pair_parts, dim=1, out=block_loss_sums)
         scale = 1.0 / (kappa * n_target)
         loss = (rows_taus * loss_sums[0] + neg_weight * loss_sums[1]).sum(dim=-1).mul_(scale)
         grad_current = (rows_taus * grad_sums[0] + neg_weight * grad_sums[1]).mul_(-scale)
