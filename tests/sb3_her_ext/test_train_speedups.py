@@ -263,8 +263,17 @@ def test_taken_quantiles_in_blocks_and_without_autograd_match_gathering(
     gathering from the full pass, and the same values under ``no_grad`` (where nothing is kept)."""
     monkeypatch.setattr(policy_module, "CPU_EMBEDDING_ROWS_PER_BLOCK", rows_per_block)
     th.manual_seed(14)
-    net = BranchingQNetwork(9, 6, [3, 2, 3], [3, 2, 3], net_arch=[16, 12], n_ensemble=3, n_cos=8, n_atoms=7,
-                            activation_fn=activation).double()
+    net = BranchingQNetwork(
+        9,
+        6,
+        [3, 2, 3],
+        [3, 2, 3],
+        net_arch=[16, 12],
+        n_ensemble=3,
+        n_cos=8,
+        n_atoms=7,
+        activation_fn=activation,
+    ).double()
     obs, taus = th.randn(5, 9, dtype=th.float64), th.rand(5, 4, dtype=th.float64)
     actions = th.stack([th.randint(0, n, (5,)) for n in (3, 2, 3)], dim=1)
     upstream = th.randn(3, 5, 3, 4, dtype=th.float64)
@@ -338,10 +347,14 @@ def test_taken_quantiles_and_quantile_huber_on_cuda_match_the_cpu() -> None:
     """On CUDA (one block, one pair chunk): the taken-action pass and its gradients equal gathering from the
     full pass there and the CPU's blocked pass, and the quantile-Huber loss and gradient equal the CPU's."""
     th.manual_seed(15)
-    cpu_net = BranchingQNetwork(9, 6, [3, 2, 3], [3, 2, 3], net_arch=[16, 12], n_ensemble=3, n_cos=8,
-                                n_atoms=7).double()
-    cuda_net = BranchingQNetwork(9, 6, [3, 2, 3], [3, 2, 3], net_arch=[16, 12], n_ensemble=3, n_cos=8,
-                                 n_atoms=7).double().cuda()
+    cpu_net = BranchingQNetwork(
+        9, 6, [3, 2, 3], [3, 2, 3], net_arch=[16, 12], n_ensemble=3, n_cos=8, n_atoms=7
+    ).double()
+    cuda_net = (
+        BranchingQNetwork(9, 6, [3, 2, 3], [3, 2, 3], net_arch=[16, 12], n_ensemble=3, n_cos=8, n_atoms=7)
+        .double()
+        .cuda()
+    )
     cuda_net.load_state_dict(cpu_net.state_dict())
     obs, taus = th.randn(70, 9, dtype=th.float64), th.rand(70, 32, dtype=th.float64)  # 3 CPU blocks
     actions = th.stack([th.randint(0, n, (70,)) for n in (3, 2, 3)], dim=1)
