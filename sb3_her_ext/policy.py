@@ -84,8 +84,9 @@ class _TakenQuantileHead(th.autograd.Function):
     """IQN output of the taken actions: tau embedding (ReLU), branch features folded into the taken weights.
 
     ``out[b, k, n] = sum_h folded[b, k, h] * embedding[b, n, h] + bias[b, k]`` for ``k = (branch, head)``,
-    with ``folded = (selector @ weight_rows) * features`` (each sample's taken actions' weights, selected by
-    a product with one-hot rows) and ``embedding = relu(cos(taus[..., None] * frequencies) @ tau_weight.T)``:
+    with ``folded = weight_rows[rows] * features`` (each sample's taken actions' weights: ``rows`` indexes
+    the rows that the one-hot ``selector`` picks, so the gather gives the product ``selector @ weight_rows``
+    exactly) and ``embedding = relu(cos(taus[..., None] * frequencies) @ tau_weight.T)``:
     one ``[NB * E, H] @ [H, N]`` product per sample. The samples go through in blocks (on the CPU a few dozen,
     so a block's ``[rows, H]`` embedding, its weights and their gradients stay in the core's cache; on a GPU
     the whole batch is one block); backward forms every gradient contiguous, applies the ReLU's mask in place
@@ -104,6 +105,7 @@ class _TakenQuantileHead(th.autograd.Function):
         tau_weight: th.Tensor,
         features: th.Tensor,
         selector: th.Tensor,
+        rows: th.Tensor,
         weight_rows: th.Tensor,
         bias: th.Tensor,
         block: int,
@@ -112,7 +114,11 @@ class _TakenQuantileHead(th.autograd.Function):
         :param frequencies: ``[n_cos]`` cosine frequencies (no gradient).
         :param tau_weight: ``[H, n_cos]`` tau embedding weight, its bias on the first column.
         :param features: ``[B, NB, 1, H]`` branch features.
-        :param selector: ``[B * NB, NB * A]`` one-hot rows of the taken actions (no gradient).
+        :param selector: ``[B * NB, NB * A]`` one-hot rows of the taken actions (no gradient): the weight
+            gradient is its transposed product with the rows' gradients (dense, no index scatter).
+        :param rows: ``[B * NB]`` int64, the column of each selector row's one (no gradient): the taken
+            weights are gathered by ``index_select`` (one copy; the one-hot product, a ``K = NB * A`` matrix
+            product, took about 4x as long per block on one CPU thread).
         :param weight_rows: ``[NB * A, E * H]`` output weights of every (branch, action), ``(E, H)`` inner.
         :param bias: ``[B, NB * E]`` taken actions' output biases.
         :param block: samples per block.
@@ -127,10 +133,13 @@ class _TakenQuantileHead(th.autograd.Function):
         out = taus.new_empty(batch, n_branches * n_ensemble, n_taus)
         for start in range(0, batch, block):
             stop = min(start + block, batch)
-            # the taken actions' weights (a product with the one-hot rows), folded with the features in place
+            # the taken actions' weights (gathered rows), folded with the features in place
             block_rows = None if folded is None else folded[start:stop].view(-1, n_ensemble * hidden_dim)
-            block_selector = selector[start * n_branches : stop * n_branches]
-            block_folded = th.mm(block_selector, weight_rows, out=block_rows)
+            block_index = rows[start * n_branches : stop * n_branches]
+            if block_rows is None:
+                block_folded = th.index_select(weight_rows, 0, block_index)
+            else:
+                block_folded = th.index_select(weight_rows, 0, block_index, out=block_rows)
             block_folded = block_folded.view(stop - start, n_branches, n_ensemble, hidden_dim)
             block_folded = block_folded.mul_(features[start:stop]).view(stop - start, -1, hidden_dim)
             cosines = th.cos(taus[start:stop, :, None] * frequencies)  # [b, N, n_cos]
@@ -140,15 +149,17 @@ class _TakenQuantileHead(th.autograd.Function):
                 bias[start:stop, :, None], block_folded, block_embedding.transpose(1, 2), out=out[start:stop]
             )
         if keep:
-            saved = (taus, frequencies, tau_weight, features, selector, weight_rows, folded, embedding)
+            saved = (taus, frequencies, tau_weight, features, selector, rows, weight_rows, folded, embedding)
             ctx.save_for_backward(*saved)
         ctx.block = block
         return out
 
     @staticmethod
     def backward(ctx: Any, grad_out: th.Tensor) -> tuple[th.Tensor | None, ...]:
-        taus, frequencies, tau_weight, features, selector, weight_rows, folded, embedding = ctx.saved_tensors
-        need_tau_weight, need_features, need_weight_rows = (ctx.needs_input_grad[i] for i in (2, 3, 5))
+        taus, frequencies, tau_weight, features, selector, rows, weight_rows, folded, embedding = (
+            ctx.saved_tensors
+        )
+        need_tau_weight, need_features, need_weight_rows = (ctx.needs_input_grad[i] for i in (2, 3, 6))
         batch, n_branches, hidden_dim = taus.shape[0], features.shape[1], features.shape[-1]
         n_ensemble = weight_rows.shape[1] // hidden_dim
         grad_out = grad_out.contiguous()  # [B, NB * E, N]
@@ -172,15 +183,16 @@ class _TakenQuantileHead(th.autograd.Function):
                 continue
             grad_folded = th.bmm(block_grad, embedding[start:stop])  # [b, NB * E, H]
             grad_folded = grad_folded.view(stop - start, n_branches, n_ensemble, hidden_dim)
-            block_selector = selector[start * n_branches : stop * n_branches]
-            if grad_weight_rows is not None:  # the one-hot product's backward: dense, no index scatter
+            if grad_weight_rows is not None:  # the gather's backward as a one-hot product: dense, no scatter
                 grad_taken = (grad_folded * features[start:stop]).view(-1, n_ensemble * hidden_dim)
+                block_selector = selector[start * n_branches : stop * n_branches]
                 th.addmm(grad_weight_rows, block_selector.t(), grad_taken, out=grad_weight_rows)
             if grad_features is not None:
-                taken = th.mm(block_selector, weight_rows).view_as(grad_folded)  # as in forward
+                block_index = rows[start * n_branches : stop * n_branches]
+                taken = th.index_select(weight_rows, 0, block_index).view_as(grad_folded)  # as in forward
                 th.sum(grad_folded.mul_(taken), dim=2, keepdim=True, out=grad_features[start:stop])
-        grad_bias = grad_out.sum(dim=-1) if ctx.needs_input_grad[6] else None
-        return None, None, grad_tau_weight, grad_features, None, grad_weight_rows, grad_bias, None
+        grad_bias = grad_out.sum(dim=-1) if ctx.needs_input_grad[7] else None
+        return None, None, grad_tau_weight, grad_features, None, None, grad_weight_rows, grad_bias, None
 
 
 class BranchLinear(nn.Module):
@@ -497,11 +509,12 @@ class BranchingQNetwork(nn.Module):
             )
         weight, bias = self._iqn_output_layer()  # [NB, H, E, A], [NB, E, A]
         n_branches, hidden_dim, n_ensemble, n_actions = weight.shape
-        # Select each sample's action rows by one product with a block one-hot [B * NB, NB * A] (a dense
-        # backward, no index scatter); the rows come out in [B, NB] order, with H innermost.
+        # Each sample's taken action rows, in [B, NB] order with H innermost: gathered by index in the forward
+        # pass, their weight gradient a product with the block one-hot [B * NB, NB * A] (dense, no scatter).
         columns = th.arange(n_branches * n_actions, device=actions.device)
         offsets = columns[:n_branches] * n_actions  # first column of each branch's block
-        selector = ((actions + offsets).unsqueeze(-1) == columns).to(weight.dtype)  # no host sync
+        rows = actions + offsets  # [B, NB]: each taken action's row of weight_rows
+        selector = (rows.unsqueeze(-1) == columns).to(weight.dtype)  # no host sync
         selector = selector.view(batch * n_branches, n_branches * n_actions)
         weight_rows = weight.permute(0, 3, 2, 1).reshape(n_branches * n_actions, n_ensemble * hidden_dim)
         bias_rows = bias.transpose(1, 2).reshape(n_branches * n_actions, n_ensemble)
@@ -512,7 +525,8 @@ class BranchingQNetwork(nn.Module):
             tau_weight = self._tau_embedding_weight()
             block = self._block_samples(taus)
             out = _TakenQuantileHead.apply(
-                taus, self.cos_frequencies, tau_weight, features_bt, selector, weight_rows, taken_bias, block
+                taus, self.cos_frequencies, tau_weight, features_bt, selector, rows.view(-1), weight_rows,
+                taken_bias, block,
             )
             quantiles = out.view(batch, n_branches, n_ensemble, n_taus).permute(2, 0, 1, 3)  # [E, B, NB, N]
         else:

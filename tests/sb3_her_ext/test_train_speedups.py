@@ -312,8 +312,8 @@ def test_taken_quantile_head_matches_autograd_of_the_plain_ops(block: int, needs
     tau_weight = th.randn(hidden_dim, n_cos, generator=gen, dtype=th.float64)
     features = th.randn(n_branches, batch, hidden_dim, generator=gen, dtype=th.float64).relu().transpose(0, 1)
     actions = th.randint(0, n_actions, (batch, n_branches), generator=gen)
-    selector = th.nn.functional.one_hot(actions + th.arange(n_branches) * n_actions, n_branches * n_actions)
-    selector = selector.to(th.float64).view(batch * n_branches, n_branches * n_actions)
+    rows = (actions + th.arange(n_branches) * n_actions).view(-1)
+    selector = th.nn.functional.one_hot(rows, n_branches * n_actions).to(th.float64)
     weight_rows = th.randn(n_branches * n_actions, n_ensemble * hidden_dim, generator=gen, dtype=th.float64)
     bias = th.randn(batch, n_branches * n_ensemble, generator=gen, dtype=th.float64)
     inputs = [
@@ -322,8 +322,8 @@ def test_taken_quantile_head_matches_autograd_of_the_plain_ops(block: int, needs
     ]
     upstream = th.randn(batch, n_branches * n_ensemble, n_taus, generator=gen, dtype=th.float64)
 
-    def fused(tau_w: th.Tensor, feats: th.Tensor, rows: th.Tensor, b: th.Tensor) -> th.Tensor:
-        return _TakenQuantileHead.apply(taus, frequencies, tau_w, feats, selector, rows, b, block)
+    def fused(tau_w: th.Tensor, feats: th.Tensor, weights: th.Tensor, b: th.Tensor) -> th.Tensor:
+        return _TakenQuantileHead.apply(taus, frequencies, tau_w, feats, selector, rows, weights, b, block)
 
     out = fused(*inputs)
     embedding = th.matmul(th.cos(taus[..., None] * frequencies), inputs[0].t()).relu()
@@ -385,3 +385,29 @@ def test_taken_quantiles_and_quantile_huber_on_cuda_match_the_cpu() -> None:
         losses_and_grads.append((loss.cpu(), th.autograd.grad(loss.sum(), c)[0].cpu()))
     assert th.allclose(losses_and_grads[0][0], losses_and_grads[1][0])
     assert th.allclose(losses_and_grads[0][1], losses_and_grads[1][1])
+
+
+def test_taken_weight_rows_gathered_by_index_equal_the_one_hot_product_in_float32() -> None:
+    """The taken-action head gathers its weight rows by index: in float32 that is exactly the one-hot product
+    it replaced (each output a sum of one weight times 1 and zeros), so the pass computes the same values."""
+    gen = th.Generator().manual_seed(16)
+    n_rows, width, batch = 12, 1280, 1024
+    weight_rows = th.randn(n_rows, width, generator=gen) * th.logspace(-30, 30, width)  # wide magnitudes
+    rows = th.randint(0, n_rows, (batch,), generator=gen)
+    selector = th.nn.functional.one_hot(rows, n_rows).float()
+    assert th.equal(th.index_select(weight_rows, 0, rows), th.mm(selector, weight_rows))
+    net = BranchingQNetwork(9, 6, [3, 3, 3, 3], [3] * 4, net_arch=[16, 12], n_ensemble=3, n_cos=8, n_atoms=7)
+    obs, taus = th.randn(70, 9, generator=gen), th.rand(70, 32, generator=gen)  # 3 CPU blocks
+    actions = th.randint(0, 3, (70, 4), generator=gen)
+    weight, bias = net._iqn_output_layer()
+    features = net.branch_features(obs).transpose(0, 1)  # [B, NB, H]
+    taken = th.mm(
+        th.nn.functional.one_hot((actions + th.arange(4) * 3).view(-1), 12).float(),
+        weight.permute(0, 3, 2, 1).reshape(12, -1),
+    ).view(70, 4, 3, 12)
+    embedding = net._tau_embedding(taus, 70).squeeze(2)  # [B, N, H]
+    taken_bias = bias.transpose(1, 2)[th.arange(4), actions]  # [B, NB, E]
+    plain = th.einsum("bkeh,bnh->ebkn", taken * features[:, :, None, :], embedding)
+    plain = plain + taken_bias.permute(2, 0, 1)[..., None]
+    quantiles, _ = net.taken_quantiles_and_logits(obs, taus, actions)
+    assert th.allclose(quantiles, plain, rtol=1e-5, atol=1e-6)
