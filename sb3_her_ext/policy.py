@@ -127,43 +127,46 @@ class _TakenQuantileHead(th.autograd.Function):
         batch, n_taus = taus.shape
         n_branches, hidden_dim = features.shape[1], features.shape[-1]
         n_ensemble = weight_rows.shape[1] // hidden_dim
-        keep = any(ctx.needs_input_grad)  # else nothing is saved and the blocks' buffers are temporary
-        folded = taus.new_empty(batch, n_branches * n_ensemble, hidden_dim) if keep else None
-        embedding = taus.new_empty(batch, n_taus, hidden_dim) if keep else None
+        # With autograd the folded weights, the embedding and (for the tau weight's gradient) the cosines are
+        # kept for backward, written block by block into whole-batch buffers; without it (the target network's
+        # pass) every block reuses one block-sized set of buffers and nothing is kept.
+        keep = any(ctx.needs_input_grad)
+        rows_kept = batch if keep else min(block, batch)
+        folded = taus.new_empty(rows_kept, n_branches * n_ensemble, hidden_dim)
+        embedding = taus.new_empty(rows_kept, n_taus, hidden_dim)
+        keep_cosines = keep and ctx.needs_input_grad[2]
+        cosines = taus.new_empty(batch if keep_cosines else min(block, batch), n_taus, frequencies.shape[0])
         out = taus.new_empty(batch, n_branches * n_ensemble, n_taus)
         for start in range(0, batch, block):
             stop = min(start + block, batch)
+            kept = slice(start, stop) if keep else slice(0, stop - start)  # the block's rows of the buffers
             # the taken actions' weights (gathered rows), folded with the features in place
-            block_rows = None if folded is None else folded[start:stop].view(-1, n_ensemble * hidden_dim)
+            block_rows = folded[kept].view(-1, n_ensemble * hidden_dim)
             block_index = rows[start * n_branches : stop * n_branches]
-            if block_rows is None:
-                block_folded = th.index_select(weight_rows, 0, block_index)
-            else:
-                block_folded = th.index_select(weight_rows, 0, block_index, out=block_rows)
+            block_folded = th.index_select(weight_rows, 0, block_index, out=block_rows)
             block_folded = block_folded.view(stop - start, n_branches, n_ensemble, hidden_dim)
             block_folded = block_folded.mul_(features[start:stop]).view(stop - start, -1, hidden_dim)
-            cosines = th.cos(taus[start:stop, :, None] * frequencies)  # [b, N, n_cos]
-            block_out = None if embedding is None else embedding[start:stop]
-            block_embedding = th.matmul(cosines, tau_weight.t(), out=block_out).relu_()
+            block_cosines = cosines[start:stop] if keep_cosines else cosines[: stop - start]
+            block_cosines = th.mul(taus[start:stop, :, None], frequencies, out=block_cosines).cos_()
+            block_embedding = th.matmul(block_cosines, tau_weight.t(), out=embedding[kept]).relu_()
             th.baddbmm(
                 bias[start:stop, :, None], block_folded, block_embedding.transpose(1, 2), out=out[start:stop]
             )
         if keep:
-            saved = (taus, frequencies, tau_weight, features, selector, rows, weight_rows, folded, embedding)
+            kept_cosines = cosines if keep_cosines else None
+            saved = (kept_cosines, features, selector, rows, weight_rows, folded, embedding)
             ctx.save_for_backward(*saved)
         ctx.block = block
         return out
 
     @staticmethod
     def backward(ctx: Any, grad_out: th.Tensor) -> tuple[th.Tensor | None, ...]:
-        taus, frequencies, tau_weight, features, selector, rows, weight_rows, folded, embedding = (
-            ctx.saved_tensors
-        )
+        cosines, features, selector, rows, weight_rows, folded, embedding = ctx.saved_tensors
         need_tau_weight, need_features, need_weight_rows = (ctx.needs_input_grad[i] for i in (2, 3, 6))
-        batch, n_branches, hidden_dim = taus.shape[0], features.shape[1], features.shape[-1]
+        batch, n_branches, hidden_dim = features.shape[0], features.shape[1], features.shape[-1]
         n_ensemble = weight_rows.shape[1] // hidden_dim
         grad_out = grad_out.contiguous()  # [B, NB * E, N]
-        grad_tau_weight = th.zeros_like(tau_weight) if need_tau_weight else None
+        grad_tau_weight = embedding.new_zeros(hidden_dim, cosines.shape[-1]) if need_tau_weight else None
         grad_features = features.new_empty(features.shape) if need_features else None
         grad_weight_rows = th.zeros_like(weight_rows) if need_weight_rows else None
         for start in range(0, batch, ctx.block):
@@ -174,11 +177,12 @@ class _TakenQuantileHead(th.autograd.Function):
                 th.ops.aten.threshold_backward.grad_input(  # the ReLU's mask, in place
                     grad_embedding, embedding[start:stop], 0.0, grad_input=grad_embedding
                 )
-                cosines = th.cos(taus[start:stop, :, None] * frequencies)  # as in forward
+                block_cosines = cosines[start:stop]  # kept by forward
                 # summed into the gradient by addmm's out= form, not addmm_: torch.utils.flop_counter (the
                 # train_step benchmark's FLOP count) counts addmm and its out= overload, not the in-place one
                 grad_rows = grad_embedding.view(-1, grad_embedding.shape[-1]).t()
-                th.addmm(grad_tau_weight, grad_rows, cosines.view(-1, cosines.shape[-1]), out=grad_tau_weight)
+                block_cosines = block_cosines.view(-1, block_cosines.shape[-1])
+                th.addmm(grad_tau_weight, grad_rows, block_cosines, out=grad_tau_weight)
             if grad_features is None and grad_weight_rows is None:
                 continue
             grad_folded = th.bmm(block_grad, embedding[start:stop])  # [b, NB * E, H]
