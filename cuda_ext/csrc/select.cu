@@ -181,7 +181,6 @@ __device__ inline float interpolate(float below, float above, float weight) {
   return __fadd_rn(below, __fmul_rn(weight, __fsub_rn(above, below)));
 }
 
-// Compile-time order-statistic positions of a row of exactly N samples (as iqr_positions, in float32).
 // Sort N values (a power of two) ascending in registers: a bitonic network, fully unrolled.
 template <int N>
 __device__ inline void bitonic_sort_ascending(float (&v)[N]) {
@@ -204,6 +203,7 @@ __device__ inline void bitonic_sort_ascending(float (&v)[N]) {
   }
 }
 
+// Compile-time order-statistic positions of a row of exactly N samples (as iqr_positions, in float32).
 template <int N>
 struct ExactPositions {
   static constexpr float kPos25 = 0.25f * static_cast<float>(N - 1);
