@@ -255,7 +255,7 @@ __global__ void iqr_register_kernel(const float* __restrict__ samples, int64_t n
   for (int i = 0; i < NMAX; ++i) {
     float x = (EXACT || i < n_samples) ? tile[threadIdx.x * (NMAX + 1) + i] : INFINITY;
     has_nan |= isnan(x);
-    v[i] = isnan(x) ? INFINITY : x;
+    v[i] = x;  // a NaN row outputs NaN whatever the sort made of it
   }
   bitonic_sort_ascending<NMAX>(v);
   float lo25 = 0.0f, hi25 = 0.0f, lo75 = 0.0f, hi75 = 0.0f;
@@ -326,7 +326,7 @@ __global__ void __launch_bounds__(kRowsPerBlock) iqr_pipelined_kernel(const floa
     for (int i = 0; i < N; ++i) {
       const float x = tile[threadIdx.x * (N + 1) + i];
       has_nan |= isnan(x);
-      v[i] = isnan(x) ? INFINITY : x;
+      v[i] = x;  // a NaN row outputs NaN whatever the sort made of it
     }
     bitonic_sort_ascending<N>(v);
     using P = ExactPositions<N>;
