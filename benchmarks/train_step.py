@@ -16,8 +16,12 @@ Each row also counts the aten ops dispatched per gradient step (``aten_ops_per_s
 noise-free, and what predicts the step's cost on a GPU, where it is launch-bound. On the CPU the
 quantile-Huber loss and the taken-action IQN head run in blocks of rows (more ops than the one block of the
 GPU path). And it counts the matrix-product GFLOP per step (``matmul_gflop_per_step``,
-``torch.utils.flop_counter``, forward and backward) and their ratio to QR-DQN's (``gflop_over_qrdqn``): on
-a compute-bound CPU that ratio is a floor under the speed ratio, whatever the elementwise work costs.
+``torch.utils.flop_counter``, forward and backward) and their ratio to QR-DQN's (``gflop_over_qrdqn``): the
+arithmetic each step cannot avoid. That ratio is not a floor under the speed ratio, because QR-DQN's step is
+not all matrix products: on one thread of the 2-core development machine ``torch.profiler`` put about half of
+it (14.6 of 29.6 ms) in them, and BranchingIQN's products alone took about 30 ms, i.e. about 1.0x QR-DQN's
+whole step. The rest of the gap is elementwise work and dispatch
+(``benchmarks/measured/cpu-2core-2026-11-30e/``).
 
 Rows: BranchingIQN with its defaults (5 ensemble heads, IQN + C51, GradVac every 5 steps, PER),
 the same with ``compile_loss=True`` (the compile falls in the warm-up), on CUDA the same with

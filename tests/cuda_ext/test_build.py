@@ -82,6 +82,67 @@ def test_every_cu_compiles_alone_with_plain_nvcc(tmp_path: Path) -> None:
         assert (tmp_path / f"{source.stem}.o").stat().st_size > 0
 
 
+#: A host program over select.cu's compile-time sorting network (the one quantile_iqr's kernels apply): for
+#: N = 2 .. 64, every comparator joins two wires lo < hi < N, and applying the list to random rows (a third of
+#: them full of ties) leaves them exactly as std::sort does. Prints "ok N comparators" per N.
+_SORT_NETWORK_CHECK = r"""
+#include <algorithm>
+#include <cstdio>
+#include <random>
+#include "select.cu"
+using namespace cuda_ext::action_select;
+template <int N> bool check(std::mt19937& rng) {
+  const auto& net = kPairwiseNetwork<N>;
+  for (int trial = 0; trial < 5000; ++trial) {
+    float v[N], s[N];
+    for (int i = 0; i < N; ++i) {
+      const unsigned r = rng();
+      v[i] = s[i] = trial % 3 == 0 ? static_cast<float>(r % 4) : static_cast<float>(r % 100000) / 7.0f;
+    }
+    for (int k = 0; k < PairwiseNetwork<N>::kSize; ++k) {
+      const int lo = net.comparators[k].lo, hi = net.comparators[k].hi;
+      if (!(0 <= lo && lo < hi && hi < N)) return false;
+      const float a = v[lo], b = v[hi];
+      v[lo] = std::min(a, b);
+      v[hi] = std::max(a, b);
+    }
+    std::sort(s, s + N);
+    if (!std::equal(v, v + N, s)) return false;
+  }
+  std::printf("ok %d %d\n", N, PairwiseNetwork<N>::kSize);
+  return true;
+}
+int main() {
+  std::mt19937 rng(0);
+  const bool ok = check<2>(rng) && check<4>(rng) && check<8>(rng) && check<16>(rng) && check<32>(rng) &&
+                  check<64>(rng);
+  return ok ? 0 : 1;
+}
+"""
+
+
+@pytest.mark.slow
+def test_quantile_iqr_sorting_network_sorts(tmp_path: Path) -> None:
+    nvcc = _nvcc()
+    source = tmp_path / "network_check.cu"
+    source.write_text(_SORT_NETWORK_CHECK)
+    binary = tmp_path / "network_check"
+    csrc = REPO_ROOT / "cuda_ext" / "csrc"
+    compiled = subprocess.run(
+        [nvcc, "-std=c++17", "-arch=sm_90", f"-I{csrc}", str(source), "-o", str(binary)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert compiled.returncode == 0, compiled.stderr[-4000:]
+    result = subprocess.run([str(binary)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    # Batcher's count for N = 32 and 64 (the pairwise network has the same), and every N checked
+    assert result.stdout.split("\n")[:-1] == [
+        "ok 2 1", "ok 4 5", "ok 8 19", "ok 16 63", "ok 32 191", "ok 64 543",
+    ]  # fmt: skip
+
+
 @pytest.mark.slow
 def test_python_m_cuda_ext_build_compiles_links_and_loads() -> None:
     _nvcc()
