@@ -127,15 +127,27 @@ class _TakenQuantileHead(th.autograd.Function):
         batch, n_taus = taus.shape
         n_branches, hidden_dim = features.shape[1], features.shape[-1]
         n_ensemble = weight_rows.shape[1] // hidden_dim
+        n_cos = frequencies.shape[0]
         # With autograd the folded weights, the embedding and (for the tau weight's gradient) the cosines are
         # kept for backward, written block by block into whole-batch buffers; without it (the target network's
         # pass) every block reuses one block-sized set of buffers and nothing is kept.
         keep = any(ctx.needs_input_grad)
+        # Without autograd on the CPU the embedding is formed transposed, ``[H, N]`` per sample (one batched
+        # ``tau_weight @ cosines^T`` product): the output product then reads it with unit stride instead of
+        # through the transposed view of an ``[N, H]`` block (one thread, a block of 32 samples at the default
+        # sizes: 145 instead of 241 us, and the embedding's product 308 instead of 326 us). Measured bit for
+        # bit the same values there (each output's sum runs over the same terms in the same order in MKL).
+        transposed = not keep and taus.device.type == "cpu"
         rows_kept = batch if keep else min(block, batch)
         folded = taus.new_empty(rows_kept, n_branches * n_ensemble, hidden_dim)
-        embedding = taus.new_empty(rows_kept, n_taus, hidden_dim)
         keep_cosines = keep and ctx.needs_input_grad[2]
-        cosines = taus.new_empty(batch if keep_cosines else min(block, batch), n_taus, frequencies.shape[0])
+        rows_cosines = batch if keep_cosines else min(block, batch)
+        if transposed:
+            embedding = taus.new_empty(rows_kept, hidden_dim, n_taus)
+            cosines = taus.new_empty(rows_cosines, n_cos, n_taus)
+        else:
+            embedding = taus.new_empty(rows_kept, n_taus, hidden_dim)
+            cosines = taus.new_empty(rows_cosines, n_taus, n_cos)
         out = taus.new_empty(batch, n_branches * n_ensemble, n_taus)
         for start in range(0, batch, block):
             stop = min(start + block, batch)
@@ -147,11 +159,17 @@ class _TakenQuantileHead(th.autograd.Function):
             block_folded = block_folded.view(stop - start, n_branches, n_ensemble, hidden_dim)
             block_folded = block_folded.mul_(features[start:stop]).view(stop - start, -1, hidden_dim)
             block_cosines = cosines[start:stop] if keep_cosines else cosines[: stop - start]
-            block_cosines = th.mul(taus[start:stop, :, None], frequencies, out=block_cosines).cos_()
-            block_embedding = th.matmul(block_cosines, tau_weight.t(), out=embedding[kept]).relu_()
-            th.baddbmm(
-                bias[start:stop, :, None], block_folded, block_embedding.transpose(1, 2), out=out[start:stop]
-            )
+            block_bias = bias[start:stop, :, None]
+            if transposed:  # [b, n_cos, N] cosines, [b, H, N] embedding
+                block_taus = taus[start:stop, None, :]
+                block_cosines = th.mul(frequencies[:, None], block_taus, out=block_cosines).cos_()
+                block_weight = tau_weight.expand(stop - start, -1, -1)
+                block_embedding = th.bmm(block_weight, block_cosines, out=embedding[kept]).relu_()
+                th.baddbmm(block_bias, block_folded, block_embedding, out=out[start:stop])
+            else:  # [b, N, n_cos] cosines, [b, N, H] embedding
+                block_cosines = th.mul(taus[start:stop, :, None], frequencies, out=block_cosines).cos_()
+                block_embedding = th.matmul(block_cosines, tau_weight.t(), out=embedding[kept]).relu_()
+                th.baddbmm(block_bias, block_folded, block_embedding.transpose(1, 2), out=out[start:stop])
         if keep:
             kept_cosines = cosines if keep_cosines else None
             saved = (kept_cosines, features, selector, rows, weight_rows, folded, embedding)

@@ -411,3 +411,44 @@ def test_taken_weight_rows_gathered_by_index_equal_the_one_hot_product_in_float3
     plain = plain + taken_bias.permute(2, 0, 1)[..., None]
     quantiles, _ = net.taken_quantiles_and_logits(obs, taus, actions)
     assert th.allclose(quantiles, plain, rtol=1e-5, atol=1e-6)
+
+
+def _default_size_head_inputs(gen: th.Generator, batch: int) -> tuple[th.Tensor, ...]:
+    """``_TakenQuantileHead``'s inputs at the default sizes (4 branches of 3 actions, 5 heads, ``H = 256``,
+    ``N = 32``, ``n_cos = 64``) in float32, the tau weight's bias column included."""
+    n_taus, n_branches, n_actions, n_ensemble, hidden_dim, n_cos = 32, 4, 3, 5, 256, 64
+    taus = th.rand(batch, n_taus, generator=gen)
+    frequencies = th.arange(n_cos, dtype=th.float32) * math.pi
+    tau_weight = th.randn(hidden_dim, n_cos, generator=gen) / 8.0
+    features = th.randn(batch, n_branches, 1, hidden_dim, generator=gen).relu()
+    actions = th.randint(0, n_actions, (batch, n_branches), generator=gen)
+    rows = (actions + th.arange(n_branches) * n_actions).view(-1)
+    selector = th.nn.functional.one_hot(rows, n_branches * n_actions).float()
+    weight_rows = th.randn(n_branches * n_actions, n_ensemble * hidden_dim, generator=gen) / 16.0
+    bias = th.randn(batch, n_branches * n_ensemble, generator=gen)
+    return taus, frequencies, tau_weight, features, selector, rows, weight_rows, bias
+
+
+def test_taken_quantile_head_without_autograd_matches_the_kept_layout_in_float32() -> None:
+    """Without autograd on the CPU the head forms its embedding transposed (``[H, N]`` per sample); with it,
+    ``[N, H]`` (kept for backward). At the default sizes in float32, in blocks of 32 samples with a partial
+    last one, both equal the plain ops in float64 and each other within float32 rounding."""
+    gen = th.Generator().manual_seed(17)
+    inputs = _default_size_head_inputs(gen, 70)
+    taus, frequencies, tau_weight, features, selector, rows, weight_rows, bias = inputs
+    batch, n_taus = taus.shape
+
+    def head(tau_w: th.Tensor) -> th.Tensor:
+        return _TakenQuantileHead.apply(taus, frequencies, tau_w, *inputs[3:], 32)
+
+    kept = head(tau_weight.clone().requires_grad_()).detach()  # the autograd pass's layout
+    with th.no_grad():
+        transposed = head(tau_weight)
+    cosines = th.cos(taus[..., None].double() * frequencies.double())
+    embedding = th.matmul(cosines, tau_weight.double().t()).relu()
+    taken = weight_rows.double()[rows].view(batch, 4, 5, -1) * features.double()
+    plain = th.baddbmm(bias.double().unsqueeze(-1), taken.view(batch, 20, -1), embedding.transpose(1, 2))
+    assert transposed.shape == kept.shape == (batch, 20, n_taus)
+    assert th.allclose(kept.double(), plain, rtol=1e-5, atol=1e-5)
+    assert th.allclose(transposed.double(), plain, rtol=1e-5, atol=1e-5)
+    assert th.allclose(transposed, kept, rtol=1e-6, atol=1e-6)
