@@ -182,37 +182,55 @@ class _TakenQuantileHead(th.autograd.Function):
         cosines, features, selector, rows, weight_rows, folded, embedding = ctx.saved_tensors
         need_tau_weight, need_features, need_weight_rows = (ctx.needs_input_grad[i] for i in (2, 3, 6))
         batch, n_branches, hidden_dim = features.shape[0], features.shape[1], features.shape[-1]
-        n_ensemble = weight_rows.shape[1] // hidden_dim
+        n_taus, n_ensemble = embedding.shape[1], weight_rows.shape[1] // hidden_dim
         grad_out = grad_out.contiguous()  # [B, NB * E, N]
-        grad_tau_weight = embedding.new_zeros(hidden_dim, cosines.shape[-1]) if need_tau_weight else None
+        # The tau weight's gradient is summed transposed, [n_cos, H] += cosines^T @ grad_embedding: a block's
+        # product about 13% faster on one CPU thread than grad_embedding^T @ cosines, and the same sums (MKL
+        # runs each over the rows in the same order: equal bit for bit at the default sizes).
+        grad_tau_weight_t = embedding.new_zeros(cosines.shape[-1], hidden_dim) if need_tau_weight else None
         grad_features = features.new_empty(features.shape) if need_features else None
         grad_weight_rows = th.zeros_like(weight_rows) if need_weight_rows else None
+        # One block-sized set of buffers (the gradients of the embedding and the folded weights, the gradient
+        # of the gathered weights, the gathered weights), reused by every block: it stays in the core's cache
+        # instead of a fresh allocation per block and product.
+        block = min(ctx.block, batch)
+        folded_shape = (block, n_branches, n_ensemble, hidden_dim)
+        grad_embeddings = grad_out.new_empty(block, n_taus, hidden_dim) if need_tau_weight else None
+        grad_folded_rows = grad_out.new_empty(folded_shape) if need_features or need_weight_rows else None
+        grad_taken_rows = grad_out.new_empty(folded_shape) if need_weight_rows else None
+        taken_rows = grad_out.new_empty(folded_shape) if need_features else None
         for start in range(0, batch, ctx.block):
             stop = min(start + ctx.block, batch)
-            block_grad = grad_out[start:stop]
-            if grad_tau_weight is not None:
-                grad_embedding = th.bmm(block_grad.transpose(1, 2), folded[start:stop])  # [b, N, H]
+            size, block_grad, block_embedding = stop - start, grad_out[start:stop], embedding[start:stop]
+            block_rows = slice(start * n_branches, stop * n_branches)
+            grad_folded = None
+            if grad_folded_rows is not None:  # first: it reads the embedding block, the ReLU's mask reuses it
+                grad_folded = grad_folded_rows[:size].view(size, -1, hidden_dim)
+                grad_folded = th.bmm(block_grad, block_embedding, out=grad_folded)  # [b, NB * E, H]
+                grad_folded = grad_folded.view(size, n_branches, n_ensemble, hidden_dim)
+            if grad_embeddings is not None and grad_tau_weight_t is not None:
+                grad_embedding = grad_embeddings[:size]
+                th.bmm(block_grad.transpose(1, 2), folded[start:stop], out=grad_embedding)  # [b, N, H]
                 th.ops.aten.threshold_backward.grad_input(  # the ReLU's mask, in place
-                    grad_embedding, embedding[start:stop], 0.0, grad_input=grad_embedding
+                    grad_embedding, block_embedding, 0.0, grad_input=grad_embedding
                 )
-                block_cosines = cosines[start:stop]  # kept by forward
                 # summed into the gradient by addmm's out= form, not addmm_: torch.utils.flop_counter (the
                 # train_step benchmark's FLOP count) counts addmm and its out= overload, not the in-place one
-                grad_rows = grad_embedding.view(-1, grad_embedding.shape[-1]).t()
-                block_cosines = block_cosines.view(-1, block_cosines.shape[-1])
-                th.addmm(grad_tau_weight, grad_rows, block_cosines, out=grad_tau_weight)
-            if grad_features is None and grad_weight_rows is None:
+                block_cosines = cosines[start:stop].view(-1, cosines.shape[-1])  # kept by forward
+                grad_rows = grad_embedding.view(-1, hidden_dim)
+                th.addmm(grad_tau_weight_t, block_cosines.t(), grad_rows, out=grad_tau_weight_t)
+            if grad_folded is None:
                 continue
-            grad_folded = th.bmm(block_grad, embedding[start:stop])  # [b, NB * E, H]
-            grad_folded = grad_folded.view(stop - start, n_branches, n_ensemble, hidden_dim)
-            if grad_weight_rows is not None:  # the gather's backward as a one-hot product: dense, no scatter
-                grad_taken = (grad_folded * features[start:stop]).view(-1, n_ensemble * hidden_dim)
-                block_selector = selector[start * n_branches : stop * n_branches]
-                th.addmm(grad_weight_rows, block_selector.t(), grad_taken, out=grad_weight_rows)
-            if grad_features is not None:
-                block_index = rows[start * n_branches : stop * n_branches]
-                taken = th.index_select(weight_rows, 0, block_index).view_as(grad_folded)  # as in forward
+            if grad_taken_rows is not None and grad_weight_rows is not None:
+                # the gather's backward as a one-hot product: dense, no scatter
+                grad_taken = th.mul(grad_folded, features[start:stop], out=grad_taken_rows[:size])
+                grad_taken = grad_taken.view(-1, n_ensemble * hidden_dim)
+                th.addmm(grad_weight_rows, selector[block_rows].t(), grad_taken, out=grad_weight_rows)
+            if taken_rows is not None and grad_features is not None:
+                taken = taken_rows[:size].view(-1, n_ensemble * hidden_dim)
+                taken = th.index_select(weight_rows, 0, rows[block_rows], out=taken).view_as(grad_folded)
                 th.sum(grad_folded.mul_(taken), dim=2, keepdim=True, out=grad_features[start:stop])
+        grad_tau_weight = grad_tau_weight_t.t().contiguous() if grad_tau_weight_t is not None else None
         grad_bias = grad_out.sum(dim=-1) if ctx.needs_input_grad[7] else None
         return None, None, grad_tau_weight, grad_features, None, None, grad_weight_rows, grad_bias, None
 
