@@ -586,8 +586,11 @@ class BranchingQNetwork(nn.Module):
                 out = out + taken_bias.view(batch, n_branches, 1, n_ensemble)
                 quantiles = out.permute(3, 0, 1, 2)  # [E, B, NB, N]
         logits = self._c51_from_features(features)  # [B, NB, A, atoms]
-        index = actions[:, :, None, None].expand(-1, -1, 1, self.n_atoms)
-        return quantiles, logits.gather(2, index).squeeze(2)
+        # The taken action's logits by a mask and a sum over A (each value plus zeros: exact), not by gather:
+        # gather's backward is a scatter-add, which on CUDA under torch.use_deterministic_algorithms (a seeded
+        # model) runs as a sort-based index_put of dozens of launches; the mask's backward is a mask.
+        taken = (actions.unsqueeze(-1) == columns[:n_actions]).unsqueeze(-1)  # [B, NB, A, 1]
+        return quantiles, th.where(taken, logits, 0.0).sum(dim=2)
 
     def mean_values(self, obs: th.Tensor, taus: th.Tensor) -> th.Tensor:
         """Ensemble-mean quantile-mean of every branch and action (for greedy choices).

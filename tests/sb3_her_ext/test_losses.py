@@ -7,6 +7,7 @@ import math
 import pytest
 import torch as th
 
+from sb3_her_ext import losses
 from sb3_her_ext.losses import c51_cross_entropy, c51_project, quantile_huber_loss
 
 # current = [0, 1] at taus [0.25, 0.75], target = [0.5, 2.0]: delta_ij = target_j - current_i is
@@ -140,6 +141,57 @@ def test_c51_project_rejects_mismatched_shapes() -> None:
         c51_project(probs, th.zeros(2, 1), th.zeros(2, 1), 0.9, th.linspace(-1, 1, 5))
     with pytest.raises(ValueError, match="support.shape"):
         c51_project(probs[..., :1], th.zeros(2, 1), th.zeros(2, 1), 0.9, th.zeros(1))
+
+
+@pytest.mark.parametrize(
+    ("reward", "done", "gamma", "expected"),
+    [
+        (0.5, 0.0, 0.5, [0.0, 0.35, 0.65]),
+        (0.25, 1.0, 0.5, [0.0, 0.75, 0.25]),
+        (3.0, 0.0, 0.9, [0.0, 0.0, 1.0]),
+        (-5.0, 1.0, 0.9, [1.0, 0.0, 0.0]),
+        (-0.5, 0.0, 1.0, [0.35, 0.4, 0.25]),
+    ],
+)
+def test_c51_projection_by_shares_by_hand(
+    reward: float, done: float, gamma: float, expected: list[float]
+) -> None:
+    # the GPU form of the projection on the hand-worked cases above (positions: (shifted - v_min) / delta_z)
+    shifted = (reward + gamma * (1.0 - done) * SUPPORT).clamp(SUPPORT[0], SUPPORT[-1])
+    position = (shifted - SUPPORT[0]) / (SUPPORT[1] - SUPPORT[0])
+    projected = losses._project_by_shares(PROBS[None], position[None])
+    assert th.allclose(projected, th.tensor([expected]), atol=1e-6)
+
+
+def test_c51_projection_by_shares_matches_the_scatter_form() -> None:
+    gen = th.Generator().manual_seed(3)
+    support = th.linspace(-10.0, 10.0, 51)
+    probs = th.softmax(th.randn(64, 4, 51, generator=gen), dim=-1)
+    rewards = th.cat([th.randn(60, 1, generator=gen) * 6, th.tensor([[0.0], [0.4], [30.0], [-30.0]])])
+    dones = (th.rand(64, 1, generator=gen) < 0.2).float()
+    expected = c51_project(probs, rewards, dones, 0.99, support)  # CPU: the scatter form
+    v_min, v_max = support[0], support[-1]
+    shifted = (rewards.unsqueeze(-1) + 0.99 * (1.0 - dones).unsqueeze(-1) * support).clamp(v_min, v_max)
+    position = ((shifted - v_min) / ((v_max - v_min) / 50)).clamp(0.0, 50.0)
+    by_shares = losses._project_by_shares(probs, position)
+    assert th.allclose(by_shares, expected, rtol=0.0, atol=1e-6)
+    # gamma 1, reward 0: every atom sits on a support point and keeps its mass
+    on_points = losses._project_by_shares(probs, th.arange(51.0).expand(64, 4, 51))
+    assert th.equal(on_points, probs)
+
+
+@pytest.mark.gpu
+def test_c51_project_on_cuda_matches_the_cpu_and_repeats_exactly() -> None:
+    gen = th.Generator().manual_seed(4)
+    support = th.linspace(-10.0, 10.0, 51)
+    probs = th.softmax(th.randn(256, 51, generator=gen), dim=-1)
+    rewards = th.randn(256, generator=gen) * 4
+    dones = (th.rand(256, generator=gen) < 0.1).float()
+    expected = c51_project(probs, rewards, dones, 0.97, support)
+    cuda = [t.cuda() for t in (probs, rewards, dones, support)]
+    first = c51_project(cuda[0], cuda[1], cuda[2], 0.97, cuda[3])
+    assert th.allclose(first.cpu(), expected, rtol=0.0, atol=1e-6)
+    assert th.equal(c51_project(cuda[0], cuda[1], cuda[2], 0.97, cuda[3]), first)
 
 
 def test_c51_cross_entropy_by_hand() -> None:

@@ -476,3 +476,28 @@ def test_taken_quantile_head_gradients_in_float32_match_float64_autograd() -> No
     for g, e in zip(got, expected, strict=True):
         assert g.dtype == th.float32 and g.shape == e.shape
         assert th.allclose(g.double(), e, rtol=1e-5, atol=2e-5 * e.abs().max().item())  # measured: 2.5e-6
+
+
+def test_taken_c51_logits_and_their_gradients_equal_the_gather_exactly() -> None:
+    """The taken actions' C51 logits come from a mask and a sum over actions (no gather, whose backward is a
+    scatter-add): the same logits and the same parameter gradients as a gather, bit for bit (float32)."""
+    th.manual_seed(5)
+    net = BranchingQNetwork(9, 6, [3, 2, 3], [3, 3, 3], net_arch=[16, 12], n_ensemble=2, n_cos=8, n_atoms=7)
+    obs, taus = th.randn(6, 9), th.rand(6, 4)
+    actions = th.tensor([[0, 1, 2], [2, 0, 1], [1, 1, 0], [0, 0, 0], [2, 1, 2], [1, 0, 1]])
+    upstream = th.randn(6, 3, 7)
+
+    def logits_and_grads(masked: bool) -> tuple[th.Tensor, list[th.Tensor]]:
+        net.zero_grad()
+        if masked:
+            _, logits = net.taken_quantiles_and_logits(obs, taus, actions)
+        else:
+            index = actions[:, :, None, None].expand(-1, -1, 1, 7)
+            logits = net.c51_logits(obs).gather(2, index).squeeze(2)
+        (logits * upstream).sum().backward()
+        return logits.detach(), [net.c51_out.weight.grad.clone(), net.c51_out.bias.grad.clone()]
+
+    (masked, masked_grads), (gathered, gathered_grads) = logits_and_grads(True), logits_and_grads(False)
+    assert th.equal(masked, gathered)
+    for got, expected in zip(masked_grads, gathered_grads, strict=True):
+        assert th.equal(got, expected)
