@@ -246,8 +246,9 @@ def _project_by_shares(next_probs: th.Tensor, position: th.Tensor) -> th.Tensor:
     n_atoms = next_probs.shape[-1]
     atoms = th.arange(n_atoms, device=next_probs.device, dtype=next_probs.dtype)
     shares = (position.unsqueeze(-1) - atoms).abs_().neg_().add_(1.0).clamp_(min=0.0)  # [..., j, i]
-    shares = shares.expand(*next_probs.shape, n_atoms)
-    return th.matmul(next_probs.unsqueeze(-2), shares).squeeze(-2)
+    # products and a sum over j, not a matrix product: exact float32 products on any GPU setting (a cuBLAS
+    # product may run in TF32), and a reduction in a fixed order
+    return (next_probs.unsqueeze(-1) * shares).sum(dim=-2)
 
 
 def c51_cross_entropy(logits: th.Tensor, target_probs: th.Tensor) -> th.Tensor:

@@ -190,7 +190,7 @@ def test_c51_project_on_cuda_matches_the_cpu_and_repeats_exactly() -> None:
     expected = c51_project(probs, rewards, dones, 0.97, support)
     cuda = [t.cuda() for t in (probs, rewards, dones, support)]
     first = c51_project(cuda[0], cuda[1], cuda[2], 0.97, cuda[3])
-    assert th.allclose(first.cpu(), expected, rtol=0.0, atol=1e-6)
+    th.testing.assert_close(first.cpu(), expected, rtol=0.0, atol=1e-6)
     assert th.equal(c51_project(cuda[0], cuda[1], cuda[2], 0.97, cuda[3]), first)
 
 
