@@ -501,3 +501,49 @@ def test_taken_c51_logits_and_their_gradients_equal_the_gather_exactly() -> None
     assert th.equal(masked, gathered)
     for got, expected in zip(masked_grads, gathered_grads, strict=True):
         assert th.equal(got, expected)
+
+
+@pytest.mark.parametrize("rows_per_block", [8, 12, 1 << 20])
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("activation", [nn.ReLU, nn.Tanh])
+def test_mean_values_in_blocks_match_the_mean_of_all_quantiles(
+    monkeypatch: pytest.MonkeyPatch, rows_per_block: int, shared: bool, activation: type[nn.Module]
+) -> None:
+    """``mean_values`` without autograd (the ReLU embedding's mean in CPU blocks of 2 and 3 samples with a
+    partial last one, and in one block) and with it: the ensemble-mean quantile-mean of the full pass."""
+    monkeypatch.setattr(policy_module, "CPU_EMBEDDING_ROWS_PER_BLOCK", rows_per_block)
+    th.manual_seed(19)
+    net = BranchingQNetwork(
+        9,
+        6,
+        [3, 2, 3],
+        [3, 2, 3],
+        net_arch=[16, 12],
+        n_ensemble=3,
+        n_cos=8,
+        n_atoms=7,
+        activation_fn=activation,
+        shared_tau_embedding=shared,
+    ).double()
+    obs, taus = th.randn(5, 9, dtype=th.float64), th.rand(5, 4, dtype=th.float64)
+    expected = net.quantiles(obs, taus).mean(dim=(0, -1))
+    with_autograd = net.mean_values(obs, taus)
+    with th.no_grad():
+        without = net.mean_values(obs, taus)
+    assert with_autograd.requires_grad and without.shape == expected.shape == (5, 3, 3)
+    assert th.allclose(with_autograd, expected) and th.allclose(without, expected)
+
+
+def test_blocked_mean_tau_embedding_equals_the_mean_in_float32() -> None:
+    """At the default sizes in float32 (256 samples, 32 fractions: 8 blocks) the blocked mean of the tau
+    embedding equals the mean of the whole ``[B, N, H]`` embedding within float32 rounding (the same
+    products, and the mean is the sum divided by ``N``, as ``torch.mean`` computes it: bit for bit with MKL
+    here)."""
+    th.manual_seed(20)
+    net = BranchingQNetwork(64, 64, [3, 3, 3, 3], [4, 8, 6, 4], net_arch=[256, 256], n_ensemble=5, n_cos=64)
+    taus = th.rand(256, 32)
+    with th.no_grad():
+        blocked = net._mean_tau_embedding(taus, 256)
+        whole = net._tau_embedding(taus, 256).mean(dim=1)
+    assert blocked.shape == whole.shape == (256, 1, 256)
+    assert th.allclose(blocked, whole, rtol=1e-6, atol=1e-7)
