@@ -190,7 +190,13 @@ def test_c51_project_on_cuda_matches_the_cpu_and_repeats_exactly() -> None:
     expected = c51_project(probs, rewards, dones, 0.97, support)
     cuda = [t.cuda() for t in (probs, rewards, dones, support)]
     first = c51_project(cuda[0], cuda[1], cuda[2], 0.97, cuda[3])
-    th.testing.assert_close(first.cpu(), expected, rtol=0.0, atol=1e-6)
+    # Both forms split each atom's mass by the same weights, but the atoms' positions on the support,
+    # (shifted - v_min) / delta_z, round differently on the GPU (measured on the H200 for these inputs: the
+    # shifted atoms equal, 9791 of 13056 positions one float32 ulp apart, at most 3.8e-6), so the shares move
+    # by as much (largest projected difference 3.9e-6). On the same positions the two forms agree to 1e-6
+    # (test_c51_projection_by_shares_matches_the_scatter_form).
+    th.testing.assert_close(first.cpu(), expected, rtol=0.0, atol=1e-5)
+    assert th.allclose(first.sum(-1).cpu(), th.ones(256), atol=1e-5) and bool((first >= 0).all())
     assert th.equal(c51_project(cuda[0], cuda[1], cuda[2], 0.97, cuda[3]), first)
 
 
