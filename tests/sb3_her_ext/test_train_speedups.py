@@ -18,6 +18,7 @@ from sb3_her_ext.policy import (
     BranchingIQNPolicy,
     BranchingQNetwork,
     BranchLinear,
+    _taken_logits,
     _TakenQuantileHead,
     default_optimizer_kwargs,
 )
@@ -478,60 +479,31 @@ def test_taken_quantile_head_gradients_in_float32_match_float64_autograd() -> No
         assert th.allclose(g.double(), e, rtol=1e-5, atol=2e-5 * e.abs().max().item())  # measured: 2.5e-6
 
 
-def test_taken_c51_logits_and_their_gradients_equal_the_gather_exactly() -> None:
-    """The taken actions' C51 logits come from a mask and a sum over actions (no gather, whose backward is a
-    scatter-add): the same logits and the same parameter gradients as a gather, bit for bit (float32)."""
+@pytest.mark.parametrize("by_mask", [True, False])
+def test_taken_c51_logits_and_their_gradients_equal_the_gather_exactly(by_mask: bool) -> None:
+    """The taken actions' C51 logits, by a mask and a sum (the GPU path) or by a gather (the CPU's): the same
+    logits and the same parameter gradients as gathering from ``c51_logits``, bit for bit (float32)."""
     th.manual_seed(5)
     net = BranchingQNetwork(9, 6, [3, 2, 3], [3, 3, 3], net_arch=[16, 12], n_ensemble=2, n_cos=8, n_atoms=7)
-    obs, taus = th.randn(6, 9), th.rand(6, 4)
+    obs = th.randn(6, 9)
     actions = th.tensor([[0, 1, 2], [2, 0, 1], [1, 1, 0], [0, 0, 0], [2, 1, 2], [1, 0, 1]])
     upstream = th.randn(6, 3, 7)
 
-    def logits_and_grads(masked: bool) -> tuple[th.Tensor, list[th.Tensor]]:
+    def logits_and_grads(taken: bool) -> tuple[th.Tensor, list[th.Tensor]]:
         net.zero_grad()
-        if masked:
-            _, logits = net.taken_quantiles_and_logits(obs, taus, actions)
+        all_logits = net.c51_logits(obs)
+        if taken:
+            logits = _taken_logits(all_logits, actions, by_mask=by_mask)
         else:
-            index = actions[:, :, None, None].expand(-1, -1, 1, 7)
-            logits = net.c51_logits(obs).gather(2, index).squeeze(2)
+            logits = all_logits.gather(2, actions[:, :, None, None].expand(-1, -1, 1, 7)).squeeze(2)
         (logits * upstream).sum().backward()
         return logits.detach(), [net.c51_out.weight.grad.clone(), net.c51_out.bias.grad.clone()]
 
-    (masked, masked_grads), (gathered, gathered_grads) = logits_and_grads(True), logits_and_grads(False)
-    assert th.equal(masked, gathered)
-    for got, expected in zip(masked_grads, gathered_grads, strict=True):
+    (taken, taken_grads), (gathered, gathered_grads) = logits_and_grads(True), logits_and_grads(False)
+    assert th.equal(taken, gathered)
+    for got, expected in zip(taken_grads, gathered_grads, strict=True):
         assert th.equal(got, expected)
 
-
-@pytest.mark.parametrize("rows_per_block", [8, 12, 1 << 20])
-@pytest.mark.parametrize("shared", [True, False])
-@pytest.mark.parametrize("activation", [nn.ReLU, nn.Tanh])
-def test_mean_values_in_blocks_match_the_mean_of_all_quantiles(
-    monkeypatch: pytest.MonkeyPatch, rows_per_block: int, shared: bool, activation: type[nn.Module]
-) -> None:
-    """``mean_values`` without autograd (the ReLU embedding's mean in CPU blocks of 2 and 3 samples with a
-    partial last one, and in one block) and with it: the ensemble-mean quantile-mean of the full pass."""
-    monkeypatch.setattr(policy_module, "CPU_EMBEDDING_ROWS_PER_BLOCK", rows_per_block)
-    th.manual_seed(19)
-    net = BranchingQNetwork(
-        9,
-        6,
-        [3, 2, 3],
-        [3, 2, 3],
-        net_arch=[16, 12],
-        n_ensemble=3,
-        n_cos=8,
-        n_atoms=7,
-        activation_fn=activation,
-        shared_tau_embedding=shared,
-    ).double()
-    obs, taus = th.randn(5, 9, dtype=th.float64), th.rand(5, 4, dtype=th.float64)
-    expected = net.quantiles(obs, taus).mean(dim=(0, -1))
-    with_autograd = net.mean_values(obs, taus)
-    with th.no_grad():
-        without = net.mean_values(obs, taus)
-    assert with_autograd.requires_grad and without.shape == expected.shape == (5, 3, 3)
-    assert th.allclose(with_autograd, expected) and th.allclose(without, expected)
 
 
 def test_blocked_mean_tau_embedding_equals_the_mean_in_float32() -> None:
