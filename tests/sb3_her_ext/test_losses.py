@@ -92,22 +92,23 @@ SUPPORT = th.tensor([-1.0, 0.0, 1.0])
 PROBS = th.tensor([0.2, 0.3, 0.5])
 
 
-@pytest.mark.parametrize(
-    ("reward", "done", "gamma", "expected"),
-    [
-        # shifted atoms [0, 0.5, 1]: 0.2 -> atom 1; 0.3 split 0.15/0.15 to atoms 1, 2; 0.5 -> atom 2
-        (0.5, 0.0, 0.5, [0.0, 0.35, 0.65]),
-        # done: everything at r = 0.25 -> 0.75 on atom 1, 0.25 on atom 2
-        (0.25, 1.0, 0.5, [0.0, 0.75, 0.25]),
-        # clipped at v_max: [2.1, 3, 3.9] -> all on atom 2
-        (3.0, 0.0, 0.9, [0.0, 0.0, 1.0]),
-        # done and clipped at v_min
-        (-5.0, 1.0, 0.9, [1.0, 0.0, 0.0]),
-        # [-1.5, -0.5, 0.5] -> clip [-1, -0.5, 0.5]: 0.2 -> atom 0; 0.3 -> 0.15/0.15 atoms 0, 1;
-        # 0.5 -> 0.25/0.25 atoms 1, 2
-        (-0.5, 0.0, 1.0, [0.35, 0.4, 0.25]),
-    ],
-)
+#: (reward, done, gamma, expected projection of PROBS on SUPPORT), worked by hand
+C51_CASES = [
+    # shifted atoms [0, 0.5, 1]: 0.2 -> atom 1; 0.3 split 0.15/0.15 to atoms 1, 2; 0.5 -> atom 2
+    (0.5, 0.0, 0.5, [0.0, 0.35, 0.65]),
+    # done: everything at r = 0.25 -> 0.75 on atom 1, 0.25 on atom 2
+    (0.25, 1.0, 0.5, [0.0, 0.75, 0.25]),
+    # clipped at v_max: [2.1, 3, 3.9] -> all on atom 2
+    (3.0, 0.0, 0.9, [0.0, 0.0, 1.0]),
+    # done and clipped at v_min
+    (-5.0, 1.0, 0.9, [1.0, 0.0, 0.0]),
+    # [-1.5, -0.5, 0.5] -> clip [-1, -0.5, 0.5]: 0.2 -> atom 0; 0.3 -> 0.15/0.15 atoms 0, 1;
+    # 0.5 -> 0.25/0.25 atoms 1, 2
+    (-0.5, 0.0, 1.0, [0.35, 0.4, 0.25]),
+]
+
+
+@pytest.mark.parametrize(("reward", "done", "gamma", "expected"), C51_CASES)
 def test_c51_project_by_hand(reward: float, done: float, gamma: float, expected: list[float]) -> None:
     projected = c51_project(PROBS[None], th.tensor([reward]), th.tensor([done]), gamma, SUPPORT)
     assert th.allclose(projected, th.tensor([expected]), atol=1e-6)
@@ -143,16 +144,7 @@ def test_c51_project_rejects_mismatched_shapes() -> None:
         c51_project(probs[..., :1], th.zeros(2, 1), th.zeros(2, 1), 0.9, th.zeros(1))
 
 
-@pytest.mark.parametrize(
-    ("reward", "done", "gamma", "expected"),
-    [
-        (0.5, 0.0, 0.5, [0.0, 0.35, 0.65]),
-        (0.25, 1.0, 0.5, [0.0, 0.75, 0.25]),
-        (3.0, 0.0, 0.9, [0.0, 0.0, 1.0]),
-        (-5.0, 1.0, 0.9, [1.0, 0.0, 0.0]),
-        (-0.5, 0.0, 1.0, [0.35, 0.4, 0.25]),
-    ],
-)
+@pytest.mark.parametrize(("reward", "done", "gamma", "expected"), C51_CASES)
 def test_c51_projection_by_shares_by_hand(
     reward: float, done: float, gamma: float, expected: list[float]
 ) -> None:
