@@ -678,7 +678,7 @@ class BranchingQNetwork(nn.Module):
         if taus.dim() != 2 or taus.shape[0] != batch:
             raise ValueError(f"taus.shape={tuple(taus.shape)} must be [B={batch}, N]")
         n_taus, width = taus.shape[1], weight.shape[0]
-        block = max(1, min(batch, CPU_EMBEDDING_ROWS_PER_BLOCK // max(1, n_taus)))
+        block = self._block_samples(taus)  # the CPU's block, as the taken-action head's
         cosines = taus.new_empty(block, n_taus, self.n_cos)
         embedding = taus.new_empty(block, n_taus, width)
         sums = taus.new_empty(batch, width)
