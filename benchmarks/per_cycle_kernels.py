@@ -1,16 +1,17 @@
 """Per-kernel GPU time of one prioritized-replay cycle captured in a CUDA graph (torch.profiler).
 
 The cycle is ``benchmarks/replay_throughput.py``'s "cuda_ext ops only (CUDA graph)" one: push 4096 rows of
-obs dim 64 and 4 branches, bring the tree up to date, draw B uniforms, sample B, update B priorities;
-capacity 2^20; B = 256 and 4096. For each B: the mean graph replay time over 1000 replays (CUDA events),
-then every kernel's mean time and launches per cycle over 200 profiled replays. With programmatic dependent
-launch on (``FOXHUNT_CUDA_PDL`` unset) a kernel's time includes its wait for the kernel before it; run with
-``FOXHUNT_CUDA_PDL=0`` for each kernel's own time. The two ``FillFunctor<long>`` kernels are PyTorch's
-per-replay update of the graph's RNG seed and offset (the cycle draws its uniforms inside the graph).
+obs dim 64 and 4 branches, bring the tree up to date, sample B (the sampling kernel draws its own uniforms:
+``per_sample_philox``), update B priorities; capacity 2^20; B = 256 and 4096; with ``--torch-draws`` also the
+same cycle drawing its uniforms with ``uniform_`` before ``per_sample``, whose two ``FillFunctor<long>``
+kernels are PyTorch's per-replay update of the graph's RNG seed and offset. For each: the mean graph replay
+time over 1000 replays (CUDA events), then every kernel's mean time and launches per cycle over 200 profiled
+replays. With programmatic dependent launch on (``FOXHUNT_CUDA_PDL`` unset) a kernel's time includes its
+wait for the kernel before it; run with ``FOXHUNT_CUDA_PDL=0`` for each kernel's own time.
 
 Usage::
 
-    python benchmarks/per_cycle_kernels.py [--out benchmarks/results/per_cycle_kernels.json]
+    python benchmarks/per_cycle_kernels.py [--torch-draws] [--out benchmarks/results/per_cycle_kernels.json]
 
 Needs a CUDA device. Prints a table and writes JSON.
 """
@@ -33,18 +34,20 @@ RESULTS = Path(__file__).resolve().parent / "results" / "per_cycle_kernels.json"
 PROFILED_REPLAYS = 200
 
 
-def profile_cycle(batch_size: int, device: torch.device) -> dict:
+def profile_cycle(batch_size: int, device: torch.device, philox: bool = True) -> dict:
     """Time one graphed cycle and profile its kernels.
 
     :param batch_size: B, rows sampled and updated per cycle.
     :param device: a CUDA device.
-    :return: ``{"B", "us_per_cycle", "kernels": [{"kernel", "us_per_cycle", "launches_per_cycle"}]}``.
+    :param philox: the sampling kernel draws the uniforms (else ``uniform_`` + ``per_sample``).
+    :return: ``{"B", "draws", "us_per_cycle", "kernels": [{"kernel", "us_per_cycle", "launches_per_cycle"}]}``
+        (``draws``: which way the uniforms were drawn).
     """
     batch = Batch(4096, 64, 4, device)
     buffer = CudaExtPER(1 << 20, 64, 4, device)
     uniforms = torch.zeros(batch_size, dtype=torch.float64, device=device)
     td_abs = torch.rand(batch_size, device=device)
-    graph = _capture_cycle(buffer, batch, uniforms, td_abs, False)
+    graph = _capture_cycle(buffer, batch, uniforms, td_abs, False, philox)
     for _ in range(50):
         graph.replay()
     torch.cuda.synchronize(device)
@@ -65,20 +68,25 @@ def profile_cycle(batch_size: int, device: torch.device) -> dict:
         for event in sorted(prof.key_averages(), key=lambda e: -e.device_time_total)
         if event.device_time_total > 0
     ]
-    return {"B": batch_size, "us_per_cycle": us_per_cycle, "kernels": kernels}
+    draws = "per_sample_philox" if philox else "torch uniform_"
+    return {"B": batch_size, "draws": draws, "us_per_cycle": us_per_cycle, "kernels": kernels}
 
 
 def main() -> None:
     """Profile B = 256 and 4096, print the table, write the JSON."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=str(RESULTS), help=f"JSON file (default: {RESULTS})")
+    parser.add_argument(
+        "--torch-draws", action="store_true", help="also the cycle with torch's uniform_ draws"
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("per_cycle_kernels.py needs a CUDA device")
     device = torch.device("cuda")
-    rows = [profile_cycle(batch_size, device) for batch_size in (256, 4096)]
+    variants = [True, False] if args.torch_draws else [True]
+    rows = [profile_cycle(batch_size, device, philox) for philox in variants for batch_size in (256, 4096)]
     for row in rows:
-        print(f"B={row['B']}: {row['us_per_cycle']:.1f} us per graphed cycle")
+        print(f"B={row['B']} ({row['draws']}): {row['us_per_cycle']:.1f} us per graphed cycle")
         for kernel in row["kernels"]:
             us, launches = kernel["us_per_cycle"], kernel["launches_per_cycle"]
             print(f"  {us:7.2f} us  {launches:4.1f}x  {kernel['kernel'][:100]}")

@@ -4,7 +4,12 @@ A cycle = push 4096 transitions (obs dim 64, 4 action branches), sample B rows, 
 (and rebuild the sum tree where there is one), capacity 2^20, for B = 256 and 4096. Contenders:
 
 * ``cuda_ext``: the ``torch.ops.cuda_ext`` PER ops (CUDA kernels on a GPU; the references on CPU);
-* ``cuda_ext (CUDA graph)``: the same cycle captured once and replayed (GPU only);
+* ``cuda_ext (CUDA graph)``: the same cycle captured once and replayed (GPU only), its uniforms drawn inside
+  the sampling kernel (``per_sample_philox``: Philox4x32-10 from a ``(seed, counter)`` tensor the kernel
+  advances, so every replay draws new numbers);
+* ``cuda_ext ops only (CUDA graph)``: that graph without the sampled rows' gather (issue #3's target cycle),
+  and ``... torch.rand draws`` the same with ``uniform_`` + ``per_sample`` instead (one more kernel, and
+  PyTorch's two per-replay fills of its generator state);
 * ``plain PyTorch PER``: priorities in a flat tensor, ``cumsum`` + ``searchsorted`` sampling (this file);
 * ``TorchRL PER (CPU tree)``: ``TensorDictPrioritizedReplayBuffer`` with CPU storage and CPU sum tree,
   sampled batches moved to the device (skipped with a note when torchrl is not importable);
@@ -126,6 +131,7 @@ class CudaExtPER:
         self.tree = new_tree(capacity, device)
         self.head_size = torch.zeros(2, dtype=torch.int64, device=device)
         self.max_priority = torch.ones(1, device=device)
+        self.rng_state = torch.tensor([12345, 0], device=device)  # per_sample_philox's (seed, counter)
 
     def push(self, batch: Batch) -> torch.Tensor:
         """Push a batch; on the CPU also rebuild the tree above its slots (on a GPU the push marks the
@@ -143,7 +149,14 @@ class CudaExtPER:
             OPS.per_tree_rebuild(self.tree, slots)
         return slots
 
-    def cycle(self, batch: Batch, uniforms: torch.Tensor, td_abs: torch.Tensor, gather: bool = True) -> tuple:
+    def cycle(
+        self,
+        batch: Batch,
+        uniforms: torch.Tensor,
+        td_abs: torch.Tensor,
+        gather: bool = True,
+        philox: bool = False,
+    ) -> tuple:
         """Push, sample (with the row gather a learner needs), update priorities, as the replay buffer does:
         on a GPU one ``per_tree_refresh`` before the sample brings the tree up to date after this push and
         the previous cycle's update (both marked their subtrees); on the CPU ``per_tree_rebuild`` after each.
@@ -152,13 +165,20 @@ class CudaExtPER:
         :param uniforms: ``[B] float64`` draws (refilled in place each cycle).
         :param td_abs: ``[B]`` absolute TD errors.
         :param gather: also gather the sampled rows (off: the ops alone, issue #3's target cycle).
+        :param philox: draw the uniforms inside the sampling op (``per_sample_philox``; ``uniforms`` only
+            gives the batch size) instead of ``uniforms.uniform_()`` + ``per_sample``.
         :return: the sampled rows (empty without ``gather``) and weights.
         """
         self.push(batch)
         if self.tree.is_cuda:
             OPS.per_tree_refresh(self.tree)
-        uniforms.uniform_()
-        indices, weights = OPS.per_sample(self.tree, self.head_size, uniforms, BETA)
+        if philox:
+            indices, weights = OPS.per_sample_philox(
+                self.tree, self.head_size, self.rng_state, uniforms.shape[0], BETA
+            )
+        else:
+            uniforms.uniform_()
+            indices, weights = OPS.per_sample(self.tree, self.head_size, uniforms, BETA)
         rows: tuple = ()
         if gather:
             rows = (self.obs[indices], self.next_obs[indices], self.action[indices], self.reward[indices])
@@ -312,21 +332,27 @@ def _op_timing_rows(device: torch.device, quick: bool) -> list[dict]:
 
 
 def _capture_cycle(
-    buffer: CudaExtPER, batch: Batch, uniforms: torch.Tensor, td_abs: torch.Tensor, gather: bool
+    buffer: CudaExtPER,
+    batch: Batch,
+    uniforms: torch.Tensor,
+    td_abs: torch.Tensor,
+    gather: bool,
+    philox: bool = True,
 ) -> torch.cuda.CUDAGraph:
     """Capture one cuda_ext cycle in a CUDA graph (after a warm-up on a side stream).
 
+    :param philox: the sampling kernel draws its own uniforms (see :meth:`CudaExtPER.cycle`).
     :return: the graph; ``replay()`` runs one cycle.
     """
     side = torch.cuda.Stream(uniforms.device)
     side.wait_stream(torch.cuda.current_stream(uniforms.device))
     with torch.cuda.stream(side):
         for _ in range(3):
-            buffer.cycle(batch, uniforms, td_abs, gather)
+            buffer.cycle(batch, uniforms, td_abs, gather, philox)
     torch.cuda.current_stream(uniforms.device).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        buffer.cycle(batch, uniforms, td_abs, gather)
+        buffer.cycle(batch, uniforms, td_abs, gather, philox)
     return graph
 
 
@@ -351,10 +377,15 @@ def _time_contenders(
     results["cuda_ext"] = (timer(lambda: ours.cycle(batch, uniforms, td_abs)), backend)
 
     if device.type == "cuda":
-        for name, gather in [("cuda_ext (CUDA graph)", True), ("cuda_ext ops only (CUDA graph)", False)]:
+        graphed = [
+            ("cuda_ext (CUDA graph)", True, True, ""),
+            ("cuda_ext ops only (CUDA graph)", False, True, "no row gather: issue #3 target"),
+            ("... torch.rand draws (CUDA graph)", False, False, "ops only, uniform_ + per_sample"),
+        ]
+        for name, gather, philox, note in graphed:
             buffer = CudaExtPER(capacity, obs_dim, n_branches, device)
-            graph = _capture_cycle(buffer, batch, uniforms, td_abs, gather)
-            results[name] = (timer(graph.replay), "no row gather: issue #3 target" if not gather else "")
+            graph = _capture_cycle(buffer, batch, uniforms, td_abs, gather, philox)
+            results[name] = (timer(graph.replay), note)
 
     if not peers:
         return results

@@ -1,5 +1,5 @@
 """The prioritized-replay ops ``cuda_ext::per_push``, ``per_tree_rebuild``, ``per_tree_refresh``,
-``per_sample``, ``per_update``.
+``per_sample``, ``per_sample_philox``, ``per_update``.
 
 Each is defined here with its schema, its pure-PyTorch reference (:mod:`cuda_ext.reference.per`) and a
 fake (shape-only) implementation; the CUDA kernels (``csrc/per*.{cu,cuh,cpp}``) register themselves
@@ -64,6 +64,21 @@ def _sample_fake(
     )
 
 
+def _sample_philox_fake(
+    tree: torch.Tensor, head_size: torch.Tensor, rng_state: torch.Tensor, batch_size: int, beta: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fake :func:`cuda_ext.reference.per.per_sample_philox`: validates, then shapes the outputs.
+
+    :param tree: see the reference; the other parameters likewise.
+    :return: empty ``([B] int64, [B] float32)`` tensors.
+    """
+    reference.check_per_sample_philox(tree, head_size, rng_state, batch_size, beta)
+    return (
+        tree.new_empty((batch_size,), dtype=torch.int64),
+        tree.new_empty((batch_size,), dtype=torch.float32),
+    )
+
+
 def _update_fake(*args: torch.Tensor | float) -> None:
     """Fake :func:`cuda_ext.reference.per.per_update`: validates, returns nothing.
 
@@ -94,6 +109,12 @@ per_sample = define_op(
     "per_sample(Tensor tree, Tensor head_size, Tensor uniforms, float beta) -> (Tensor, Tensor)",
     reference.per_sample,
     _sample_fake,
+)
+per_sample_philox = define_op(
+    "per_sample_philox(Tensor tree, Tensor head_size, Tensor(a!) rng_state, int batch_size, float beta) "
+    "-> (Tensor, Tensor)",
+    reference.per_sample_philox,
+    _sample_philox_fake,
 )
 per_update = define_op(
     "per_update(Tensor(a!) tree, Tensor(b!) max_priority, Tensor indices, Tensor td_abs, float alpha, "

@@ -10,6 +10,7 @@
 #include "common.h"
 #include "launch.cuh"
 #include "per_kernels.cuh"
+#include "philox.cuh"
 
 namespace cuda_ext {
 namespace per {
@@ -45,13 +46,22 @@ __device__ inline void mark_subtree(double* tree, int64_t n_leaves, int64_t leaf
 
 // ---------------------------------------------------------------- per_push
 
-// per_push in two launches over blocks of kPushRows rows. push_count_kernel: each block's number of rows
-// that want a slot (workspace[b]); block 0 also copies (write_head, size) to workspace[n_blocks + 0/1] so
-// the second launch can update head_size without a read/write race. push_write_kernel: each block sums the
-// counts (its exclusive prefix and the total), gives its rows their slots and leaves, copies them into the
-// ring (16-byte accesses when VEC4), and block 0 writes the new write_head and size.
+// per_push over blocks of kPushRows rows. Each block needs its exclusive prefix of the wanted rows and
+// their total, then gives its rows their slots and leaves and copies them into the ring (16-byte accesses
+// when VEC4).
+// - Up to kFusedPushMaxRows rows, one launch (FUSED): every block counts the wanted rows itself (n bytes
+//   from L2), reads (write_head, size) from head_size, and the last block to finish writes the new ones
+//   (the arrival counter is the high 32 bits of tree[0], kept 0 between calls; the tree rebuild uses the low
+//   32), so no block can read a head_size already advanced.
+// - More rows, two launches: push_count_kernel writes each block's count to workspace[b] and block 0 copies
+//   (write_head, size) to workspace[n_blocks + 0/1]; push_write_kernel sums the counts, and its block 0
+//   writes the new write_head and size.
 constexpr int kPushRows = 32;  // H200 sweep (16, 32, 64): 32 and 16 ~0.7 us faster per cycle than 64
 constexpr int kPushThreads = 256;
+constexpr int64_t kFusedPushMaxRows = 8192;  // every block reads at most 8 KiB of flags
+
+// The push's arrival counter: the high 32-bit word of tree[0] (little-endian).
+__device__ inline unsigned int* push_arrivals(double* tree) { return reinterpret_cast<unsigned int*>(tree) + 1; }
 
 __global__ void push_count_kernel(const bool* __restrict__ wants, int64_t n, const int64_t* __restrict__ head_size,
                                   int64_t* __restrict__ workspace) {
@@ -67,7 +77,7 @@ __global__ void push_count_kernel(const bool* __restrict__ wants, int64_t n, con
   }
 }
 
-template <bool VEC4>
+template <bool VEC4, bool FUSED>
 __global__ void __launch_bounds__(kPushThreads) push_write_kernel(
     const bool* __restrict__ wants, const float* __restrict__ new_priority,
     const float* __restrict__ max_multiplier, const float* __restrict__ max_priority,
@@ -85,12 +95,21 @@ __global__ void __launch_bounds__(kPushThreads) push_write_kernel(
   const int n_blocks = gridDim.x;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
+  const int64_t first_row = static_cast<int64_t>(blockIdx.x) * kPushRows;
   int64_t before = 0;
   int64_t all = 0;
-  for (int j = threadIdx.x; j < n_blocks; j += blockDim.x) {
-    const int64_t c = workspace[j];
-    all += c;
-    if (j < static_cast<int>(blockIdx.x)) before += c;
+  if (FUSED) {  // every wanted flag: n <= kFusedPushMaxRows
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+      const int c = wants[j] ? 1 : 0;
+      all += c;
+      if (j < first_row) before += c;
+    }
+  } else {  // the blocks' counts from push_count_kernel
+    for (int j = threadIdx.x; j < n_blocks; j += blockDim.x) {
+      const int64_t c = workspace[j];
+      all += c;
+      if (j < static_cast<int>(blockIdx.x)) before += c;
+    }
   }
   for (int offset = 16; offset > 0; offset >>= 1) {
     before += __shfl_down_sync(0xffffffffu, before, offset);
@@ -100,7 +119,6 @@ __global__ void __launch_bounds__(kPushThreads) push_write_kernel(
     s_sums[0][warp] = before;
     s_sums[1][warp] = all;
   }
-  const int64_t first_row = static_cast<int64_t>(blockIdx.x) * kPushRows;
   const int64_t row = first_row + threadIdx.x;
   const bool want = threadIdx.x < kPushRows && row < n && wants[row];
   const unsigned ballot = __ballot_sync(0xffffffffu, want);
@@ -114,8 +132,8 @@ __global__ void __launch_bounds__(kPushThreads) push_write_kernel(
     total += s_sums[1][w];
   }
   __syncthreads();
-  const int64_t head = workspace[n_blocks];
-  const int64_t size = workspace[n_blocks + 1];
+  const int64_t head = FUSED ? head_size[0] : workspace[n_blocks];
+  const int64_t size = FUSED ? head_size[1] : workspace[n_blocks + 1];
   if (threadIdx.x < kPushRows) {
     const int in_warp = __popc(ballot & ((1u << lane) - 1u));
     const int64_t prefix = prefix_before + (warp == 1 ? s_warp0 : 0) + in_warp;
@@ -129,11 +147,19 @@ __global__ void __launch_bounds__(kPushThreads) push_write_kernel(
     if (row < n) slots[row] = slot;
     s_slot[threadIdx.x] = slot;
   }
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
+  if (!FUSED && blockIdx.x == 0 && threadIdx.x == 0) {
     head_size[0] = (head + total) % capacity;
     head_size[1] = min(size + total, capacity);
   }
-  __syncthreads();
+  __syncthreads();  // (FUSED) every thread of this block has read head_size
+  if (FUSED && threadIdx.x == 0) {
+    __threadfence();
+    const unsigned int arrived = atomicInc(push_arrivals(tree), gridDim.x - 1);
+    if (arrived == gridDim.x - 1) {  // the last block: every block has read (write_head, size)
+      head_size[0] = (head + total) % capacity;
+      head_size[1] = min(size + total, capacity);
+    }
+  }
   const int rows_here = static_cast<int>(n - first_row < kPushRows ? n - first_row : kPushRows);
   const int units = VEC4 ? obs_dim >> 2 : obs_dim;
   for (int idx = threadIdx.x; idx < rows_here * units; idx += blockDim.x) {
@@ -411,15 +437,42 @@ cudaError_t set_shared_limit(const void* kernel, size_t shared_bytes) {
 
 // ---------------------------------------------------------------- per_sample
 
+// A sampler's uniform draws: the `uniforms` tensor, or (uniforms null: per_sample_philox) Philox4x32-10 draws
+// of rng_state = (seed, counter), whose counter the sampler's last launch then advances by one (after every
+// thread has read it). Every thread reads the state itself, so there is nothing to share.
+struct UniformSource {
+  const double* uniforms;
+  int64_t* rng_state;
+  uint64_t seed = 0;
+  uint64_t counter = 0;
+
+  __device__ void load() {
+    if (uniforms == nullptr) {
+      seed = static_cast<uint64_t>(rng_state[0]);
+      counter = static_cast<uint64_t>(rng_state[1]);
+    }
+  }
+  __device__ double operator()(int64_t i) const {
+    return uniforms != nullptr ? uniforms[i] : philox_uniform(seed, counter, static_cast<uint64_t>(i));
+  }
+  // After a barrier that follows every read of the state (or in a later launch): the next counter.
+  __device__ void advance() const {
+    if (uniforms == nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
+      rng_state[1] = static_cast<int64_t>(counter + 1);
+    }
+  }
+};
+
 __device__ inline double read_node(const double* __restrict__ tree, const double* cached, int64_t node,
                                    int64_t n_cached) {
   return node < n_cached ? cached[node] : tree[node];
 }
 
 __global__ void sample_kernel(const double* __restrict__ tree, const int64_t* __restrict__ head_size,
-                              const double* __restrict__ uniforms, int64_t* __restrict__ indices,
+                              UniformSource draws, int64_t* __restrict__ indices,
                               float* __restrict__ weights, int64_t batch, int64_t n_leaves, double beta) {
   pdl_wait_then_release();
+  draws.load();
   __shared__ double cached[kCachedNodes];
   __shared__ double reduce_buffer[kSampleThreads / 32];
   __shared__ double block_extreme;
@@ -441,7 +494,7 @@ __global__ void sample_kernel(const double* __restrict__ tree, const int64_t* __
     for (int k = 0; k < kSamplesPerThread; ++k) {
       const int64_t i = round + k * static_cast<int64_t>(blockDim.x) + threadIdx.x;
       const int64_t safe_i = i < batch ? i : batch - 1;
-      target[k] = (static_cast<double>(safe_i) + uniforms[safe_i]) / static_cast<double>(batch) * total;
+      target[k] = (static_cast<double>(safe_i) + draws(safe_i)) / static_cast<double>(batch) * total;
       node[k] = 1;
     }
     for (int level = 0; level < depth; ++level) {
@@ -481,6 +534,7 @@ __global__ void sample_kernel(const double* __restrict__ tree, const int64_t* __
     if (threadIdx.x == 0) block_extreme = extreme;
   }
   __syncthreads();
+  draws.advance();
   const double size = static_cast<double>(head_size[1]);
   const double max_weight = pow(size * (block_extreme / total), -beta);
   // Pass 2: weights (each thread re-reads the indices it wrote itself).
@@ -537,7 +591,7 @@ __device__ inline void descend(const double* __restrict__ tree, const double* ca
 // Batches of at most 1024: one block, one sample per thread, weights in the same launch.
 __global__ void __launch_bounds__(1024) sample_block_kernel(const double* __restrict__ tree,
                                                             const int64_t* __restrict__ head_size,
-                                                            const double* __restrict__ uniforms,
+                                                            UniformSource draws,
                                                             int64_t* __restrict__ indices,
                                                             float* __restrict__ weights, int64_t batch,
                                                             int64_t n_leaves, int depth, double beta) {
@@ -548,9 +602,11 @@ __global__ void __launch_bounds__(1024) sample_block_kernel(const double* __rest
   for (int64_t k = threadIdx.x; k < n_cached; k += blockDim.x) cached[k] = tree[k];
   const int64_t i = threadIdx.x;
   const int64_t safe_i = i < batch ? i : batch - 1;
-  const double u = uniforms[safe_i];
+  draws.load();
+  const double u = draws(safe_i);
   const double size = static_cast<double>(head_size[1]);
   __syncthreads();
+  draws.advance();
   const double total = cached[1];
   double target = (static_cast<double>(safe_i) + u) / static_cast<double>(batch) * total;
   int64_t node = 1;
@@ -571,7 +627,7 @@ __global__ void __launch_bounds__(1024) sample_block_kernel(const double* __rest
 }
 
 __global__ void __launch_bounds__(kSampleBlockThreads) sample_descend_kernel(
-    const double* __restrict__ tree, const int64_t* __restrict__ head_size, const double* __restrict__ uniforms,
+    const double* __restrict__ tree, const int64_t* __restrict__ head_size, UniformSource draws,
     int64_t* __restrict__ indices, double* __restrict__ workspace, int64_t batch, int64_t n_leaves, int depth,
     double beta) {
   pdl_wait_then_release();
@@ -581,7 +637,8 @@ __global__ void __launch_bounds__(kSampleBlockThreads) sample_descend_kernel(
   for (int64_t k = threadIdx.x; k < n_cached; k += blockDim.x) cached[k] = tree[k];
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t safe_i = i < batch ? i : batch - 1;
-  const double u = uniforms[safe_i];
+  draws.load();
+  const double u = draws(safe_i);
   const double size = static_cast<double>(head_size[1]);
   __syncthreads();
   const double total = cached[1];
@@ -606,8 +663,10 @@ __global__ void __launch_bounds__(kSampleBlockThreads) sample_descend_kernel(
 }
 
 __global__ void sample_weights_kernel(const double* __restrict__ workspace, float* __restrict__ weights,
-                                      int64_t batch, int n_partials) {
+                                      int64_t batch, int n_partials, UniformSource draws) {
   pdl_wait_then_release();
+  draws.load();  // sample_descend_kernel (finished) read the state; this launch advances it
+  draws.advance();
   __shared__ double s_max;
   if (threadIdx.x < 32) {
     double m = 0.0;
@@ -702,7 +761,9 @@ __global__ void update_write_kernel(double* __restrict__ tree, const int64_t* __
 
 }  // namespace
 
-int64_t push_workspace_size(int64_t n) { return (n + kPushRows - 1) / kPushRows + 2; }
+int64_t push_workspace_size(int64_t n) {
+  return n <= kFusedPushMaxRows ? 0 : (n + kPushRows - 1) / kPushRows + 2;  // the fused launch needs none
+}
 
 cudaError_t launch_push(const bool* wants, const float* new_priority, const float* max_multiplier,
                         const float* max_priority, int64_t* head_size, double* tree, int64_t* slots,
@@ -716,24 +777,22 @@ cudaError_t launch_push(const bool* wants, const float* new_priority, const floa
   if (n_blocks > 0x7fffffff || obs_dim > 0x7fffffff / kPushRows || n_branches > 0x7fffffff / kPushRows) {
     return cudaErrorInvalidValue;
   }
-  CUDA_EXT_LAUNCH(push_count_kernel, static_cast<unsigned>(n_blocks), kPushRows, 0, stream, wants, n, head_size, workspace);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
+  const bool fused = n <= kFusedPushMaxRows;
+  if (!fused) {
+    CUDA_EXT_LAUNCH(push_count_kernel, static_cast<unsigned>(n_blocks), kPushRows, 0, stream, wants, n, head_size,
+                    workspace);
+  }
   const auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
   const bool vec4 =
       obs_dim % 4 == 0 && aligned(new_obs) && aligned(new_next_obs) && aligned(obs) && aligned(next_obs);
-  if (vec4) {
-    CUDA_EXT_LAUNCH(push_write_kernel<true>, static_cast<unsigned>(n_blocks), kPushThreads, 0, stream, 
-        wants, new_priority, max_multiplier, max_priority, head_size, tree, slots, new_obs, new_next_obs,
-        new_action, new_reward, new_done, new_kind, obs, next_obs, action, reward, done, kind, workspace, n,
-        capacity, n_leaves, alpha, static_cast<int>(obs_dim), static_cast<int>(n_branches));
-  } else {
-    CUDA_EXT_LAUNCH(push_write_kernel<false>, static_cast<unsigned>(n_blocks), kPushThreads, 0, stream, 
-        wants, new_priority, max_multiplier, max_priority, head_size, tree, slots, new_obs, new_next_obs,
-        new_action, new_reward, new_done, new_kind, obs, next_obs, action, reward, done, kind, workspace, n,
-        capacity, n_leaves, alpha, static_cast<int>(obs_dim), static_cast<int>(n_branches));
-  }
-  return cudaGetLastError();
+  auto* kernel = vec4 ? (fused ? push_write_kernel<true, true> : push_write_kernel<true, false>)
+                      : (fused ? push_write_kernel<false, true> : push_write_kernel<false, false>);
+  CUDA_EXT_LAUNCH(kernel, static_cast<unsigned>(n_blocks), kPushThreads, 0, stream, wants, new_priority,
+                  max_multiplier, max_priority, head_size, tree, slots, new_obs, new_next_obs, new_action,
+                  new_reward, new_done, new_kind, obs, next_obs, action, reward, done, kind,
+                  static_cast<const int64_t*>(workspace), n, capacity, n_leaves, alpha, static_cast<int>(obs_dim),
+                  static_cast<int>(n_branches));
+  return cudaSuccess;
 }
 
 // The whole tree of 2 <= P <= kMinSubtreeLeaves leaves, in one block.
@@ -805,30 +864,32 @@ int64_t sample_workspace_size(int64_t batch) {
 }
 
 cudaError_t launch_sample(const double* tree, const int64_t* head_size, const double* uniforms,
-                          int64_t* indices, float* weights, int64_t batch, int64_t n_leaves, double beta,
-                          double* workspace, cudaStream_t stream) {
+                          int64_t* rng_state, int64_t* indices, float* weights, int64_t batch, int64_t n_leaves,
+                          double beta, double* workspace, cudaStream_t stream) {
   if (batch == 0) return cudaSuccess;
+  if ((uniforms == nullptr) == (rng_state == nullptr)) return cudaErrorInvalidValue;
+  const UniformSource draws{uniforms, rng_state};
   int depth = 0;
   while ((int64_t{1} << depth) < n_leaves) ++depth;
   const int64_t blocks = (batch + kSampleBlockThreads - 1) / kSampleBlockThreads;
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
   if ((reinterpret_cast<uintptr_t>(tree) & 15u) != 0) {  // 16-byte node-pair loads need an aligned tree
-    CUDA_EXT_LAUNCH(sample_kernel, 1, kSampleThreads, 0, stream, tree, head_size, uniforms, indices, weights, batch, n_leaves,
-                                                    beta);
+    CUDA_EXT_LAUNCH(sample_kernel, 1, kSampleThreads, 0, stream, tree, head_size, draws, indices, weights, batch,
+                    n_leaves, beta);
     return cudaGetLastError();
   }
   if (batch <= 1024) {
     const int threads = static_cast<int>((batch + 31) / 32 * 32);
-    CUDA_EXT_LAUNCH(sample_block_kernel, 1, threads, 0, stream, tree, head_size, uniforms, indices, weights, batch, n_leaves,
-                                                   depth, beta);
+    CUDA_EXT_LAUNCH(sample_block_kernel, 1, threads, 0, stream, tree, head_size, draws, indices, weights, batch,
+                    n_leaves, depth, beta);
     return cudaGetLastError();
   }
   CUDA_EXT_LAUNCH(sample_descend_kernel, static_cast<unsigned>(blocks), kSampleBlockThreads, 0, stream, 
-      tree, head_size, uniforms, indices, workspace, batch, n_leaves, depth, beta);
+      tree, head_size, draws, indices, workspace, batch, n_leaves, depth, beta);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   CUDA_EXT_LAUNCH(sample_weights_kernel, static_cast<unsigned>((batch + 255) / 256), 256, 0, stream, 
-      workspace, weights, batch, static_cast<int>(blocks));
+      workspace, weights, batch, static_cast<int>(blocks), draws);
   return cudaGetLastError();
 }
 

@@ -139,8 +139,34 @@ std::tuple<at::Tensor, at::Tensor> per_sample_cuda(const at::Tensor& tree, const
   at::Tensor weights = at::empty({batch}, uniforms.options().dtype(at::kFloat));
   at::Tensor workspace = at::empty({cuda_ext::per::sample_workspace_size(batch)}, uniforms.options());
   C10_CUDA_CHECK(cuda_ext::per::launch_sample(tree.data_ptr<double>(), head_size.data_ptr<int64_t>(),
-                                              uniforms.data_ptr<double>(), indices.data_ptr<int64_t>(),
+                                              uniforms.data_ptr<double>(), nullptr, indices.data_ptr<int64_t>(),
                                               weights.data_ptr<float>(), batch, n_leaves, beta,
+                                              workspace.data_ptr<double>(), c10::cuda::getCurrentCUDAStream()));
+  return {indices, weights};
+}
+
+std::tuple<at::Tensor, at::Tensor> per_sample_philox_cuda(const at::Tensor& tree, const at::Tensor& head_size,
+                                                          const at::Tensor& rng_state, int64_t batch_size,
+                                                          double beta) {
+  TORCH_CHECK_VALUE(std::isfinite(beta) && beta >= 0 && beta <= 1, "beta=", beta, " must lie in [0, 1]");
+  TORCH_CHECK_VALUE(batch_size >= 0, "batch_size=", batch_size, " must be >= 0");
+  const int64_t n_leaves = leaf_count(tree);
+  check_tensor(head_size, "head_size", at::kLong, 1, tree);
+  check_size(head_size, "head_size", 0, 2);
+  check_tensor(rng_state, "rng_state", at::kLong, 1, tree);
+  check_size(rng_state, "rng_state", 0, 2);
+  const c10::cuda::CUDAGuard guard(tree.device());
+  at::Tensor indices = at::empty({batch_size}, head_size.options());
+  at::Tensor weights = at::empty({batch_size}, head_size.options().dtype(at::kFloat));
+  if (batch_size == 0) {  // nothing to launch; the counter still advances, as in the reference
+    rng_state.select(0, 1).add_(1);
+    return {indices, weights};
+  }
+  at::Tensor workspace =
+      at::empty({cuda_ext::per::sample_workspace_size(batch_size)}, tree.options());
+  C10_CUDA_CHECK(cuda_ext::per::launch_sample(tree.data_ptr<double>(), head_size.data_ptr<int64_t>(), nullptr,
+                                              rng_state.data_ptr<int64_t>(), indices.data_ptr<int64_t>(),
+                                              weights.data_ptr<float>(), batch_size, n_leaves, beta,
                                               workspace.data_ptr<double>(), c10::cuda::getCurrentCUDAStream()));
   return {indices, weights};
 }
@@ -169,5 +195,6 @@ TORCH_LIBRARY_IMPL(cuda_ext, CUDA, m) {
   m.impl("per_tree_rebuild", &per_tree_rebuild_cuda);
   m.impl("per_tree_refresh", &per_tree_refresh_cuda);
   m.impl("per_sample", &per_sample_cuda);
+  m.impl("per_sample_philox", &per_sample_philox_cuda);
   m.impl("per_update", &per_update_cuda);
 }

@@ -17,9 +17,11 @@ constexpr int64_t kMaxLeaves = int64_t{1} << 28;
 // Scratch int64 entries launch_push needs for `n` rows.
 int64_t push_workspace_size(int64_t n);
 
-// per_push (two launches over blocks of rows: per-block counts, then slots, leaves, row copies and
-// head_size; in a tree of 2^12 <= P <= 2^23 leaves also the written leaves' dirty-subtree markers);
-// `workspace` of push_workspace_size(n) int64 entries.
+// per_push (up to 8192 rows one launch, whose blocks count the wanted rows themselves and whose last block
+// advances head_size, counting arrivals in the high 32 bits of tree[0] (left 0); more rows two launches:
+// per-block counts, then the rest): slots, leaves, row copies and head_size; in a tree of
+// 2^12 <= P <= 2^23 leaves also the written leaves' dirty-subtree markers; `workspace` of
+// push_workspace_size(n) int64 entries (none for the one-launch case).
 cudaError_t launch_push(const bool* wants, const float* new_priority, const float* max_multiplier,
                         const float* max_priority, int64_t* head_size, double* tree, int64_t* slots,
                         const float* new_obs, const float* new_next_obs, const int64_t* new_action,
@@ -46,10 +48,12 @@ int64_t sample_workspace_size(int64_t batch);
 // weights over the batch maximum):
 // stratified descent, importance weights normalized by the batch maximum. A tree that is not 16-byte
 // aligned takes a one-block kernel. `workspace` of
-// sample_workspace_size(batch) float64 entries.
+// sample_workspace_size(batch) float64 entries. Exactly one of `uniforms` ([batch] float64 draws: per_sample)
+// and `rng_state` ((seed, counter) int64: per_sample_philox, each thread draws Philox4x32-10 itself and the
+// last launch advances the counter by one) is non-null. With batch 0 nothing is launched.
 cudaError_t launch_sample(const double* tree, const int64_t* head_size, const double* uniforms,
-                          int64_t* indices, float* weights, int64_t batch, int64_t n_leaves, double beta,
-                          double* workspace, cudaStream_t stream);
+                          int64_t* rng_state, int64_t* indices, float* weights, int64_t batch, int64_t n_leaves,
+                          double beta, double* workspace, cudaStream_t stream);
 
 // per_update: leaf = (td_abs + eps) ** alpha, last duplicate wins; raises max_priority. Two passes (claim
 // each leaf with atomicMax of a marker + position, then compare-and-swap the marker of the last

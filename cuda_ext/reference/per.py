@@ -1,5 +1,5 @@
 """Pure-PyTorch references of the prioritized-replay ops: ``per_push``, ``per_tree_rebuild``,
-``per_tree_refresh``, ``per_sample`` and ``per_update``.
+``per_tree_refresh``, ``per_sample``, ``per_sample_philox`` and ``per_update``.
 
 They are the CPU path and the oracle the CUDA kernels are tested against; the semantics are those of
 ``cuda_ext/README.md``. Arithmetic order is chosen so that the kernels can reproduce it exactly:
@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from cuda_ext.reference.checks import check_same_device, check_scalar, check_tensor
+from cuda_ext.reference.philox import philox_uniforms
 
 #: Leaves under one marked subtree root (the CUDA rebuild's per-block subtree).
 SUBTREE_LEAVES = 2048
@@ -156,6 +157,22 @@ def check_per_sample(
     check_tensor("head_size", head_size, torch.int64, (2,))
     check_tensor("uniforms", uniforms, torch.float64, (None,))
     check_same_device(tree=tree, head_size=head_size, uniforms=uniforms)
+    check_scalar("beta", beta, low=0.0, high=1.0)
+
+
+def check_per_sample_philox(
+    tree: torch.Tensor, head_size: torch.Tensor, rng_state: torch.Tensor, batch_size: int, beta: float
+) -> None:
+    """Validate the arguments of :func:`per_sample_philox` (dtypes, shapes, devices); raise ``ValueError``.
+
+    :param tree: see :func:`per_sample_philox`; the other parameters likewise.
+    """
+    tree_leaf_count(tree)
+    check_tensor("head_size", head_size, torch.int64, (2,))
+    check_tensor("rng_state", rng_state, torch.int64, (2,))
+    check_same_device(tree=tree, head_size=head_size, rng_state=rng_state)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 0:
+        raise ValueError(f"batch_size={batch_size!r} must be an int >= 0")
     check_scalar("beta", beta, low=0.0, high=1.0)
 
 
@@ -339,6 +356,33 @@ def per_sample(
     weights = (head_size[1].double() * probability) ** -beta
     weights = weights / weights.max()
     return indices, weights.float()
+
+
+def per_sample_philox(
+    tree: torch.Tensor, head_size: torch.Tensor, rng_state: torch.Tensor, batch_size: int, beta: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`per_sample` with its uniforms drawn by Philox4x32-10 from ``rng_state``, which then advances.
+
+    The same as ``per_sample(tree, head_size, philox_uniforms(rng_state, batch_size), beta)`` followed by
+    ``rng_state[1] += 1`` (:func:`cuda_ext.reference.philox.philox_uniforms`): every call draws from a fresh
+    counter, so consecutive calls (and CUDA graph replays) get new numbers, and a kernel that evaluates the
+    generator per thread gives exactly these indices and weights. The counter advances also when
+    ``batch_size`` is 0.
+
+    :param tree: sum tree ``[2P] float64``.
+    :param head_size: ``(write_head, size)`` ``[2] int64``.
+    :param rng_state: ``(seed, counter)`` ``[2] int64`` (the counter is incremented in place).
+    :param batch_size: ``B``, samples to draw.
+    :param beta: importance-sampling exponent.
+    :return: ``(indices [B] int64, weights [B] float32)``.
+    """
+    check_per_sample_philox(tree, head_size, rng_state, batch_size, beta)
+    uniforms = philox_uniforms(rng_state, batch_size)
+    rng_state[1] += 1
+    if batch_size == 0:
+        empty = uniforms.new_empty(0, dtype=torch.int64)
+        return empty, uniforms.new_empty(0, dtype=torch.float32)
+    return per_sample(tree, head_size, uniforms, beta)
 
 
 def last_occurrence_mask(indices: torch.Tensor) -> torch.Tensor:

@@ -63,6 +63,13 @@ def test_opcheck_per_sample(device: str) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_per_sample_philox(device: str) -> None:
+    state = _filled_state(device)
+    rng_state = torch.tensor([7, 3], device=device)
+    torch.library.opcheck(OPS.per_sample_philox, (state["tree"], state["head_size"], rng_state, 5, 0.4))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_opcheck_per_update(device: str) -> None:
     state = _filled_state(device)
     indices = torch.tensor([1, 4, 1, 9], device=device)

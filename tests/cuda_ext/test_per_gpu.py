@@ -87,6 +87,12 @@ def test_push_wraps_and_bursts_over_capacity() -> None:
     _check_push("cuda", capacity=1, batches=[1, 31, 0, 2], seed=8)
 
 
+def test_push_on_both_sides_of_the_one_launch_limit() -> None:
+    """Up to 8192 rows the kernel is one launch (its last block advances head_size and returns the arrival
+    counter in tree[0]'s high word to 0: the trees compare tree[0] too); 8193 rows take two launches."""
+    _check_push("cuda", capacity=20_000, batches=[8192, 8193, 8192, 8191, 8193], seed=9)
+
+
 def _consistent_tree(capacity: int, generator: torch.Generator, device: str) -> torch.Tensor:
     tree = new_tree(capacity)
     n_leaves = tree.shape[0] // 2
@@ -168,6 +174,81 @@ def test_sample_capacity_2_pow_24() -> None:
     _check_sample_huge("cuda")
 
 
+def _check_sample_philox(
+    device: str, capacity: int, batch: int, seed: int, counter: int, offset: int = 0
+) -> None:
+    """Three calls in a row against the reference: the same indices, weights to float32 rounding, the same
+    counter after each. ``offset`` > 0: a tree that is not 16-byte aligned (the one-block fallback kernel)."""
+    generator = torch.Generator().manual_seed(capacity + batch)
+    tree = _consistent_tree(capacity, generator, "cpu")
+    head_size = torch.tensor([0, capacity])
+    storage = torch.zeros(tree.numel() + offset, dtype=torch.float64, device=device)
+    actual_tree = storage[offset:]
+    actual_tree.copy_(tree)
+    expected_state = torch.tensor([seed, counter])
+    actual_state = expected_state.to(device)
+    n_leaves = tree.shape[0] // 2
+    for _ in range(3):
+        expected_indices, expected_weights = reference.per_sample_philox(
+            tree, head_size, expected_state, batch, 0.4
+        )
+        indices, weights = OPS.per_sample_philox(actual_tree, head_size.to(device), actual_state, batch, 0.4)
+        assert torch.equal(indices.cpu(), expected_indices)
+        torch.testing.assert_close(weights.cpu(), expected_weights, **FLOAT_TOL)
+        assert torch.equal(actual_state.cpu(), expected_state)
+        assert (tree[n_leaves + indices.cpu()] > 0).all()
+
+
+@pytest.mark.parametrize("batch", [*SIZES, 1024, 1025])  # one block up to 1024; above: two launches
+@pytest.mark.parametrize("capacity", [1, 31, 4097, 1 << 20])
+def test_sample_philox_matches_reference(capacity: int, batch: int) -> None:
+    _check_sample_philox("cuda", capacity, batch, seed=capacity * 7 + batch, counter=batch)
+
+
+@pytest.mark.parametrize(("seed", "counter"), [(-1, 2**32 - 2), (-(2**63), -3), (2**63 - 1, 2**63 - 2)])
+def test_sample_philox_seed_and_counter_words(seed: int, counter: int) -> None:
+    """Negative and extreme int64 states (two's complement words; the counter crossing 2^32 and wrapping)."""
+    _check_sample_philox("cuda", 4097, 300, seed, counter)
+    _check_sample_philox("cuda", 4097, 3000, seed, counter)
+
+
+def test_sample_philox_on_an_unaligned_tree() -> None:
+    _check_sample_philox("cuda", 4097, 3000, seed=5, counter=0, offset=1)
+
+
+def test_sample_philox_batch_0_advances_the_counter() -> None:
+    tree = _consistent_tree(31, torch.Generator().manual_seed(0), "cuda")
+    state = torch.tensor([3, 4], device="cuda")
+    indices, weights = OPS.per_sample_philox(tree, torch.tensor([0, 31], device="cuda"), state, 0, 0.4)
+    assert indices.shape == (0,) and weights.shape == (0,)
+    assert state.tolist() == [3, 5]
+
+
+@pytest.mark.parametrize("batch", [256, 4096])
+def test_sample_philox_graph_replays_draw_new_numbers(batch: int) -> None:
+    """Captured once, replayed three times: each replay equals the next reference call (the kernel advances
+    the counter on the device, so no replay repeats another's draws)."""
+    generator = torch.Generator().manual_seed(batch)
+    tree = _consistent_tree(1 << 16, generator, "cpu")
+    head_size = torch.tensor([0, 1 << 16])
+    static_tree, static_head = tree.cuda(), head_size.cuda()
+    state = torch.tensor([99, 0], device="cuda")
+    OPS.per_sample_philox(static_tree, static_head, state, batch, 0.4)  # warm-up: counter 0 -> 1
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        indices, weights = OPS.per_sample_philox(static_tree, static_head, state, batch, 0.4)
+    expected_state = torch.tensor([99, 1])
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        expected = reference.per_sample_philox(tree, head_size, expected_state, batch, 0.4)
+        assert torch.equal(indices.cpu(), expected[0])
+        torch.testing.assert_close(weights.cpu(), expected[1], **FLOAT_TOL)
+        assert torch.equal(state.cpu(), expected_state)
+    assert expected_state.tolist() == [99, 4]
+
+
 def _check_update(device: str, capacity: int, batch: int, seed: int) -> None:
     generator = torch.Generator().manual_seed(seed)
     tree = _consistent_tree(capacity, generator, "cpu")
@@ -231,7 +312,8 @@ def test_refresh_of_an_unaligned_marked_tree_rebuilds_everything() -> None:
 
 def test_backend_is_cuda() -> None:
     assert cuda_ext.backend() == "cuda"
-    for op in ["per_push", "per_tree_rebuild", "per_tree_refresh", "per_sample", "per_update"]:
+    ops = ["per_push", "per_tree_rebuild", "per_tree_refresh", "per_sample", "per_sample_philox"]
+    for op in [*ops, "per_update"]:
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"cuda_ext::{op}", "CUDA"), op
 
 
