@@ -93,6 +93,23 @@ def test_push_on_both_sides_of_the_one_launch_limit() -> None:
     _check_push("cuda", capacity=20_000, batches=[8192, 8193, 8192, 8191, 8193], seed=9)
 
 
+@pytest.mark.parametrize("n", [31, 4097])
+def test_push_with_unaligned_wants(n: int) -> None:
+    """A ``wants`` view one byte into its storage: the one-launch kernel counts it byte by byte."""
+    generator = torch.Generator().manual_seed(n)
+    expected = make_state(5000, obs_dim=5)
+    actual = _to(expected, "cuda")
+    rows = _random_rows(n, generator)
+    expected_slots = _reference_push(expected, rows, 0.6)
+    cuda_rows = _to(rows, "cuda")
+    storage = torch.zeros(n + 1, dtype=torch.bool, device="cuda")
+    storage[1:] = cuda_rows["wants"]
+    cuda_rows["wants"] = storage[1:]
+    assert cuda_rows["wants"].data_ptr() % 16 != 0
+    assert torch.equal(push(actual, cuda_rows, alpha=0.6).cpu(), expected_slots)
+    _assert_state_equal(actual, expected)
+
+
 def _consistent_tree(capacity: int, generator: torch.Generator, device: str) -> torch.Tensor:
     tree = new_tree(capacity)
     n_leaves = tree.shape[0] // 2
