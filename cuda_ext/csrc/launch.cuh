@@ -34,10 +34,10 @@ inline bool pdl_enabled() {
   return value == nullptr || std::strcmp(value, "0") != 0;
 }
 
-// Launch `kernel<<<grid, block, shared_bytes, stream>>>(args...)`, with PDL when enabled.
+// Launch `kernel<<<grid, block, shared_bytes, stream>>>(args...)`, with PDL when enabled and `allow_pdl`.
 template <typename... Params, typename... Args>
-cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
-                          cudaStream_t stream, Args... args) {
+cudaError_t launch_kernel_pdl(bool allow_pdl, void (*kernel)(Params...), dim3 grid, dim3 block,
+                              size_t shared_bytes, cudaStream_t stream, Args... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
@@ -46,12 +46,18 @@ cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size
   cudaLaunchAttribute attribute = {};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
-  if (pdl_enabled()) {
+  if (allow_pdl && pdl_enabled()) {
     config.attrs = &attribute;
     config.numAttrs = 1;
   }
   const cudaError_t status = cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
   return status != cudaSuccess ? status : cudaGetLastError();
+}
+
+template <typename... Params, typename... Args>
+cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+                          cudaStream_t stream, Args... args) {
+  return launch_kernel_pdl(true, kernel, grid, block, shared_bytes, stream, args...);
 }
 
 }  // namespace cuda_ext
@@ -61,4 +67,12 @@ cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size
   do {                                                                            \
     const cudaError_t cuda_ext_launch_status = ::cuda_ext::launch_kernel(__VA_ARGS__); \
     if (cuda_ext_launch_status != cudaSuccess) return cuda_ext_launch_status;     \
+  } while (0)
+
+// The same without the PDL attribute: the kernel starts only once the previous one has finished (its own
+// griddepcontrol.wait is then a no-op; its successor may still launch early).
+#define CUDA_EXT_LAUNCH_NO_PDL(...)                                                          \
+  do {                                                                                       \
+    const cudaError_t cuda_ext_launch_status = ::cuda_ext::launch_kernel_pdl(false, __VA_ARGS__); \
+    if (cuda_ext_launch_status != cudaSuccess) return cuda_ext_launch_status;                \
   } while (0)

@@ -46,23 +46,13 @@ __device__ inline void mark_subtree(double* tree, int64_t n_leaves, int64_t leaf
 
 // ---------------------------------------------------------------- per_push
 
-// per_push over blocks of kPushRows rows. Each block needs its exclusive prefix of the wanted rows and
-// their total, then gives its rows their slots and leaves and copies them into the ring (16-byte accesses
-// when VEC4).
-// - Up to kFusedPushMaxRows rows, one launch (FUSED): every block counts the wanted rows itself (n bytes
-//   from L2), reads (write_head, size) from head_size, and the last block to finish writes the new ones
-//   (the arrival counter is the high 32 bits of tree[0], kept 0 between calls; the tree rebuild uses the low
-//   32), so no block can read a head_size already advanced.
-// - More rows, two launches: push_count_kernel writes each block's count to workspace[b] and block 0 copies
-//   (write_head, size) to workspace[n_blocks + 0/1]; push_write_kernel sums the counts, and its block 0
-//   writes the new write_head and size.
+// per_push in two launches over blocks of kPushRows rows. push_count_kernel: each block's number of rows
+// that want a slot (workspace[b]); block 0 also copies (write_head, size) to workspace[n_blocks + 0/1] so
+// the second launch can update head_size without a read/write race. push_write_kernel: each block sums the
+// counts (its exclusive prefix and the total), gives its rows their slots and leaves, copies them into the
+// ring (16-byte accesses when VEC4), and block 0 writes the new write_head and size.
 constexpr int kPushRows = 32;  // H200 sweep (16, 32, 64): 32 and 16 ~0.7 us faster per cycle than 64
-static_assert(kPushRows % 16 == 0, "the fused count reads whole 16-flag vectors below first_row");
 constexpr int kPushThreads = 256;
-constexpr int64_t kFusedPushMaxRows = 8192;  // every block reads at most 8 KiB of flags
-
-// The push's arrival counter: the high 32-bit word of tree[0] (little-endian).
-__device__ inline unsigned int* push_arrivals(double* tree) { return reinterpret_cast<unsigned int*>(tree) + 1; }
 
 __global__ void push_count_kernel(const bool* __restrict__ wants, int64_t n, const int64_t* __restrict__ head_size,
                                   int64_t* __restrict__ workspace) {
@@ -78,7 +68,7 @@ __global__ void push_count_kernel(const bool* __restrict__ wants, int64_t n, con
   }
 }
 
-template <bool VEC4, bool FUSED>
+template <bool VEC4>
 __global__ void __launch_bounds__(kPushThreads) push_write_kernel(
     const bool* __restrict__ wants, const float* __restrict__ new_priority,
     const float* __restrict__ max_multiplier, const float* __restrict__ max_priority,
@@ -96,30 +86,12 @@ __global__ void __launch_bounds__(kPushThreads) push_write_kernel(
   const int n_blocks = gridDim.x;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  const int64_t first_row = static_cast<int64_t>(blockIdx.x) * kPushRows;
   int64_t before = 0;
   int64_t all = 0;
-  if (FUSED) {  // every wanted flag: n <= kFusedPushMaxRows; 16 flags per load where aligned
-    const int64_t n_vec = (reinterpret_cast<uintptr_t>(wants) & 15u) == 0 ? n / 16 : 0;
-    for (int64_t k = threadIdx.x; k < n_vec; k += blockDim.x) {
-      const uint4 v = reinterpret_cast<const uint4*>(wants)[k];
-      // __vcmpne4 sets each nonzero byte to 0xff: 8 bits per wanted row
-      const int c = (__popc(__vcmpne4(v.x, 0u)) + __popc(__vcmpne4(v.y, 0u)) + __popc(__vcmpne4(v.z, 0u)) +
-                     __popc(__vcmpne4(v.w, 0u))) >> 3;
-      all += c;
-      if (16 * k < first_row) before += c;  // first_row is a multiple of 16: whole vectors only
-    }
-    for (int64_t j = 16 * n_vec + threadIdx.x; j < n; j += blockDim.x) {
-      const int c = wants[j] ? 1 : 0;
-      all += c;
-      if (j < first_row) before += c;
-    }
-  } else {  // the blocks' counts from push_count_kernel
-    for (int j = threadIdx.x; j < n_blocks; j += blockDim.x) {
-      const int64_t c = workspace[j];
-      all += c;
-      if (j < static_cast<int>(blockIdx.x)) before += c;
-    }
+  for (int j = threadIdx.x; j < n_blocks; j += blockDim.x) {
+    const int64_t c = workspace[j];
+    all += c;
+    if (j < static_cast<int>(blockIdx.x)) before += c;
   }
   for (int offset = 16; offset > 0; offset >>= 1) {
     before += __shfl_down_sync(0xffffffffu, before, offset);
@@ -129,6 +101,7 @@ __global__ void __launch_bounds__(kPushThreads) push_write_kernel(
     s_sums[0][warp] = before;
     s_sums[1][warp] = all;
   }
+  const int64_t first_row = static_cast<int64_t>(blockIdx.x) * kPushRows;
   const int64_t row = first_row + threadIdx.x;
   const bool want = threadIdx.x < kPushRows && row < n && wants[row];
   const unsigned ballot = __ballot_sync(0xffffffffu, want);
@@ -142,8 +115,8 @@ __global__ void __launch_bounds__(kPushThreads) push_write_kernel(
     total += s_sums[1][w];
   }
   __syncthreads();
-  const int64_t head = FUSED ? head_size[0] : workspace[n_blocks];
-  const int64_t size = FUSED ? head_size[1] : workspace[n_blocks + 1];
+  const int64_t head = workspace[n_blocks];
+  const int64_t size = workspace[n_blocks + 1];
   if (threadIdx.x < kPushRows) {
     const int in_warp = __popc(ballot & ((1u << lane) - 1u));
     const int64_t prefix = prefix_before + (warp == 1 ? s_warp0 : 0) + in_warp;
@@ -157,19 +130,11 @@ __global__ void __launch_bounds__(kPushThreads) push_write_kernel(
     if (row < n) slots[row] = slot;
     s_slot[threadIdx.x] = slot;
   }
-  if (!FUSED && blockIdx.x == 0 && threadIdx.x == 0) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
     head_size[0] = (head + total) % capacity;
     head_size[1] = min(size + total, capacity);
   }
-  __syncthreads();  // (FUSED) every thread of this block has read head_size
-  if (FUSED && threadIdx.x == 0) {
-    __threadfence();
-    const unsigned int arrived = atomicInc(push_arrivals(tree), gridDim.x - 1);
-    if (arrived == gridDim.x - 1) {  // the last block: every block has read (write_head, size)
-      head_size[0] = (head + total) % capacity;
-      head_size[1] = min(size + total, capacity);
-    }
-  }
+  __syncthreads();
   const int rows_here = static_cast<int>(n - first_row < kPushRows ? n - first_row : kPushRows);
   const int units = VEC4 ? obs_dim >> 2 : obs_dim;
   for (int idx = threadIdx.x; idx < rows_here * units; idx += blockDim.x) {
@@ -598,7 +563,11 @@ __device__ inline void descend(const double* __restrict__ tree, const double* ca
   }
 }
 
-// Batches of at most 1024: one block, one sample per thread, weights in the same launch.
+// Batches of at most kSampleBlockMax: one block, one sample per thread, weights in the same launch.
+// H200, graphed replay cycle (push 4096, refresh, sample, update; P = 2^20): one block up to 1024 gave
+// 22.7 / 28.3 us at B = 512 / 1024, the grid path 22.3 / 22.7 (with kUpdateBlockMax 256 likewise).
+constexpr int64_t kSampleBlockMax = 256;
+
 __global__ void __launch_bounds__(1024) sample_block_kernel(const double* __restrict__ tree,
                                                             const int64_t* __restrict__ head_size,
                                                             UniformSource draws,
@@ -716,7 +685,9 @@ __global__ void update_claim_kernel(double* __restrict__ tree, float* __restrict
 }
 
 // Batches of at most kUpdateBlockMax: the same two passes in one block, a barrier between them.
-constexpr int64_t kUpdateBlockMax = 1024;  // H200, B = 4096: one block 13.1 us, two launches 4.1 us
+// H200: at B = 4096 one block took 13.1 us, two launches 4.1 us; at B = 1024 in the graphed replay cycle
+// one block up to 1024 cost 1.9 us more than up to 256 (see kSampleBlockMax).
+constexpr int64_t kUpdateBlockMax = 256;
 
 __global__ void __launch_bounds__(1024) update_block_kernel(double* __restrict__ tree,
                                                             float* __restrict__ max_priority,
@@ -771,9 +742,7 @@ __global__ void update_write_kernel(double* __restrict__ tree, const int64_t* __
 
 }  // namespace
 
-int64_t push_workspace_size(int64_t n) {
-  return n <= kFusedPushMaxRows ? 0 : (n + kPushRows - 1) / kPushRows + 2;  // the fused launch needs none
-}
+int64_t push_workspace_size(int64_t n) { return (n + kPushRows - 1) / kPushRows + 2; }
 
 cudaError_t launch_push(const bool* wants, const float* new_priority, const float* max_multiplier,
                         const float* max_priority, int64_t* head_size, double* tree, int64_t* slots,
@@ -787,22 +756,24 @@ cudaError_t launch_push(const bool* wants, const float* new_priority, const floa
   if (n_blocks > 0x7fffffff || obs_dim > 0x7fffffff / kPushRows || n_branches > 0x7fffffff / kPushRows) {
     return cudaErrorInvalidValue;
   }
-  const bool fused = n <= kFusedPushMaxRows;
-  if (!fused) {
-    CUDA_EXT_LAUNCH(push_count_kernel, static_cast<unsigned>(n_blocks), kPushRows, 0, stream, wants, n, head_size,
-                    workspace);
-  }
+  CUDA_EXT_LAUNCH(push_count_kernel, static_cast<unsigned>(n_blocks), kPushRows, 0, stream, wants, n, head_size, workspace);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
   const auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
   const bool vec4 =
       obs_dim % 4 == 0 && aligned(new_obs) && aligned(new_next_obs) && aligned(obs) && aligned(next_obs);
-  auto* kernel = vec4 ? (fused ? push_write_kernel<true, true> : push_write_kernel<true, false>)
-                      : (fused ? push_write_kernel<false, true> : push_write_kernel<false, false>);
-  CUDA_EXT_LAUNCH(kernel, static_cast<unsigned>(n_blocks), kPushThreads, 0, stream, wants, new_priority,
-                  max_multiplier, max_priority, head_size, tree, slots, new_obs, new_next_obs, new_action,
-                  new_reward, new_done, new_kind, obs, next_obs, action, reward, done, kind,
-                  static_cast<const int64_t*>(workspace), n, capacity, n_leaves, alpha, static_cast<int>(obs_dim),
-                  static_cast<int>(n_branches));
-  return cudaSuccess;
+  if (vec4) {
+    CUDA_EXT_LAUNCH(push_write_kernel<true>, static_cast<unsigned>(n_blocks), kPushThreads, 0, stream, 
+        wants, new_priority, max_multiplier, max_priority, head_size, tree, slots, new_obs, new_next_obs,
+        new_action, new_reward, new_done, new_kind, obs, next_obs, action, reward, done, kind, workspace, n,
+        capacity, n_leaves, alpha, static_cast<int>(obs_dim), static_cast<int>(n_branches));
+  } else {
+    CUDA_EXT_LAUNCH(push_write_kernel<false>, static_cast<unsigned>(n_blocks), kPushThreads, 0, stream, 
+        wants, new_priority, max_multiplier, max_priority, head_size, tree, slots, new_obs, new_next_obs,
+        new_action, new_reward, new_done, new_kind, obs, next_obs, action, reward, done, kind, workspace, n,
+        capacity, n_leaves, alpha, static_cast<int>(obs_dim), static_cast<int>(n_branches));
+  }
+  return cudaGetLastError();
 }
 
 // The whole tree of 2 <= P <= kMinSubtreeLeaves leaves, in one block.
@@ -888,14 +859,17 @@ cudaError_t launch_sample(const double* tree, const int64_t* head_size, const do
                     n_leaves, beta);
     return cudaGetLastError();
   }
-  if (batch <= 1024) {
+  if (batch <= kSampleBlockMax) {
     const int threads = static_cast<int>((batch + 31) / 32 * 32);
     CUDA_EXT_LAUNCH(sample_block_kernel, 1, threads, 0, stream, tree, head_size, draws, indices, weights, batch,
                     n_leaves, depth, beta);
     return cudaGetLastError();
   }
-  CUDA_EXT_LAUNCH(sample_descend_kernel, static_cast<unsigned>(blocks), kSampleBlockThreads, 0, stream, 
-      tree, head_size, draws, indices, workspace, batch, n_leaves, depth, beta);
+  // Without PDL: launched early right behind the tree refresh (the replay buffer's order), its blocks slowed
+  // the graphed cycle at B = 4096 from 23.3 to 31.0 us on the H200. The fourth session's kernel-order runs
+  // saw the same when refresh and sample were adjacent (benchmarks/measured/h200-2026-11-30d/README.md).
+  CUDA_EXT_LAUNCH_NO_PDL(sample_descend_kernel, static_cast<unsigned>(blocks), kSampleBlockThreads, 0, stream,
+                         tree, head_size, draws, indices, workspace, batch, n_leaves, depth, beta);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   CUDA_EXT_LAUNCH(sample_weights_kernel, static_cast<unsigned>((batch + 255) / 256), 256, 0, stream, 

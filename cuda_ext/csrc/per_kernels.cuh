@@ -17,11 +17,9 @@ constexpr int64_t kMaxLeaves = int64_t{1} << 28;
 // Scratch int64 entries launch_push needs for `n` rows.
 int64_t push_workspace_size(int64_t n);
 
-// per_push (up to 8192 rows one launch, whose blocks count the wanted rows themselves and whose last block
-// advances head_size, counting arrivals in the high 32 bits of tree[0] (left 0); more rows two launches:
-// per-block counts, then the rest): slots, leaves, row copies and head_size; in a tree of
-// 2^12 <= P <= 2^23 leaves also the written leaves' dirty-subtree markers; `workspace` of
-// push_workspace_size(n) int64 entries (none for the one-launch case).
+// per_push (two launches over blocks of rows: per-block counts, then slots, leaves, row copies and
+// head_size; in a tree of 2^12 <= P <= 2^23 leaves also the written leaves' dirty-subtree markers);
+// `workspace` of push_workspace_size(n) int64 entries.
 cudaError_t launch_push(const bool* wants, const float* new_priority, const float* max_multiplier,
                         const float* max_priority, int64_t* head_size, double* tree, int64_t* slots,
                         const float* new_obs, const float* new_next_obs, const int64_t* new_action,
@@ -44,7 +42,7 @@ cudaError_t launch_tree_refresh(double* tree, int64_t n_leaves, cudaStream_t str
 // Scratch float64 entries launch_sample needs for a batch.
 int64_t sample_workspace_size(int64_t batch);
 
-// per_sample (up to 1024 samples: one block; more: two launches, one thread per sample descends, then
+// per_sample (up to 256 samples: one block; more: two launches, one thread per sample descends, then
 // weights over the batch maximum):
 // stratified descent, importance weights normalized by the batch maximum. A tree that is not 16-byte
 // aligned takes a one-block kernel. `workspace` of
@@ -57,7 +55,7 @@ cudaError_t launch_sample(const double* tree, const int64_t* head_size, const do
 
 // per_update: leaf = (td_abs + eps) ** alpha, last duplicate wins; raises max_priority. Two passes (claim
 // each leaf with atomicMax of a marker + position, then compare-and-swap the marker of the last
-// occurrence): in one block up to 1024 rows, else two grid launches. Marks dirty subtrees as launch_push.
+// occurrence): in one block up to 256 rows, else two grid launches. Marks dirty subtrees as launch_push.
 cudaError_t launch_update(double* tree, float* max_priority, const int64_t* indices, const float* td_abs,
                           int64_t batch, int64_t n_leaves, double alpha, float eps, cudaStream_t stream);
 
