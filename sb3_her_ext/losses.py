@@ -47,12 +47,21 @@ class _QuantileHuber(th.autograd.Function):
     def forward(ctx: Any, current: th.Tensor, target: th.Tensor, taus: th.Tensor, kappa: float) -> th.Tensor:
         n, n_target = current.shape[-1], target.shape[-1]
         lead = th.broadcast_shapes(current.shape[:-1], target.shape[:-1], taus.shape[:-1])
-        rows_current = current.broadcast_to(*lead, n).reshape(-1, n)
-        rows_target = target.broadcast_to(*lead, n_target).reshape(-1, n_target)
+        ctx.shapes = (current.shape, target.shape)
+        current = current.broadcast_to(*lead, n)
+        # The rows go through in the memory order of ``current`` (its leading dims by decreasing stride): the
+        # training step's quantiles are a permuted view, which a row-major flattening had to copy, and whose
+        # gradient, formed in that order, reaches the network's output as a view (no copy in autograd's view
+        # backward either). Each row's sums are the same whatever the order, so the values are too.
+        order = sorted(range(len(lead)), key=lambda dim: -current.stride(dim))
+        inverse = sorted(range(len(lead) + 1), key=lambda dim: (order + [len(lead)])[dim])
+        rows_lead = tuple(lead[dim] for dim in order)
+        rows_current = current.permute([*order, -1]).reshape(-1, n)
+        rows_target = target.broadcast_to(*lead, n_target).permute([*order, -1]).reshape(-1, n_target)
         # taus and 1 - 2 taus are not copied out per row: only the final weighting of the row sums reads them,
         # by broadcasting, and 1 - 2 taus is formed over the dims that are not expanded (the caller's taus are
         # shared by the ensemble heads and the branches: 20x fewer values at the default sizes)
-        taus = _without_expanded_dims(taus.to(current.dtype))
+        taus = _without_expanded_dims(taus.to(current.dtype)).permute([*order, -1])
         neg_weight = 1.0 - 2.0 * taus
         n_rows = rows_current.shape[0]
         chunk = n_rows if current.device.type != "cpu" else CPU_PAIRS_PER_CHUNK // (n * n_target)
@@ -65,8 +74,8 @@ class _QuantileHuber(th.autograd.Function):
         grad_target = rows_current.new_empty(n_rows, n_target, 1) if need_target_grad else None
         rows_taus = rows_neg_weight = None
         if grad_target is not None:  # the target's gradient weights the pairs row by row
-            rows_taus = taus.broadcast_to(*lead, n).reshape(-1, n, 1)
-            rows_neg_weight = neg_weight.broadcast_to(*lead, n).reshape(-1, n, 1)
+            rows_taus = taus.broadcast_to(*rows_lead, n).reshape(-1, n, 1)
+            rows_neg_weight = neg_weight.broadcast_to(*rows_lead, n).reshape(-1, n, 1)
         # The blocks' views, made up front (split: one call instead of a dozen Python indexings per block),
         # and the pair buffers' views for a full block and for a last partial one, made once: the loop's
         # Python and dispatch cost about 30 us per block (80 blocks per call at the default sizes).
@@ -96,15 +105,20 @@ class _QuantileHuber(th.autograd.Function):
                 block_grad.baddbmm_(negative.transpose(0, 1), rows_neg_weight[start:stop])
             pair_parts.mul_(pair_delta.sub_(clipped, alpha=0.5))  # c * h, c- * h
             th.sum(pair_parts, dim=1, out=block_loss_sums)
+        # The row sums weighted in place, taus * sums[0] + (1 - 2 taus) * sums[1] (the products and the sum
+        # of the textbook order, which commute bit for bit): no fresh [rows, N] temporaries.
         scale = 1.0 / (kappa * n_target)
-        loss_sums, grad_sums = loss_sums.view(2, *lead, n), grad_sums.view(2, *lead, n)
-        loss = (taus * loss_sums[0] + neg_weight * loss_sums[1]).sum(dim=-1).mul_(scale)
-        grad_current = (taus * grad_sums[0] + neg_weight * grad_sums[1]).mul_(-scale)
+        loss_sums, grad_sums = loss_sums.view(2, *rows_lead, n), grad_sums.view(2, *rows_lead, n)
+        for sums in (loss_sums, grad_sums):
+            sums[0].mul_(taus).add_(sums[1].mul_(neg_weight))
+        loss = loss_sums[0].sum(dim=-1).mul_(scale).permute(inverse[:-1])
+        grad_current = grad_sums[0].mul_(-scale).permute(inverse)  # the strides of ``current``
         if grad_target is not None:
-            grad_target = grad_target.view(*lead, n_target).mul_(scale)
-        ctx.save_for_backward(grad_current.view(*lead, n), grad_target)
-        ctx.shapes = (current.shape, target.shape)
-        return loss.view(lead)
+            grad_target = grad_target.view(*rows_lead, n_target).mul_(scale).permute(inverse)
+        ctx.save_for_backward(grad_current, grad_target)
+        # the loss in the leading dims' row-major layout, as before (a caller's reductions over it keep
+        # their order)
+        return loss.contiguous()
 
     @staticmethod
     def backward(ctx: Any, grad_out: th.Tensor) -> tuple[th.Tensor | None, th.Tensor | None, None, None]:

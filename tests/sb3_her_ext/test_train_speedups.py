@@ -254,6 +254,36 @@ def test_quantile_huber_blocks_match_the_formula_and_the_old_layout(
         )
 
 
+@pytest.mark.parametrize("pairs_per_chunk", [1 << 16, 150])
+def test_quantile_huber_of_a_permuted_current_equals_the_contiguous_one_exactly(
+    monkeypatch: pytest.MonkeyPatch, pairs_per_chunk: int
+) -> None:
+    """The training step's quantiles are a permuted view ``[E, B, NB, N]`` of a ``[B, NB * E, N]`` output; the
+    loss takes its rows in that memory order (no copy). Loss, its layout and both gradients are bit for bit
+    those of the same values passed contiguous (float32, in one chunk and in several), and the gradient
+    reaches the output with its layout (no copy in the view's backward)."""
+    monkeypatch.setattr(losses, "CPU_PAIRS_PER_CHUNK", pairs_per_chunk)
+    gen = th.Generator().manual_seed(21)
+    n_ensemble, batch, n_branches, n = 5, 16, 4, 8
+    out = (th.randn(batch, n_branches * n_ensemble, n, generator=gen) * 2.0).requires_grad_()
+    target = (th.randn(n_ensemble, batch, 1, 6, generator=gen) * 2.0).requires_grad_()
+    taus = th.rand(batch, n, generator=gen)[None, :, None, :]
+    upstream = th.randn(n_ensemble, batch, n_branches, generator=gen)
+    permuted = out.view(batch, n_branches, n_ensemble, n).permute(2, 0, 1, 3)
+    contiguous = permuted.detach().contiguous().requires_grad_()
+    results = []
+    for current in (permuted, contiguous):
+        loss = quantile_huber_loss(
+            current, target.expand(-1, -1, n_branches, -1), taus.expand_as(current), kappa=0.9
+        )
+        assert loss.is_contiguous()
+        grads = th.autograd.grad((loss * upstream).sum(), (current, target))
+        results.append((loss, *grads))
+    for from_permuted, from_contiguous in zip(*results, strict=True):
+        assert th.equal(from_permuted, from_contiguous)
+    assert results[0][1].stride() == permuted.stride()
+
+
 @pytest.mark.parametrize("rows_per_block", [8, 12, 1 << 20])
 @pytest.mark.parametrize("activation", [nn.ReLU, nn.Tanh])
 def test_taken_quantiles_in_blocks_and_without_autograd_match_gathering(
@@ -386,6 +416,27 @@ def test_taken_quantiles_and_quantile_huber_on_cuda_match_the_cpu() -> None:
         losses_and_grads.append((loss.cpu(), th.autograd.grad(loss.sum(), c)[0].cpu()))
     assert th.allclose(losses_and_grads[0][0], losses_and_grads[1][0])
     assert th.allclose(losses_and_grads[0][1], losses_and_grads[1][1])
+
+
+@pytest.mark.gpu
+def test_quantile_huber_of_a_permuted_current_on_cuda_matches_the_cpu() -> None:
+    """On CUDA the loss also takes a permuted current's rows in memory order: loss and gradient equal the
+    CPU's (float64), the gradient with the current's layout."""
+    gen = th.Generator().manual_seed(22)
+    out = th.randn(64, 4 * 5, 32, generator=gen, dtype=th.float64)
+    target = th.randn(5, 64, 1, 32, generator=gen, dtype=th.float64)
+    taus = th.rand(64, 32, generator=gen, dtype=th.float64)[None, :, None, :]
+    results = []
+    for device in ("cpu", "cuda"):
+        leaf = out.to(device).requires_grad_()
+        current = leaf.view(64, 4, 5, 32).permute(2, 0, 1, 3)
+        loss = quantile_huber_loss(
+            current, target.to(device).expand(-1, -1, 4, -1), taus.to(device).expand_as(current)
+        )
+        (grad,) = th.autograd.grad(loss.sum(), current)
+        assert grad.stride() == current.stride()
+        results.append((loss.cpu(), grad.cpu()))
+    assert th.allclose(results[0][0], results[1][0]) and th.allclose(results[0][1], results[1][1])
 
 
 def test_taken_weight_rows_gathered_by_index_equal_the_one_hot_product_in_float32() -> None:
