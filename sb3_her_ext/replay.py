@@ -7,7 +7,9 @@ whose storage is the DESIGN.md layout as torch tensors on one device, driven by 
 * ``add``: hindsight candidates (backward, forward, relabel; :mod:`sb3_her_ext.hindsight`) and the real
   rows are concatenated and written by ONE ``per_push``, then the sum tree is brought up to date, then the
   trackers advance with the real rows' slots;
-* ``sample``: ``per_sample`` (stratified proportional, importance weights divided by their max);
+* ``sample``: ``per_sample`` (stratified proportional, importance weights divided by their max); on a GPU
+  ``per_sample_philox``, whose kernel draws the uniforms itself from ``sample_rng_state = (seed, counter)``
+  (seeded from torch's generator when the storage is allocated; saved and restored with the buffer);
 * ``update_priorities``: ``per_update``, then the sum tree is brought up to date.
 
 Bringing the tree up to date: on the CPU ``per_tree_rebuild`` of the written leaves, right away. On a GPU
@@ -59,6 +61,17 @@ from sb3_her_ext.policy import branch_action_dims
 __all__ = ["HindsightConfig", "PrioritizedHindsightReplayBuffer", "PrioritizedReplaySamples"]
 
 _TIMEOUT_KEY = "TimeLimit.truncated"
+
+
+def _new_sample_rng_state(device: torch.device | str) -> torch.Tensor:
+    """A fresh ``(seed, counter)`` state for ``per_sample_philox``: the seed from torch's default generator
+    (so a seeded run samples the same rows), the counter 0.
+
+    :param device: where the state lives.
+    :return: ``[2] int64``.
+    """
+    seed = torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64)
+    return torch.stack([seed, torch.zeros((), dtype=torch.int64)]).to(device)
 
 
 class PrioritizedReplaySamples(NamedTuple):
@@ -186,6 +199,7 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
         self.head_size = torch.zeros(2, dtype=torch.int64, device=dev)
         self.max_priority_tensor = torch.ones(1, dtype=torch.float32, device=dev)
         self.last_weights = torch.full((1,), float("nan"), dtype=torch.float32, device=dev)
+        self.sample_rng_state = _new_sample_rng_state(dev)
         self.hindsight_state = (
             None if self.hindsight_config is None
             else HindsightState(self.hindsight_config, self.n_envs, d, nb, dev)
@@ -194,7 +208,7 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
 
     def _tensor_names(self) -> tuple[str, ...]:
         return ("observations", "next_observations", "actions", "rewards", "dones", "kinds", "tree",
-                "head_size", "max_priority_tensor", "last_weights")
+                "head_size", "max_priority_tensor", "last_weights", "sample_rng_state")
 
     @property
     def device(self) -> torch.device:
@@ -396,13 +410,19 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
         self._check_batch_size(batch_size)
         if env is not None:
             raise ValueError(f"env={env!r}: VecNormalize is not supported by this device buffer")
-        # refresh, then draw: measured on an H200 with the kernels' programmatic dependent launch, a graphed
-        # push/sample/update cycle at B = 4096 takes 30 us in this order and 38 us with the draw first
         self.refresh_tree()
-        uniforms = torch.rand(int(batch_size), dtype=torch.float64, device=self.device)
-        indices, weights = torch.ops.cuda_ext.per_sample(
-            self.tree, self.head_size, uniforms, float(self.beta)
-        )
+        if self.tree.is_cuda:
+            # the sampling kernel draws its own uniforms (Philox, counter advanced on the device): on an H200
+            # a graphed push/refresh/sample/update cycle took 20.4 / 22.8 us at B = 256 / 4096 against 26.6
+            # / 28.4 us with a torch.rand draw before per_sample (benchmarks/measured/h200-2026-12-01)
+            indices, weights = torch.ops.cuda_ext.per_sample_philox(
+                self.tree, self.head_size, self.sample_rng_state, int(batch_size), float(self.beta)
+            )
+        else:  # on the CPU torch.rand is far cheaper than the Philox reference's ~250 small int64 ops
+            uniforms = torch.rand(int(batch_size), dtype=torch.float64, device=self.device)
+            indices, weights = torch.ops.cuda_ext.per_sample(
+                self.tree, self.head_size, uniforms, float(self.beta)
+            )
         self.last_weights = weights
         return self._gather(indices, weights)
 
@@ -551,6 +571,8 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
         saved = torch.device(state["_device"])
         self._tree_stale = False  # pickles of earlier versions lack it; their trees were always up to date
         self.__dict__.update(state)
+        if self.__dict__.get("_allocated", False) and "sample_rng_state" not in state:
+            self.sample_rng_state = _new_sample_rng_state("cpu")  # a pickle of an earlier version
         self._device = torch.device("cpu")
         if saved.type == "cpu" or (saved.type == "cuda" and torch.cuda.is_available()):
             self.device = saved

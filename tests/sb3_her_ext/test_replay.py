@@ -15,6 +15,7 @@ from stable_baselines3 import DQN
 from stable_baselines3.common.buffers import ReplayBuffer
 
 from cuda_ext.reference import per as cuda_reference
+from cuda_ext.reference.philox import philox_uniforms
 from sb3_her_ext.replay import HindsightConfig, PrioritizedHindsightReplayBuffer, PrioritizedReplaySamples
 
 OBS_SPACE = spaces.Box(-np.inf, np.inf, (3,), np.float32)
@@ -292,10 +293,12 @@ def state_of(buffer: PrioritizedHindsightReplayBuffer) -> dict[str, torch.Tensor
     return state
 
 
-def assert_same_state(a: PrioritizedHindsightReplayBuffer, b: PrioritizedHindsightReplayBuffer) -> None:
+def assert_same_state(
+    a: PrioritizedHindsightReplayBuffer, b: PrioritizedHindsightReplayBuffer, ignore: tuple[str, ...] = ()
+) -> None:
     sa, sb = state_of(a), state_of(b)
     assert sa.keys() == sb.keys()
-    for name in sa:
+    for name in sa.keys() - set(ignore):
         torch.testing.assert_close(sa[name].cpu(), sb[name].cpu(), rtol=0, atol=0, equal_nan=True, msg=name)
 
 
@@ -393,7 +396,9 @@ def test_lob_vec_env_random_steps_inject_hindsight():
         tensor_buffer.add(torch.as_tensor(obs), torch.as_tensor(stored_next), torch.as_tensor(actions),
                           torch.as_tensor(reward), torch.as_tensor(done), env.last_info_tensors)
         obs = next_obs
-    assert_same_state(buffer, tensor_buffer)  # the batched-info path stores exactly the same rows
+    # the batched-info path stores exactly the same rows (the two buffers' sampling generators were seeded
+    # independently when each allocated its storage)
+    assert_same_state(buffer, tensor_buffer, ignore=("sample_rng_state",))
     counts = {k: int(v) for k, v in buffer.hindsight_counts.items()}
     assert counts["backward"] > 0 and counts["relabel"] > 0
     kinds = torch.bincount(buffer.kinds[: buffer.size()].long(), minlength=4).tolist()
@@ -439,6 +444,33 @@ def test_cuda_add_sample_update_do_not_sync():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert buffer.size() >= 40
+
+
+def test_unpickling_a_buffer_saved_without_a_sampling_generator_state_gives_it_one():
+    buffer = filled_hindsight_buffer()
+    state = buffer.__getstate__()
+    del state["sample_rng_state"]  # as pickled by earlier versions
+    loaded = PrioritizedHindsightReplayBuffer.__new__(PrioritizedHindsightReplayBuffer)
+    loaded.__setstate__(state)
+    assert loaded.sample_rng_state.dtype == torch.int64 and loaded.sample_rng_state.shape == (2,)
+    assert int(loaded.sample_rng_state[1]) == 0
+    assert_same_state(buffer, loaded, ignore=("sample_rng_state",))
+    assert loaded.sample(8).indices.shape == (8,)
+
+
+@pytest.mark.gpu
+def test_cuda_sampling_stream_survives_pickling():
+    """A loaded CUDA buffer continues its generator where the saved one was: both draw the same rows."""
+    buffer = filled_hindsight_buffer()
+    buffer.device = "cuda"
+    buffer.sample(16)
+    loaded = pickle.loads(pickle.dumps(buffer))
+    assert torch.equal(loaded.sample_rng_state.cpu(), buffer.sample_rng_state.cpu())
+    for _ in range(3):
+        original, restored = buffer.sample(64), loaded.sample(64)
+        assert torch.equal(original.indices, restored.indices)
+        assert torch.equal(original.weights, restored.weights)
+    assert torch.equal(loaded.sample_rng_state.cpu(), buffer.sample_rng_state.cpu())
 
 
 @pytest.mark.gpu
@@ -492,8 +524,12 @@ def test_cuda_tree_is_refreshed_lazily_before_sampling_and_pickling(monkeypatch)
         device = buffer.device
         buffer.update_priorities(torch.arange(8, device=device), torch.full((8,), 5.0, device=device))
     assert cuda._tree_stale
-    uniforms = torch.rand(256, dtype=torch.float64, generator=gen)
-    expected, actual = _sample_with(cpu, uniforms, monkeypatch), _sample_with(cuda, uniforms, monkeypatch)
+    # on a GPU the sampling kernel draws Philox uniforms from the buffer's generator state: give the CPU
+    # buffer the same draws
+    uniforms = philox_uniforms(cuda.sample_rng_state.cpu(), 256)
+    counter = int(cuda.sample_rng_state[1])
+    expected, actual = _sample_with(cpu, uniforms, monkeypatch), cuda.sample(256)
+    assert int(cuda.sample_rng_state[1]) == counter + 1  # the next sample draws new numbers
     assert not cuda._tree_stale
     assert torch.equal(actual.indices.cpu(), expected.indices)
     torch.testing.assert_close(actual.weights.cpu(), expected.weights, rtol=2e-7, atol=0.0)
