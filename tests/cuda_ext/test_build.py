@@ -159,7 +159,7 @@ def test_python_m_cuda_ext_build_compiles_links_and_loads() -> None:
         "import torch, cuda_ext\n"
         "from cuda_ext.build import build\n"
         "path = build()\n"  # cached now: loads without compiling
-        "ops = ['per_push', 'per_tree_rebuild', 'per_sample', 'per_update']\n"
+        "ops = ['per_push', 'per_tree_rebuild', 'per_sample', 'per_sample_philox', 'per_update']\n"
         "has = torch._C._dispatch_has_kernel_for_dispatch_key\n"
         "print(all(has('cuda_ext::' + op, 'CUDA') for op in ops))\n"
         "tree = cuda_ext.ops_per.new_tree(4); tree[4:] = 1.0\n"
