@@ -66,13 +66,14 @@ class DistributionalLoss(NamedTuple):
     :param per_sample: ``[B]`` mixed loss ``(1 − α)·L_IQN + α·L_C51`` (before importance weights).
     :param l_q: ``[B]`` IQN quantile-Huber loss (mean over ensemble heads and branches).
     :param l_c51: ``[B]`` C51 cross-entropy (mean over branches).
-    :param td_abs: ``[B, NB]`` absolute per-branch TD errors (normalised scale), for PER priorities.
+    :param td_abs: ``[B, NB]`` absolute per-branch TD errors (normalised scale), for PER priorities; None
+        when the loss was formed for its gradient only.
     """
 
     per_sample: th.Tensor
     l_q: th.Tensor
     l_c51: th.Tensor
-    td_abs: th.Tensor
+    td_abs: th.Tensor | None
 
 
 def _mean_values(net: th.nn.Module, obs: th.Tensor, taus: th.Tensor) -> th.Tensor:
@@ -537,11 +538,16 @@ class BranchingIQN(OffPolicyAlgorithm):
 
     # ------------------------------------------------------------------ learning
 
-    def _distributional_loss(self, batch: Any, update_popart: bool) -> DistributionalLoss:
+    def _distributional_loss(
+        self, batch: Any, update_popart: bool, values: bool = True
+    ) -> DistributionalLoss:
         """Per-sample loss of one batch, following the module docstring's steps 2–4.
 
         :param batch: replay samples (SB3's ``ReplayBufferSamples`` fields).
         :param update_popart: update PopArt from this batch's targets (the main batch only).
+        :param values: False when only the loss's gradient is used (the vaccine batch): the IQN loss's own
+            values are not formed (``l_q`` is zeros carrying its gradient, so ``per_sample`` holds only the
+            C51 part's values) and there are no TD errors; the gradients are the same.
         :return: the per-sample losses and per-branch TD errors.
         """
         policy = self.policy
@@ -591,9 +597,12 @@ class BranchingIQN(OffPolicyAlgorithm):
             y_norm[:, :, None, :].expand(-1, -1, n_branches, -1),
             taus[None, :, None, :].expand_as(z_taken),
             compiled=self.compile_loss,
+            values=values,
         ).mean(dim=(0, 2))  # [B]
         l_c51 = c51_cross_entropy(logits_taken, target_probs[:, None, :].expand_as(logits_taken)).mean(dim=1)
         per_sample = (1.0 - self.c51_alpha) * l_q + self.c51_alpha * l_c51
+        if not values:
+            return DistributionalLoss(per_sample, l_q, l_c51, None)
         td = y_norm.mean(dim=-1)[:, :, None] - z_taken.detach().mean(dim=-1)  # [E, B, NB]
         td_abs = td.abs().mean(dim=0)  # [B, NB]
         return DistributionalLoss(per_sample, l_q, l_c51, td_abs)
@@ -746,7 +755,8 @@ class BranchingIQN(OffPolicyAlgorithm):
         """
         g_main = flat_grad(params)
         self.policy.optimizer.zero_grad()
-        self._distributional_loss(batch, update_popart=False).per_sample.mean().backward()
+        # only the gradient is used: no loss values, no TD errors (same gradient)
+        self._distributional_loss(batch, update_popart=False, values=False).per_sample.mean().backward()
         g_aux = flat_grad(params)
         g_new, cos, corrected = self.vaccine.correct(g_main, g_aux)
         assign_flat_grad(params, g_new)

@@ -44,7 +44,9 @@ class _QuantileHuber(th.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, current: th.Tensor, target: th.Tensor, taus: th.Tensor, kappa: float) -> th.Tensor:
+    def forward(
+        ctx: Any, current: th.Tensor, target: th.Tensor, taus: th.Tensor, kappa: float, values: bool
+    ) -> th.Tensor:
         n, n_target = current.shape[-1], target.shape[-1]
         lead = th.broadcast_shapes(current.shape[:-1], target.shape[:-1], taus.shape[:-1])
         ctx.shapes = (current.shape, target.shape)
@@ -70,7 +72,8 @@ class _QuantileHuber(th.autograd.Function):
         delta = rows_current.new_empty(n_target, chunk, n)
         parts = rows_current.new_empty(2, n_target, chunk, n)  # c and c-
         grad_sums = rows_current.new_empty(2, n_rows, n)  # sum_j c, sum_j c-
-        loss_sums = rows_current.new_empty(2, n_rows, n)  # sum_j c * h, sum_j c- * h
+        # sum_j c * h, sum_j c- * h (no columns when the caller wants no values)
+        loss_sums = rows_current.new_empty(2, n_rows, n if values else 0)
         grad_target = rows_current.new_empty(n_rows, n_target, 1) if need_target_grad else None
         rows_taus = rows_neg_weight = None
         if grad_target is not None:  # the target's gradient weights the pairs row by row
@@ -103,15 +106,20 @@ class _QuantileHuber(th.autograd.Function):
                 block_grad = grad_target[start:stop]
                 th.bmm(clipped.transpose(0, 1), rows_taus[start:stop], out=block_grad)
                 block_grad.baddbmm_(negative.transpose(0, 1), rows_neg_weight[start:stop])
-            pair_parts.mul_(pair_delta.sub_(clipped, alpha=0.5))  # c * h, c- * h
-            th.sum(pair_parts, dim=1, out=block_loss_sums)
+            if values:
+                pair_parts.mul_(pair_delta.sub_(clipped, alpha=0.5))  # c * h, c- * h
+                th.sum(pair_parts, dim=1, out=block_loss_sums)
         # The row sums weighted in place, taus * sums[0] + (1 - 2 taus) * sums[1] (the products and the sum
         # of the textbook order, which commute bit for bit): no fresh [rows, N] temporaries.
         scale = 1.0 / (kappa * n_target)
-        loss_sums, grad_sums = loss_sums.view(2, *rows_lead, n), grad_sums.view(2, *rows_lead, n)
-        for sums in (loss_sums, grad_sums):
-            sums[0].mul_(taus).add_(sums[1].mul_(neg_weight))
-        loss = loss_sums[0].sum(dim=-1).mul_(scale).permute(inverse[:-1])
+        grad_sums = grad_sums.view(2, *rows_lead, n)
+        grad_sums[0].mul_(taus).add_(grad_sums[1].mul_(neg_weight))
+        if values:
+            loss_sums = loss_sums.view(2, *rows_lead, n)
+            loss_sums[0].mul_(taus).add_(loss_sums[1].mul_(neg_weight))
+            loss = loss_sums[0].sum(dim=-1).mul_(scale).permute(inverse[:-1])
+        else:  # the caller only backpropagates: zeros that carry the gradient
+            loss = rows_current.new_zeros(rows_lead).permute(inverse[:-1])
         grad_current = grad_sums[0].mul_(-scale).permute(inverse)  # the strides of ``current``
         if grad_target is not None:
             grad_target = grad_target.view(*rows_lead, n_target).mul_(scale).permute(inverse)
@@ -121,7 +129,9 @@ class _QuantileHuber(th.autograd.Function):
         return loss.contiguous()
 
     @staticmethod
-    def backward(ctx: Any, grad_out: th.Tensor) -> tuple[th.Tensor | None, th.Tensor | None, None, None]:
+    def backward(
+        ctx: Any, grad_out: th.Tensor
+    ) -> tuple[th.Tensor | None, th.Tensor | None, None, None, None]:
         grad_current_unit, grad_target_unit = ctx.saved_tensors
         current_shape, target_shape = ctx.shapes
         grad_current = grad_target = None
@@ -129,7 +139,7 @@ class _QuantileHuber(th.autograd.Function):
             grad_current = (grad_current_unit * grad_out[..., None]).sum_to_size(current_shape)
         if ctx.needs_input_grad[1]:
             grad_target = (grad_target_unit * grad_out[..., None]).sum_to_size(target_shape)
-        return grad_current, grad_target, None, None
+        return grad_current, grad_target, None, None, None
 
 
 def _pairwise_quantile_huber(
@@ -152,7 +162,12 @@ def _compiled_quantile_huber() -> Callable[..., th.Tensor]:
 
 
 def quantile_huber_loss(
-    current: th.Tensor, target: th.Tensor, taus: th.Tensor, kappa: float = 1.0, compiled: bool = False
+    current: th.Tensor,
+    target: th.Tensor,
+    taus: th.Tensor,
+    kappa: float = 1.0,
+    compiled: bool = False,
+    values: bool = True,
 ) -> th.Tensor:
     """IQN's quantile-Huber loss (Dabney et al. 2018, eq. 3).
 
@@ -172,7 +187,11 @@ def quantile_huber_loss(
     :param taus: quantile fractions of ``current``, ``[..., N]`` (broadcastable to ``current``).
     :param kappa: Huber threshold, > 0.
     :param compiled: use the ``torch.compile``-d pairwise formula (same values up to float rounding).
-    :return: the loss per leading index, shape ``current.shape[:-1]`` broadcast with ``target.shape[:-1]``.
+    :param values: False for a caller that only backpropagates the loss (the vaccine's auxiliary gradient):
+        the fused function then skips the loss's own sums (3 of its 7 passes over the pairs per block) and
+        returns zeros that carry the same gradient. Ignored with ``compiled``.
+    :return: the loss per leading index, shape ``current.shape[:-1]`` broadcast with ``target.shape[:-1]``
+        (zeros with ``values=False``).
     """
     if not kappa > 0:
         raise ValueError(f"kappa={kappa} must be > 0")
@@ -184,7 +203,7 @@ def quantile_huber_loss(
         raise ValueError(f"taus.shape={tuple(taus.shape)} must end in N={current.shape[-1]} like current")
     if compiled:
         return _compiled_quantile_huber()(current, target, taus.detach(), float(kappa))
-    return _QuantileHuber.apply(current, target, taus.detach(), float(kappa))
+    return _QuantileHuber.apply(current, target, taus.detach(), float(kappa), values)
 
 
 def c51_project(

@@ -284,6 +284,50 @@ def test_quantile_huber_of_a_permuted_current_equals_the_contiguous_one_exactly(
     assert results[0][1].stride() == permuted.stride()
 
 
+@pytest.mark.parametrize("pairs_per_chunk", [1 << 16, 150])
+def test_quantile_huber_without_values_has_the_same_gradients_exactly(
+    monkeypatch: pytest.MonkeyPatch, pairs_per_chunk: int
+) -> None:
+    """``values=False`` (the vaccine batch, backpropagated only): zeros, and both gradients bit for bit those
+    of the full loss (float32, one chunk and several)."""
+    monkeypatch.setattr(losses, "CPU_PAIRS_PER_CHUNK", pairs_per_chunk)
+    gen = th.Generator().manual_seed(23)
+    out = (th.randn(16, 4 * 5, 8, generator=gen) * 2.0).requires_grad_()
+    target = (th.randn(5, 16, 1, 6, generator=gen) * 2.0).requires_grad_()
+    taus = th.rand(16, 8, generator=gen)[None, :, None, :]
+    upstream = th.randn(5, 16, 4, generator=gen)
+    current = out.view(16, 4, 5, 8).permute(2, 0, 1, 3)
+    results = []
+    for values in (True, False):
+        loss = quantile_huber_loss(
+            current, target.expand(-1, -1, 4, -1), taus.expand_as(current), kappa=0.9, values=values
+        )
+        results.append((loss, *th.autograd.grad((loss * upstream).sum(), (out, target))))
+    assert results[0][0].abs().sum() > 0 and th.equal(results[1][0], th.zeros_like(results[0][0]))
+    assert th.equal(results[0][1], results[1][1]) and th.equal(results[0][2], results[1][2])
+
+
+def test_vaccine_loss_without_values_has_the_same_gradient_exactly() -> None:
+    """The vaccine batch's loss (``values=False``: no IQN loss values, no TD errors) gives the online network
+    the same gradient bit for bit as the full loss, from the same draws."""
+    model = BranchingIQN(
+        "MlpPolicy", _RandomEnv(spaces.MultiDiscrete([3, 3, 3, 3])), learning_starts=64, batch_size=32,
+        buffer_size=500, seed=3, device="cpu",
+        policy_kwargs=dict(net_arch=[16, 16], n_quantiles=8, n_quantiles_target=8, n_quantiles_act=8),
+    )
+    model.learn(80)
+    batch = model.replay_buffer.sample(32)
+    params = list(model.q_net.parameters())
+    grads = []
+    for values in (True, False):
+        model._generator.manual_seed(5)
+        result = model._distributional_loss(batch, update_popart=False, values=values)
+        assert (result.td_abs is None) == (not values)
+        grads.append(th.autograd.grad(result.per_sample.mean(), params, allow_unused=True))
+    for full, gradient_only in zip(*grads, strict=True):
+        assert (full is None and gradient_only is None) or th.equal(full, gradient_only)
+
+
 @pytest.mark.parametrize("rows_per_block", [8, 12, 1 << 20])
 @pytest.mark.parametrize("activation", [nn.ReLU, nn.Tanh])
 def test_taken_quantiles_in_blocks_and_without_autograd_match_gathering(
