@@ -13,9 +13,10 @@ trade per step. Usage::
     python benchmarks/op_timings.py [--device cuda] [--quick] [--per] [--no-reference]
         [--out benchmarks/results/op_timings.json]
 
-With ``--per``, the four prioritized-replay ops are timed one by one too (CUDA graph, as in one replay cycle
+With ``--per``, the prioritized-replay ops are timed one by one too (CUDA graph, as in one replay cycle
 of ``benchmarks/replay_throughput.py``: capacity 2^20, push 4096 rows of obs dim 64 + 4 branches, B = 256 and
-4096): ``per_push``, ``per_tree_rebuild`` of the pushed slots, ``per_sample``, ``per_update``,
+4096): ``per_push``, ``per_tree_rebuild`` of the pushed slots, ``per_sample``, ``per_sample_philox`` (the
+kernel draws its uniforms), ``per_update``,
 ``per_tree_rebuild`` of the sampled indices; and a writer with the tree update after it in one graph: the
 rebuild of the listed leaves, or ``per_tree_refresh`` of the subtrees the writer marked. ``--no-reference``
 skips timing the references.
@@ -234,10 +235,14 @@ def per_rows(quick: bool = False) -> list[dict]:
         uniforms = torch.rand(batch_size, dtype=torch.float64, generator=gen).to(device)
         indices, _ = ops.per_sample(state["tree"], state["head_size"], uniforms, 0.4)
         td_abs = torch.rand(batch_size, generator=gen).to(device)
+        rng_state = torch.tensor([7, 0], device=device)  # per_sample_philox's (seed, counter)
         timed = {
             "per_push": push,
             "per_tree_rebuild(push slots)": lambda s=state, i=slots: ops.per_tree_rebuild(s["tree"], i),
             "per_sample": lambda s=state, u=uniforms: ops.per_sample(s["tree"], s["head_size"], u, 0.4),
+            "per_sample_philox": lambda s=state, r=rng_state, n=batch_size: ops.per_sample_philox(
+                s["tree"], s["head_size"], r, n, 0.4
+            ),
             "per_update": lambda s=state, i=indices, t=td_abs: ops.per_update(
                 s["tree"], s["max_priority"], i, t, 0.6, 1e-6
             ),
