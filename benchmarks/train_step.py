@@ -23,12 +23,19 @@ it (14.6 of 29.6 ms) in them, and BranchingIQN's products alone took about 30 ms
 whole step. The rest of the gap is elementwise work and dispatch
 (``benchmarks/measured/cpu-2core-2026-11-30e/``).
 
+That half is measured per row: the matrix products a step dispatched are recorded (op, shapes, strides) and
+replayed alone on random inputs of the same layouts (``matmul_only_ms_per_step``, the median of
+``MATMUL_REPLAY_PASSES`` passes over ``OP_COUNT_STEPS`` steps); ``matmul_only_over_qrdqn_step`` divides it by
+the peer's whole step. It is what this row's step would cost if everything but its matrix products were
+free: a floor under ``qrdqn_over_this`` for any implementation that keeps the products and the BLAS library.
+
 Rows: BranchingIQN with its defaults (5 ensemble heads, IQN + C51, GradVac every 5 steps, PER),
 the same with ``compile_loss=True`` (the compile falls in the warm-up), on CUDA the same with
 ``cuda_graph=True`` (each step one graph replay, the vaccine steps from a second graph; both captures
 fall in the warm-up; its op count is what Python still dispatches per step), BranchingIQN "lean" (1 head,
-vaccine off) to show what the extras cost, and QR-DQN
-(``n_quantiles`` = BranchingIQN's quantile count).
+vaccine off) to show what the extras cost, QR-DQN with ``n_quantiles`` = BranchingIQN's quantile count (the
+peer: every ratio is against it), and QR-DQN with sb3-contrib's own default of 200 quantiles (what a user
+gets from ``QRDQN("MlpPolicy", env)`` at these widths; context only).
 
 Usage::
 
@@ -46,6 +53,7 @@ import json
 import os
 import platform
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,15 +62,20 @@ import numpy as np
 import torch as th
 from gymnasium import spaces
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils._pytree import tree_map
+from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 RESULTS = Path(__file__).resolve().parent / "results" / "train_step.json"
+#: sb3-contrib's ``QRDQNPolicy`` default ``n_quantiles`` (its own row, for context; the peer matches ours).
+QRDQN_DEFAULT_QUANTILES = 200
 NVEC = (3, 3, 3, 3)
 #: Gradient steps whose ops are counted (a multiple of BranchingIQN's default vaccine interval, 5).
 OP_COUNT_STEPS = 10
 #: Untimed gradient steps before the timed ones: with ``cuda_graph`` the vaccine graph (every 5th step) is
 #: captured after 3 eager warm-up steps of its kind, at step 20, so the timed steps are all replays.
 WARMUP_STEPS = 25
+#: Passes over the recorded matrix products when they are replayed alone (the median pass is kept).
+MATMUL_REPLAY_PASSES = 5
 
 
 class OpCounter(TorchDispatchMode):
@@ -81,6 +94,92 @@ class OpCounter(TorchDispatchMode):
         self.count += 1
         self.kernel_count += not func.is_view
         return func(*args, **(kwargs or {}))
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """A tensor argument's layout: what a replay needs to rebuild an input of the same shape and strides (a
+    leaf for ``tree_map``, unlike a named tuple)."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: th.dtype
+    device: th.device
+
+
+def _layout_of(value: Any) -> Any:
+    """``value``'s :class:`_Layout` when it is a tensor, else ``value`` (scalars such as ``beta`` stay)."""
+    if isinstance(value, th.Tensor):
+        return _Layout(tuple(value.shape), tuple(value.stride()), value.dtype, value.device)
+    return value
+
+
+class MatmulRecorder(TorchDispatchMode):
+    """Records the matrix products dispatched inside the ``with`` block (the ops ``torch.utils.flop_counter``
+    counts: ``mm``, ``bmm``, ``addmm``, ``baddbmm``, their ``out=`` forms, convolutions), with the layouts
+    of their tensor arguments, for :func:`replay_matmuls`.
+
+    :param calls: ``(op, args, kwargs)`` per product, tensors replaced by their :class:`_Layout`.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[Any, Any, Any]] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func.overloadpacket in flop_registry:
+            self.calls.append((func, tree_map(_layout_of, args), tree_map(_layout_of, kwargs)))
+        return func(*args, **kwargs)
+
+
+def replay_matmuls(calls: list[tuple[Any, Any, Any]], passes: int = MATMUL_REPLAY_PASSES) -> float:
+    """Seconds one pass of the recorded matrix products takes when they run alone: the median of ``passes``
+    passes, after one untimed pass.
+
+    Each product gets random inputs of its recorded shapes and strides (expanded and strided views too; one
+    buffer per layout, shared by the products, so nothing else is allocated in a pass) and writes its
+    ``out=`` tensor to separate buffers, so the inputs never change. This is the time of the step's matrix
+    products at the BLAS library's rate with nothing else running: what the step would take if everything
+    else in it were free.
+
+    :param calls: :attr:`MatmulRecorder.calls`.
+    :param passes: timed passes.
+    :return: seconds per pass.
+    """
+    buffers: dict[tuple[str, _Layout], th.Tensor] = {}
+
+    def build(layout: _Layout, role: str) -> th.Tensor:
+        key = (role, layout)
+        if key not in buffers:
+            dims = zip(layout.shape, layout.stride, strict=True)
+            extent = 1 + sum((size - 1) * step for size, step in dims)
+            storage = th.randn(extent if all(layout.shape) else 0, dtype=layout.dtype, device=layout.device)
+            buffers[key] = storage.as_strided(layout.shape, layout.stride)
+        return buffers[key]
+
+    def materialise(value: Any, role: str) -> Any:
+        return tree_map(lambda v: build(v, role) if isinstance(v, _Layout) else v, value)
+
+    prepared = []
+    for func, args, kwargs in calls:
+        out = kwargs.get("out")
+        inputs = materialise({k: v for k, v in kwargs.items() if k != "out"}, "in")
+        outputs = {"out": materialise(out, "out")} if out is not None else {}
+        prepared.append((func, materialise(args, "in"), {**inputs, **outputs}))
+    devices = {layout.device for role, layout in buffers if layout.device.type == "cuda"}
+    times = []
+    for index in range(passes + 1):
+        for device in devices:
+            th.cuda.synchronize(device)
+        start = time.perf_counter()
+        for func, args, kwargs in prepared:
+            func(*args, **kwargs)
+        for device in devices:
+            th.cuda.synchronize(device)
+        if index > 0:  # the first pass is a warm-up
+            times.append(time.perf_counter() - start)
+    return float(np.median(times))
 
 
 class RandomBoxEnv(gym.Env):
@@ -116,26 +215,28 @@ def _time_train(model: Any, fill: int, steps: int, batch: int, device: th.device
     return steps / (time.perf_counter() - start)
 
 
-def _count_ops(model: Any, steps: int, batch: int) -> tuple[float, float, float | None]:
-    """Aten ops per gradient step of ``model.train`` (all, and without views) and its matrix-product GFLOP,
-    over ``steps`` steps.
+def _count_ops(model: Any, steps: int, batch: int) -> tuple[float, float, float | None, float | None]:
+    """Aten ops per gradient step of ``model.train`` (all, and without views), its matrix-product GFLOP and
+    the seconds its matrix products take alone (:func:`replay_matmuls`), over ``steps`` steps.
 
     The FLOPs are ``torch.utils.flop_counter``'s (matrix products and convolutions only, forward and
-    backward): the arithmetic a step cannot avoid, whatever its elementwise overhead. None for a graphed
-    model, whose replays dispatch no ops to count.
+    backward): the arithmetic a step cannot avoid, whatever its elementwise overhead. The last two are None
+    for a graphed model, whose replays dispatch no ops to count.
     """
     counter = OpCounter()
     flops = FlopCounterMode(display=False)
-    with counter, flops:
+    recorder = MatmulRecorder()
+    with counter, flops, recorder:
         model.train(gradient_steps=steps, batch_size=batch)
-    graphed = getattr(model, "cuda_graph", False)
-    gflop = None if graphed else flops.get_total_flops() / steps / 1e9
-    return counter.count / steps, counter.kernel_count / steps, gflop
+    if getattr(model, "cuda_graph", False):
+        return counter.count / steps, counter.kernel_count / steps, None, None
+    gflop = flops.get_total_flops() / steps / 1e9
+    return counter.count / steps, counter.kernel_count / steps, gflop, replay_matmuls(recorder.calls) / steps
 
 
 def bench_device(device: str, widths: list[int], batch: int, steps: int, fill: int, obs_dim: int,
                  n_quantiles: int) -> list[dict[str, Any]]:
-    """Time the three rows on ``device``.
+    """Time the rows on ``device``.
 
     :param device: ``"cpu"`` or ``"cuda"``.
     :param widths: hidden widths of both networks.
@@ -165,9 +266,12 @@ def bench_device(device: str, widths: list[int], batch: int, steps: int, fill: i
         ("BranchingIQN lean (1 head, no vaccine)", "BranchingIQN",
          lambda: BranchingIQN("MlpPolicy", md_env, vaccine_interval=0,
                               policy_kwargs={**iqn_policy, "n_ensemble": 1}, **common)),
-        (f"QR-DQN (Discrete({int(np.prod(NVEC))}))", "QRDQN",
+        (f"QR-DQN (Discrete({int(np.prod(NVEC))}), {n_quantiles} quantiles): the peer", "QRDQN",
          lambda: QRDQN("MlpPolicy", RandomBoxEnv(obs_dim, spaces.Discrete(int(np.prod(NVEC)))),
                        policy_kwargs=dict(net_arch=widths, n_quantiles=n_quantiles), **common)),
+        (f"QR-DQN (Discrete({int(np.prod(NVEC))}), its default {QRDQN_DEFAULT_QUANTILES} quantiles)", "QRDQN",
+         lambda: QRDQN("MlpPolicy", RandomBoxEnv(obs_dim, spaces.Discrete(int(np.prod(NVEC)))),
+                       policy_kwargs=dict(net_arch=widths), **common)),
     ]
     if dev.type == "cuda":  # the gradient step as one CUDA graph replay (vaccine steps: a second graph)
         setups.insert(2, ("BranchingIQN defaults + cuda_graph (graph replay per step)", "BranchingIQN",
@@ -183,17 +287,25 @@ def bench_device(device: str, widths: list[int], batch: int, steps: int, fill: i
             model = make()
             rate = _time_train(model, fill, steps, batch, dev)
             row_deterministic = th.are_deterministic_algorithms_enabled()
-            ops, kernel_ops, gflop = _count_ops(model, OP_COUNT_STEPS, batch)
+            ops, kernel_ops, gflop, matmul_seconds = _count_ops(model, OP_COUNT_STEPS, batch)
         finally:
             th.use_deterministic_algorithms(deterministic, warn_only=warn_only)
         rows.append({"row": label, "algorithm": algo, "device": device, "grad_steps_per_s": rate,
                      "deterministic_algorithms": row_deterministic, "aten_ops_per_step": ops,
-                     "kernel_ops_per_step": kernel_ops, "matmul_gflop_per_step": gflop})
-    peer, peer_gflop = rows[-1]["grad_steps_per_s"], rows[-1]["matmul_gflop_per_step"]
+                     "kernel_ops_per_step": kernel_ops, "matmul_gflop_per_step": gflop,
+                     "matmul_only_ms_per_step": None if matmul_seconds is None else matmul_seconds * 1e3})
+    # the peer of the target: QR-DQN with BranchingIQN's quantile count (the row before its default's)
+    peer_row = rows[-2]
+    peer, peer_gflop = peer_row["grad_steps_per_s"], peer_row["matmul_gflop_per_step"]
+    peer_step_ms = 1e3 / peer
     for row in rows:
+        row["peer"] = row is peer_row
         row["qrdqn_over_this"] = peer / row["grad_steps_per_s"]
-        gflop = row["matmul_gflop_per_step"]
+        gflop, matmul_ms = row["matmul_gflop_per_step"], row["matmul_only_ms_per_step"]
         row["gflop_over_qrdqn"] = gflop / peer_gflop if gflop is not None and peer_gflop else None
+        # this row's matrix products alone, against the peer's whole step: a floor under qrdqn_over_this
+        # for an implementation whose other work were free
+        row["matmul_only_over_qrdqn_step"] = None if matmul_ms is None else matmul_ms / peer_step_ms
     return rows
 
 
@@ -234,13 +346,19 @@ def main() -> None:
     load_after = os.getloadavg()[0]
     print(f"\ntrain-step throughput  (batch {config['batch']}, widths {config['widths']}, "
           f"obs dim {config['obs_dim']}, {config['n_quantiles']} quantiles, {config['steps']} timed steps)")
-    print(f"{'device':<7} {'row':<70} {'grad steps/s':>12} {'QR-DQN / this':>14} {'ops/step':>9} "
-          f"{'non-view':>9} {'GFLOP/step':>10} {'GFLOP / QR-DQN':>14}")
+    print(f"{'device':<7} {'row':<72} {'grad steps/s':>12} {'QR-DQN / this':>14} {'ops/step':>9} "
+          f"{'non-view':>9} {'GFLOP/step':>10} {'GFLOP / QR-DQN':>14} {'matmul ms':>10} "
+          f"{'matmul / QR-DQN step':>21}")
     for row in rows:
         rate, ratio = row["grad_steps_per_s"], row["qrdqn_over_this"]
-        print(f"{row['device']:<7} {row['row']:<70} {rate:>12.1f} {ratio:>14.2f} "
+        print(f"{row['device']:<7} {row['row']:<72} {rate:>12.1f} {ratio:>14.2f} "
               f"{row['aten_ops_per_step']:>9.0f} {row['kernel_ops_per_step']:>9.0f} "
-              f"{_fmt(row['matmul_gflop_per_step'], 10, 3)} {_fmt(row['gflop_over_qrdqn'], 14, 2)}")
+              f"{_fmt(row['matmul_gflop_per_step'], 10, 3)} {_fmt(row['gflop_over_qrdqn'], 14, 2)} "
+              f"{_fmt(row['matmul_only_ms_per_step'], 10, 2)} "
+              f"{_fmt(row['matmul_only_over_qrdqn_step'], 21, 2)}")
+    print("QR-DQN / this: the peer's steps/s over this row's (target: <= 1.5 on the CPU).")
+    print("matmul ms: this row's matrix products per step, replayed alone; "
+          "matmul / QR-DQN step: that over the peer's whole step.")
     print(f"1-min load average: {load_before:.2f} before, {load_after:.2f} after "
           f"({os.cpu_count()} CPUs, {th.get_num_threads()} torch threads)")
     result = {
