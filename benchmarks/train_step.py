@@ -258,6 +258,8 @@ def bench_device(device: str, widths: list[int], batch: int, steps: int, fill: i
                       n_quantiles_act=n_quantiles)
     md_env = RandomBoxEnv(obs_dim, spaces.MultiDiscrete(list(NVEC)))
     rows = []
+    # the peer of the target (every ratio is against it): QR-DQN with BranchingIQN's quantile count
+    peer_label = f"QR-DQN (Discrete({int(np.prod(NVEC))}), {n_quantiles} quantiles): the peer"
     setups = [
         ("BranchingIQN (defaults: 5 heads, IQN+C51, GradVac/5, PER)", "BranchingIQN",
          lambda: BranchingIQN("MlpPolicy", md_env, policy_kwargs=iqn_policy, **common)),
@@ -266,7 +268,7 @@ def bench_device(device: str, widths: list[int], batch: int, steps: int, fill: i
         ("BranchingIQN lean (1 head, no vaccine)", "BranchingIQN",
          lambda: BranchingIQN("MlpPolicy", md_env, vaccine_interval=0,
                               policy_kwargs={**iqn_policy, "n_ensemble": 1}, **common)),
-        (f"QR-DQN (Discrete({int(np.prod(NVEC))}), {n_quantiles} quantiles): the peer", "QRDQN",
+        (peer_label, "QRDQN",
          lambda: QRDQN("MlpPolicy", RandomBoxEnv(obs_dim, spaces.Discrete(int(np.prod(NVEC)))),
                        policy_kwargs=dict(net_arch=widths, n_quantiles=n_quantiles), **common)),
         (f"QR-DQN (Discrete({int(np.prod(NVEC))}), its default {QRDQN_DEFAULT_QUANTILES} quantiles)", "QRDQN",
@@ -294,8 +296,7 @@ def bench_device(device: str, widths: list[int], batch: int, steps: int, fill: i
                      "deterministic_algorithms": row_deterministic, "aten_ops_per_step": ops,
                      "kernel_ops_per_step": kernel_ops, "matmul_gflop_per_step": gflop,
                      "matmul_only_ms_per_step": None if matmul_seconds is None else matmul_seconds * 1e3})
-    # the peer of the target: QR-DQN with BranchingIQN's quantile count (the row before its default's)
-    peer_row = rows[-2]
+    peer_row = next(row for row in rows if row["row"] == peer_label)
     peer, peer_gflop = peer_row["grad_steps_per_s"], peer_row["matmul_gflop_per_step"]
     peer_step_ms = 1e3 / peer
     for row in rows:
