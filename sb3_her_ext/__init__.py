@@ -6,16 +6,28 @@
     model.learn(100_000, progress_bar=True)
 """
 
+import warnings
+from typing import Any
+
 from sb3_her_ext.algorithm import BranchingIQN
 from sb3_her_ext.policy import BranchingIQNPolicy, MlpPolicy
 from sb3_her_ext.replay import HindsightConfig, PrioritizedHindsightReplayBuffer
-from sb3_her_ext.vec_env import LOBVecEnv
 
 __all__ = [
     "BranchingIQN",
     "BranchingIQNPolicy",
     "HindsightConfig",
-    "LOBVecEnv",
     "MlpPolicy",
     "PrioritizedHindsightReplayBuffer",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``sb3_her_ext.LOBVecEnv`` moved to :class:`foxhunt.envs.LOBVecEnv`: kept for one release."""
+    if name == "LOBVecEnv":
+        warnings.warn("sb3_her_ext.LOBVecEnv moved to foxhunt.envs.LOBVecEnv; the old path goes in the next "
+                      "release", DeprecationWarning, stacklevel=2)
+        from foxhunt.envs import LOBVecEnv
+
+        return LOBVecEnv
+    raise AttributeError(f"module 'sb3_her_ext' has no attribute {name!r}")

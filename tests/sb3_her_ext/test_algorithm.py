@@ -15,9 +15,9 @@ from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import DummyVecEnv
 
+from foxhunt.envs import LOBVecEnv
 from sb3_her_ext import BranchingIQN
 from sb3_her_ext.replay import PrioritizedHindsightReplayBuffer
-from sb3_her_ext.vec_env import LOBVecEnv
 
 TINY_POLICY = dict(net_arch=[16], n_ensemble=2, n_cos=8, n_quantiles=4, n_quantiles_target=4,
                    n_quantiles_act=4, n_atoms=11)

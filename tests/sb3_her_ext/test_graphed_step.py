@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch as th
 
+from foxhunt.envs import LOBVecEnv
 from sb3_her_ext import BranchingIQN
-from sb3_her_ext.vec_env import LOBVecEnv
 from tests.sb3_her_ext.test_algorithm import TINY, TINY_POLICY, TinyEnv
 
 

@@ -13,9 +13,9 @@ from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import DummyVecEnv
 
+from foxhunt.envs import LOBVecEnv
 from sb3_her_ext import BranchingIQN
 from sb3_her_ext.diagnostics import read_diagnostics
-from sb3_her_ext.vec_env import LOBVecEnv
 
 
 @pytest.fixture(autouse=True)

@@ -374,7 +374,7 @@ def test_reset_empties_everything():
 # --------------------------------------------------------------------------------------------- integration
 @pytest.mark.slow
 def test_lob_vec_env_random_steps_inject_hindsight():
-    from sb3_her_ext.vec_env import LOBVecEnv
+    from foxhunt.envs import LOBVecEnv
 
     env = LOBVecEnv(4, seed=0, data="synthetic", num_steps=3000, levels=5, episode_length=100,
                     max_position=10.0)

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from foxenv.data.market import MarketData
-from foxenv.rollout import random_rollout
+from foxhunt.evaluation.rollout import random_rollout
 from tests.foxenv.fake_market import random_market
 
 

@@ -9,7 +9,7 @@ from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import VecEnv, VecFrameStack
 
-from sb3_her_ext.vec_env import LOBVecEnv, UnknownEnvMethodError
+from foxhunt.envs import LOBVecEnv, UnknownEnvMethodError
 from tests.foxenv.fake_market import random_market
 
 CONTRACT_KEYS = ("mid", "best_bid", "best_ask", "position", "trade_closed", "trade_pnl", "trade_lots",

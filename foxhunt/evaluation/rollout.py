@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
@@ -111,3 +112,67 @@ def random_rollout(
     )
     env.close()
     return summary
+
+
+def evaluate_agent(model: Any, env: Any, num_steps: int) -> dict[str, Any]:
+    """Run the deterministic policy for ``num_steps`` vector steps and score it with foxenv.metrics.
+
+    :param model: a trained model with SB3's ``predict``.
+    :param env: a :class:`LOBVecEnv` (its ``last_info_tensors`` give equity, position and trades).
+    :param num_steps: vector steps (>= 2).
+    :return: :func:`foxenv.metrics.summarize`'s dict (Sharpe, max drawdown, hit rate, action mix, ...).
+    """
+    from foxenv import metrics
+
+    if num_steps < 2:
+        raise ValueError(f"num_steps={num_steps} must be >= 2")
+    n_envs, nvec = env.num_envs, [int(n) for n in env.action_space.nvec]
+    step_pnl = np.zeros((num_steps, n_envs))
+    positions = np.zeros((num_steps, n_envs))
+    trade_pnl = np.zeros((num_steps, n_envs))
+    trade_closed = np.zeros((num_steps, n_envs), dtype=bool)
+    episode_starts = np.zeros((num_steps, n_envs), dtype=bool)
+    actions = np.zeros((num_steps, n_envs, len(nvec)), dtype=np.int64)
+    episode_rewards: list[float] = []
+    previous_equity = np.zeros(n_envs)
+    starting = np.ones(n_envs, dtype=bool)
+    obs = env.reset()
+    for t in range(num_steps):
+        action, _ = model.predict(obs, deterministic=True)
+        obs, _, done, infos = env.step(action)
+        info = {k: v.detach().cpu().numpy() for k, v in env.last_info_tensors.items()}
+        step_pnl[t] = info["equity"] - previous_equity
+        positions[t] = info["position"]
+        trade_pnl[t] = info["trade_pnl"]
+        trade_closed[t] = info["trade_closed"]
+        episode_starts[t] = starting
+        actions[t] = action
+        episode_rewards += [info_i["episode"]["r"] for info_i in infos if "episode" in info_i]
+        previous_equity = np.where(done, 0.0, info["equity"])
+        starting = done
+    return metrics.summarize(
+        step_pnl=step_pnl.T,
+        positions=positions.T,
+        trade_pnl=trade_pnl.T,
+        trade_closed=trade_closed.T,
+        episode_starts=episode_starts.T,
+        actions=actions.transpose(1, 0, 2),
+        episode_rewards=np.asarray(episode_rewards),
+        nvec=nvec,
+        branch_names=list(env.branch_names),
+    )
+
+
+def print_summary(title: str, summary: dict[str, Any]) -> None:
+    """Print a metrics dict, one ``key: value`` per line."""
+    print(f"\n{title}")
+    for key, value in summary.items():
+        if isinstance(value, float):
+            print(f"  {key:>22}: {value:.6g}")
+        elif isinstance(value, dict):
+            print(f"  {key:>22}:")
+            for name, row in value.items():
+                shown = [round(v, 3) for v in row] if isinstance(row, list) else row
+                print(f"  {name:>24}  {shown}")
+        else:
+            print(f"  {key:>22}: {value}")

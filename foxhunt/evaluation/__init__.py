@@ -1,0 +1,1 @@
+"""Evaluation of trained agents and baselines: rollout recording, reports and plots."""
