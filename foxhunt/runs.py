@@ -183,10 +183,11 @@ def eval_seed(config: RunConfig) -> int:
     return config.seed + 1000
 
 
-def train(config: RunConfig) -> Path:
+def train(config: RunConfig, callback: Any = None) -> Path:
     """Train BranchingIQN as ``config`` says, write the run folder, evaluate the greedy policy.
 
     :param config: the run's settings.
+    :param callback: SB3 callback(s) passed to ``model.learn`` (an Optuna pruning callback, say).
     :return: the run folder.
     """
     from foxhunt.evaluation.plots import plot_training
@@ -207,7 +208,7 @@ def train(config: RunConfig) -> Path:
         tensorboard_log=str(out / "tb"), diagnostics_path=str(out / "diagnostics.jsonl"),
         **config.resolved_model_kwargs(),
     )
-    model.learn(config.steps, progress_bar=config.progress)
+    model.learn(config.steps, callback=callback, progress_bar=config.progress)
     model.log_diagnostics()  # the last, partial interval
     model.save(out / "model.zip")
     plot_training(out / "diagnostics.jsonl", out / "training.png")
