@@ -20,10 +20,9 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
+import sys
 import time
 from collections import Counter
 from functools import partial
@@ -31,26 +30,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from foxenv.config import EnvConfig
 from foxenv.core import BatchedLOB
 from foxenv.data.synthetic import generate_synthetic
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "core_ops.json"
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _common.py beside this file
+from _common import OpCounter, default_out, load_average, processor_name, synchronizer, write_json  # noqa: E402
 
-
-class OpCounter(TorchDispatchMode):
-    """Counts every aten op dispatched while it is active, by name."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.counts: Counter[str] = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-        self.counts[str(func.overloadpacket.__name__)] += 1
-        return func(*args, **(kwargs or {}))
+DEFAULT_OUT = default_out("core_ops")
 
 
 def count_ops(
@@ -93,7 +81,7 @@ def time_steps(
     :param autoreset: time ``env.step_autoreset(action, host_sync=False)`` instead of ``env.step``.
     :return: ``(median, min)`` µs per step.
     """
-    sync = torch.cuda.synchronize if env.device.type == "cuda" else (lambda: None)
+    sync = synchronizer(env.device)
     step = partial(env.step_autoreset, host_sync=False) if autoreset else env.step
     per_step = []
     for block in range(blocks + 1):
@@ -165,15 +153,13 @@ def main() -> None:
         "device": args.device,
         "threads": args.threads,
         "torch": torch.__version__,
-        "machine": platform.processor() or platform.machine(),
+        "machine": processor_name(),
         "cpu_count": os.cpu_count(),
-        "load_average": os.getloadavg(),
+        "load_average": load_average(),
         "rows": rows,
     }
     print(f"load average {result['load_average']}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_json(args.out, result)
 
 
 if __name__ == "__main__":

@@ -26,9 +26,8 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
-import platform
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -43,8 +42,10 @@ from foxenv.data.market import MarketData
 from foxenv.gym_env import LOBEnv
 from foxenv.vector_env import make_vec
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "env_throughput.json"
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _common.py beside this file
+from _common import REPO_ROOT, default_out, machine_info, peer_missing, synchronizer, write_json  # noqa: E402
+
+DEFAULT_OUT = default_out("env_throughput")
 DEFAULT_LOBSTER = REPO_ROOT.parent / "shared" / "data" / "lobster"
 FULL_SIZES = (1, 16, 256, 4096, 65536)
 QUICK_SIZES = (1, 16, 256)
@@ -99,7 +100,7 @@ def bench_vector(
     """
     row: dict[str, Any] = {"kind": "vector", "device": device, "data": data_name, "num_books": num_books,
                            "compiled": compiled, "cuda_graph": graph}
-    sync = (lambda: torch.cuda.synchronize()) if device == "cuda" else (lambda: None)
+    sync = synchronizer(device)
     try:
         env = make_vec(num_books, data=market, device=device, seed=0, return_tensors=True,
                        episode_length=episode_length, compile=compiled, cuda_graph=graph)
@@ -205,7 +206,7 @@ def gym_trading_env_stepper(num_prices: int, steps: int) -> Stepper | str:
         import pandas as pd
         from gym_trading_env.environments import TradingEnv
     except ImportError as error:
-        return f"gym-trading-env not importable ({error}); pip install -e '.[bench]'"
+        return peer_missing("gym-trading-env", error)
     finally:
         # gym_trading_env turns every warning into an error at import; undo that for everyone else.
         warnings.filters[:] = saved_filters
@@ -282,23 +283,6 @@ def bench_single_book(
         if name in compile_seconds:
             rows[name]["compile_seconds"] = compile_seconds[name]
     return [{"kind": "single", "device": "cpu", "env": name, **row} for name, row in rows.items()]
-
-
-def machine_info() -> dict[str, Any]:
-    """What this run ran on.
-
-    :return: platform, CPU count, load average, torch version and GPU name.
-    """
-    info = {
-        "load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "cuda_device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-    }
-    return info
 
 
 def target_for(row: dict[str, Any]) -> float | None:
@@ -424,9 +408,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "notes": notes,
         "rows": rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2))
-    print(f"wrote {args.out}")
+    write_json(args.out, results)
     return results
 
 

@@ -27,10 +27,7 @@ skips timing the references.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import statistics
-import time
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -40,7 +37,10 @@ import cuda_ext
 from cuda_ext.reference import hindsight as ref_hindsight
 from cuda_ext.reference import select as ref_select
 
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "op_timings.json"
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _common.py beside this file
+from _common import default_out, device_name, time_cpu_us, time_eager_us, time_graph_us, write_json  # noqa: E402
+
+DEFAULT_OUT = default_out("op_timings")
 OBS_DIM, N_BRANCHES, N_ACTIONS, N_QUANTILES, N_SLOTS, RING = 64, 4, 3, 32, 256, 512
 CLOSE_FRACTION = 0.05
 
@@ -114,77 +114,6 @@ def _cases(n_books: int, device: torch.device) -> dict[str, tuple[Callable, Call
         "branch_select": (ops.branch_select, ref_select.branch_select, select),
         "quantile_iqr": (ops.quantile_iqr, ref_select.quantile_iqr, iqr),
     }
-
-
-def _median_event_us(run_once: Callable[[], None], calls: int, repeats: int) -> float:
-    """Median over ``repeats`` of the CUDA-event time of ``run_once``, divided by ``calls``, in µs."""
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run_once()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0 / calls)
-    return statistics.median(times)
-
-
-def time_graph_us(fn: Callable[[], object], calls: int = 10, repeats: int = 20) -> float:
-    """GPU time per call of ``fn``: ``calls`` calls captured in one CUDA graph, replayed and timed.
-
-    :param fn: the call to time (all its inputs static on the GPU).
-    :param calls: calls per graph.
-    :param repeats: timed replays; the median is returned.
-    :return: µs per call.
-    """
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    return _median_event_us(graph.replay, calls, repeats)
-
-
-def time_eager_us(fn: Callable[[], object], calls: int = 10, repeats: int = 20) -> float:
-    """Time per call of ``fn`` called eagerly, back to back, measured with CUDA events.
-
-    :param fn: the call to time.
-    :param calls: calls per measurement.
-    :param repeats: measurements; the median is returned.
-    :return: µs per call.
-    """
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-
-    def run_calls() -> None:
-        for _ in range(calls):
-            fn()
-
-    return _median_event_us(run_calls, calls, repeats)
-
-
-def time_cpu_us(fn: Callable[[], object], repeats: int = 10) -> float:
-    """Median wall time of ``fn`` on the CPU in µs.
-
-    :param fn: the call to time.
-    :param repeats: measurements.
-    :return: µs per call.
-    """
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e6)
-    return statistics.median(times)
 
 
 def per_rows(quick: bool = False) -> list[dict]:
@@ -327,11 +256,8 @@ def main() -> None:
         ratio = "-" if row.get("ratio") is None else f"{row['ratio']:8.1f}"
         print(f"{row['op']:20s} {row['B']:7d} {_format(row['cuda_us'])} {_format(row.get('cuda_eager_us'))} "
               f"{_format(row.get('reference_us'))} {ratio:>8s}")
-    device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor()
-    result = {"device": device_name, "torch": torch.__version__, "quick": args.quick, "rows": rows}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
+    write_json(args.out, {"device": device_name(args.device), "torch": torch.__version__, "quick": args.quick,
+                          "rows": rows})
 
 
 if __name__ == "__main__":

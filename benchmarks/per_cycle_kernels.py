@@ -19,7 +19,6 @@ Needs a CUDA device. Prints a table and writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -27,10 +26,11 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _common.py, replay_throughput.py beside it
+from _common import default_out, device_name, median_event_us, write_json  # noqa: E402
 from replay_throughput import Batch, CudaExtPER, _capture_cycle  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results" / "per_cycle_kernels.json"
+RESULTS = default_out("per_cycle_kernels")
 PROFILED_REPLAYS = 200
 
 
@@ -51,13 +51,12 @@ def profile_cycle(batch_size: int, device: torch.device, philox: bool = True) ->
     for _ in range(50):
         graph.replay()
     torch.cuda.synchronize(device)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(1000):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize(device)
-    us_per_cycle = start.elapsed_time(end)  # ms for 1000 replays = µs per replay
+
+    def replays() -> None:
+        for _ in range(1000):
+            graph.replay()
+
+    us_per_cycle = median_event_us(replays, calls=1000, repeats=1)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(PROFILED_REPLAYS):
             graph.replay()
@@ -90,12 +89,9 @@ def main() -> None:
         for kernel in row["kernels"]:
             us, launches = kernel["us_per_cycle"], kernel["launches_per_cycle"]
             print(f"  {us:7.2f} us  {launches:4.1f}x  {kernel['kernel'][:100]}")
-    result = {"benchmark": "per_cycle_kernels", "device_name": torch.cuda.get_device_name(device),
+    result = {"benchmark": "per_cycle_kernels", "device_name": device_name(device),
               "torch": torch.__version__, "pdl": os.environ.get("FOXHUNT_CUDA_PDL", "1") != "0", "rows": rows}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {out}")
+    write_json(args.out, result)
 
 
 if __name__ == "__main__":

@@ -32,9 +32,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import platform
-import statistics
-import time
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -44,49 +42,12 @@ import torch
 import cuda_ext
 from cuda_ext.ops_per import new_tree
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _common.py beside this file
+from _common import Timer, capture_graph, default_out, device_name, peer_missing, write_json  # noqa: E402
+
 OPS = torch.ops.cuda_ext
 ALPHA, BETA, EPS = 0.6, 0.4, 1e-6
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "replay_throughput.json"
-
-
-class Timer:
-    """Median time per call of a zero-argument function, with warm-up.
-
-    :param device: where the work runs (CUDA events on a GPU, ``perf_counter`` otherwise).
-    :param repeats: number of timed groups.
-    :param inner: calls per timed group.
-    """
-
-    def __init__(self, device: torch.device, repeats: int, inner: int) -> None:
-        self.device = device
-        self.repeats = repeats
-        self.inner = inner
-
-    def __call__(self, fn: Callable[[], object]) -> float:
-        """Time ``fn``.
-
-        :param fn: one cycle.
-        :return: median µs per call.
-        """
-        for _ in range(max(3, self.inner // 2)):
-            fn()
-        samples = []
-        for _ in range(self.repeats):
-            if self.device.type == "cuda":
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                torch.cuda.synchronize(self.device)
-                start.record()
-                for _ in range(self.inner):
-                    fn()
-                end.record()
-                torch.cuda.synchronize(self.device)
-                samples.append(start.elapsed_time(end) * 1e3 / self.inner)
-            else:
-                begin = time.perf_counter()
-                for _ in range(self.inner):
-                    fn()
-                samples.append((time.perf_counter() - begin) * 1e6 / self.inner)
-        return statistics.median(samples)
+DEFAULT_OUT = default_out("replay_throughput")
 
 
 class Batch:
@@ -260,14 +221,14 @@ def _torchrl_cycle(
         from tensordict import TensorDict
         from torchrl.data import LazyTensorStorage, TensorDictPrioritizedReplayBuffer
     except Exception as error:  # noqa: BLE001  (any import failure means: skip with a note)
-        return None, f"torchrl not importable ({type(error).__name__}: {error})"
+        return None, peer_missing("torchrl", error)
     try:
         buffer = TensorDictPrioritizedReplayBuffer(
             alpha=ALPHA, beta=BETA, eps=EPS, storage=LazyTensorStorage(capacity, device="cpu"),
             batch_size=batch_size, priority_key="td_error",
         )  # fmt: skip
     except Exception as error:  # noqa: BLE001  (e.g. its C++ sum tree not built for this torch)
-        return None, f"torchrl unusable ({type(error).__name__}: {error})"
+        return None, peer_missing("torchrl", error, verb="usable")
     cpu_batch = Batch(4096, obs_dim, n_branches, torch.device("cpu"))
     data = TensorDict(
         {"obs": cpu_batch.obs, "next_obs": cpu_batch.next_obs, "action": cpu_batch.action,
@@ -344,16 +305,9 @@ def _capture_cycle(
     :param philox: the sampling kernel draws its own uniforms (see :meth:`CudaExtPER.cycle`).
     :return: the graph; ``replay()`` runs one cycle.
     """
-    side = torch.cuda.Stream(uniforms.device)
-    side.wait_stream(torch.cuda.current_stream(uniforms.device))
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            buffer.cycle(batch, uniforms, td_abs, gather, philox)
-    torch.cuda.current_stream(uniforms.device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        buffer.cycle(batch, uniforms, td_abs, gather, philox)
-    return graph
+    return capture_graph(
+        lambda: buffer.cycle(batch, uniforms, td_abs, gather, philox), device=uniforms.device
+    )
 
 
 def _time_contenders(
@@ -431,7 +385,7 @@ def run(device: torch.device, quick: bool, cuda_ext_only: bool = False) -> dict:
     return {
         "benchmark": "replay_throughput",
         "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
+        "device_name": device_name(device),
         "torch": torch.__version__,
         "cuda_ext_backend": cuda_ext.backend(),
         "config": {
@@ -487,9 +441,7 @@ def main(argv: list[str] | None = None) -> int:
         raise ValueError(f"device={args.device!r} but no CUDA device is available")
     result = run(device, args.quick, args.cuda_ext_only)
     print_table(result)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
+    write_json(args.out, result)
     return 0
 
 

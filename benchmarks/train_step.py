@@ -36,6 +36,7 @@ fall in the warm-up; its op count is what Python still dispatches per step), Bra
 vaccine off) to show what the extras cost, QR-DQN with ``n_quantiles`` = BranchingIQN's quantile count (the
 peer: every ratio is against it), and QR-DQN with sb3-contrib's own default of 200 quantiles (what a user
 gets from ``QRDQN("MlpPolicy", env)`` at these widths; context only).
+Without sb3-contrib (the ``bench`` extra) the QR-DQN rows are skipped with a note and every ratio is empty.
 
 Usage::
 
@@ -49,9 +50,8 @@ Prints a table and writes ``benchmarks/results/train_step.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,7 +65,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
-RESULTS = Path(__file__).resolve().parent / "results" / "train_step.json"
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _common.py beside this file
+from _common import OpCounter, default_out, machine_info, peer_missing, synchronizer, write_json  # noqa: E402
+
+RESULTS = default_out("train_step")
 #: sb3-contrib's ``QRDQNPolicy`` default ``n_quantiles`` (its own row, for context; the peer matches ours).
 QRDQN_DEFAULT_QUANTILES = 200
 NVEC = (3, 3, 3, 3)
@@ -76,24 +79,6 @@ OP_COUNT_STEPS = 10
 WARMUP_STEPS = 25
 #: Passes over the recorded matrix products when they are replayed alone (the median pass is kept).
 MATMUL_REPLAY_PASSES = 5
-
-
-class OpCounter(TorchDispatchMode):
-    """Counts the aten ops dispatched inside the ``with`` block (forward, backward and optimizer).
-
-    :param count: ops so far (views included).
-    :param kernel_count: ops so far that are not views (the ones that may launch a kernel).
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-        self.kernel_count = 0
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        self.count += 1
-        self.kernel_count += not func.is_view
-        return func(*args, **(kwargs or {}))
 
 
 @dataclass(frozen=True)
@@ -204,14 +189,13 @@ class RandomBoxEnv(gym.Env):
 
 def _time_train(model: Any, fill: int, steps: int, batch: int, device: th.device) -> float:
     """Fill the buffer, warm up, then time ``model.train``; return gradient steps per second."""
+    sync = synchronizer(device)
     model.learn(fill)
     model.train(gradient_steps=WARMUP_STEPS, batch_size=batch)  # allocations, lazy init, graph captures
-    if device.type == "cuda":
-        th.cuda.synchronize(device)
+    sync()
     start = time.perf_counter()
     model.train(gradient_steps=steps, batch_size=batch)
-    if device.type == "cuda":
-        th.cuda.synchronize(device)
+    sync()
     return steps / (time.perf_counter() - start)
 
 
@@ -245,11 +229,17 @@ def bench_device(device: str, widths: list[int], batch: int, steps: int, fill: i
     :param fill: transitions in the buffer before timing.
     :param obs_dim: observation features.
     :param n_quantiles: quantiles per sample (IQN current and target; QR-DQN's ``n_quantiles``).
-    :return: one dict per row.
+    :return: one dict per row; a QR-DQN row without sb3-contrib has ``skipped`` (why) and no numbers, and
+        then every ratio to the peer is None.
     """
-    from sb3_contrib import QRDQN
-
     from sb3_her_ext import BranchingIQN
+
+    try:
+        from sb3_contrib import QRDQN
+    except ImportError as error:
+        QRDQN, qrdqn_missing = None, peer_missing("sb3-contrib", error)
+    else:
+        qrdqn_missing = None
 
     dev = th.device(device)
     common = dict(learning_starts=fill, buffer_size=max(fill * 2, 10_000), batch_size=batch, train_freq=1,
@@ -280,6 +270,12 @@ def bench_device(device: str, widths: list[int], batch: int, steps: int, fill: i
                           lambda: BranchingIQN("MlpPolicy", md_env, cuda_graph=True, policy_kwargs=iqn_policy,
                                                **common)))
     for label, algo, make in setups:
+        if algo == "QRDQN" and qrdqn_missing is not None:
+            rows.append({"row": label, "algorithm": algo, "device": device, "skipped": qrdqn_missing,
+                         **dict.fromkeys(("grad_steps_per_s", "deterministic_algorithms", "aten_ops_per_step",
+                                          "kernel_ops_per_step", "matmul_gflop_per_step",
+                                          "matmul_only_ms_per_step"))})
+            continue
         th.manual_seed(0)
         # A seeded BranchingIQN on CUDA turns on deterministic algorithms process-wide: restore the switch
         # after each row so that it does not slow the rows after it (recorded per row).
@@ -298,15 +294,18 @@ def bench_device(device: str, widths: list[int], batch: int, steps: int, fill: i
                      "matmul_only_ms_per_step": None if matmul_seconds is None else matmul_seconds * 1e3})
     peer_row = next(row for row in rows if row["row"] == peer_label)
     peer, peer_gflop = peer_row["grad_steps_per_s"], peer_row["matmul_gflop_per_step"]
-    peer_step_ms = 1e3 / peer
+    peer_step_ms = None if peer is None else 1e3 / peer
     for row in rows:
         row["peer"] = row is peer_row
-        row["qrdqn_over_this"] = peer / row["grad_steps_per_s"]
+        rate = row["grad_steps_per_s"]
+        row["qrdqn_over_this"] = peer / rate if peer is not None and rate is not None else None
         gflop, matmul_ms = row["matmul_gflop_per_step"], row["matmul_only_ms_per_step"]
         row["gflop_over_qrdqn"] = gflop / peer_gflop if gflop is not None and peer_gflop else None
         # this row's matrix products alone, against the peer's whole step: a floor under qrdqn_over_this
         # for an implementation whose other work were free
-        row["matmul_only_over_qrdqn_step"] = None if matmul_ms is None else matmul_ms / peer_step_ms
+        row["matmul_only_over_qrdqn_step"] = (
+            None if matmul_ms is None or peer_step_ms is None else matmul_ms / peer_step_ms
+        )
     return rows
 
 
@@ -351,8 +350,11 @@ def main() -> None:
           f"{'non-view':>9} {'GFLOP/step':>10} {'GFLOP / QR-DQN':>14} {'matmul ms':>10} "
           f"{'matmul / QR-DQN step':>21}")
     for row in rows:
-        rate, ratio = row["grad_steps_per_s"], row["qrdqn_over_this"]
-        print(f"{row['device']:<7} {row['row']:<72} {rate:>12.1f} {ratio:>14.2f} "
+        if "skipped" in row:
+            print(f"{row['device']:<7} {row['row']:<72} skipped: {row['skipped']}")
+            continue
+        print(f"{row['device']:<7} {row['row']:<72} {_fmt(row['grad_steps_per_s'], 12, 1)} "
+              f"{_fmt(row['qrdqn_over_this'], 14, 2)} "
               f"{row['aten_ops_per_step']:>9.0f} {row['kernel_ops_per_step']:>9.0f} "
               f"{_fmt(row['matmul_gflop_per_step'], 10, 3)} {_fmt(row['gflop_over_qrdqn'], 14, 2)} "
               f"{_fmt(row['matmul_only_ms_per_step'], 10, 2)} "
@@ -367,17 +369,11 @@ def main() -> None:
         "config": {**config, "quick": args.quick, "op_count_steps": OP_COUNT_STEPS,
                    "action_space": f"MultiDiscrete({list(NVEC)})",
                    "qrdqn_action_space": f"Discrete({int(np.prod(NVEC))})"},
-        "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                    "torch": th.__version__, "torch_threads": th.get_num_threads(),
-                    "cpu_count": os.cpu_count(),
-                    "load_average_1min": {"before": load_before, "after": load_after},
-                    "cuda_device": th.cuda.get_device_name(0) if th.cuda.is_available() else None},
+        "machine": {**machine_info(), "load_average_1min": {"before": load_before, "after": load_after}},
         "rows": rows,
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    print(f"\nwrote {out}")
+    print()
+    write_json(args.out, result)
 
 
 if __name__ == "__main__":
