@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
 import torch as th
 
 
@@ -58,3 +59,27 @@ def test_recorder_keeps_only_the_products_with_their_layouts_and_the_replay_rebu
     assert len(again.calls) == 3 * per_pass  # one warm-up pass and two timed ones
     for index, call in enumerate(again.calls):
         assert call == recorder.calls[index % per_pass]
+
+
+@pytest.mark.slow
+def test_without_sb3_contrib_the_qrdqn_rows_are_skipped_with_a_note(monkeypatch) -> None:  # noqa: ANN001
+    bench = _train_step_module()
+    monkeypatch.setitem(sys.modules, "sb3_contrib", None)  # an import of it raises ImportError
+    rows = bench.bench_device("cpu", widths=[8], batch=8, steps=2, fill=64, obs_dim=4, n_quantiles=4)
+    skipped = [row for row in rows if row["algorithm"] == "QRDQN"]
+    assert len(skipped) == 2
+    for row in skipped:
+        assert "sb3-contrib" in row["skipped"] and row["grad_steps_per_s"] is None
+    timed = [row for row in rows if row["algorithm"] == "BranchingIQN"]
+    assert timed and all(row["grad_steps_per_s"] > 0 and "skipped" not in row for row in timed)
+    assert all(row["qrdqn_over_this"] is None and row["matmul_only_over_qrdqn_step"] is None for row in rows)
+
+
+def test_op_counter_counts_by_name_and_leaves_out_views() -> None:
+    bench = _train_step_module()
+    with bench.OpCounter() as counter:
+        x = th.ones(4, 3)
+        x.t().sum()
+    assert counter.counts["t"] == 1 and counter.counts["sum"] == 1
+    assert counter.count == sum(counter.counts.values())
+    assert counter.kernel_count < counter.count  # the transpose is a view
