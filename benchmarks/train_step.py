@@ -18,13 +18,11 @@ quantile-Huber loss and the taken-action IQN head run in blocks of rows (more op
 GPU path). And it counts the matrix-product GFLOP per step (``matmul_gflop_per_step``,
 ``torch.utils.flop_counter``, forward and backward) and their ratio to QR-DQN's (``gflop_over_qrdqn``): the
 arithmetic each step cannot avoid. That ratio is not a floor under the speed ratio, because QR-DQN's step is
-not all matrix products: on one thread of the 2-core development machine ``torch.profiler`` put about half of
-it (14.6 of 29.6 ms) in them, and BranchingIQN's products alone took about 30 ms, i.e. about 1.0x QR-DQN's
-whole step. The rest of the gap is elementwise work and dispatch
-(``benchmarks/measured/cpu-2core-2026-11-30e/``).
+not all matrix products: on the CPU about half of it is elementwise work and dispatch
+(``benchmarks/RESULTS.md``, "The CPU gradient step's floor").
 
-That half is measured per row: the matrix products a step dispatched are recorded (op, shapes, strides) and
-replayed alone on random inputs of the same layouts (``matmul_only_ms_per_step``, the median of
+The products' share is measured per row: the matrix products a step dispatched are recorded (op, shapes,
+strides) and replayed alone on random inputs of the same layouts (``matmul_only_ms_per_step``, the median of
 ``MATMUL_REPLAY_PASSES`` passes over ``OP_COUNT_STEPS`` steps); ``matmul_only_over_qrdqn_step`` divides it by
 the peer's whole step. It is what this row's step would cost if everything but its matrix products were
 free: a floor under ``qrdqn_over_this`` for any implementation that keeps the products and the BLAS library.
