@@ -54,8 +54,9 @@ def synchronizer(device: str | torch.device) -> Callable[[], None]:
     :param device: where the timed work runs.
     :return: ``torch.cuda.synchronize`` for a CUDA device, else a no-op.
     """
-    if torch.device(device).type == "cuda":
-        return torch.cuda.synchronize
+    device = torch.device(device)
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
     return lambda: None
 
 
