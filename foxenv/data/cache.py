@@ -139,18 +139,17 @@ def load_market_file(path: Path) -> MarketData | None:
 
     :param path: the entry's file.
     :return: the timeline on CPU, or None when there is no entry.
-    :raises OSError: when the entry exists but cannot be read.
-    :raises ValueError: when the entry is truncated, foreign or fails its checksum (naming the path).
+    :raises OSError: when it cannot be told whether the entry exists (e.g. no permission on the folder).
+    :raises ValueError: when the entry cannot be read, or is truncated, foreign or fails its checksum
+        (naming the path).
     """
     if not path.is_file():
         return None
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
-    except OSError:
-        raise
-    except Exception as error:  # torch's unpickler raises several types for a damaged file
-        kind = type(error).__name__
-        raise ValueError(f"cache entry {path} is not a readable torch file ({kind})") from error
+    except Exception as error:  # torch raises many types for an unreadable or damaged file
+        reason = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
+        raise ValueError(f"cache entry {path} could not be read ({reason})") from error
     if not isinstance(payload, dict) or CHECKSUM_KEY not in payload:
         raise ValueError(f"cache entry {path} holds no checksum: not written by this version")
     checksum = payload.pop(CHECKSUM_KEY)
@@ -189,8 +188,10 @@ def cached_market(
     if entry is not None:
         try:
             cached = load_market_file(entry)
-        except (OSError, ValueError) as error:
-            problems.append(f"could not read it ({error})")
+        except OSError as error:
+            problems.append(f"could not read {entry} ({error})")
+        except ValueError as error:
+            problems.append(str(error))
         else:
             if cached is not None:
                 return cached

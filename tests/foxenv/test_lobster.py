@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import foxenv.data.lobster as lobster_module
-from foxenv.data import FLOW_WIDTH, find_lobster_files, load_lobster, load_market
+from foxenv.data import FLOW_WIDTH, CacheWarning, find_lobster_files, load_lobster, load_market
 
 DUMMY = 9_999_999_999
 
@@ -299,7 +299,8 @@ def test_corrupt_cache_entry_is_rebuilt(tmp_path: Path) -> None:
     first = load_lobster(*paths, step_events=2, cache_dir=cache)
     (entry,) = cache.glob("*.pt")
     entry.write_bytes(b"not a torch file")
-    again = load_lobster(*paths, step_events=2, cache_dir=cache)
+    with pytest.warns(CacheWarning, match="could not be read"):
+        again = load_lobster(*paths, step_events=2, cache_dir=cache)
     assert torch.equal(again.exec_ask, first.exec_ask)
 
 
