@@ -3,11 +3,16 @@ timestamps; each bad input is a ValueError naming the file, the line, the field 
 
 from __future__ import annotations
 
+import hashlib
+from dataclasses import fields
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
-from foxenv.data import DEFAULT_PRICE_BAND, load_lobster, load_market
+import foxenv.data.lobster as lobster_module
+from foxenv.data import DEFAULT_PRICE_BAND, find_lobster_files, load_lobster, load_market
 from foxenv.data.lobster import infer_tick
 from tests.foxenv.test_lobster import (
     BASE_BOOK,
@@ -255,3 +260,50 @@ def test_times_at_the_ends_of_the_day_are_accepted(tmp_path) -> None:
         row[0] = 86400
     data = load(tmp_path, messages, books, step_seconds=3600.0)
     assert data.num_steps == 25 and float(data.time[-1]) == 86400.0 + 3600.0
+
+
+# ----------------------------------------------------------------------------------------------
+# The real GOOG sample passes every check with the defaults and loads exactly as before them.
+
+#: sha256 over each tensor field (name, then bytes) of the GOOG sample, as loaded before the checks existed.
+GOOG_DIGESTS = {
+    "default": "7c0a9f9611143e0956966beb4c224a8f547f82be60eecbebffb6d72ede475193",
+    "minutes_5_levels": "a0aebfd66291ce697a8b86aa9e769417847efc3b0654f5dce4da57d99be97011",
+}
+GOOG_KWARGS = {"default": {}, "minutes_5_levels": {"step_seconds": 60.0, "levels": 5}}
+
+
+def market_digest(data) -> str:
+    """sha256 over every tensor field of ``data``, in field order."""
+    digest = hashlib.sha256()
+    for field in fields(data):
+        value = getattr(data, field.name)
+        if isinstance(value, torch.Tensor):
+            digest.update(field.name.encode())
+            digest.update(value.contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(GOOG_DIGESTS))
+def test_goog_loads_exactly_as_before_the_checks(lobster_dir: Path, tmp_path: Path, case: str) -> None:
+    data = load_market(lobster_dir, cache_dir=tmp_path / "inferred", **GOOG_KWARGS[case])
+    assert data.tick_size == 0.01
+    assert market_digest(data) == GOOG_DIGESTS[case]
+    given = load_market(lobster_dir, cache_dir=tmp_path / "given", tick_size=0.01, **GOOG_KWARGS[case])
+    assert market_digest(given) == GOOG_DIGESTS[case]
+
+
+@pytest.mark.slow
+def test_goog_band_and_tick_checks_are_live(lobster_dir: Path) -> None:
+    paths = find_lobster_files(lobster_dir)
+    _, book, tick_units = lobster_module.parse_lobster(*paths, price_band=0.02)  # deepest level: 1.7 %
+    assert tick_units == 100
+    prices = np.concatenate([book[:, 0].ravel(), book[:, 2].ravel()])
+    assert infer_tick(prices) == (100, 1.0)
+    with pytest.raises(ValueError, match=r"orderbook file GOOG_2012-06-21_34200000_57600000_orderbook_10.csv "
+                                         r"line \d+: (ask|bid)_price_\d+=\d+ lies 1.\d % from the mid"):
+        lobster_module.parse_lobster(*paths, price_band=0.01)
+    with pytest.raises(ValueError, match=r"orderbook file GOOG\S+ line 1: ask_price_1=5802300 is not a "
+                                         "multiple of tick_size=0.02"):
+        lobster_module.parse_lobster(*paths, tick_size=0.02)
