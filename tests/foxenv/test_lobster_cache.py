@@ -120,6 +120,20 @@ def test_unreadable_cache_entry_warns_once(pair, reference, tmp_path, monkeypatc
     assert len(caught) == 1 and "Permission denied" in str(caught[0].message)
 
 
+def test_cache_folder_that_cannot_be_listed_warns_once(pair, reference, tmp_path, monkeypatch) -> None:
+    real_is_file = Path.is_file
+
+    def guarded_is_file(self: Path) -> bool:
+        if self.suffix == ".pt":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_is_file(self)
+
+    monkeypatch.setattr(cache_module.Path, "is_file", guarded_is_file)
+    data, caught = cache_warnings(lambda: load_lobster(*pair, step_events=2, cache_dir=tmp_path / "c"))
+    assert_same(data, reference)
+    assert len(caught) == 1 and "could not read" in str(caught[0].message)
+
+
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "flipped"])
 def test_damaged_cache_entry_warns_once_and_is_rebuilt(pair, reference, tmp_path, damage) -> None:
     folder = tmp_path / "good_cache"
