@@ -574,16 +574,12 @@ def _check_price_band_of(
     """
     reference = _reference_mid(book)
     limit = price_band * reference
-
-    def outside(price: np.ndarray, ref: np.ndarray, lim: np.ndarray) -> np.ndarray:
-        return np.abs(price - ref) > lim
-
-    ref_levels, limit_levels = reference[:, None], limit[:, None]
     bad_book = np.zeros(book.shape, dtype=bool)
-    bad_book[:, 0] = (book[:, 0] != DUMMY_PRICE) & outside(book[:, 0], ref_levels, limit_levels)
-    bad_book[:, 2] = (book[:, 2] != -DUMMY_PRICE) & outside(book[:, 2], ref_levels, limit_levels)
+    for kind, dummy in ((0, DUMMY_PRICE), (2, -DUMMY_PRICE)):
+        far = np.abs(book[:, kind] - reference[:, None]) > limit[:, None]
+        bad_book[:, kind] = (book[:, kind] != dummy) & far
     price = messages["price"]
-    bad_message = (messages["type"] != 7) & outside(price, reference, limit)
+    bad_message = (messages["type"] != 7) & (np.abs(price - reference) > limit)
     book_cell = _first_book_cell(bad_book)
     message_row = _first_line(bad_message) if bad_message.any() else None
     if book_cell is None and message_row is None:
