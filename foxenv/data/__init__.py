@@ -16,12 +16,15 @@ from typing import Literal
 
 import torch
 
-from foxenv.data.lobster import find_lobster_files, load_lobster
+from foxenv.data.cache import CacheWarning
+from foxenv.data.lobster import DEFAULT_PRICE_BAND, find_lobster_files, load_lobster
 from foxenv.data.market import FLOW_WIDTH, MarketData
 from foxenv.data.synthetic import SyntheticProfile, generate_synthetic
 
 __all__ = [
+    "DEFAULT_PRICE_BAND",
     "FLOW_WIDTH",
+    "CacheWarning",
     "MarketData",
     "SyntheticProfile",
     "find_lobster_files",
@@ -42,6 +45,8 @@ def load_market(
     levels: int | None = None,
     step_events: int | None = None,
     step_seconds: float | None = None,
+    price_band: float | None = DEFAULT_PRICE_BAND,
+    tick_size: float | None = None,
     split: Literal["all", "train", "test"] = "all",
     train_fraction: float = 0.8,
     num_steps: int | None = None,
@@ -56,6 +61,10 @@ def load_market(
     :param levels: book levels per side; synthetic default 10, LOBSTER default all levels of the file.
     :param step_events: LOBSTER only: messages per step (default 100 unless ``step_seconds`` is set).
     :param step_seconds: LOBSTER: seconds per step (fixed time buckets). Synthetic: clock seconds per step.
+    :param price_band: LOBSTER only: largest distance of a book or message price from the mid of the
+        book around it, as a fraction of that mid (default 0.2; None switches the check off).
+    :param tick_size: LOBSTER only: the tick in currency (a multiple of 0.0001), checked against the
+        prices; None infers it (see :mod:`foxenv.data.lobster`).
     :param split: ``"all"``, or the first ``train_fraction`` of steps (``"train"``) or the rest (``"test"``).
     :param train_fraction: share of steps in the train split.
     :param num_steps: synthetic: steps to generate (default 50,000). LOBSTER: keep only the first
@@ -63,7 +72,8 @@ def load_market(
     :param seed: synthetic only: the random seed (LOBSTER replay is deterministic).
     :param device: device of the returned tensors.
     :param cache_dir: LOBSTER only: cache folder (default ``$FOXHUNT_CACHE_DIR`` or
-        ``~/.cache/foxhunt/lobster``).
+        ``~/.cache/foxhunt/lobster``). A cache that cannot be read or written costs time, not the load:
+        one :class:`CacheWarning` says why.
     :return: the timeline.
     :raises ValueError: on a bad source, parameter or data file, naming the field and the value.
     """
@@ -75,6 +85,8 @@ def load_market(
     if isinstance(source, str) and source == "synthetic":
         if step_events is not None:
             raise ValueError(f"step_events={step_events} applies to LOBSTER sources only, not 'synthetic'")
+        if tick_size is not None:
+            raise ValueError(f"tick_size={tick_size} applies to LOBSTER sources only, not 'synthetic'")
         profile = {} if step_seconds is None else {"step_seconds": step_seconds}
         data = generate_synthetic(
             DEFAULT_SYNTHETIC_STEPS if num_steps is None else num_steps,
@@ -94,7 +106,8 @@ def load_market(
                 f"source={source!r} is neither 'synthetic', an existing folder, nor a pair of files"
             )
         data = load_lobster(message_path, orderbook_path, levels=levels, step_events=step_events,
-                            step_seconds=step_seconds, cache_dir=cache_dir)
+                            step_seconds=step_seconds, price_band=price_band, tick_size=tick_size,
+                            cache_dir=cache_dir)
         if num_steps is not None:
             if num_steps > data.num_steps:
                 raise ValueError(f"num_steps={num_steps} exceeds the {data.num_steps} steps of {data.name}")

@@ -5,6 +5,20 @@ order_id, size, price, direction); the orderbook file is ``N x 4L`` (ask_price, 
 bid_size per level); prices in 1e-4 currency units; empty levels carry ``+-9999999999`` with size 0;
 row ``k`` of the book is the state after message ``k``.
 
+Checks (each failure is a ``ValueError`` naming the file, the line, the field and the value as written):
+
+- Every cell numeric and finite; integer fields integral and within ``+-2**53`` (read as float64, which
+  holds every such integer exactly).
+- Times in seconds after midnight: within ``[0, 86400]`` and non-decreasing.
+- The dummy price ``+-9999999999`` only on empty levels of the orderbook file (ask side ``+``, bid ``-``).
+- Prices of the book and of messages of types 1-6 within ``price_band`` (a fraction) of the mid of the
+  book around them: a centred rolling median of the mids of ``MID_WINDOW_ROWS`` rows, so that one bad
+  row cannot move it.
+- Visible prices (occupied book levels, messages of types 1-4) on the tick: ``tick_size`` when given,
+  else inferred as the largest divisor of the most frequent visible price on which at least
+  ``TICK_MAJORITY`` of the visible prices sit; a price off that tick is reported, not allowed to shrink
+  it (pass ``tick_size`` to accept a finer tick).
+
 Choices this module makes (the contract leaves them open):
 
 - Executions: both type 4 (visible) and type 5 (hidden) executions go to the flow grids. A hidden
@@ -29,6 +43,8 @@ Choices this module makes (the contract leaves them open):
 
 from __future__ import annotations
 
+import itertools
+import math
 import os
 from pathlib import Path
 
@@ -36,7 +52,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from foxenv.data.cache import cache_key, cache_path, load_market_file, save_market
+from foxenv.data.cache import cached_market
 from foxenv.data.market import FLOW_WIDTH, MarketData
 
 #: LOBSTER price units per unit of currency (prices are in 1e-4 currency units).
@@ -45,13 +61,28 @@ PRICE_SCALE = 10_000
 DUMMY_PRICE = 9_999_999_999
 #: Message columns, in file order.
 MESSAGE_COLUMNS = ("time", "type", "order_id", "size", "price", "direction")
+#: Orderbook columns of one level, in file order.
+BOOK_COLUMNS = ("ask_price", "ask_size", "bid_price", "bid_size")
 #: Event types LOBSTER defines.
 KNOWN_EVENT_TYPES = (1, 2, 3, 4, 5, 6, 7)
+#: Event types whose price is a visible order's, so it must sit on the tick (hidden ones may not).
+VISIBLE_EVENT_TYPES = (1, 2, 3, 4)
 #: Messages per step when neither ``step_events`` nor ``step_seconds`` is given.
 DEFAULT_STEP_EVENTS = 100
 
 #: Time bucketing may make at most this many steps per message (beyond a floor of 1000 steps).
 MAX_EMPTY_STEPS_PER_MESSAGE = 10
+
+#: Largest magnitude of an integer field: cells are read as float64, which is exact up to here.
+MAX_EXACT_INTEGER = 2**53
+#: Latest time of a message: LOBSTER times are seconds after midnight of the file's day.
+SECONDS_PER_DAY = 86_400.0
+#: Default ``price_band``: 20 % of the mid, far beyond a listed stock's intraday book (GOOG: 1.7 %).
+DEFAULT_PRICE_BAND = 0.2
+#: Rows of the centred rolling median that gives each row its reference mid (robust to one bad row).
+MID_WINDOW_ROWS = 101
+#: Share of visible price occurrences that must sit on an inferred tick.
+TICK_MAJORITY = 0.9
 
 _HALF = FLOW_WIDTH // 2
 
@@ -88,35 +119,62 @@ def load_lobster(
     levels: int | None = None,
     step_events: int | None = None,
     step_seconds: float | None = None,
+    price_band: float | None = DEFAULT_PRICE_BAND,
+    tick_size: float | None = None,
     cache_dir: str | os.PathLike | None = None,
 ) -> MarketData:
     """Load a LOBSTER pair as a :class:`MarketData` on CPU, from the cache when it holds it.
+
+    The cache only saves time: when it cannot be read or written the pair is parsed anyway and one
+    :class:`~foxenv.data.cache.CacheWarning` says why.
 
     :param message_path: the ``*_message_*.csv`` file.
     :param orderbook_path: the matching ``*_orderbook_*.csv`` file.
     :param levels: book levels to keep (the first ``levels``); None keeps all levels of the file.
     :param step_events: messages per step (default 100 when ``step_seconds`` is not given).
     :param step_seconds: seconds per step (fixed time buckets); excludes ``step_events``.
+    :param price_band: largest distance of a price from the mid of the book around it, as a fraction of
+        that mid (default 0.2); None switches the check off.
+    :param tick_size: the price increment in currency (a multiple of 0.0001), checked against the prices;
+        None infers it from them.
     :param cache_dir: cache folder; default ``$FOXHUNT_CACHE_DIR`` or ``~/.cache/foxhunt/lobster``.
     :return: the aggregated timeline, on CPU.
-    :raises ValueError: on bad parameters or a malformed file (naming the field, the line and the value).
+    :raises ValueError: on bad parameters, a missing or unreadable file (naming it), or a malformed file
+        (naming the file, the line, the field and the value as written).
     """
     step_events, step_seconds = _check_step_params(step_events, step_seconds)
     if levels is not None and (isinstance(levels, bool) or not isinstance(levels, int) or levels < 1):
         raise ValueError(f"levels={levels!r} must be a positive int or None")
+    price_band = _check_price_band(price_band)
+    tick_units = _check_tick_size(tick_size)
     paths = [Path(message_path), Path(orderbook_path)]
     for field, path in zip(("message_path", "orderbook_path"), paths, strict=True):
         if not path.is_file():
             raise ValueError(f"{field}={str(path)!r} does not exist or is not a file")
-    params = {"levels": levels, "step_events": step_events, "step_seconds": step_seconds}
-    entry = cache_path(cache_dir, cache_key(paths, params))
-    cached = load_market_file(entry)
-    if cached is not None:
-        return cached
-    data = aggregate_lobster(*parse_lobster(paths[0], paths[1], levels=levels), step_events=step_events,
-                             step_seconds=step_seconds, name=f"LOBSTER {paths[0].stem}")
-    save_market(entry, data)
-    return data
+        _check_readable(path, field)
+    params = {"levels": levels, "step_events": step_events, "step_seconds": step_seconds,
+              "price_band": price_band, "tick_units": tick_units}
+
+    def build() -> MarketData:
+        parsed = parse_lobster(paths[0], paths[1], levels=levels, price_band=price_band, tick_size=tick_size)
+        return aggregate_lobster(*parsed, step_events=step_events, step_seconds=step_seconds,
+                                 name=f"LOBSTER {paths[0].stem}")
+
+    return cached_market(paths, params, cache_dir, build)
+
+
+def _check_readable(path: Path, field: str) -> None:
+    """Open ``path`` for reading, so that a permission problem names the file.
+
+    :param path: an existing file.
+    :param field: the parameter that named it, for the message.
+    :raises ValueError: when the file cannot be opened or read.
+    """
+    try:
+        with open(path, "rb") as handle:
+            handle.read(1)
+    except OSError as error:
+        raise ValueError(f"{field}={str(path)!r} cannot be read: {error.strerror or error}") from error
 
 
 def _check_step_params(
@@ -144,16 +202,115 @@ def _check_step_params(
     return int(step_events), None
 
 
-def _read_numeric(path: Path, label: str) -> np.ndarray:
-    """Read a header-less numeric CSV into a float64 array, naming the first bad cell on failure.
+def _is_real(value: object) -> bool:
+    """True for an int or float (numpy's included), False for bools and anything else."""
+    real = isinstance(value, int | float | np.integer | np.floating)
+    return real and not isinstance(value, bool | np.bool_)
+
+
+def _check_price_band(price_band: float | None) -> float | None:
+    """Validate ``price_band``.
+
+    :param price_band: a fraction of the mid, or None (no band check).
+    :return: the band as a float, or None.
+    :raises ValueError: unless it is None or a finite number > 0.
+    """
+    if price_band is None:
+        return None
+    if not _is_real(price_band) or not math.isfinite(price_band) or price_band <= 0:
+        raise ValueError(f"price_band={price_band!r} must be a finite number > 0 (a fraction of the mid) "
+                         "or None")
+    return float(price_band)
+
+
+def _check_tick_size(tick_size: float | None) -> int | None:
+    """Validate ``tick_size`` and convert it to LOBSTER price units.
+
+    :param tick_size: the tick in currency, or None (inferred from the prices).
+    :return: the tick in 1e-4 units, or None.
+    :raises ValueError: unless it is None or a positive multiple of 0.0001.
+    """
+    if tick_size is None:
+        return None
+    if not _is_real(tick_size) or not math.isfinite(tick_size) or tick_size <= 0:
+        raise ValueError(f"tick_size={tick_size!r} must be a finite number > 0 or None")
+    units = round(tick_size * PRICE_SCALE)
+    if units < 1 or abs(units - tick_size * PRICE_SCALE) > 1e-6 * max(units, 1):
+        raise ValueError(f"tick_size={tick_size!r} must be a multiple of 0.0001 (LOBSTER's price unit)")
+    return int(units)
+
+
+def _column_name(label: str, column: int) -> str:
+    """Name of a column of a message or orderbook file, e.g. ``price`` or ``ask_size_3``.
+
+    :param label: ``"message"`` or ``"orderbook"``.
+    :param column: 0-based column index.
+    :return: the field name.
+    """
+    if label == "orderbook":
+        return f"{BOOK_COLUMNS[column % 4]}_{column // 4 + 1}"
+    return MESSAGE_COLUMNS[column] if column < len(MESSAGE_COLUMNS) else f"column_{column + 1}"
+
+
+class _Source:
+    """One input file, able to quote any of its cells as written, for error messages.
 
     :param path: the CSV file.
-    :param label: ``"message"`` or ``"orderbook"``, for error messages.
-    :return: ``[N, C]`` float64.
-    :raises ValueError: on an empty file, ragged rows, non-numeric or missing cells.
+    :param label: ``"message"`` or ``"orderbook"``.
     """
+
+    def __init__(self, path: Path, label: str) -> None:
+        self.path = path
+        self.label = label
+
+    def text(self, row: int, column: int) -> str:
+        """The cell as written in the file (read again: only error paths call this).
+
+        :param row: 0-based row.
+        :param column: 0-based column.
+        :return: the cell's text, stripped of surrounding blanks.
+        """
+        with open(self.path, newline="") as handle:
+            line = next(itertools.islice(handle, row, None), "")
+        cells = line.rstrip("\r\n").split(",")
+        return cells[column].strip() if column < len(cells) else ""
+
+    def cell(self, row: int, column: int) -> str:
+        """``field=value`` of a cell, the value as written.
+
+        :param row: 0-based row.
+        :param column: 0-based column.
+        :return: e.g. ``price=9999999999``.
+        """
+        return f"{_column_name(self.label, column)}={self.text(row, column)}"
+
+    def error(self, row: int, column: int, rule: str) -> ValueError:
+        """A ValueError naming the file, the line, the field and the value as written.
+
+        :param row: 0-based row.
+        :param column: 0-based column.
+        :param rule: what is wrong, e.g. ``must be > 0``.
+        :return: the error (to raise).
+        """
+        return ValueError(f"{self.where(row)}: {self.cell(row, column)} {rule}")
+
+    def where(self, row: int) -> str:
+        """``<label> file <name> line <row + 1>``."""
+        return f"{self.label} file {self.path.name} line {row + 1}"
+
+
+def _read_numeric(source: _Source) -> np.ndarray:
+    """Read a header-less numeric CSV into a float64 array, naming the first bad cell on failure.
+
+    :param source: the file.
+    :return: ``[N, C]`` float64, every value finite.
+    :raises ValueError: on an unreadable or empty file, ragged rows, non-numeric, missing or infinite cells.
+    """
+    path, label = source.path, source.label
     try:
         frame = pd.read_csv(path, header=None, engine="c", dtype=np.float64)
+    except OSError as error:
+        raise ValueError(f"{label} file {str(path)!r} cannot be read: {error.strerror or error}") from error
     except pd.errors.EmptyDataError as error:
         raise ValueError(f"{label} file {path.name} is empty") from error
     except pd.errors.ParserError as error:
@@ -165,32 +322,37 @@ def _read_numeric(path: Path, label: str) -> np.ndarray:
         bad = numeric.isna().to_numpy() & (text.to_numpy() != "")
         row, column = np.argwhere(bad)[0]
         raise ValueError(
-            f"{label} file line {row + 1}, column {column + 1}: "
+            f"{source.where(row)}, column {column + 1} ({_column_name(label, column)}): "
             f"value={text.iat[row, column]!r} is not numeric"
         ) from None
     values = frame.to_numpy()
-    missing = np.isnan(values)
-    if missing.any():
-        row, column = np.argwhere(missing)[0]
-        raise ValueError(f"{label} file line {row + 1}, column {column + 1}: value is missing or NaN")
+    for bad, rule in ((np.isnan(values), "is missing or NaN"), (np.isinf(values), "is not finite")):
+        if bad.any():
+            row, column = np.argwhere(bad)[0]
+            raise ValueError(
+                f"{source.where(row)}, column {column + 1} ({_column_name(label, column)}): "
+                f"value={source.text(row, column)!r} {rule}"
+            )
     return values
 
 
-def _as_int(values: np.ndarray, label: str, names: list[str]) -> np.ndarray:
+def _as_int(values: np.ndarray, source: _Source, first_column: int = 0) -> np.ndarray:
     """Convert float64 columns that must hold integers to int64.
 
-    :param values: ``[N, C]`` float64.
-    :param label: file label for error messages.
-    :param names: a name per column.
+    :param values: ``[N, C]`` float64, finite.
+    :param source: the file, for error messages.
+    :param first_column: file column of ``values[:, 0]``.
     :return: ``[N, C]`` int64.
-    :raises ValueError: on a fractional value.
+    :raises ValueError: on a value beyond ``+-2**53`` or a fractional value, quoting it as written.
     """
+    too_large = np.abs(values) > MAX_EXACT_INTEGER
+    if too_large.any():
+        row, column = np.argwhere(too_large)[0]
+        raise source.error(row, column + first_column, "is out of range: integers must lie within +-2**53")
     fractional = values != np.round(values)
     if fractional.any():
         row, column = np.argwhere(fractional)[0]
-        raise ValueError(
-            f"{label} file line {row + 1}: {names[column]}={values[row, column]} must be an integer"
-        )
+        raise source.error(row, column + first_column, "must be an integer")
     return values.astype(np.int64)
 
 
@@ -199,27 +361,58 @@ def _first_line(mask: np.ndarray) -> int:
     return int(np.flatnonzero(mask)[0])
 
 
+def _first_book_cell(mask: np.ndarray) -> tuple[int, int] | None:
+    """First True cell of a ``[N, 4, L]`` book mask in file order, as ``(row, file column)``.
+
+    :param mask: ``[N, 4, L]`` bool, axis 1 in :data:`BOOK_COLUMNS` order.
+    :return: 0-based row and column of the first True cell, or None when there is none.
+    """
+    flat = mask.transpose(0, 2, 1).reshape(mask.shape[0], -1)
+    if not flat.any():
+        return None
+    row, column = np.argwhere(flat)[0]
+    return int(row), int(column)
+
+
+def _book_column(kind: int, level: np.ndarray | int) -> np.ndarray | int:
+    """File column of book field ``kind`` (index in :data:`BOOK_COLUMNS`) at 0-based ``level``."""
+    return level * 4 + kind
+
+
 def parse_lobster(
-    message_path: str | os.PathLike, orderbook_path: str | os.PathLike, *, levels: int | None = None
+    message_path: str | os.PathLike,
+    orderbook_path: str | os.PathLike,
+    *,
+    levels: int | None = None,
+    price_band: float | None = DEFAULT_PRICE_BAND,
+    tick_size: float | None = None,
 ) -> tuple[dict[str, np.ndarray], np.ndarray, int]:
-    """Read and validate a LOBSTER pair.
+    """Read and validate a LOBSTER pair (see the module docstring for the checks).
 
     :param message_path: the message file.
     :param orderbook_path: the orderbook file.
-    :param levels: levels to keep; None keeps all.
+    :param levels: levels to keep; None keeps all. All levels of the file are validated.
+    :param price_band: largest distance of a price from the mid around it, as a fraction of the mid;
+        None switches the check off.
+    :param tick_size: the tick in currency, checked against the visible prices; None infers it.
     :return: ``(messages, book, tick_units)``: messages as a dict of 1-D arrays (``time`` float64, the
         other columns int64), the book as ``[N, 4, L]`` int64 (ask price, ask size, bid price, bid size)
-        in 1e-4 units, and the detected tick size in 1e-4 units.
-    :raises ValueError: naming the field, the line and the value of the first problem found.
+        in 1e-4 units, and the tick size in 1e-4 units.
+    :raises ValueError: naming the file, the line, the field and the value (as written) of the first
+        problem found.
     """
-    message_path, orderbook_path = Path(message_path), Path(orderbook_path)
-    raw_messages = _read_numeric(message_path, "message")
+    price_band = _check_price_band(price_band)
+    given_tick = _check_tick_size(tick_size)
+    message_source = _Source(Path(message_path), "message")
+    book_source = _Source(Path(orderbook_path), "orderbook")
+    message_name, book_name = message_source.path.name, book_source.path.name
+    raw_messages = _read_numeric(message_source)
     if raw_messages.shape[1] != len(MESSAGE_COLUMNS):
-        raise ValueError(f"message file {message_path.name} has {raw_messages.shape[1]} columns, must be 6")
-    raw_book = _read_numeric(orderbook_path, "orderbook")
+        raise ValueError(f"message file {message_name} has {raw_messages.shape[1]} columns, must be 6")
+    raw_book = _read_numeric(book_source)
     if raw_book.shape[1] % 4 != 0:
         raise ValueError(
-            f"orderbook file {orderbook_path.name} has {raw_book.shape[1]} columns, must be a multiple of 4"
+            f"orderbook file {book_name} has {raw_book.shape[1]} columns, must be a multiple of 4"
         )
     if raw_book.shape[0] != raw_messages.shape[0]:
         raise ValueError(
@@ -228,115 +421,257 @@ def parse_lobster(
         )
     file_levels = raw_book.shape[1] // 4
     if levels is not None and levels > file_levels:
-        raise ValueError(f"levels={levels} exceeds the {file_levels} levels in {orderbook_path.name}")
+        raise ValueError(f"levels={levels} exceeds the {file_levels} levels in {book_name}")
     levels = file_levels if levels is None else levels
 
     messages = {"time": raw_messages[:, 0]}
-    integer_columns = _as_int(raw_messages[:, 1:], "message", list(MESSAGE_COLUMNS[1:]))
+    _validate_time(messages["time"], message_source)
+    integer_columns = _as_int(raw_messages[:, 1:], message_source, first_column=1)
     for index, name in enumerate(MESSAGE_COLUMNS[1:]):
         messages[name] = integer_columns[:, index]
-    _validate_messages(messages)
+    _validate_messages(messages, message_source)
 
-    names = [f"{kind}_{level + 1}" for level in range(file_levels)
-             for kind in ("ask_price", "ask_size", "bid_price", "bid_size")]
-    book = _as_int(raw_book, "orderbook", names).reshape(-1, file_levels, 4).transpose(0, 2, 1)
-    book = np.ascontiguousarray(book[:, :, :levels])
-    _validate_book(book)
-    tick_units = _detect_tick(book, messages)
-    return messages, book, tick_units
+    book = _as_int(raw_book, book_source).reshape(-1, file_levels, 4).transpose(0, 2, 1)
+    _validate_book(book, book_source)
+    if price_band is not None:
+        _check_price_band_of(book, messages, price_band, book_source, message_source)
+    tick_units = _check_tick(book, messages, given_tick, book_source, message_source)
+    return messages, np.ascontiguousarray(book[:, :, :levels]), tick_units
 
 
-def _validate_messages(messages: dict[str, np.ndarray]) -> None:
-    """Check time order, event types, directions, prices and sizes of the messages.
+def _validate_time(time: np.ndarray, source: _Source) -> None:
+    """Check that message times lie within the day and never go back.
 
-    :param messages: parsed message columns.
-    :raises ValueError: naming the field, the line and the value.
+    :param time: ``[N]`` float64 seconds after midnight, finite.
+    :param source: the message file.
+    :raises ValueError: naming the line and the time as written.
     """
-    time, kind, size = messages["time"], messages["type"], messages["size"]
-    price, direction = messages["price"], messages["direction"]
+    outside = (time < 0) | (time > SECONDS_PER_DAY)
+    if outside.any():
+        row = _first_line(outside)
+        raise source.error(row, 0, f"must lie within the day: 0 <= time <= {SECONDS_PER_DAY:.0f} "
+                                   "(seconds after midnight)")
     backwards = np.diff(time) < 0
     if backwards.any():
         row = _first_line(backwards) + 1
-        raise ValueError(
-            f"message file line {row + 1}: time={time[row]} is before the previous {time[row - 1]}"
-        )
+        raise source.error(row, 0, f"is before the previous {source.text(row - 1, 0)}")
+
+
+def _validate_messages(messages: dict[str, np.ndarray], source: _Source) -> None:
+    """Check event types, directions, prices (dummy included) and sizes of the messages.
+
+    :param messages: parsed message columns.
+    :param source: the message file.
+    :raises ValueError: naming the line, the field and the value as written.
+    """
+    kind, size = messages["type"], messages["size"]
+    price, direction = messages["price"], messages["direction"]
+    column = {name: index for index, name in enumerate(MESSAGE_COLUMNS)}
     unknown = ~np.isin(kind, KNOWN_EVENT_TYPES)
     if unknown.any():
-        row = _first_line(unknown)
-        raise ValueError(f"message file line {row + 1}: type={kind[row]} is not a known event type (1-7)")
+        raise source.error(_first_line(unknown), column["type"], "is not a known event type (1-7)")
     bad_direction = (direction != 1) & (direction != -1)
     if bad_direction.any():
-        row = _first_line(bad_direction)
-        raise ValueError(f"message file line {row + 1}: direction={direction[row]} must be -1 or +1")
+        raise source.error(_first_line(bad_direction), column["direction"], "must be -1 or +1")
+    for name, values in (("price", price), ("size", size)):
+        dummy = np.abs(values) == DUMMY_PRICE
+        if dummy.any():
+            raise source.error(_first_line(dummy), column[name],
+                               "is LOBSTER's dummy price, allowed only on empty levels of the orderbook file")
     is_halt = kind == 7
     bad_price = np.where(is_halt, ~np.isin(price, (-1, 0, 1)), price <= 0)
     if bad_price.any():
         row = _first_line(bad_price)
         rule = "must be -1, 0 or 1 for a halt message" if is_halt[row] else "must be > 0"
-        raise ValueError(f"message file line {row + 1}: price={price[row]} {rule}")
+        raise source.error(row, column["price"], rule)
     bad_size = np.where(is_halt, size < 0, size <= 0)
     if bad_size.any():
-        row = _first_line(bad_size)
-        raise ValueError(f"message file line {row + 1}: size={size[row]} must be > 0")
+        raise source.error(_first_line(bad_size), column["size"], "must be > 0")
 
 
-def _validate_book(book: np.ndarray) -> None:
+def _validate_book(book: np.ndarray, source: _Source) -> None:
     """Check the orderbook rows: dummy levels, positive prices and sizes, level order, no crossing.
 
-    :param book: ``[N, 4, L]`` int64 (ask price, ask size, bid price, bid size).
-    :raises ValueError: naming the field (1-based level), the line and the value.
+    :param book: ``[N, 4, L]`` int64 (ask price, ask size, bid price, bid size), all levels of the file.
+    :param source: the orderbook file.
+    :raises ValueError: naming the line, the field (1-based level) and the value as written.
     """
-    ask_price, ask_size, bid_price, bid_size = book[:, 0], book[:, 1], book[:, 2], book[:, 3]
-    for side, price, size, dummy in (("ask", ask_price, ask_size, DUMMY_PRICE),
-                                     ("bid", bid_price, bid_size, -DUMMY_PRICE)):
+    ask_price, bid_price = book[:, 0], book[:, 2]
+    other = {"ask": "bid", "bid": "ask"}
+    dummy_size = np.zeros(book.shape, dtype=bool)
+    dummy_size[:, (1, 3)] = np.abs(book[:, (1, 3)]) == DUMMY_PRICE
+    cell = _first_book_cell(dummy_size)
+    if cell is not None:
+        raise source.error(*cell, "is LOBSTER's dummy price, allowed only as the price of an empty level")
+    for kind, side, dummy in ((0, "ask", DUMMY_PRICE), (2, "bid", -DUMMY_PRICE)):
+        price, size = book[:, kind], book[:, kind + 1]
+        wrong_dummy = price == -dummy
+        if wrong_dummy.any():
+            row, level = np.argwhere(wrong_dummy)[0]
+            raise source.error(row, _book_column(kind, level),
+                               f"is the {other[side]} side's dummy price; an empty {side} level carries "
+                               f"{dummy}")
         empty = price == dummy
-        for name, bad, rule in (
-            (f"{side}_price", empty[:, :-1] & ~empty[:, 1:], "is empty but a deeper level is occupied"),
-            (f"{side}_price", ~empty & (price <= 0), "must be > 0"),
-            (f"{side}_size", empty & (size != 0), "must be 0 on an empty level"),
-            (f"{side}_size", ~empty & (size <= 0), "must be > 0 on an occupied level"),
+        for offset, bad, rule in (
+            (0, empty[:, :-1] & ~empty[:, 1:], "is empty but a deeper level is occupied"),
+            (0, ~empty & (price <= 0), "must be > 0"),
+            (1, empty & (size != 0), "must be 0 on an empty level"),
+            (1, ~empty & (size <= 0), "must be > 0 on an occupied level"),
         ):
             if bad.any():
                 row, level = np.argwhere(bad)[0]
-                value = (price if name.endswith("price") else size)[row, level]
-                raise ValueError(f"orderbook file line {row + 1}: {name}_{level + 1}={value} {rule}")
+                raise source.error(row, _book_column(kind + offset, level), rule)
         step = np.diff(price, axis=1) if side == "ask" else -np.diff(price, axis=1)
         unordered = ~empty[:, 1:] & (step <= 0)
         if unordered.any():
             row, level = np.argwhere(unordered)[0]
+            deeper = source.cell(row, _book_column(kind, level + 1))
             raise ValueError(
-                f"orderbook file line {row + 1}: {side}_price_{level + 2}={price[row, level + 1]} is not "
-                f"strictly {'above' if side == 'ask' else 'below'} "
-                f"{side}_price_{level + 1}={price[row, level]}"
+                f"{source.where(row)}: {deeper} is not strictly {'above' if side == 'ask' else 'below'} "
+                f"{source.cell(row, _book_column(kind, level))}"
             )
     both = (ask_price[:, 0] != DUMMY_PRICE) & (bid_price[:, 0] != -DUMMY_PRICE)
     crossed = both & (bid_price[:, 0] >= ask_price[:, 0])
     if crossed.any():
         row = _first_line(crossed)
         raise ValueError(
-            f"orderbook file line {row + 1}: crossed book, bid_price_1={bid_price[row, 0]} >= "
-            f"ask_price_1={ask_price[row, 0]}"
+            f"{source.where(row)}: crossed book, {source.cell(row, 2)} >= {source.cell(row, 0)}"
         )
 
 
-def _detect_tick(book: np.ndarray, messages: dict[str, np.ndarray]) -> int:
-    """Tick size in 1e-4 units: the gcd of all visible prices (book levels, messages of types 1-4).
+def _reference_mid(book: np.ndarray) -> np.ndarray:
+    """Mid of the book around each row: a centred rolling median of the rows' mids.
 
-    Hidden executions (type 5) and cross trades (type 6) may print between ticks, so they are left out.
+    A row's mid is ``(best ask + best bid) / 2``, or its one occupied best price; rows with no occupied
+    level take the nearest row's reference.
+
+    :param book: ``[N, 4, L]`` validated book.
+    :return: ``[N]`` float64 in 1e-4 units; NaN everywhere when no row has an occupied level.
+    """
+    best_ask, best_bid = book[:, 0, 0].astype(np.float64), book[:, 2, 0].astype(np.float64)
+    has_ask, has_bid = book[:, 0, 0] != DUMMY_PRICE, book[:, 2, 0] != -DUMMY_PRICE
+    mid = np.where(has_ask & has_bid, 0.5 * (best_ask + best_bid),
+                   np.where(has_ask, best_ask, np.where(has_bid, best_bid, np.nan)))
+    rolling = pd.Series(mid).rolling(MID_WINDOW_ROWS, center=True, min_periods=1).median()
+    return rolling.ffill().bfill().to_numpy()
+
+
+def _check_price_band_of(
+    book: np.ndarray,
+    messages: dict[str, np.ndarray],
+    price_band: float,
+    book_source: _Source,
+    message_source: _Source,
+) -> None:
+    """Check that every book and message price lies within ``price_band`` of the mid around it.
+
+    :param book: ``[N, 4, L]`` validated book.
+    :param messages: validated messages; type 7 (halt markers) carry no price and are skipped.
+    :param price_band: fraction of the mid.
+    :param book_source: the orderbook file.
+    :param message_source: the message file.
+    :raises ValueError: for the earliest line holding a price outside the band (the message on a tie).
+    """
+    reference = _reference_mid(book)
+    limit = price_band * reference
+    bad_book = np.zeros(book.shape, dtype=bool)
+    for kind, dummy in ((0, DUMMY_PRICE), (2, -DUMMY_PRICE)):
+        far = np.abs(book[:, kind] - reference[:, None]) > limit[:, None]
+        bad_book[:, kind] = (book[:, kind] != dummy) & far
+    price = messages["price"]
+    bad_message = (messages["type"] != 7) & (np.abs(price - reference) > limit)
+    book_cell = _first_book_cell(bad_book)
+    message_row = _first_line(bad_message) if bad_message.any() else None
+    if book_cell is None and message_row is None:
+        return
+    if message_row is not None and (book_cell is None or message_row <= book_cell[0]):
+        source, row, column = message_source, message_row, MESSAGE_COLUMNS.index("price")
+        value = price[row]
+    else:
+        source, (row, column) = book_source, book_cell
+        value = book[row, column % 4, column // 4]
+    distance = abs(value - reference[row]) / reference[row]
+    raise source.error(
+        row, column,
+        f"lies {100 * distance:.1f} % from the mid of the book around it ({reference[row]:.1f}); "
+        f"price_band={price_band:g} allows {100 * price_band:g} %",
+    )
+
+
+def _divisors(value: int) -> np.ndarray:
+    """All positive divisors of ``value`` (> 0), ascending.
+
+    :param value: a positive integer up to about 1e12.
+    :return: int64 divisors.
+    """
+    small = np.arange(1, math.isqrt(value) + 1, dtype=np.int64)
+    small = small[value % small == 0]
+    return np.unique(np.concatenate([small, value // small]))
+
+
+def infer_tick(prices: np.ndarray) -> tuple[int, float]:
+    """The largest tick on which at least :data:`TICK_MAJORITY` of ``prices`` sit.
+
+    Candidates are the divisors of the most frequent price, so a few off-tick prices cannot shrink the
+    tick (as a plain gcd would); the caller reports them.
+
+    :param prices: 1-D positive int64 visible prices (repeats count).
+    :return: ``(tick, share)``: the tick in the prices' units and the share of ``prices`` on it.
+    """
+    values, counts = np.unique(prices, return_counts=True)
+    total = float(counts.sum())
+    for tick in _divisors(int(values[np.argmax(counts)]))[::-1]:
+        share = float(counts[values % tick == 0].sum()) / total
+        if share >= TICK_MAJORITY:
+            return int(tick), share
+    return 1, 1.0  # never reached: every price is a multiple of 1
+
+
+def _check_tick(
+    book: np.ndarray,
+    messages: dict[str, np.ndarray],
+    given: int | None,
+    book_source: _Source,
+    message_source: _Source,
+) -> int:
+    """The tick in 1e-4 units (``given``, else inferred), checked against every visible price.
+
+    Visible prices are the occupied book levels and the prices of messages of types 1-4; hidden (5) and
+    cross (6) executions may print between ticks.
 
     :param book: ``[N, 4, L]`` validated book.
     :param messages: validated messages.
+    :param given: the tick the caller set, in 1e-4 units, or None to infer it.
+    :param book_source: the orderbook file.
+    :param message_source: the message file.
     :return: the tick in 1e-4 units.
-    :raises ValueError: when the file holds no visible price at all.
+    :raises ValueError: when there is no visible price, or for the earliest line with a price off the tick.
     """
-    prices = np.concatenate([
-        book[:, 0][book[:, 0] != DUMMY_PRICE],
-        book[:, 2][book[:, 2] != -DUMMY_PRICE],
-        messages["price"][np.isin(messages["type"], (1, 2, 3, 4))],
-    ])
-    if prices.size == 0:
-        raise ValueError("orderbook: no occupied level and no visible order price, cannot detect tick_size")
-    return int(np.gcd.reduce(np.unique(prices)))
+    occupied = np.zeros(book.shape, dtype=bool)
+    occupied[:, 0] = book[:, 0] != DUMMY_PRICE
+    occupied[:, 2] = book[:, 2] != -DUMMY_PRICE
+    visible = np.isin(messages["type"], VISIBLE_EVENT_TYPES)
+    price = messages["price"]
+    if given is None:
+        prices = np.concatenate([book[occupied], price[visible]])
+        if prices.size == 0:
+            raise ValueError(
+                "orderbook: no occupied level and no visible order price, cannot detect tick_size"
+            )
+        tick, share = infer_tick(prices)
+        rule = (f"is not a multiple of the tick {tick} on which {100 * share:.1f} % of the visible prices "
+                f"sit (tick_size={tick / PRICE_SCALE:g}); pass tick_size= if the tick really is finer")
+    else:
+        tick = given
+        rule = f"is not a multiple of tick_size={tick / PRICE_SCALE:g} ({tick} in the file's 1e-4 units)"
+    book_cell = _first_book_cell(occupied & (book % tick != 0))
+    off_message = visible & (price % tick != 0)
+    message_row = _first_line(off_message) if off_message.any() else None
+    if message_row is not None and (book_cell is None or message_row <= book_cell[0]):
+        raise message_source.error(message_row, MESSAGE_COLUMNS.index("price"), rule)
+    if book_cell is not None:
+        raise book_source.error(*book_cell, rule)
+    return tick
 
 
 def _fill_book(book: np.ndarray, tick_units: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import replace
 
 import pytest
 import torch
 
-from foxenv.data import FLOW_WIDTH, MarketData, load_market
+from foxenv.data import DEFAULT_PRICE_BAND, FLOW_WIDTH, MarketData, load_market
 
 
 def tiny_market(steps: int = 4, levels: int = 2) -> MarketData:
@@ -124,3 +125,11 @@ def test_load_market_on_cuda() -> None:
     market = load_market(num_steps=1000, device="cuda")
     assert market.device.type == "cuda" and market.flow_ref_tick.device.type == "cuda"
     market.validate()
+
+
+def test_load_market_takes_the_lobster_checks_as_keywords() -> None:
+    parameters = inspect.signature(load_market).parameters
+    for name, default in (("price_band", DEFAULT_PRICE_BAND), ("tick_size", None)):
+        assert parameters[name].kind is inspect.Parameter.KEYWORD_ONLY and parameters[name].default == default
+    with pytest.raises(ValueError, match="tick_size=0.01 applies to LOBSTER sources only"):
+        load_market(num_steps=100, tick_size=0.01)
