@@ -49,6 +49,7 @@ from foxenv.matching import (
     walk_book,
 )
 from foxenv.rewards import drawdown_hit, step_reward
+from foxenv.spec import ACTION_NVEC, BRANCH_NAMES, DIRECTIONS, LIMIT_MAKER, MAGNITUDES, check_actions
 
 #: Names of the per-book resting order state tensors (for ``state_dict``).
 _ORDER_FIELDS = ("order_side", "order_tick", "order_ahead", "order_remaining", "order_target")
@@ -171,9 +172,10 @@ class BatchedLOB:
         where out-of-range actions are undefined behaviour. Shape and dtype are always checked.
     """
 
-    ACTION_NVEC = (3, 3, 3, 3)
-    BRANCH_NAMES = ("direction", "magnitude", "order", "urgency")
-    MAGNITUDES = (0.25, 0.5, 1.0)
+    #: The action contract (:mod:`foxenv.spec`), kept here for callers that read it off the core.
+    ACTION_NVEC = ACTION_NVEC
+    BRANCH_NAMES = BRANCH_NAMES
+    MAGNITUDES = MAGNITUDES
 
     def __init__(
         self,
@@ -298,26 +300,26 @@ class BatchedLOB:
         # direction * 27 + magnitude * 9 + order * 3 + urgency: the target position; the slice of the need a
         # marketable order works (0 for LimitMaker); its limit offset beyond the opposite touch in ticks;
         # LimitMaker (1.0) or not; and the LimitMaker price improvement over the own touch in ticks,
-        # ``improve + aggressive * wide`` (behind, at, or one inside when the spread allows).
+        # ``improve + aggressive * wide`` (behind, at, or one inside when the spread allows). By order index
+        # (spec.ORDER_TYPES: market, limit_maker, ioc) * 3 + urgency index.
         slices = [*MARKET_SLICES, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
         limit_offsets = [NO_LIMIT] * 3 + [0.0] * 3 + [float(o) for o in IOC_OFFSETS]
         actions = [
             [
-                (direction - 1) * magnitude * self.config.max_position,
+                sign * magnitude * self.config.max_position,
                 slices[order * 3 + urgency],
                 limit_offsets[order * 3 + urgency],
-                float(order == 1),
+                float(order == LIMIT_MAKER),
                 float(min(urgency - 1, 0)),
                 float(urgency == 2),
             ]
-            for direction in range(3)
-            for magnitude in self.MAGNITUDES
+            for sign in DIRECTIONS
+            for magnitude in MAGNITUDES
             for order in range(3)
             for urgency in range(3)
         ]
         self._actions = torch.tensor(actions, dtype=torch.float64, device=self.device)
         self._action_code = torch.tensor([27, 9, 3, 1], dtype=torch.int64, device=self.device)
-        self._nvec = np.array(self.ACTION_NVEC)
         # Fee rates as Python floats, not tensors: a compiled step takes them as constants (a 0-dim tensor
         # would be one more graph input, and one more guard on its value).
         self._taker_rate = float(self.config.taker_fee_bps) * 1e-4
@@ -410,26 +412,16 @@ class BatchedLOB:
     # ------------------------------------------------------------------ step
 
     def _check_action(self, action: Any) -> torch.Tensor:
-        """Validate ``action`` and return it as ``[B, 4]`` int64 on the env's device."""
+        """Validate ``action`` (:func:`foxenv.spec.check_actions`; its range only with
+        ``validate_actions``) and return it as ``[B, 4]`` int64 on the env's device."""
         if isinstance(action, np.ndarray):
             action = torch.from_numpy(action)
         if not isinstance(action, torch.Tensor):
             raise ValueError(f"action of type {type(action).__name__} must be a torch.Tensor")
-        expected = (self.num_books, len(self.ACTION_NVEC))
-        if tuple(action.shape) != expected:
-            raise ValueError(f"action shape {tuple(action.shape)} must be {expected}")
-        if action.dtype.is_floating_point or action.dtype.is_complex or action.dtype == torch.bool:
-            raise ValueError(f"action dtype {action.dtype} must be an integer dtype")
+        expected = (self.num_books, len(ACTION_NVEC))
+        action = check_actions(action, expected, check_range=self.validate_actions)
         action = action.to(device=self.device, dtype=torch.int64)
         if self.validate_actions:
-            values = action.cpu().numpy()
-            bad = (values < 0) | (values >= self._nvec)
-            if bad.any():
-                book, branch = (int(v) for v in np.argwhere(bad)[0])
-                raise ValueError(
-                    f"action[{book}, {branch}]={int(values[book, branch])} out of range for branch "
-                    f"{self.BRANCH_NAMES[branch]!r} (0..{self.ACTION_NVEC[branch] - 1})"
-                )
             steps = self._counters[_COUNTER_ROWS.index("step")].cpu().numpy()
             if steps.max() >= self.config.episode_length:
                 book = int(np.argmax(steps))

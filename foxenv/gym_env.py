@@ -27,6 +27,7 @@ from gymnasium import spaces
 from foxenv.config import EnvConfig
 from foxenv.core import BatchedLOB
 from foxenv.data.market import MarketData
+from foxenv.spec import ACTION_NVEC, check_actions
 
 #: What ``data=`` may be: ``"synthetic"``, a LOBSTER folder, a ``(message, orderbook)`` file pair,
 #: or an already loaded :class:`MarketData`.
@@ -37,6 +38,9 @@ DataSource = str | PathLike | tuple[str | PathLike, str | PathLike] | MarketData
 MARKET_KWARGS = (
     "step_events", "step_seconds", "split", "train_fraction", "num_steps", "cache_dir", "market_seed"
 )
+
+#: The shape of one action.
+_ACTION_SHAPE = (len(ACTION_NVEC),)
 
 #: Steps of mid history kept for rendering.
 RENDER_HISTORY = 200
@@ -180,9 +184,9 @@ def action_space_of(core: BatchedLOB) -> spaces.MultiDiscrete:
     """The single-book action space of a core.
 
     :param core: the batched core.
-    :return: ``MultiDiscrete(core.ACTION_NVEC)``, int64.
+    :return: ``MultiDiscrete(spec.ACTION_NVEC)``, int64.
     """
-    return spaces.MultiDiscrete(np.array(core.ACTION_NVEC, dtype=np.int64))
+    return spaces.MultiDiscrete(np.array(ACTION_NVEC, dtype=np.int64))
 
 
 #: The result of one single-book step: observation, reward, terminated, truncated, info.
@@ -225,7 +229,7 @@ class PackedStep:
         if core.num_books != 1:
             raise ValueError(f"num_books={core.num_books}: a packed step is for one book")
         saved = core.state_dict()
-        info = core._advance(torch.ones(1, len(core.ACTION_NVEC), dtype=torch.int64, device=core.device))[4]
+        info = core._advance(torch.ones(1, len(ACTION_NVEC), dtype=torch.int64, device=core.device))[4]
         core.load_state_dict(saved)
         casts = tuple(
             (key, bool if value.dtype == torch.bool else int)
@@ -280,7 +284,7 @@ class PackedStep:
         saved = core.state_dict()
         static = torch._dynamo.config.patch(automatic_dynamic_shapes=False, assume_static_by_default=True)
         with static, torch._dynamo.error_on_graph_break(True):
-            compiled(torch.ones(1, len(core.ACTION_NVEC), dtype=torch.int64, device=core.device))
+            compiled(torch.ones(1, len(ACTION_NVEC), dtype=torch.int64, device=core.device))
         core.load_state_dict(saved)
         return dataclasses.replace(self, step=compiled)
 
@@ -302,11 +306,10 @@ class PackedStep:
 class LOBEnv(gymnasium.Env[np.ndarray, np.ndarray]):
     """One limit-order book as a Gymnasium environment (the batched core with ``B = 1`` on the CPU).
 
-    Action: ``MultiDiscrete([3, 3, 3, 3])`` = (direction, magnitude, order, urgency), see DESIGN.md.
-    Observation: ``Box(-inf, inf, (D,), float32)``, the first ``n_market_features`` entries are market
-    features, the rest portfolio features. Info after a step: the core's info as Python scalars
-    (``mid``, ``best_bid``, ``best_ask``, ``position``, ``trade_closed``, ``trade_pnl``, ``equity``,
-    ``fees``, ...). ``reset`` returns an empty info.
+    Action: ``MultiDiscrete(spec.ACTION_NVEC)`` = ``spec.BRANCH_NAMES`` (direction, magnitude, order,
+    urgency), see :mod:`foxenv.spec`. Observation: ``Box(-inf, inf, (D,), float32)``, the first
+    ``n_market_features`` entries are market features, the rest portfolio features. Info after a step:
+    ``spec.INFO_KEYS`` as Python scalars. ``reset`` returns an empty info.
 
     A step is bound by per-op overhead at one book: the eager core runs ~200 tiny tensor ops (about
     1e3 steps/s on one CPU core), the compiled one two fused kernels (about 1e4 steps/s). The env
@@ -363,8 +366,6 @@ class LOBEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         self.n_market_features: int = int(self.core.n_market_features)
         self.observation_space = observation_space_of(self.core)
         self.action_space = action_space_of(self.core)
-        self._nvec = self.action_space.nvec
-        self._nvec_list: list[int] = self._nvec.tolist()
         #: Steps taken in this episode (the core's step counter, kept on the host to check the end).
         self._episode_step = 0
         self._mids: deque[float] = deque(maxlen=RENDER_HISTORY)
@@ -387,23 +388,15 @@ class LOBEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         return obs.numpy()[0].copy(), {}
 
     def check_action(self, action: Any) -> np.ndarray:
-        """Check one action's shape, dtype and range.
+        """Check one action's shape, dtype and range (:func:`foxenv.spec.check_actions`).
 
         :param action: anything array-like of 4 integers, each in ``[0, nvec)``.
         :return: the action as a contiguous int64 array of shape ``(4,)``.
         :raises ValueError: naming the action, when its shape, dtype or a value is wrong.
         """
-        array = np.asarray(action)
-        if array.shape != self._nvec.shape or array.dtype.kind not in "iu":
-            raise ValueError(
-                f"action={action!r} must be {self._nvec.shape[0]} integers "
-                f"(got shape {array.shape}, dtype {array.dtype})"
-            )
-        for branch, (value, size) in enumerate(zip(array.tolist(), self._nvec_list, strict=True)):
-            if not 0 <= value < size:
-                name = BatchedLOB.BRANCH_NAMES[branch]
-                raise ValueError(f"action={action!r}: {name}={value} must lie in [0, {size})")
-        return np.ascontiguousarray(array, dtype=np.int64)
+        if isinstance(action, torch.Tensor):
+            action = action.numpy(force=True)
+        return check_actions(action, _ACTION_SHAPE)
 
     def step(self, action: Any) -> StepResult:
         """Advance the book by one step.

@@ -25,6 +25,7 @@ from gymnasium import spaces
 from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
 
+from foxenv import spec
 from foxenv.config import EnvConfig, is_whole
 from foxenv.data.market import MarketData
 
@@ -99,12 +100,12 @@ class LOBVecEnv(VecEnv):
         self.render_mode = None
         obs_dim = int(self.lob.observation_dim)
         observation_space = spaces.Box(-np.inf, np.inf, shape=(obs_dim,), dtype=np.float32)
-        action_space = spaces.MultiDiscrete(np.asarray(self.lob.ACTION_NVEC, dtype=np.int64))
+        action_space = spaces.MultiDiscrete(np.asarray(spec.ACTION_NVEC, dtype=np.int64))
         super().__init__(num_envs, observation_space, action_space)
         self.n_market_features = int(self.lob.n_market_features)
         self.reward_scale = float(self.config.reward_scale)
-        self.branch_names = tuple(self.lob.BRANCH_NAMES)
-        self.magnitudes = tuple(float(m) for m in self.lob.MAGNITUDES)
+        self.branch_names = spec.BRANCH_NAMES
+        self.magnitudes = tuple(float(m) for m in spec.MAGNITUDES)
         self.last_info_tensors: dict[str, torch.Tensor] = {}
         self._actions: torch.Tensor | None = None
         self._episode_return = np.zeros(num_envs, dtype=np.float64)
