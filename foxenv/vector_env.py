@@ -21,7 +21,8 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from foxenv.config import EnvConfig, is_whole
-from foxenv.gym_env import RENDER_HISTORY, DataSource, action_space_of, make_core, observation_space_of
+from foxenv.factory import DataSource, action_space_of, make_core, observation_space_of
+from foxenv.gym_env import RENDER_HISTORY
 from foxenv.spec import ACTION_NVEC, check_actions
 
 ArrayOrTensor = np.ndarray | torch.Tensor
@@ -94,7 +95,7 @@ class LOBVectorEnv(VectorEnv):
         first ``reset`` (:meth:`BatchedLOB.enable_cuda_graph`; CUDA only): one graph launch per step.
 
     :param kwargs: :class:`EnvConfig` fields and ``load_market`` options
-        (see :func:`foxenv.gym_env.make_core`).
+        (see :func:`foxenv.factory.make_core`).
     """
 
     metadata = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": ["rgb_array"]}

@@ -9,6 +9,9 @@ from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import VecEnv, VecFrameStack
 
+from foxenv.factory import make_core
+from foxenv.gym_env import LOBEnv
+from foxenv.vector_env import LOBVectorEnv
 from foxhunt.envs import LOBVecEnv, UnknownEnvMethodError
 from tests.foxenv.fake_market import random_market
 
@@ -234,3 +237,24 @@ def test_cuda_env_matches_cpu_env_shapes_and_infos(market):
         obs, reward, done, infos = cuda_env.step(np.tile(FLAT, (3, 1)))
     assert done.all() and all(i["episode"]["l"] == 6 for i in infos)
     assert cuda_env.last_info_tensors["mid"].is_cuda
+
+
+def test_every_face_builds_through_make_core(monkeypatch):
+    calls = []
+    real = make_core
+
+    def spy(*args, **kwargs):
+        calls.append((args, kwargs))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr("foxenv.gym_env.make_core", spy)
+    monkeypatch.setattr("foxenv.vector_env.make_core", spy)
+    monkeypatch.setattr("foxhunt.envs.make_core", spy)
+    settings = {"num_steps": 300, "levels": 4, "episode_length": 20, "market_seed": 5}
+    single = LOBEnv(seed=1, **settings)
+    vector = LOBVectorEnv(2, seed=1, **settings)
+    sb3 = LOBVecEnv(2, seed=1, **settings)
+    assert len(calls) == 3
+    assert single.core.config == vector.core.config == sb3.lob.config
+    assert torch.equal(single.core.market.bid_price, sb3.lob.market.bid_price)
+    assert torch.equal(vector.core.market.ask_size, sb3.lob.market.ask_size)
