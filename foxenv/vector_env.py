@@ -169,13 +169,14 @@ class LOBVectorEnv(VectorEnv):
         return (obs if self.return_tensors else obs.cpu().numpy().copy()), {}
 
     def check_actions(self, actions: ArrayOrTensor) -> torch.Tensor:
-        """Check the dtype and shape of a batch of actions (:func:`foxenv.spec.check_actions`; the core
-        checks their range when ``check_action_range``) and move it to the core's device.
+        """Check a batch of actions (:func:`foxenv.spec.check_actions`: dtype and shape always, range when
+        ``check_action_range``) and move it to the core's device.
 
         :param actions: ``[N, 4]`` integers, numpy or torch.
         :return: an int64 tensor on the core's device.
         """
-        checked = check_actions(actions, (self.num_envs, len(ACTION_NVEC)), name="actions", check_range=False)
+        expected = (self.num_envs, len(ACTION_NVEC))
+        checked = check_actions(actions, expected, name="actions", check_range=self.check_action_range)
         tensor = checked if isinstance(checked, torch.Tensor) else torch.from_numpy(checked)
         return tensor.to(self.device, torch.int64)
 

@@ -6,7 +6,9 @@ autoreset of finished books (``BatchedLOB.step_autoreset``) with ``terminal_obse
 nor ``Monitor`` is needed (``env_is_wrapped(Monitor)`` answers True, which makes ``evaluate_policy``
 read the ``episode`` info). Infos are one dict per env of Python scalars with the env info contract keys.
 The batched info tensors of the last step are also kept in :attr:`LOBVecEnv.last_info_tensors` (device
-tensors plus ``TimeLimit.truncated``), the form the replay buffer's tensor path takes.
+tensors plus ``TimeLimit.truncated``), the form the replay buffer's tensor path takes. Actions follow
+:func:`foxenv.spec.check_actions`, the rules of every foxenv face. SB3's ``VecNormalize`` wraps it like any
+``VecEnv`` (``last_info_tensors`` stays unnormalised).
 """
 
 from __future__ import annotations
