@@ -35,16 +35,22 @@ _compiled_step_codes: dict[tuple[Any, ...], types.CodeType] = {}
 
 def compiled_step_key(core: BatchedLOB) -> tuple[Any, ...]:
     """Everything of a core that its compiled packed step can bake into the graph, so two cores with the
-    same key can run one graph: the config, every Python scalar the core holds (tick size, levels, fee
-    rates, ...), and the shape, strides, dtype and device of every tensor it holds (with the value of a
-    0-dim one, on which ``torch.compile`` may specialise). Tensor values are graph inputs, read on every
-    call, so cores on different markets of one shape share a graph.
+    same key can run one graph: the config, every Python scalar the core and its tables hold (tick size,
+    levels, fee rates, ...), and the shape, strides, dtype and device of every tensor they hold (with the
+    value of a 0-dim one, on which ``torch.compile`` may specialise). Tensor values are graph inputs,
+    read on every call, so cores on different markets of one shape share a graph.
 
     :param core: the core.
     :return: a hashable key.
     """
     key: list[Any] = [type(core), core.config]
-    for name, value in sorted(vars(core).items()):
+    # the core's own attributes and those of the tables it holds (a dataclass of tensors and scalars)
+    named = sorted(vars(core).items())
+    for owner, value in list(named):
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            fields = dataclasses.fields(value)
+            named += [(f"{owner}.{field.name}", getattr(value, field.name)) for field in fields]
+    for name, value in named:
         for item in value if isinstance(value, tuple) else (value,):
             if isinstance(item, torch.Tensor):
                 scalar = item.item() if item.dim() == 0 else None

@@ -35,7 +35,7 @@ def test_target_position_follows_direction_and_magnitude():
     for direction, sign in enumerate(spec.DIRECTIONS):
         for magnitude, size in enumerate(spec.MAGNITUDES):
             code = direction * 27 + magnitude * 9
-            assert core._actions[code, 0].item() == sign * size * config.max_position
+            assert core._tables.actions[code, 0].item() == sign * size * config.max_position
 
 
 def spec_config():
