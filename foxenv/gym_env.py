@@ -62,8 +62,8 @@ class LOBEnv(gymnasium.Env[np.ndarray, np.ndarray]):
     ``n_market_features`` entries are market features, the rest portfolio features. Info after a step:
     ``spec.INFO_KEYS`` as Python scalars. ``reset`` returns an empty info.
 
-    A step is bound by per-op overhead at one book: the eager core runs ~200 tiny tensor ops (about
-    1e3 steps/s on one CPU core), the compiled one two fused kernels (about 1e4 steps/s). The env
+    A step is bound by per-op overhead at one book: the eager core runs ~200 tiny tensor ops, the
+    compiled one a few fused kernels (rates in ``benchmarks/RESULTS.md``). The env
     checks the action on numpy and the episode end on a Python counter, so the core skips its own checks
     (which would copy the action and the step counter out of tensors every step). ``env.compiled`` says
     whether the step is compiled.
@@ -76,11 +76,10 @@ class LOBEnv(gymnasium.Env[np.ndarray, np.ndarray]):
     :param compile: step through ``torch.compile`` (opt-in): the core's step, the function
         :meth:`BatchedLOB.enable_compile` compiles, fused with the packing of all its outputs into one
         vector (:class:`PackedStep`); ``env.core.step`` itself stays eager. Needs a C++ compiler. The
-        env compiles while it is built: about 25 s with a cold inductor cache and 3 s with a warm one
-        (measured on a busy 2-core x86 machine); a further env in the process with the same config and
-        market shape reuses the compiled step (0.04 s), one that differs traces its own (about 0.5 s
-        when the cache holds its kernels, see :meth:`PackedStep.compile`). Steps are about 10x faster
-        than eager. Floats may differ from the eager step in the last bits (a fused
+        env compiles while it is built (seconds; less with a warm inductor cache); a further env in the
+        process with the same config and market shape reuses the compiled step, one that differs traces
+        its own (see :meth:`PackedStep.compile`). Steps are several times faster than eager
+        (``benchmarks/RESULTS.md``). Floats may differ from the eager step in the last bits (a fused
         multiply-add). Off by default: a single-book env is often built for a short run, an env check or
         a test, where the compile would cost more than it saves.
     :param kwargs: :class:`EnvConfig` fields and ``load_market`` options, see :func:`make_core`.

@@ -70,11 +70,10 @@ class PackedStep:
 
     At one book a compiled step's cost is mostly per tensor crossing the compiled boundary, not
     arithmetic; packing the observation, reward, flags and the ~18 info scalars into one vector inside the
-    compiled function, then unpacking it on the host with one ``tolist()``, made ``env.step`` 10-26%
-    faster than ``BatchedLOB.enable_compile`` plus one ``item()`` per info key (medians and best blocks
-    of interleaved runs on a busy 2-core CPU). Every value is exact in float64 (float32 observations and
-    reward, 0/1 flags, integer step counts below 2**53), so unpacking gives back the core's values bit
-    for bit. The step is ``BatchedLOB._advance``, the step on a validated action that
+    compiled function, then unpacking it on the host with one ``tolist()``, costs less than one
+    ``item()`` per output (``benchmarks/RESULTS.md``). Every value is exact in float64 (float32
+    observations and reward, 0/1 flags, integer step counts below 2**53), so unpacking gives back the
+    core's values bit for bit. The step is ``BatchedLOB._advance``, the step on a validated action that
     ``BatchedLOB.enable_compile`` compiles.
 
     :param step: ``step(action [1, 4] int64) -> [D + 3 + len(info_keys)] float64``: obs, reward,
@@ -121,7 +120,7 @@ class PackedStep:
 
         ``torch.compile`` keeps its compiled graphs per code object and checks ~50 guards on every call
         before it picks one (the core's tensors' shapes, dtypes and strides, its config's values, the
-        globals the step reads). At one book those checks cost about as much as the fused kernels. Here
+        globals the step reads). At one book those checks cost as much as the fused kernels. Here
         they can never fail: the step is a closure over ONE core, whose tables and config do not change
         after it is built (``EnvConfig`` is frozen), whose state keeps its shapes and dtypes (``reset``,
         the step and ``load_state_dict``, which checks them, all keep them), and whose action is always
@@ -129,15 +128,14 @@ class PackedStep:
         size and stride on each call. What makes this safe is the code object per key: with one for all,
         every env's packed step would share one cache, and a second env with another config, fee or
         market shape would run the first env's graph unchecked. With it, envs that differ in anything
-        the graph is specialised on trace graphs of their own (about 0.5 s when the inductor cache already
-        holds the kernels), and no cache entries accumulate on one code object, so no env hits
-        ``torch.compile``'s recompile limit. Envs with the same key share the graph: it reads the core of
-        the calling env's closure, like any function that reads its arguments.
+        the graph is specialised on trace graphs of their own, and no cache entries accumulate on one
+        code object, so no env hits ``torch.compile``'s recompile limit. Envs with the same key share the
+        graph: it reads the core of the calling env's closure, like any function that reads its arguments.
 
         With no guards the compiled code is never traced again, so what ``dynamic=False`` and
         ``fullgraph=True`` ask for is set once, around the compiling call (static shapes; a graph break
         is an error): passed to ``torch.compile`` they would patch dynamo's config and check the graph
-        count on every call, which cost about 15 us per step here.
+        count on every call, a cost paid on every step.
 
         :param core: the core :meth:`of` made this packed step for; the compiling call steps it once and
             restores its state.
