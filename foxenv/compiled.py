@@ -37,23 +37,29 @@ class AcceleratedStep:
         self._graph_action = torch.empty(0)
         self._graph_offsets = torch.empty(0)
 
-    # the core's side of the contract
+    # what the core provides
     def _advance(self, action: torch.Tensor) -> StepOutputs:
+        """The step on a validated action (no host sync). Provided by the core."""
         raise NotImplementedError
 
     def _advance_autoreset(self, action: torch.Tensor, offsets: torch.Tensor) -> AutoresetResult:
+        """The step with the reset of finished books to ``offsets`` fused in. Provided by the core."""
         raise NotImplementedError
 
     def _state_tensors(self) -> dict[str, torch.Tensor]:
+        """The packed per-book state tensors. Provided by the core."""
         raise NotImplementedError
 
     def _set_state_tensors(self, state: dict[str, torch.Tensor]) -> None:
+        """Point the packed per-book state at ``state``'s tensors. Provided by the core."""
         raise NotImplementedError
 
     def state_dict(self) -> dict[str, Any]:
+        """A copy of the state. Provided by the core."""
         raise NotImplementedError
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict`. Provided by the core."""
         raise NotImplementedError
 
     def _run_step(
