@@ -4,7 +4,9 @@
 - :class:`LOBEnv` is one book as a ``gymnasium.Env`` (``gymnasium.make("foxenv/LOB-v0")``).
 - :class:`LOBVectorEnv` / :func:`make_vec` is a ``gymnasium.vector.VectorEnv`` over the core
   (``gymnasium.make_vec("foxenv/LOB-v0", num_envs=N)``), optionally with torch tensors in and out.
+- :func:`make_core` builds the core from a data source and settings: every face builds through it.
 - :func:`load_market` reads LOBSTER files or generates a synthetic market (:class:`MarketData`).
+- :mod:`foxenv.spec` is the action and info contract (branch names, nvec, magnitudes, info keys).
 - :mod:`foxenv.metrics` scores runs (Sharpe, drawdown, turnover, hit rate, action mix).
 
 Attributes are imported lazily, so ``import foxenv`` only registers the Gymnasium id.
@@ -18,11 +20,12 @@ from typing import TYPE_CHECKING, Any
 import gymnasium
 
 if TYPE_CHECKING:
-    from foxenv import metrics
+    from foxenv import metrics, spec
     from foxenv.config import EnvConfig
     from foxenv.core import BatchedLOB
     from foxenv.data import load_market
     from foxenv.data.market import MarketData
+    from foxenv.factory import make_core
     from foxenv.gym_env import LOBEnv
     from foxenv.vector_env import LOBVectorEnv, make_vec
 
@@ -36,8 +39,10 @@ __all__ = [
     "LOBVectorEnv",
     "MarketData",
     "load_market",
+    "make_core",
     "make_vec",
     "metrics",
+    "spec",
 ]
 
 #: Where each lazily imported public name lives.
@@ -46,6 +51,7 @@ _LAZY = {
     "BatchedLOB": "foxenv.core",
     "LOBEnv": "foxenv.gym_env",
     "LOBVectorEnv": "foxenv.vector_env",
+    "make_core": "foxenv.factory",
     "make_vec": "foxenv.vector_env",
     "load_market": "foxenv.data",
     "MarketData": "foxenv.data.market",
@@ -58,8 +64,8 @@ def __getattr__(name: str) -> Any:
     :param name: the attribute asked for.
     :return: the class, function or module.
     """
-    if name == "metrics":
-        return importlib.import_module("foxenv.metrics")
+    if name in ("metrics", "spec"):
+        return importlib.import_module(f"foxenv.{name}")
     if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value

@@ -24,141 +24,32 @@ at the mid of snapshot ``i`` (``entry_mid``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
 import torch
 
-from foxenv.accounting import Ledger
+from foxenv.compiled import AcceleratedStep
 from foxenv.config import EnvConfig
-from foxenv.data.market import FLOW_WIDTH, MarketData
-from foxenv.features import (
-    PORTFOLIO_FEATURES,
-    market_feature_dim,
-    market_features,
-    portfolio_affine,
-    portfolio_features,
-)
-from foxenv.matching import (
-    IOC_OFFSETS,
-    MARKET_SLICES,
-    NO_LIMIT,
-    meet_flow,
-    walk_book,
-)
+from foxenv.data.market import MarketData
+from foxenv.features import PORTFOLIO_FEATURES, market_feature_dim, portfolio_features
+from foxenv.matching import meet_flow, walk_book
 from foxenv.rewards import drawdown_hit, step_reward
+from foxenv.spec import ACTION_NVEC, BRANCH_NAMES, MAGNITUDES, check_actions
+from foxenv.state import BOOK_ROWS, COUNTER_ROWS, BookState
+from foxenv.tables import MarketTables
 
-#: Names of the per-book resting order state tensors (for ``state_dict``).
-_ORDER_FIELDS = ("order_side", "order_tick", "order_ahead", "order_remaining", "order_target")
-#: The float64 ledger fields, in :class:`~foxenv.accounting.Ledger`'s order (its last field,
-#: ``trade_start``, is an int64 counter).
-_LEDGER_FLOATS = ("cash", "position", "avg_price", "realized", "trade_realized", "trade_fees", "entry_mid")
-#: Rows of the float64 state matrix ``BatchedLOB._books`` (``[len, B]``), by their ``state_dict`` names.
-_BOOK_ROWS = ("equity", "peak_equity", *_ORDER_FIELDS, *(f"ledger.{name}" for name in _LEDGER_FLOATS))
-#: Rows of the int64 state matrix ``BatchedLOB._counters`` (``[len, B]``), by their ``state_dict`` names.
-_COUNTER_ROWS = ("offset", "step", "ledger.trade_start")
-assert tuple(field.name for field in fields(Ledger)) == (*_LEDGER_FLOATS, "trade_start")
 #: The smallest positive double (subnormal): ``x.clamp_min(_SMALLEST_DOUBLE)`` is ``x`` for every ``x > 0``.
 _SMALLEST_DOUBLE = 5e-324
+#: What :meth:`BatchedLOB.step` returns: obs, reward, terminated, truncated, info.
+StepOutputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]
 #: What :meth:`BatchedLOB.step_autoreset` returns: obs, reward, terminated, truncated, info, final_obs.
 AutoresetResult = tuple[
     torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor], torch.Tensor
 ]
-#: Columns of the per-market-step row table ``BatchedLOB._rows`` (see ``_precompute``).
-_ROW_COLUMNS = (
-    "mid",
-    "bid_tick",
-    "ask_tick",
-    "wide",
-    "next_trading",
-    "next_mid",
-    "next_best_bid",
-    "next_best_ask",
-    "next_column_zero",
-    "next_flow_bid",
-    "next_flow_ask",
-)
 
 
-@dataclass
-class BookState:
-    """The per-book state of every book, one ``[B]`` tensor per field: what a step reads and writes.
-
-    The core keeps it packed in two matrices, ``[len(_BOOK_ROWS), B]`` float64 and
-    ``[len(_COUNTER_ROWS), B]`` int64 (:meth:`unpack` and :meth:`pack`), so a compiled step has two state
-    inputs and two state outputs instead of one per field: at one book a compiled call's cost grows with
-    the number of tensors crossing it (guards, wrappers, buffer allocations), not with the arithmetic.
-    A row of a matrix is a contiguous ``[B]`` tensor, so the step reads each field as before.
-
-    :param offset: ``[B]`` int64 market row of each book's episode start.
-    :param step: ``[B]`` int64 steps taken in the episode.
-    :param equity: ``[B]`` equity after the last step.
-    :param peak_equity: ``[B]`` highest equity of the episode.
-    :param order_side: ``[B]`` +1 a resting buy, -1 a resting sell, 0 no resting order.
-    :param order_tick: ``[B]`` its limit price in ticks.
-    :param order_ahead: ``[B]`` shares queued ahead of it.
-    :param order_remaining: ``[B]`` its unfilled shares.
-    :param order_target: ``[B]`` the target position it works towards.
-    :param ledger: cash, position and trade bookkeeping.
-    """
-
-    offset: torch.Tensor
-    step: torch.Tensor
-    equity: torch.Tensor
-    peak_equity: torch.Tensor
-    order_side: torch.Tensor
-    order_tick: torch.Tensor
-    order_ahead: torch.Tensor
-    order_remaining: torch.Tensor
-    order_target: torch.Tensor
-    ledger: Ledger
-
-    @classmethod
-    def unpack(cls, books: torch.Tensor, counters: torch.Tensor) -> BookState:
-        """The state held in the packed matrices (views of their rows, no copies).
-
-        :param books: ``[len(_BOOK_ROWS), B]`` float64.
-        :param counters: ``[len(_COUNTER_ROWS), B]`` int64.
-        :return: the state.
-        """
-        equity, peak_equity, side, tick, ahead, remaining, target, *ledger_floats = books.unbind(0)
-        offset, step, trade_start = counters.unbind(0)
-        return cls(
-            offset, step, equity, peak_equity, side, tick, ahead, remaining, target,
-            Ledger(*ledger_floats, trade_start=trade_start),
-        )
-
-    def pack(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The state as the two matrices :meth:`unpack` reads (new tensors).
-
-        :return: ``[len(_BOOK_ROWS), B]`` float64 and ``[len(_COUNTER_ROWS), B]`` int64.
-        """
-        ledger = self.ledger
-        books = torch.stack(
-            [
-                self.equity,
-                self.peak_equity,
-                self.order_side,
-                self.order_tick,
-                self.order_ahead,
-                self.order_remaining,
-                self.order_target,
-                ledger.cash,
-                ledger.position,
-                ledger.avg_price,
-                ledger.realized,
-                ledger.trade_realized,
-                ledger.trade_fees,
-                ledger.entry_mid,
-            ]
-        )
-        counters = torch.stack([self.offset, self.step, ledger.trade_start])
-        return books, counters
-
-
-class BatchedLOB:
+class BatchedLOB(AcceleratedStep):
     """``num_books`` trading books on one market timeline, stepped together on one device.
 
     :param market: the timeline every book replays (moved to ``device``).
@@ -171,9 +62,10 @@ class BatchedLOB:
         where out-of-range actions are undefined behaviour. Shape and dtype are always checked.
     """
 
-    ACTION_NVEC = (3, 3, 3, 3)
-    BRANCH_NAMES = ("direction", "magnitude", "order", "urgency")
-    MAGNITUDES = (0.25, 0.5, 1.0)
+    #: The action contract (:mod:`foxenv.spec`), kept here for callers that read it off the core.
+    ACTION_NVEC = ACTION_NVEC
+    BRANCH_NAMES = BRANCH_NAMES
+    MAGNITUDES = MAGNITUDES
 
     def __init__(
         self,
@@ -202,145 +94,21 @@ class BatchedLOB:
         self.validate_actions = self.device.type == "cpu" if validate_actions is None else validate_actions
         self.n_market_features = market_feature_dim(config)
         self.observation_dim = self.n_market_features + len(PORTFOLIO_FEATURES)
-        self._precompute(self.market)
+        #: The per-market tables a step gathers from (:class:`~foxenv.tables.MarketTables`).
+        self._tables = MarketTables.build(self.market, config, self.device)
 
         self._generator = torch.Generator(device=self.device)
         if seed is None:
             self._generator.seed()
         else:
             self._generator.manual_seed(int(seed))
-        #: The per-book state, packed (:class:`BookState`): float64 rows ``_BOOK_ROWS``, int64 rows
-        #: ``_COUNTER_ROWS``. A step replaces both with new tensors (earlier outputs stay unchanged).
+        #: The per-book state, packed (:class:`BookState`): float64 rows ``BOOK_ROWS``, int64 rows
+        #: ``COUNTER_ROWS``. A step replaces both with new tensors (earlier outputs stay unchanged).
         books = self.num_books
-        self._books = torch.zeros(len(_BOOK_ROWS), books, dtype=torch.float64, device=self.device)
-        self._counters = torch.zeros(len(_COUNTER_ROWS), books, dtype=torch.int64, device=self.device)
-        self._graph: torch.cuda.CUDAGraph | None = None  # the captured step (enable_cuda_graph)
-        self._autoreset_graph: torch.cuda.CUDAGraph | None = None  # the captured step with autoreset
-        self._compiled_advance: Any = None  # set by enable_compile, as is the one below
-        self._compiled_advance_autoreset: Any = None
-        self._graph_state: dict[str, torch.Tensor] = {}
-        self._graph_outputs: _PackedOutputs | None = None
-        self._autoreset_outputs: _PackedOutputs | None = None
-        self._graph_action = torch.empty(0)
-        self._graph_offsets = torch.empty(0)
+        self._books = torch.zeros(len(BOOK_ROWS), books, dtype=torch.float64, device=self.device)
+        self._counters = torch.zeros(len(COUNTER_ROWS), books, dtype=torch.int64, device=self.device)
+        self._init_acceleration()
         self.reset()
-
-    # ------------------------------------------------------------------ setup
-
-    def _precompute(self, market: MarketData) -> None:
-        """Tables of everything that does not depend on the agent, so a step gathers rows instead of
-        recomputing: one row-table gather, one book-side gather per side, one flow gather, one feature
-        gather, and one action-table gather per step."""
-        tick = market.tick_size
-        width = FLOW_WIDTH
-        levels = market.num_levels
-        num_steps = market.num_steps
-        self._tick = float(tick)
-        self._num_steps = num_steps
-        self._levels = levels
-        self._flow_width = width
-        # Book sides, [2T, 2L] float64: row 2 i = bid ticks then bid sizes of snapshot i, row 2 i + 1 = the
-        # asks (ticks are exact integers in float64). A step gathers the side it needs by 2 * row + is_ask.
-        bid_ticks = torch.round(market.bid_price.double() / tick)
-        ask_ticks = torch.round(market.ask_price.double() / tick)
-        sides = torch.stack(
-            [
-                torch.cat([bid_ticks, market.bid_size.double()], dim=1),
-                torch.cat([ask_ticks, market.ask_size.double()], dim=1),
-            ],
-            dim=1,
-        )
-        self._sides = sides.reshape(2 * num_steps, 2 * levels).contiguous()
-        # Per-step scalars, [T, len(_ROW_COLUMNS)] float64, one row per book gathered by its row ``i``: what
-        # the step needs of snapshot i and of the next one, ``i + 1`` (clamped to the last row).
-        following = torch.arange(num_steps, device=self.device).add(1).clamp_max(num_steps - 1)
-        best_bid = market.bid_price[:, 0].double()
-        best_ask = market.ask_price[:, 0].double()
-        mid = (best_bid + best_ask) / 2
-        column_zero = market.flow_ref_tick.double() - width // 2  # price in ticks of flow grid column 0
-        flow_base = following.double() * (2 * width)  # the next row's first row in the flat flow table
-        columns = {
-            "mid": mid,
-            "bid_tick": bid_ticks[:, 0],
-            "ask_tick": ask_ticks[:, 0],
-            "wide": (ask_ticks[:, 0] - bid_ticks[:, 0] >= 2).double(),  # an aggressive maker can step in
-            "next_trading": (~market.halted).double()[following],  # 1, or 0 when the next step is halted
-            "next_mid": mid[following],
-            "next_best_bid": best_bid[following],
-            "next_best_ask": best_ask[following],
-            "next_column_zero": column_zero[following],
-            "next_flow_bid": flow_base,  # flow rows of the bid grid (met by resting buys)
-            "next_flow_ask": flow_base + width,  # and of the ask grid (resting sells)
-        }
-        assert tuple(columns) == _ROW_COLUMNS
-        self._rows = torch.stack(list(columns.values()), dim=1).contiguous()
-        # Flow at a price, [T, 2 sides, W columns, 3] float32 (share counts): executed, cancelled, traded
-        # through. Side 0 = bid grids (met by resting buys), 1 = ask grids (resting sells). Traded through a
-        # buy at column j: executions below it, sum(exec_bid[:j]); a sell: above it, sum(exec_ask[j+1:]).
-        exec_bid, exec_ask = market.exec_bid.double(), market.exec_ask.double()
-        no_volume = torch.zeros_like(exec_bid[:, :1])
-        below = torch.cat([no_volume, torch.cumsum(exec_bid, dim=1)[:, :-1]], dim=1)
-        above = torch.cat(
-            [torch.flip(torch.cumsum(torch.flip(exec_ask, [1]), dim=1), [1])[:, 1:], no_volume], dim=1
-        )
-        flow = torch.stack(
-            [
-                torch.stack([exec_bid, market.cancel_bid.double(), below], dim=2),
-                torch.stack([exec_ask, market.cancel_ask.double(), above], dim=2),
-            ],
-            dim=1,
-        )
-        self._flow = flow.reshape(-1, 3).to(torch.float32).contiguous()
-        # Market features of snapshot i (for reset) and of snapshot i + 1 (what a step from row i shows).
-        self._features = market_features(market, self.config)
-        self._next_features = self._features[following].contiguous()
-        # The action table, [81, len(_ACTION_COLUMNS)] float64, by action code
-        # direction * 27 + magnitude * 9 + order * 3 + urgency: the target position; the slice of the need a
-        # marketable order works (0 for LimitMaker); its limit offset beyond the opposite touch in ticks;
-        # LimitMaker (1.0) or not; and the LimitMaker price improvement over the own touch in ticks,
-        # ``improve + aggressive * wide`` (behind, at, or one inside when the spread allows).
-        slices = [*MARKET_SLICES, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
-        limit_offsets = [NO_LIMIT] * 3 + [0.0] * 3 + [float(o) for o in IOC_OFFSETS]
-        actions = [
-            [
-                (direction - 1) * magnitude * self.config.max_position,
-                slices[order * 3 + urgency],
-                limit_offsets[order * 3 + urgency],
-                float(order == 1),
-                float(min(urgency - 1, 0)),
-                float(urgency == 2),
-            ]
-            for direction in range(3)
-            for magnitude in self.MAGNITUDES
-            for order in range(3)
-            for urgency in range(3)
-        ]
-        self._actions = torch.tensor(actions, dtype=torch.float64, device=self.device)
-        self._action_code = torch.tensor([27, 9, 3, 1], dtype=torch.int64, device=self.device)
-        self._nvec = np.array(self.ACTION_NVEC)
-        # Fee rates as Python floats, not tensors: a compiled step takes them as constants (a 0-dim tensor
-        # would be one more graph input, and one more guard on its value).
-        self._taker_rate = float(self.config.taker_fee_bps) * 1e-4
-        self._maker_rate = float(self.config.maker_fee_bps) * 1e-4
-        self._portfolio_affine = portfolio_affine(self.config, self._tick, self.device)
-        # The portfolio features at the start of an episode, [1, P] float32: flat, no order, step 0. They
-        # are the same for every book (the mid only divides or multiplies zeros), so an autoreset takes
-        # them from here instead of recomputing them.
-        zero = torch.zeros(1, dtype=torch.float64, device=self.device)
-        self._start_portfolio = portfolio_features(
-            position=zero,
-            unrealized=zero,
-            mid=torch.ones_like(zero),
-            order_side=zero,
-            order_price=zero,
-            order_ahead=zero,
-            order_remaining=zero,
-            time_in_trade=zero,
-            step=zero,
-            config=self.config,
-            tick_size=self._tick,
-            affine=self._portfolio_affine,
-        )
 
     # ------------------------------------------------------------------ reset
 
@@ -367,14 +135,14 @@ class BatchedLOB:
         self._pin_state()
         state = BookState.unpack(self._books, self._counters)
         row = state.offset + state.step
-        mid = self._rows.index_select(0, row)[:, 0]
-        features = self._features.index_select(0, row)
+        mid = self._tables.rows.index_select(0, row)[:, 0]
+        features = self._tables.features.index_select(0, row)
         unrealized = state.ledger.unrealized(mid)
-        return self._observe(state, features, mid, unrealized, state.order_tick * self._tick)
+        return self._observe(state, features, mid, unrealized, state.order_tick * self._tables.tick)
 
     def _draw_offsets(self) -> torch.Tensor:
         """One draw of episode start offsets for every book from the env's generator (what a reset uses)."""
-        high = self._num_steps - self.config.episode_length
+        high = self._tables.num_steps - self.config.episode_length
         return torch.randint(0, high, (self.num_books,), generator=self._generator, device=self.device)
 
     def _reset_books(self, mask: torch.Tensor, offsets: torch.Tensor) -> None:
@@ -395,7 +163,8 @@ class BatchedLOB:
         ``final_obs`` elsewhere (no host sync: capturable).
 
         A reset book's observation is its start row's market features and the constant portfolio
-        features of a fresh episode (:meth:`_precompute`), the same numbers :meth:`_observe` gives it.
+        features of a fresh episode (:class:`~foxenv.tables.MarketTables`), the same numbers
+        :meth:`_observe` gives it.
 
         :param done: ``[B]`` bool, the books whose episode ended.
         :param offsets: ``[B]`` int64 start offsets of their next episodes.
@@ -403,34 +172,24 @@ class BatchedLOB:
         :return: ``[B, D]`` the observations to hand out.
         """
         self._reset_books(done, offsets)
-        features = self._features.index_select(0, self._counters[0])  # at the new offsets
-        start = torch.cat([features, self._start_portfolio.expand(self.num_books, -1)], dim=1)
+        features = self._tables.features.index_select(0, self._counters[0])  # at the new offsets
+        start = torch.cat([features, self._tables.start_portfolio.expand(self.num_books, -1)], dim=1)
         return torch.where(done[:, None], start, final_obs)
 
     # ------------------------------------------------------------------ step
 
     def _check_action(self, action: Any) -> torch.Tensor:
-        """Validate ``action`` and return it as ``[B, 4]`` int64 on the env's device."""
+        """Validate ``action`` (:func:`foxenv.spec.check_actions`; its range only with
+        ``validate_actions``) and return it as ``[B, 4]`` int64 on the env's device."""
         if isinstance(action, np.ndarray):
             action = torch.from_numpy(action)
         if not isinstance(action, torch.Tensor):
             raise ValueError(f"action of type {type(action).__name__} must be a torch.Tensor")
-        expected = (self.num_books, len(self.ACTION_NVEC))
-        if tuple(action.shape) != expected:
-            raise ValueError(f"action shape {tuple(action.shape)} must be {expected}")
-        if action.dtype.is_floating_point or action.dtype.is_complex or action.dtype == torch.bool:
-            raise ValueError(f"action dtype {action.dtype} must be an integer dtype")
+        expected = (self.num_books, len(ACTION_NVEC))
+        action = check_actions(action, expected, check_range=self.validate_actions)
         action = action.to(device=self.device, dtype=torch.int64)
         if self.validate_actions:
-            values = action.cpu().numpy()
-            bad = (values < 0) | (values >= self._nvec)
-            if bad.any():
-                book, branch = (int(v) for v in np.argwhere(bad)[0])
-                raise ValueError(
-                    f"action[{book}, {branch}]={int(values[book, branch])} out of range for branch "
-                    f"{self.BRANCH_NAMES[branch]!r} (0..{self.ACTION_NVEC[branch] - 1})"
-                )
-            steps = self._counters[_COUNTER_ROWS.index("step")].cpu().numpy()
+            steps = self._counters[COUNTER_ROWS.index("step")].cpu().numpy()
             if steps.max() >= self.config.episode_length:
                 book = int(np.argmax(steps))
                 raise ValueError(
@@ -441,7 +200,7 @@ class BatchedLOB:
 
     def step(
         self, action: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    ) -> StepOutputs:
         """Advance every book by one market step.
 
         :param action: ``[B, 4]`` integer tensor (direction, magnitude, order, urgency), any device.
@@ -493,39 +252,11 @@ class BatchedLOB:
         if self._autoreset_graph is None:
             return self._advance_autoreset_fn(action, self._draw_offsets())
         assert self._autoreset_outputs is not None
-        high = self._num_steps - self.config.episode_length
+        high = self._tables.num_steps - self.config.episode_length
         self._graph_action.copy_(action)
         self._graph_offsets.random_(0, high, generator=self._generator)  # = _draw_offsets, in place
         self._autoreset_graph.replay()
         return self._autoreset_outputs.copies()
-
-    def _run_step(
-        self, action: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-        """One step on a validated action: the graph's replay when captured, else :meth:`_step_fn`."""
-        if self._graph is None:
-            return self._step_fn(action)
-        assert self._graph_outputs is not None
-        self._graph_action.copy_(action)
-        self._graph.replay()
-        return self._graph_outputs.copies()
-
-    def _step_fn(
-        self, action: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-        """The compiled step when :meth:`enable_compile` made one, else :meth:`_advance`."""
-        if self._compiled_advance is None:
-            return self._advance(action)
-        return self._compiled_advance(action)
-
-    def _advance_autoreset_fn(
-        self, action: torch.Tensor, offsets: torch.Tensor
-    ) -> AutoresetResult:
-        """The compiled :meth:`_advance_autoreset` when :meth:`enable_compile` made one, else the eager
-        one."""
-        if self._compiled_advance_autoreset is None:
-            return self._advance_autoreset(action, offsets)
-        return self._compiled_advance_autoreset(action, offsets)
 
     def _advance_autoreset(
         self, action: torch.Tensor, offsets: torch.Tensor
@@ -541,19 +272,21 @@ class BatchedLOB:
 
     def _advance(
         self, action: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    ) -> StepOutputs:
         """The step itself, on a validated ``[B, 4]`` int64 action (no host sync: capturable).
 
-        A CPU step is bound by per-op overhead, so it gathers precomputed rows (``_precompute``) and uses
-        few ops; every float expression is the same as in the plain formulas the comments give.
+        A CPU step is bound by per-op overhead, so it gathers precomputed rows
+        (:class:`~foxenv.tables.MarketTables`) and uses few ops; every float expression is the same as in
+        the plain formulas the comments give.
         """
         cfg = self.config
+        tables = self._tables
         state = BookState.unpack(self._books, self._counters)
         ledger = state.ledger
-        levels = self._levels
+        levels = tables.levels
         row = state.offset + state.step
-        # This step's row of the market table (snapshot ``row`` and the next one; see ``_precompute``) and
-        # the action's row of the action table (by action code d * 27 + m * 9 + o * 3 + u).
+        # This step's row of the market table (snapshot ``row`` and the next one; see MarketTables) and the
+        # action's row of the action table (by action code d * 27 + m * 9 + o * 3 + u).
         (
             mid_now,
             best_bid,
@@ -566,9 +299,9 @@ class BatchedLOB:
             column_zero,
             flow_bid,
             flow_ask,
-        ) = self._rows.index_select(0, row).unbind(dim=1)
-        target, slice_of_need, limit_offset, is_maker, improve, aggressive = self._actions.index_select(
-            0, (action * self._action_code).sum(dim=1)
+        ) = tables.rows.index_select(0, row).unbind(dim=1)
+        target, slice_of_need, limit_offset, is_maker, improve, aggressive = tables.actions.index_select(
+            0, (action * tables.action_code).sum(dim=1)
         ).unbind(dim=1)
         need = target - ledger.position
         side = torch.sign(need)
@@ -581,7 +314,7 @@ class BatchedLOB:
         wanted = need * slice_of_need * trading
         marketable = wanted > 0
         limit = torch.addcmul(torch.where(buy, best_ask, best_bid), side, limit_offset)  # exact: int ticks
-        opposite = self._sides.index_select(0, side_row + buy)
+        opposite = tables.sides.index_select(0, side_row + buy)
         taken, notional, reachable = walk_book(
             opposite[:, :levels], opposite[:, levels:], side, wanted, limit
         )
@@ -597,7 +330,7 @@ class BatchedLOB:
             torch.where(buy, best_bid, best_ask), side, torch.addcmul(improve, aggressive, wide)
         )
         order_tick = torch.where(post, maker_tick, state.order_tick)
-        own = self._sides.index_select(0, side_row + (order_side <= 0))  # resting buys queue at the bids
+        own = tables.sides.index_select(0, side_row + (order_side <= 0))  # resting buys queue at the bids
         elsewhere = own[:, :levels] != order_tick[:, None]
         visible = own[:, levels:].masked_fill(elsewhere, 0.0).sum(dim=1)  # = where(at its tick, size, 0)
         ahead = torch.where(post, visible, state.order_ahead)
@@ -605,11 +338,11 @@ class BatchedLOB:
         order_target = torch.where(post, target, state.order_target)
 
         # It meets the flow of the next market step at its price (grid column, clamped to the grid).
-        width = self._flow_width
+        width = tables.flow_width
         column = order_tick - column_zero
         clamped = column.clamp(0, width - 1)
         grid = (torch.where(order_side < 0, flow_ask, flow_bid) + clamped).to(torch.int64)
-        executed, cancelled, through = self._flow.index_select(0, grid).double().unbind(dim=1)
+        executed, cancelled, through = tables.flow.index_select(0, grid).double().unbind(dim=1)
         at_price = column == clamped
         beyond_grid = order_side * (column - clamped) > 0  # the edge column lies at a worse price
         traded_through = torch.where(beyond_grid, through + executed, through) > 0
@@ -637,8 +370,8 @@ class BatchedLOB:
         # One fill per book: either the marketable order's or the resting order's. Where nothing filled
         # the notional is 0, so dividing by max(|quantity|, smallest double) gives the price 0.
         quantity = torch.where(marketable, side * taken, order_side * fill)
-        notional = torch.where(marketable, notional, fill * order_tick) * self._tick
-        fees = torch.where(marketable, notional * self._taker_rate, notional * self._maker_rate)
+        notional = torch.where(marketable, notional, fill * order_tick) * tables.tick
+        fees = torch.where(marketable, notional * tables.taker_rate, notional * tables.maker_rate)
         price = notional / quantity.abs().clamp_min(_SMALLEST_DOUBLE)
         reached = torch.where(marketable, taker_reached, maker_reached)
         closed = ledger.apply_fill(quantity, price, fees, mid_now, state.step, target, reached)
@@ -652,8 +385,8 @@ class BatchedLOB:
         terminated = drawdown_hit(state.peak_equity, equity, cfg)
         truncated = state.step >= cfg.episode_length
         unrealized = ledger.unrealized(mid)
-        order_price = state.order_tick * self._tick
-        obs = self._observe(state, self._next_features.index_select(0, row), mid, unrealized, order_price)
+        order_price = state.order_tick * tables.tick
+        obs = self._observe(state, tables.next_features.index_select(0, row), mid, unrealized, order_price)
         self._books, self._counters = state.pack()
 
         info = {
@@ -703,8 +436,8 @@ class BatchedLOB:
             time_in_trade.double(),
             state.step.double(),
             self.config,
-            self._tick,
-            self._portfolio_affine,
+            self._tables.tick,
+            self._tables.portfolio_affine,
         )
         return torch.cat([features, portfolio], dim=1)
 
@@ -721,18 +454,10 @@ class BatchedLOB:
 
     def _named_state(self) -> dict[str, torch.Tensor]:
         """The per-book state by its ``state_dict`` names: ``[B]`` rows of the packed tensors (views)."""
-        named = dict(zip(_COUNTER_ROWS[:2], self._counters[:2].unbind(0), strict=True))  # offset, step
-        named.update(zip(_BOOK_ROWS, self._books.unbind(0), strict=True))
-        named[_COUNTER_ROWS[2]] = self._counters[2]  # ledger.trade_start, after the other ledger fields
+        named = dict(zip(COUNTER_ROWS[:2], self._counters[:2].unbind(0), strict=True))  # offset, step
+        named.update(zip(BOOK_ROWS, self._books.unbind(0), strict=True))
+        named[COUNTER_ROWS[2]] = self._counters[2]  # ledger.trade_start, after the other ledger fields
         return named
-
-    def _pin_state(self) -> None:
-        """With a CUDA graph, copy the state into the graph's static input tensors and point at them."""
-        if self._graph is None:
-            return
-        for key, value in self._state_tensors().items():
-            self._graph_state[key].copy_(value)
-        self._set_state_tensors(self._graph_state)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume stepping exactly where this env is.
@@ -763,153 +488,12 @@ class BatchedLOB:
                 )
             if state[key].dtype != value.dtype:  # a cast would silently truncate (e.g. float offsets)
                 raise ValueError(f"state[{key!r}] dtype {state[key].dtype} must be {value.dtype}")
-        high = self._num_steps - self.config.episode_length
+        high = self._tables.num_steps - self.config.episode_length
         offset = state["offset"]
         if bool(((offset < 0) | (offset >= high)).any()):  # loading is no step: a host sync is fine
             low, top = int(offset.min()), int(offset.max())
             raise ValueError(f"state['offset'] values in [{low}, {top}] must lie in [0, {high})")
         self._generator.set_state(state["generator"])
-        self._books = torch.stack([state[key].to(device=self.device) for key in _BOOK_ROWS])
-        self._counters = torch.stack([state[key].to(device=self.device) for key in _COUNTER_ROWS])
+        self._books = torch.stack([state[key].to(device=self.device) for key in BOOK_ROWS])
+        self._counters = torch.stack([state[key].to(device=self.device) for key in COUNTER_ROWS])
         self._pin_state()
-
-    # ------------------------------------------------------------------ compiled step
-
-    def enable_compile(self, **compile_options: Any) -> None:
-        """Compile the step with ``torch.compile`` (opt-in), fusing its ~200 small tensor ops into a few
-        generated kernels: on a CPU the eager step is bound by per-op overhead, so this is several times
-        faster (see ``benchmarks/core_ops.py``). :meth:`step_autoreset` gets its step and reset compiled
-        together. Needs a working C++ compiler on the CPU (Triton on CUDA) and takes seconds to compile on
-        the first step (of each of ``step`` and ``step_autoreset``).
-
-        Results match the eager step up to floating-point rounding: the generated code may fuse a
-        multiply and an add (one rounding instead of two), so float outputs can differ in the last bits;
-        masks, integers and state transitions follow the same formulas. Call it before
-        :meth:`enable_cuda_graph` to capture the compiled step.
-
-        :param compile_options: passed to ``torch.compile``; defaults: ``dynamic=False`` (``B`` is fixed) and,
-            on a CPU, ``options={"cpp_wrapper": True}``.
-        :raises ValueError: when a CUDA graph was already captured (it holds the eager step).
-        """
-        if self._graph is not None:
-            raise ValueError(
-                "enable_compile must come before enable_cuda_graph (the graph holds the eager step)"
-            )
-        if self._compiled_advance is not None:
-            return
-        defaults: dict[str, Any] = {"dynamic": False}
-        if self.device.type == "cpu":  # C++ instead of Python glue between the generated kernels
-            defaults["options"] = {"cpp_wrapper": True}
-        options = {**defaults, **compile_options}
-        # Each is compiled on its first call (of step, of step_autoreset(host_sync=False)). The reset of
-        # step_autoreset(host_sync=True) stays eager: it runs only at episode ends, where a compile of
-        # seconds at the first one would cost more than it saves.
-        self._compiled_advance = torch.compile(self._advance, **options)
-        self._compiled_advance_autoreset = torch.compile(self._advance_autoreset, **options)
-
-    # ------------------------------------------------------------------ CUDA graph
-
-    def enable_cuda_graph(self) -> None:
-        """Capture :meth:`step` and :meth:`step_autoreset`'s fused step-and-reset (``host_sync=False``) in
-        CUDA graphs, so each later step is one graph launch (CUDA only).
-
-        The environment's state is unchanged by the capture (it must be a valid one: take it right after a
-        reset). After it, ``step`` copies the action into a static buffer, replays the graph and returns
-        copies of the outputs (so they stay valid): the graph packs them into one buffer per dtype, so that
-        is a few copies, not one per output. ``step_autoreset`` also draws the start offsets into a static
-        buffer before its replay (the draw stays outside the graph: no generator state is captured).
-        ``reset`` and ``load_state_dict`` copy the new state into the graphs' static tensors, which both
-        graphs share. Action validation still follows ``validate_actions``.
-
-        :raises ValueError: when the env is not on a CUDA device.
-        """
-        if self.device.type != "cuda":
-            raise ValueError(f"device={self.device}: enable_cuda_graph needs a CUDA device")
-        if self._graph is not None:
-            return
-        saved = self.state_dict()
-        action = torch.ones(self.num_books, len(self.ACTION_NVEC), dtype=torch.int64, device=self.device)
-        offsets = torch.zeros(self.num_books, dtype=torch.int64, device=self.device)
-        side_stream = torch.cuda.Stream(device=self.device)
-        side_stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side_stream):
-            for _ in range(3):  # warm up caches, the allocator and compilation outside the capture
-                self.load_state_dict(saved)  # from a valid state each time: no book steps past its end
-                self._step_fn(action)
-                self.load_state_dict(saved)
-                self._advance_autoreset_fn(action, offsets)
-        torch.cuda.current_stream(self.device).wait_stream(side_stream)
-        self.load_state_dict(saved)
-        static_state = self._state_tensors()
-        graph, self._graph_outputs = self._capture(lambda: self._step_fn(action), static_state)
-        self._autoreset_graph, self._autoreset_outputs = self._capture(
-            lambda: self._advance_autoreset_fn(action, offsets), static_state
-        )
-        self._graph_action = action
-        self._graph_offsets = offsets
-        self._graph_state = static_state
-        self._graph = graph
-
-    def _capture(
-        self, step: Callable[[], tuple], static_state: dict[str, torch.Tensor]
-    ) -> tuple[torch.cuda.CUDAGraph, _PackedOutputs]:
-        """Capture ``step()`` (which reads the state from ``static_state``) in a CUDA graph that also writes
-        the new state back into ``static_state`` and packs the outputs.
-
-        :param step: the step on static inputs.
-        :param static_state: the state tensors the graph reads and writes (the env points at them after).
-        :return: the graph and its packed outputs.
-        """
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            outputs = _PackedOutputs(step())
-            for key, value in self._state_tensors().items():
-                static_state[key].copy_(value)
-        self._set_state_tensors(static_state)
-        return graph, outputs
-
-
-class _PackedOutputs:
-    """The outputs of a captured step (a tuple of tensors and ``dict[str, Tensor]``), packed when captured
-    into one flat buffer per dtype. :meth:`copies` clones those few buffers and hands out views of the
-    clones in the outputs' structure: a handful of copy kernels per step instead of one per output (~25).
-
-    :param outputs: the step's outputs (built inside the graph capture, or anywhere, for a test).
-    """
-
-    def __init__(self, outputs: tuple) -> None:
-        tensors: list[torch.Tensor] = []
-        self._structure: list[tuple[str, ...] | None] = []  # the keys of a dict, or None for a tensor
-        for item in outputs:
-            if isinstance(item, dict):
-                self._structure.append(tuple(item))
-                tensors.extend(item.values())
-            else:
-                self._structure.append(None)
-                tensors.append(item)
-        self._dtypes = list(dict.fromkeys(tensor.dtype for tensor in tensors))
-        groups: list[list[torch.Tensor]] = [[] for _ in self._dtypes]
-        self._order: list[tuple[int, int]] = []  # (dtype group, index in group) of each tensor
-        for tensor in tensors:
-            group = self._dtypes.index(tensor.dtype)
-            self._order.append((group, len(groups[group])))
-            groups[group].append(tensor)
-        self._shapes = [[tensor.shape for tensor in group] for group in groups]
-        self._sizes = [[tensor.numel() for tensor in group] for group in groups]
-        #: One flat buffer per dtype holding every output of that dtype.
-        self.buffers = [torch.cat([tensor.reshape(-1) for tensor in group]) for group in groups]
-
-    def copies(self) -> tuple:
-        """Copies of the packed outputs, in the structure they were given in.
-
-        :return: a tuple of tensors and dicts of tensors (views of one fresh buffer per dtype).
-        """
-        parts = []
-        for buffer, sizes, shapes in zip(self.buffers, self._sizes, self._shapes, strict=True):
-            pieces = buffer.clone().split(sizes)
-            parts.append([p if p.shape == s else p.view(s) for p, s in zip(pieces, shapes, strict=True)])
-        tensors = iter([parts[group][index] for group, index in self._order])
-        return tuple(
-            next(tensors) if keys is None else {key: next(tensors) for key in keys}
-            for keys in self._structure
-        )

@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from foxenv.spec import ACTION_NVEC, BRANCH_NAMES
+
 ArrayLike = np.ndarray | torch.Tensor | Sequence[float]
 
-#: Branch names of foxenv's ``MultiDiscrete([3, 3, 3, 3])`` action, in order.
-BRANCH_NAMES = ("direction", "magnitude", "order", "urgency")
 
 
 def _as_float64(values: ArrayLike, name: str, min_steps: int = 1) -> np.ndarray:
@@ -131,7 +131,7 @@ def hit_rate(trade_pnls: ArrayLike, closed: ArrayLike | None = None) -> float | 
     return _scalar_or_array(np.asarray(rate, dtype=np.float64))
 
 
-def action_mix(actions: ArrayLike, nvec: Sequence[int] = (3, 3, 3, 3)) -> np.ndarray:
+def action_mix(actions: ArrayLike, nvec: Sequence[int] = ACTION_NVEC) -> np.ndarray:
     """Per-branch frequency table of a batch of multi-discrete actions.
 
     :param actions: ``[..., n_branches]`` integer actions (any leading shape, e.g. ``[T, B, 4]``).
@@ -172,7 +172,7 @@ def summarize(
     episode_starts: ArrayLike | None = None,
     actions: ArrayLike | None = None,
     episode_rewards: ArrayLike | None = None,
-    nvec: Sequence[int] = (3, 3, 3, 3),
+    nvec: Sequence[int] = ACTION_NVEC,
     branch_names: Sequence[str] = BRANCH_NAMES,
     periods_per_year: float | None = None,
 ) -> dict[str, Any]:

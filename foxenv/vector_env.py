@@ -21,7 +21,9 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from foxenv.config import EnvConfig, is_whole
-from foxenv.gym_env import RENDER_HISTORY, DataSource, action_space_of, make_core, observation_space_of
+from foxenv.factory import DataSource, action_space_of, make_core, observation_space_of
+from foxenv.gym_env import RENDER_HISTORY
+from foxenv.spec import ACTION_NVEC, check_actions
 
 ArrayOrTensor = np.ndarray | torch.Tensor
 
@@ -59,7 +61,7 @@ def tensors_to_numpy(tensors: dict[str, torch.Tensor], pack: bool | None = None)
 class LOBVectorEnv(VectorEnv):
     """``num_envs`` limit-order books stepped together on one device, with same-step autoreset.
 
-    Spaces: ``single_action_space = MultiDiscrete([3, 3, 3, 3])``, ``action_space`` its batch
+    Spaces: ``single_action_space = MultiDiscrete(spec.ACTION_NVEC)``, ``action_space`` its batch
     (``[num_envs, 4]``); ``single_observation_space = Box(-inf, inf, (D,), float32)``,
     ``observation_space`` of shape ``[num_envs, D]``.
 
@@ -93,7 +95,7 @@ class LOBVectorEnv(VectorEnv):
         first ``reset`` (:meth:`BatchedLOB.enable_cuda_graph`; CUDA only): one graph launch per step.
 
     :param kwargs: :class:`EnvConfig` fields and ``load_market`` options
-        (see :func:`foxenv.gym_env.make_core`).
+        (see :func:`foxenv.factory.make_core`).
     """
 
     metadata = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": ["rgb_array"]}
@@ -167,24 +169,15 @@ class LOBVectorEnv(VectorEnv):
         return (obs if self.return_tensors else obs.cpu().numpy().copy()), {}
 
     def check_actions(self, actions: ArrayOrTensor) -> torch.Tensor:
-        """Check the shape and dtype of a batch of actions (the core checks their range when
+        """Check a batch of actions (:func:`foxenv.spec.check_actions`: dtype and shape always, range when
         ``check_action_range``) and move it to the core's device.
 
         :param actions: ``[N, 4]`` integers, numpy or torch.
         :return: an int64 tensor on the core's device.
         """
-        expected = (self.num_envs, len(self.core.ACTION_NVEC))
-        if isinstance(actions, torch.Tensor):
-            tensor = actions
-            if tensor.dtype.is_floating_point or tensor.dtype.is_complex or tensor.dtype == torch.bool:
-                raise ValueError(f"action has dtype {tensor.dtype}; integer actions are needed")
-        else:
-            array = np.asarray(actions)
-            if array.dtype.kind not in "iu":
-                raise ValueError(f"action has dtype {array.dtype}; integer actions are needed")
-            tensor = torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64))
-        if tuple(tensor.shape) != expected:
-            raise ValueError(f"action has shape {tuple(tensor.shape)}; expected {expected}")
+        expected = (self.num_envs, len(ACTION_NVEC))
+        checked = check_actions(actions, expected, name="actions", check_range=self.check_action_range)
+        tensor = checked if isinstance(checked, torch.Tensor) else torch.from_numpy(checked)
         return tensor.to(self.device, torch.int64)
 
     def step(

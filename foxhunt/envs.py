@@ -6,27 +6,26 @@ autoreset of finished books (``BatchedLOB.step_autoreset``) with ``terminal_obse
 nor ``Monitor`` is needed (``env_is_wrapped(Monitor)`` answers True, which makes ``evaluate_policy``
 read the ``episode`` info). Infos are one dict per env of Python scalars with the env info contract keys.
 The batched info tensors of the last step are also kept in :attr:`LOBVecEnv.last_info_tensors` (device
-tensors plus ``TimeLimit.truncated``), the form the replay buffer's tensor path takes.
+tensors plus ``TimeLimit.truncated``), the form the replay buffer's tensor path takes. Actions follow
+:func:`foxenv.spec.check_actions`, the rules of every foxenv face. SB3's ``VecNormalize`` wraps it like any
+``VecEnv`` (``last_info_tensors`` stays unnormalised).
 """
 
 from __future__ import annotations
 
-import inspect
-import os
 import time
 from collections.abc import Sequence
-from dataclasses import fields
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
-from gymnasium import spaces
 from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
 
+from foxenv import spec
 from foxenv.config import EnvConfig, is_whole
-from foxenv.data.market import MarketData
+from foxenv.factory import DataSource, action_space_of, make_core, observation_space_of
 
 
 def _numpy_dtype(dtype: torch.dtype) -> type:
@@ -39,19 +38,6 @@ class UnknownEnvMethodError(AttributeError, ValueError):
     """``env_method`` named a method the batched book core does not have."""
 
 
-def _split_env_kwargs(env_kwargs: dict[str, Any], market_params: Sequence[str]) -> tuple[dict, dict]:
-    config_names = {f.name for f in fields(EnvConfig)}
-    config_kwargs = {k: v for k, v in env_kwargs.items() if k in config_names}
-    market_kwargs = {k: v for k, v in env_kwargs.items() if k in market_params}
-    unknown = sorted(set(env_kwargs) - config_names - set(market_params))
-    if unknown:
-        raise ValueError(
-            f"env_kwargs {unknown} are neither EnvConfig fields {sorted(config_names)} "
-            f"nor load_market parameters {sorted(market_params)}"
-        )
-    return config_kwargs, market_kwargs
-
-
 class LOBVecEnv(VecEnv):
     """SB3 vectorised env of ``num_envs`` limit-order books stepped together by ``BatchedLOB``.
 
@@ -60,51 +46,27 @@ class LOBVecEnv(VecEnv):
     :param seed: seed of the book core (episode start offsets) and of the first reset; ``None`` = random.
         It does not change the market: train and evaluation envs with different seeds see the same data.
     :param data: a :class:`~foxenv.data.market.MarketData`, or a ``source`` for ``foxenv.data.load_market``
-        (``"synthetic"``, or a LOBSTER folder).
-    :param env_kwargs: ``foxenv.config.EnvConfig`` fields and ``foxenv.data.load_market`` keyword
-        arguments (``levels`` goes to both; ``market_seed`` is ``load_market``'s ``seed``); anything else
-        raises ``ValueError``.
+        (``"synthetic"``, a LOBSTER folder, or a ``(message, orderbook)`` pair).
+    :param env_kwargs: ``config`` (a base ``EnvConfig``), ``foxenv.config.EnvConfig`` fields and
+        ``foxenv.data.load_market`` keyword arguments (``levels`` goes to both; ``market_seed`` is
+        ``load_market``'s ``seed``); anything else raises ``ValueError``. The core is built by
+        :func:`foxenv.factory.make_core`, as for the Gymnasium faces.
     """
 
     def __init__(self, num_envs: int, device: str = "cpu", seed: int | None = None,
-                 data: str | os.PathLike | MarketData = "synthetic", **env_kwargs: Any) -> None:
+                 data: DataSource = "synthetic", **env_kwargs: Any) -> None:
         if not is_whole(num_envs) or num_envs < 1:
             raise ValueError(f"num_envs={num_envs} must be an integer >= 1")
-        from foxenv.core import BatchedLOB
-
         num_envs = int(num_envs)
-        if isinstance(data, MarketData):
-            config_kwargs, _ = _split_env_kwargs(env_kwargs, ())
-            self.config = EnvConfig(**config_kwargs)
-            market = data
-        elif isinstance(data, str | os.PathLike):
-            from foxenv.data import load_market
-
-            market_params = [
-                name for name, p in inspect.signature(load_market).parameters.items()
-                if p.kind is inspect.Parameter.KEYWORD_ONLY and name != "seed"
-            ]
-            market_seed = env_kwargs.pop("market_seed", None)
-            config_kwargs, market_kwargs = _split_env_kwargs(env_kwargs, market_params)
-            self.config = EnvConfig(**config_kwargs)
-            if market_seed is not None:
-                market_kwargs["seed"] = market_seed
-            if "device" in market_params:
-                market_kwargs.setdefault("device", device)
-            market = load_market(data, **market_kwargs)
-        else:
-            raise ValueError(f"data={data!r} must be a MarketData or a load_market source name")
         self.device = torch.device(device)
-        self.lob = BatchedLOB(market, num_envs, self.config, self.device, seed)
+        self.lob = make_core(data, num_envs, device=self.device, seed=seed, **env_kwargs)
+        self.config: EnvConfig = self.lob.config
         self.render_mode = None
-        obs_dim = int(self.lob.observation_dim)
-        observation_space = spaces.Box(-np.inf, np.inf, shape=(obs_dim,), dtype=np.float32)
-        action_space = spaces.MultiDiscrete(np.asarray(self.lob.ACTION_NVEC, dtype=np.int64))
-        super().__init__(num_envs, observation_space, action_space)
+        super().__init__(num_envs, observation_space_of(self.lob), action_space_of(self.lob))
         self.n_market_features = int(self.lob.n_market_features)
         self.reward_scale = float(self.config.reward_scale)
-        self.branch_names = tuple(self.lob.BRANCH_NAMES)
-        self.magnitudes = tuple(float(m) for m in self.lob.MAGNITUDES)
+        self.branch_names = spec.BRANCH_NAMES
+        self.magnitudes = tuple(float(m) for m in spec.MAGNITUDES)
         self.last_info_tensors: dict[str, torch.Tensor] = {}
         self._actions: torch.Tensor | None = None
         self._episode_return = np.zeros(num_envs, dtype=np.float64)
@@ -132,14 +94,13 @@ class LOBVecEnv(VecEnv):
         """Store the actions of the next :meth:`step_wait`.
 
         :param actions: ``[num_envs, n_branches]`` integer actions (numpy or torch).
+        :raises ValueError: naming ``actions`` and the value, as :func:`foxenv.spec.check_actions` (the
+            rules of every foxenv face: integers, exactly ``(num_envs, 4)``, each in ``[0, nvec)``).
         """
-        n_branches = len(self.action_space.nvec)
-        tensor = torch.as_tensor(np.asarray(actions) if not isinstance(actions, torch.Tensor) else actions)
-        if tensor.numel() != self.num_envs * n_branches:
-            raise ValueError(
-                f"actions has shape {tuple(tensor.shape)}: expected ({self.num_envs}, {n_branches})"
-            )
-        self._actions = tensor.reshape(self.num_envs, n_branches).to(device=self.device, dtype=torch.int64)
+        expected = (self.num_envs, len(spec.ACTION_NVEC))
+        checked = spec.check_actions(actions, expected, name="actions")
+        tensor = checked if isinstance(checked, torch.Tensor) else torch.from_numpy(checked)
+        self._actions = tensor.to(device=self.device, dtype=torch.int64)
 
     def step_wait(self) -> VecEnvStepReturn:
         """Step every book, autoreset the finished ones and build SB3's infos.

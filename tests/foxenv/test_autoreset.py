@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+from foxenv.compiled import PackedOutputs
 from foxenv.config import EnvConfig
-from foxenv.core import BatchedLOB, _PackedOutputs
+from foxenv.core import BatchedLOB
 from foxenv.data.market import MarketData
 from foxenv.data.synthetic import generate_synthetic
 from foxenv.vector_env import make_vec
@@ -187,7 +188,7 @@ def test_packed_outputs_hand_out_independent_copies() -> None:
          "d": torch.rand(5, generator=generator, dtype=torch.float64)},
         torch.rand(5, 3, generator=generator),
     )
-    packed = _PackedOutputs(outputs)
+    packed = PackedOutputs(outputs)
     assert len(packed.buffers) == 4  # float32, bool, float64, int64
     first = packed.copies()
     for buffer in packed.buffers:  # a later replay overwrites the buffers ...

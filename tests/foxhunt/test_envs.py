@@ -9,6 +9,9 @@ from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import VecEnv, VecFrameStack
 
+from foxenv.factory import make_core
+from foxenv.gym_env import LOBEnv
+from foxenv.vector_env import LOBVectorEnv
 from foxhunt.envs import LOBVecEnv, UnknownEnvMethodError
 from tests.foxenv.fake_market import random_market
 
@@ -234,3 +237,93 @@ def test_cuda_env_matches_cpu_env_shapes_and_infos(market):
         obs, reward, done, infos = cuda_env.step(np.tile(FLAT, (3, 1)))
     assert done.all() and all(i["episode"]["l"] == 6 for i in infos)
     assert cuda_env.last_info_tensors["mid"].is_cuda
+
+
+def test_every_face_builds_through_make_core(monkeypatch):
+    calls = []
+    real = make_core
+
+    def spy(*args, **kwargs):
+        calls.append((args, kwargs))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr("foxenv.gym_env.make_core", spy)
+    monkeypatch.setattr("foxenv.vector_env.make_core", spy)
+    monkeypatch.setattr("foxhunt.envs.make_core", spy)
+    settings = {"num_steps": 300, "levels": 4, "episode_length": 20, "market_seed": 5}
+    single = LOBEnv(seed=1, **settings)
+    vector = LOBVectorEnv(2, seed=1, **settings)
+    sb3 = LOBVecEnv(2, seed=1, **settings)
+    assert len(calls) == 3
+    assert single.core.config == vector.core.config == sb3.lob.config
+    assert torch.equal(single.core.market.bid_price, sb3.lob.market.bid_price)
+    assert torch.equal(vector.core.market.ask_size, sb3.lob.market.ask_size)
+
+
+@pytest.mark.parametrize(
+    ("make_actions", "match"),
+    [
+        (lambda n: np.full((n, 4), 1.7), r"actions dtype float64 must be an integer dtype \(actions=.*1\.7"),
+        (lambda n: np.ones((n, 4), dtype=bool), "actions dtype bool must be an integer dtype"),
+        (lambda n: torch.ones(n, 4, dtype=torch.bool), "actions dtype torch.bool must be an integer dtype"),
+        (lambda n: torch.full((n, 4), 1.7), "actions dtype torch.float32 must be an integer dtype"),
+        (lambda n: np.ones(n * 4, dtype=np.int64), r"actions shape \(8,\) must be \(2, 4\)"),
+        (lambda n: np.ones((4, n), dtype=np.int64), r"actions shape \(4, 2\) must be \(2, 4\)"),
+        (lambda n: np.ones((1, n, 4), dtype=np.int64), r"actions shape \(1, 2, 4\) must be \(2, 4\)"),
+        (lambda n: np.array([[0, 0, 0, 0], [3, 0, 0, 0]]), r"actions\[1, 0\]=3 out of range: direction=3"),
+        (lambda n: torch.tensor([[0, -1, 0, 0], [0, 0, 0, 0]]), r"actions\[0, 1\]=-1 out of range"),
+    ],
+)
+def test_actions_follow_the_make_vec_rules(market, make_actions, match):
+    # what make_vec refuses, LOBVecEnv refuses too: no truncated floats, bools, or reshaped batches
+    from foxenv.vector_env import make_vec
+
+    env = make_env(market, num_envs=2)
+    env.reset()
+    with pytest.raises(ValueError, match=match):
+        env.step(make_actions(2))
+    vector = make_vec(2, data=market, levels=5, episode_length=6, max_position=10.0)
+    vector.reset()
+    with pytest.raises(ValueError, match=match):
+        vector.step(make_actions(2))
+
+
+def test_integer_actions_of_any_integer_dtype_step(market):
+    env = make_env(market, num_envs=2)
+    env.reset()
+    ones = np.ones((2, 4), dtype=np.int32)
+    for actions in (ones, ones.astype(np.uint8), torch.ones(2, 4, dtype=torch.int16)):
+        _, _, done, infos = env.step(actions)
+        assert len(infos) == 2 and not done.any()
+
+
+def test_vec_normalize_wraps_lobvecenv(market):
+    # LOBVecEnv works under SB3's VecNormalize: reset/step pass through and observations get normalised
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    env = VecNormalize(make_env(market, num_envs=3, episode_length=6), gamma=0.9)
+    assert env.get_attr("branch_names")[0] == ("direction", "magnitude", "order", "urgency")
+    raw_env = make_env(market, num_envs=3, episode_length=6)
+    obs = env.reset()
+    raw = raw_env.reset()
+    assert obs.shape == raw.shape and obs.dtype == np.float32
+    rng = np.random.default_rng(0)
+    seen_terminal = False
+    for _ in range(12):
+        actions = random_actions(raw_env, rng)
+        obs, reward, done, infos = env.step(actions)
+        raw, raw_reward, raw_done, raw_infos = raw_env.step(actions)
+        np.testing.assert_array_equal(done, raw_done)
+        assert np.isfinite(obs).all() and np.isfinite(reward).all()
+        assert np.abs(obs).max() <= env.clip_obs
+        np.testing.assert_allclose(obs, env.normalize_obs(raw), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(env.get_original_obs(), raw)
+        for info, raw_info in zip(infos, raw_infos, strict=True):
+            if "terminal_observation" in info:
+                seen_terminal = True
+                np.testing.assert_allclose(
+                    info["terminal_observation"], env.normalize_obs(raw_info["terminal_observation"]),
+                    rtol=1e-5, atol=1e-5,
+                )
+    assert seen_terminal
+    assert env.obs_rms.count > 1 and not np.allclose(env.obs_rms.mean, 0.0)

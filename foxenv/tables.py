@@ -1,0 +1,204 @@
+"""The per-market tables of the core: everything a step needs that does not depend on the agent,
+computed once per market and config, so a step gathers rows instead of recomputing (one row-table gather,
+one book-side gather per side, one flow gather, one feature gather and one action-table gather per step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from foxenv.config import EnvConfig
+from foxenv.data.market import FLOW_WIDTH, MarketData
+from foxenv.features import market_features, portfolio_affine, portfolio_features
+from foxenv.matching import IOC_OFFSETS, MARKET_SLICES, NO_LIMIT
+from foxenv.spec import DIRECTIONS, LIMIT_MAKER, MAGNITUDES
+
+#: Columns of the per-market-step row table (:attr:`MarketTables.rows`).
+ROW_COLUMNS = (
+    "mid",
+    "bid_tick",
+    "ask_tick",
+    "wide",
+    "next_trading",
+    "next_mid",
+    "next_best_bid",
+    "next_best_ask",
+    "next_column_zero",
+    "next_flow_bid",
+    "next_flow_ask",
+)
+
+
+@dataclass(frozen=True)
+class MarketTables:
+    """The tables of one market under one config, on one device (never modified after :meth:`build`).
+
+    :param tick: the tick size, a Python float (a compiled step takes it as a constant).
+    :param num_steps: market steps ``T``.
+    :param levels: book levels per side ``L`` of the market.
+    :param flow_width: columns ``W`` of the flow grids.
+    :param sides: ``[2T, 2L]`` float64: row ``2 i`` = bid ticks then bid sizes of snapshot ``i``, row
+        ``2 i + 1`` the asks.
+    :param rows: ``[T, len(ROW_COLUMNS)]`` float64 per-step scalars of snapshot ``i`` and the next one.
+    :param flow: ``[T * 2 * W, 3]`` float32 executed, cancelled and traded-through shares at a price.
+    :param features: ``[T, F]`` float32 market features of snapshot ``i``.
+    :param next_features: ``[T, F]`` those of snapshot ``i + 1`` (clamped to the last row).
+    :param actions: ``[81, 6]`` float64 action table by action code ``d * 27 + m * 9 + o * 3 + u``.
+    :param action_code: ``[4]`` int64, the weights ``(27, 9, 3, 1)`` of the action code.
+    :param taker_rate: taker fee as a fraction of notional (a Python float: a constant when compiled).
+    :param maker_rate: maker fee as a fraction of notional (negative: a rebate).
+    :param portfolio_affine: ``(scale, bias)`` of the portfolio features.
+    :param start_portfolio: ``[1, P]`` float32 portfolio features of a fresh episode.
+    """
+
+    tick: float
+    num_steps: int
+    levels: int
+    flow_width: int
+    sides: torch.Tensor
+    rows: torch.Tensor
+    flow: torch.Tensor
+    features: torch.Tensor
+    next_features: torch.Tensor
+    actions: torch.Tensor
+    action_code: torch.Tensor
+    taker_rate: float
+    maker_rate: float
+    portfolio_affine: tuple[torch.Tensor, torch.Tensor]
+    start_portfolio: torch.Tensor
+
+    @classmethod
+    def build(cls, market: MarketData, config: EnvConfig, device: torch.device) -> MarketTables:
+        """Compute the tables of ``market`` (already on ``device``) under ``config``.
+
+        :param market: the market timeline.
+        :param config: the env config (features, position limit, fees).
+        :param device: device of the tables.
+        :return: the tables.
+        """
+        tick = market.tick_size
+        width = FLOW_WIDTH
+        levels = market.num_levels
+        num_steps = market.num_steps
+        tick_float = float(tick)
+        # Book sides, [2T, 2L] float64: row 2 i = bid ticks then bid sizes of snapshot i, row 2 i + 1 = the
+        # asks (ticks are exact integers in float64). A step gathers the side it needs by 2 * row + is_ask.
+        bid_ticks = torch.round(market.bid_price.double() / tick)
+        ask_ticks = torch.round(market.ask_price.double() / tick)
+        sides = torch.stack(
+            [
+                torch.cat([bid_ticks, market.bid_size.double()], dim=1),
+                torch.cat([ask_ticks, market.ask_size.double()], dim=1),
+            ],
+            dim=1,
+        )
+        sides = sides.reshape(2 * num_steps, 2 * levels).contiguous()
+        # Per-step scalars, [T, len(ROW_COLUMNS)] float64, one row per book gathered by its row ``i``: what
+        # the step needs of snapshot i and of the next one, ``i + 1`` (clamped to the last row).
+        following = torch.arange(num_steps, device=device).add(1).clamp_max(num_steps - 1)
+        best_bid = market.bid_price[:, 0].double()
+        best_ask = market.ask_price[:, 0].double()
+        mid = (best_bid + best_ask) / 2
+        column_zero = market.flow_ref_tick.double() - width // 2  # price in ticks of flow grid column 0
+        flow_base = following.double() * (2 * width)  # the next row's first row in the flat flow table
+        columns = {
+            "mid": mid,
+            "bid_tick": bid_ticks[:, 0],
+            "ask_tick": ask_ticks[:, 0],
+            "wide": (ask_ticks[:, 0] - bid_ticks[:, 0] >= 2).double(),  # an aggressive maker can step in
+            "next_trading": (~market.halted).double()[following],  # 1, or 0 when the next step is halted
+            "next_mid": mid[following],
+            "next_best_bid": best_bid[following],
+            "next_best_ask": best_ask[following],
+            "next_column_zero": column_zero[following],
+            "next_flow_bid": flow_base,  # flow rows of the bid grid (met by resting buys)
+            "next_flow_ask": flow_base + width,  # and of the ask grid (resting sells)
+        }
+        assert tuple(columns) == ROW_COLUMNS
+        rows = torch.stack(list(columns.values()), dim=1).contiguous()
+        # Flow at a price, [T, 2 sides, W columns, 3] float32 (share counts): executed, cancelled, traded
+        # through. Side 0 = bid grids (met by resting buys), 1 = ask grids (resting sells). Traded through a
+        # buy at column j: executions below it, sum(exec_bid[:j]); a sell: above it, sum(exec_ask[j+1:]).
+        exec_bid, exec_ask = market.exec_bid.double(), market.exec_ask.double()
+        no_volume = torch.zeros_like(exec_bid[:, :1])
+        below = torch.cat([no_volume, torch.cumsum(exec_bid, dim=1)[:, :-1]], dim=1)
+        above = torch.cat(
+            [torch.flip(torch.cumsum(torch.flip(exec_ask, [1]), dim=1), [1])[:, 1:], no_volume], dim=1
+        )
+        flow = torch.stack(
+            [
+                torch.stack([exec_bid, market.cancel_bid.double(), below], dim=2),
+                torch.stack([exec_ask, market.cancel_ask.double(), above], dim=2),
+            ],
+            dim=1,
+        )
+        flow = flow.reshape(-1, 3).to(torch.float32).contiguous()
+        # Market features of snapshot i (for reset) and of snapshot i + 1 (what a step from row i shows).
+        features = market_features(market, config)
+        next_features = features[following].contiguous()
+        # The action table, [81, 6] float64, by action code
+        # direction * 27 + magnitude * 9 + order * 3 + urgency: the target position; the slice of the need a
+        # marketable order works (0 for LimitMaker); its limit offset beyond the opposite touch in ticks;
+        # LimitMaker (1.0) or not; and the LimitMaker price improvement over the own touch in ticks,
+        # ``improve + aggressive * wide`` (behind, at, or one inside when the spread allows). By order index
+        # (spec.ORDER_TYPES: market, limit_maker, ioc) * 3 + urgency index.
+        slices = [*MARKET_SLICES, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
+        limit_offsets = [NO_LIMIT] * 3 + [0.0] * 3 + [float(o) for o in IOC_OFFSETS]
+        actions = [
+            [
+                sign * magnitude * config.max_position,
+                slices[order * 3 + urgency],
+                limit_offsets[order * 3 + urgency],
+                float(order == LIMIT_MAKER),
+                float(min(urgency - 1, 0)),
+                float(urgency == 2),
+            ]
+            for sign in DIRECTIONS
+            for magnitude in MAGNITUDES
+            for order in range(3)
+            for urgency in range(3)
+        ]
+        actions = torch.tensor(actions, dtype=torch.float64, device=device)
+        action_code = torch.tensor([27, 9, 3, 1], dtype=torch.int64, device=device)
+        # Fee rates as Python floats, not tensors: a compiled step takes them as constants (a 0-dim tensor
+        # would be one more graph input, and one more guard on its value).
+        taker_rate = float(config.taker_fee_bps) * 1e-4
+        maker_rate = float(config.maker_fee_bps) * 1e-4
+        affine = portfolio_affine(config, tick_float, device)
+        # The portfolio features at the start of an episode, [1, P] float32: flat, no order, step 0. They
+        # are the same for every book (the mid only divides or multiplies zeros), so an autoreset takes
+        # them from here instead of recomputing them.
+        zero = torch.zeros(1, dtype=torch.float64, device=device)
+        start_portfolio = portfolio_features(
+            position=zero,
+            unrealized=zero,
+            mid=torch.ones_like(zero),
+            order_side=zero,
+            order_price=zero,
+            order_ahead=zero,
+            order_remaining=zero,
+            time_in_trade=zero,
+            step=zero,
+            config=config,
+            tick_size=tick_float,
+            affine=affine,
+        )
+        return cls(
+            tick=tick_float,
+            num_steps=num_steps,
+            levels=levels,
+            flow_width=width,
+            sides=sides,
+            rows=rows,
+            flow=flow,
+            features=features,
+            next_features=next_features,
+            actions=actions,
+            action_code=action_code,
+            taker_rate=taker_rate,
+            maker_rate=maker_rate,
+            portfolio_affine=affine,
+            start_portfolio=start_portfolio,
+        )
