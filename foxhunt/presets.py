@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from foxenv import spec
+
 #: foxenv's four action branches, in order (foxenv publishes them as ``branch_names``).
-BRANCH_NAMES: tuple[str, ...] = ("direction", "magnitude", "order", "urgency")
+BRANCH_NAMES: tuple[str, ...] = spec.BRANCH_NAMES
 #: Market-feature bottleneck width of each branch: the magnitude branch reads the most of the market.
 BOTTLENECK_DIMS: dict[str, int] = {"direction": 4, "magnitude": 8, "order": 6, "urgency": 4}
 #: Per-branch ε multipliers: explore sizes and order types more than the direction.
