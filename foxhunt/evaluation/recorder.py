@@ -1,4 +1,4 @@
-"""The recorder: runs one policy on ``B`` books of a market for ``N`` steps and keeps every series on the device.
+"""The recorder: runs a policy on ``B`` books of a market for ``N`` steps, keeping every series on the device.
 
 Every policy recorded with the same market, books, steps, episode length and seed sees the same episode
 windows: the start offsets are planned up front (:func:`plan_offsets`), not drawn as episodes end, so a
@@ -29,6 +29,7 @@ from foxenv.features import market_features, portfolio_features
 SERIES = (
     "equity",  # equity of the book after the step (currency; 0 at an episode's start)
     "step_pnl",  # change of equity in the step (currency, after fees)
+    "reward",  # the env's reward of the step
     "position",  # position after the step (lots)
     "mid",  # mid after the step (currency)
     "prev_mid",  # mid the step started from (currency)
@@ -219,7 +220,7 @@ def record(policy: Any, market: MarketData, *, num_books: int = 16, num_steps: i
             alive = torch.ones(shape[1], dtype=torch.bool, device=dev)
             episode_start = torch.ones(shape[1], dtype=torch.bool, device=dev)
         action = policy.act(obs, episode_start)
-        obs, _, terminated, _, info = lob.step(action)
+        obs, reward, terminated, _, info = lob.step(action)
         is_maker = action[:, 2] == 1
         lots = (info["position"] - prev_position).abs() * alive
         fees = info["fees"] * alive
@@ -228,6 +229,7 @@ def record(policy: Any, market: MarketData, *, num_books: int = 16, num_steps: i
         row = {
             "equity": torch.where(alive, info["equity"], prev_equity),
             "step_pnl": (info["equity"] - prev_equity) * alive,
+            "reward": reward.double() * alive,
             "position": torch.where(alive, info["position"], prev_position),
             "mid": info["mid"],
             "prev_mid": prev_mid,
