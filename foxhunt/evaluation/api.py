@@ -35,6 +35,8 @@ from foxhunt.evaluation.recorder import Recording, record
 DEFAULT_SYNTHETIC_STEPS = 20_000
 #: Baselines run beside every evaluated model by default (the oracle joins on a planted-signal market).
 DEFAULT_BASELINES = ("flat", "random", "buy_and_hold")
+#: Books of a synthetic evaluation when none are given.
+DEFAULT_SYNTHETIC_BOOKS = 16
 _CONFIG_FIELDS = {f.name for f in dataclasses.fields(EnvConfig)}
 
 
@@ -125,7 +127,7 @@ def evaluate_policies(
     data: str | Path | MarketData = "synthetic",
     *,
     baselines: Iterable[str] = DEFAULT_BASELINES,
-    n_envs: int = 16,
+    n_envs: int | None = None,
     steps: int | None = None,
     seed: int = 0,
     market_seed: int = 1,
@@ -142,7 +144,8 @@ def evaluate_policies(
     :param data: ``"synthetic"``, a LOBSTER folder or a :class:`MarketData`.
     :param baselines: names from :data:`~foxhunt.evaluation.baselines.BASELINES`; the oracle is added on a
         synthetic market with ``signal_strength > 0`` in ``market_kwargs``.
-    :param n_envs: books.
+    :param n_envs: books; ``None``: synthetic 16, LOBSTER as many disjoint episode windows as the split
+        holds (with ``steps=None`` the split is then walked once, no window scored twice).
     :param steps: vector steps per policy; ``None``: one episode per book.
     :param seed: seeds the episode windows, the env and the random baseline.
     :param market_seed: synthetic: the evaluation market's generator seed.
@@ -160,12 +163,16 @@ def evaluate_policies(
     market_options = {**extra_market, **dict(market_kwargs or {})}
     market_options.pop("market_seed", None)
     synthetic = isinstance(data, str) and data == "synthetic"
+    if synthetic and "levels" in config_kwargs:  # as the training env generates its market
+        market_options.setdefault("levels", config_kwargs["levels"])
     if synthetic and train_market_seed is not None and int(train_market_seed) == int(market_seed):
         raise ValueError(f"market_seed={market_seed} equals the training market's seed: not held out")
     market = build_market(data, split=split, market_seed=market_seed, device=device, **market_options)
     length = int(config_kwargs.get("episode_length", EnvConfig().episode_length))
-    if market.num_steps < length + 2:  # a short split gets episodes that fit in it
-        config_kwargs["episode_length"] = max(market.num_steps - 2, 1)
+    if market.num_steps < length + 1:  # a short split gets episodes that fit in it (as training does)
+        length = config_kwargs["episode_length"] = max(market.num_steps - 1, 1)
+    if n_envs is None:
+        n_envs = DEFAULT_SYNTHETIC_BOOKS if synthetic else max(1, (market.num_steps - 1) // length)
 
     if isinstance(policies, Mapping):
         items = [(str(name), policy) for name, policy in policies.items()]
@@ -234,7 +241,7 @@ def evaluate(
     policy: Any,
     data: str | Path | MarketData = "synthetic",
     *,
-    n_envs: int = 16,
+    n_envs: int | None = None,
     steps: int | None = None,
     seed: int = 0,
     market_seed: int = 1,
