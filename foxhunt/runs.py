@@ -239,10 +239,12 @@ def _evaluate_run(config: RunConfig, model: Any, out: Path) -> None:
     if synthetic:
         market_kwargs.setdefault("num_steps", config.synthetic_market_steps)
     evaluation = evaluate_policies(
-        {"policy": model}, config.data, n_envs=config.n_envs, steps=config.eval_steps, seed=eval_seed(config),
-        market_seed=eval_market_seed(config), train_market_seed=train_market_seed(config) if synthetic else None,
+        {"policy": model}, config.data, n_envs=config.n_envs, steps=config.eval_steps,
+        seed=eval_seed(config), market_seed=eval_market_seed(config),
+        train_market_seed=train_market_seed(config) if synthetic else None,
         split="test", env_kwargs=config_kwargs, market_kwargs=market_kwargs, device=config.device,
     )
     write_report(evaluation, out, "policy", f"Evaluation of {out / 'model.zip'}")
-    print_evaluation(evaluation, "policy", f"evaluation: deterministic policy, {held_out_line(evaluation.setup)}, "
+    held_out = held_out_line(evaluation.setup)
+    print_evaluation(evaluation, "policy", f"evaluation: deterministic policy, {held_out}, "
                      f"{config.eval_steps} steps x {evaluation.setup['books']} books")

@@ -118,7 +118,8 @@ def _oracle_for(market_kwargs: Mapping[str, Any], env_config: Mapping[str, Any])
     config = EnvConfig(**env_config)
     knobs = {k: market_kwargs[k] for k in ("vol_ticks",) if k in market_kwargs}
     return OraclePolicy(strength, int(market_kwargs.get("signal_horizon", 1)), levels=config.levels,
-                        taker_fee_bps=config.taker_fee_bps, tick_size=float(market_kwargs.get("tick_size", 0.01)),
+                        taker_fee_bps=config.taker_fee_bps,
+                        tick_size=float(market_kwargs.get("tick_size", 0.01)),
                         price=float(market_kwargs.get("start_price", 580.0)), **knobs)
 
 

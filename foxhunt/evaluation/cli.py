@@ -110,7 +110,8 @@ def run(args: argparse.Namespace) -> int:
     if target.is_dir():
         config_path = target / "config.json"
         if not config_path.is_file() or not (target / "model.zip").is_file():
-            raise ValueError(f"{str(target)!r} is a folder without config.json and model.zip (not a run folder)")
+            raise ValueError(f"{str(target)!r} is a folder without config.json and model.zip "
+                             "(not a run folder)")
         config = RunConfig.load(config_path)
         model_path, out = target / "model.zip", Path(args.out) if args.out else target
         env_kwargs, data = config.resolved_env_kwargs(), args.data or config.data
@@ -148,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
     )
     title = f"Evaluation of {model_path}"
     paths = write_report(evaluation, out, "policy", title, plots=args.plots)
-    print_evaluation(evaluation, "policy", f"evaluation: deterministic policy, {held_out_line(evaluation.setup)}")
+    held_out = held_out_line(evaluation.setup)
+    print_evaluation(evaluation, "policy", f"evaluation: deterministic policy, {held_out}")
     print(f"\nreport: {paths['report']}")
     return 0

@@ -156,7 +156,8 @@ def paired_comparison(policy: Recording, baseline: Recording, resamples: int = 2
     """
     if not torch.equal(policy.offsets, baseline.offsets) or policy.num_steps != baseline.num_steps:
         raise ValueError(f"{policy.policy!r} and {baseline.policy!r} were not recorded on the same windows")
-    difference = (episode_pnl(policy) - episode_pnl(baseline).to(policy.series["step_pnl"].device)).reshape(-1)
+    other = episode_pnl(baseline).to(policy.series["step_pnl"].device)
+    difference = (episode_pnl(policy) - other).reshape(-1)
     n = difference.numel()
     generator = torch.Generator(device=difference.device).manual_seed(int(seed))
     index = torch.randint(0, n, (int(resamples), n), generator=generator, device=difference.device)

@@ -53,7 +53,8 @@ def held_out_line(setup: dict[str, Any]) -> str:
 
 
 def json_document(evaluation: Evaluation, main: str) -> dict[str, Any]:
-    """``evaluation.json``: the main policy's metrics at the top level, then every policy, comparisons, setup."""
+    """``evaluation.json``: the main policy's metrics at the top level, then every policy, comparisons and
+    the setup."""
     return _clean({
         "eval_data": held_out_line(evaluation.setup),
         "policy": main,

@@ -193,7 +193,7 @@ def test_planted_signal_off_is_the_market_bit_for_bit() -> None:
 
 
 @pytest.mark.parametrize("horizon", [1, 5])
-def test_planted_signal_shows_in_the_imbalance_and_moves_the_mid_by_its_strength(horizon: int) -> None:
+def test_planted_signal_shows_in_the_imbalance_and_moves_the_mid_by_strength(horizon: int) -> None:
     from foxenv.data.synthetic import signal_drift_ticks, signal_from_imbalance
 
     strength = 1.0
@@ -206,7 +206,8 @@ def test_planted_signal_shows_in_the_imbalance_and_moves_the_mid_by_its_strength
     shown = signal[:-horizon]
     # regression slope of the next `horizon` steps' move on the shown signal: horizon x the drift per step
     slope = float((move * shown).mean() / (shown * shown).mean())
-    expected = horizon * signal_drift_ticks(SyntheticProfile(signal_strength=strength, signal_horizon=horizon))
+    profile = SyntheticProfile(signal_strength=strength, signal_horizon=horizon)
+    expected = horizon * signal_drift_ticks(profile)
     assert slope == pytest.approx(expected, rel=0.1)
     assert expected == pytest.approx(strength * 12.5 * horizon**0.5)
     # the rest of the market keeps its statistics: the mid still moves ~14 ticks a step

@@ -110,7 +110,8 @@ def test_buy_and_hold_on_a_rising_market_by_hand() -> None:
     # step 0 earns the tick back minus the tick paid; steps 1..3 earn 100 x 0.01 each; the taker fee
     # is 0.5 bps of the notional 100 x ask.
     market = rising_market()
-    rec = record("buy_and_hold", market, num_books=2, num_steps=4, env_kwargs={"episode_length": 4, "levels": 1})
+    rec = record("buy_and_hold", market, num_books=2, num_steps=4,
+                 env_kwargs={"episode_length": 4, "levels": 1})
     s = rec.series
     ask = 100.02 + 0.01 * rec.offsets[0].double()
     fee = 0.5e-4 * 100 * ask
@@ -181,7 +182,8 @@ def test_oracle_pays_its_costs_without_the_signal_and_earns_with_it(strength: fl
 
 def test_evaluate_policies_holds_out_and_compares_on_the_same_windows() -> None:
     evaluation = evaluate_policies(
-        {"rand": RandomPolicy(5)}, "synthetic", n_envs=4, steps=60, seed=1, market_seed=7, train_market_seed=0,
+        {"rand": RandomPolicy(5)}, "synthetic", n_envs=4, steps=60, seed=1, market_seed=7,
+        train_market_seed=0,
         env_kwargs={"episode_length": 30}, market_kwargs={"num_steps": 2_000, **ORACLE},
     )
     assert list(evaluation.results) == ["rand", "flat", "random", "buy_and_hold", "oracle"]
