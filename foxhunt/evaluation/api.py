@@ -49,6 +49,8 @@ class EvaluationResult:
     series: dict[str, torch.Tensor]
     """Per-step ``[steps, books]`` device tensors (:data:`~foxhunt.evaluation.recorder.SERIES`)."""
     recording: Recording
+    setup: dict[str, Any] = field(default_factory=dict)
+    """The evaluation's setup (:attr:`Evaluation.setup`)."""
 
 
 @dataclass
@@ -235,6 +237,8 @@ def evaluate_policies(
         "market_options": {k: v for k, v in market_options.items()},
         "device": str(device),
     }
+    for result in results.values():
+        result.setup = setup
     return Evaluation(results, comparisons, setup)
 
 
@@ -263,6 +267,4 @@ def evaluate(
     evaluation = evaluate_policies({label: policy}, data, baselines=(), n_envs=n_envs, steps=steps, seed=seed,
                                    market_seed=market_seed, split=split, env_kwargs=env_kwargs,
                                    market_kwargs=market_kwargs, device=device, progress=progress)
-    result = evaluation.results[label]
-    result.metrics["setup"] = evaluation.setup
-    return result
+    return evaluation.results[label]

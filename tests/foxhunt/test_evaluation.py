@@ -205,6 +205,22 @@ def test_evaluate_policies_holds_out_and_compares_on_the_same_windows() -> None:
 def test_a_short_split_is_walked_in_disjoint_windows() -> None:
     market = random_market(400, num_levels=5, seed=2)
     result = evaluate("flat", market, env_kwargs={"episode_length": 90, "levels": 5})
-    setup = result.metrics["setup"]
+    setup = result.setup
     assert setup["books"] == 399 // 90 and setup["independent_steps"] == 4 * 90
     assert result.series["equity"].shape == (90, 4)
+
+
+@pytest.mark.gpu
+def test_recorder_on_cuda_keeps_the_series_there_and_agrees_with_the_cpu() -> None:
+    market = random_market(400, num_levels=5, seed=2)
+    kwargs = {"num_books": 64, "num_steps": 50, "seed": 3, "env_kwargs": {"episode_length": 20, "levels": 5}}
+    rec = record(RandomPolicy(1), market, device="cuda", **kwargs)
+    s = rec.series
+    assert all(value.is_cuda for value in s.values())
+    identity = s["position"] * (s["mid"] - s["prev_mid"]) - s["spread_cost"] - s["fees"]
+    assert torch.allclose(s["step_pnl"], identity, atol=1e-9)
+    cpu = record("buy_and_hold", market, device="cpu", **kwargs)
+    gpu = record("buy_and_hold", market, device="cuda", **kwargs)
+    assert torch.equal(cpu.offsets, gpu.offsets)
+    assert torch.allclose(cpu.series["step_pnl"], gpu.series["step_pnl"].cpu(), atol=1e-9)
+    assert math.isfinite(compute_metrics(rec)["sharpe"])
