@@ -91,8 +91,8 @@ def markdown(evaluation: Evaluation, main: str, title: str, figures: dict[str, P
     windows = setup["books"] * setup["episodes_per_book"]
     lines += ["", "## Paired comparison (per-episode PnL, policy minus baseline, same windows)", ""]
     if windows < 10:
-        lines += [f"Only {windows} episode window(s): the bootstrap interval says little; evaluate more books "
-                  "or steps (or a longer split) for a usable one.", ""]
+        lines += [f"Only {windows} episode window(s): the bootstrap interval says little; evaluate more "
+                  "books or steps (or a longer split) for a usable one.", ""]
     for name, rows in evaluation.comparisons.items():
         if not rows:
             continue
