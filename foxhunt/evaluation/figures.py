@@ -36,12 +36,21 @@ def plot_equity(evaluation: Evaluation, path: Path) -> Path:
     """Equity (cumulative PnL summed over books) of every policy, and its drawdown, against steps."""
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 7), sharex=True, height_ratios=(2, 1))
     length = evaluation.setup["episode_length"]
-    for i, (name, result) in enumerate(evaluation.results.items()):
-        equity = np.cumsum(_host(result.series["step_pnl"]).sum(axis=1))
+    curves = {name: np.cumsum(_host(result.series["step_pnl"]).sum(axis=1))
+              for name, result in evaluation.results.items()}
+    # a baseline far off the others' scale (random's costs, usually) would flatten every other curve
+    others = [np.abs(c).max() for n, c in curves.items() if n != "random"]
+    scale = max(others) if others else 0.0
+    clip = "random" in curves and scale > 0 and np.abs(curves["random"]).max() > 4 * scale
+    for i, (name, equity) in enumerate(curves.items()):
         drawdown = np.maximum.accumulate(np.concatenate([[0.0], equity]))[1:] - equity
         color, style = _style(name, i)
-        top.plot(equity, color=color, linestyle=style, linewidth=1.6, label=f"{name} ({equity[-1]:,.0f})")
+        label = f"{name} ({equity[-1]:,.0f})" + (", off scale" if clip and name == "random" else "")
+        top.plot(equity, color=color, linestyle=style, linewidth=1.6, label=label)
         bottom.plot(-drawdown, color=color, linestyle=style, linewidth=1.3)
+    if clip:
+        top.set_ylim(-1.15 * scale, 1.15 * scale)
+        bottom.set_ylim(-1.15 * scale, 0.05 * scale)
     steps = evaluation.setup["vector_steps"]
     for axis in (top, bottom):
         for boundary in range(length, steps, length):
