@@ -196,6 +196,13 @@ def record(policy: Any, market: MarketData, *, num_books: int = 16, num_steps: i
                          "are needed")
     lob = BatchedLOB(market, int(num_books), config, device, seed)
     dev = lob.device
+    space = getattr(getattr(policy, "model", None), "observation_space", None)
+    if space is not None and tuple(space.shape) != (int(lob.observation_dim),):
+        raise ValueError(
+            f"{policy.name}: the model's observation_space has shape {tuple(space.shape)}, the env's "
+            f"observation ({int(lob.observation_dim)},); give the env_kwargs (levels, return_horizons) the "
+            "model was trained with"
+        )
     features = market_features(lob.market, config)
     market_mid = (lob.market.bid_price[:, 0] + lob.market.ask_price[:, 0]) / 2
     shape = (steps, int(num_books))

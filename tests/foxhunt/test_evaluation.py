@@ -157,6 +157,13 @@ def test_a_flattened_action_model_is_decoded() -> None:
     with pytest.raises(ValueError, match="no predict"):
         ModelPolicy(object())
 
+    class Sized(FlatCodes):
+        observation_space = type("Box", (), {"shape": (7,)})()
+
+    with pytest.raises(ValueError, match=r"observation_space has shape \(7,\)"):
+        record(ModelPolicy(Sized()), random_market(100, seed=1), num_books=1, num_steps=2,
+               env_kwargs={"episode_length": 10, "levels": 5})
+
 
 ORACLE = {"signal_strength": 1.0, "signal_horizon": 10}
 
