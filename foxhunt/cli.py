@@ -2,8 +2,8 @@
 
 ``foxhunt train`` with no arguments trains BranchingIQN on the built-in synthetic market (a few minutes
 on a laptop CPU) and writes a run folder (see :mod:`foxhunt.runs`). ``foxhunt rollout`` scores a
-uniformly random policy. ``evaluate`` and ``tune`` are being built (their issues): they exit with a clear
-"not yet" message.
+uniformly random policy. ``foxhunt evaluate`` scores a saved model beside baselines
+(:mod:`foxhunt.evaluation.cli`). ``tune`` is being built (its issue): it exits with a clear "not yet" message.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 import torch as th
 
 from foxhunt import presets
+from foxhunt.evaluation import cli as evaluation_cli
 from foxhunt.runs import RunConfig
 
 
@@ -128,8 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     train_parser.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
                               help="run each gradient step as one CUDA graph replay (BranchingIQN's "
                                    "cuda_graph=True); CUDA only (default: on with --device cuda)")
-    sub.add_parser("evaluate", help="evaluate a saved model beside baselines (not built yet)",
-                   description="Not built yet: its issue is open.")
+    evaluation_cli.add_parser(sub)
     rollout_parser = sub.add_parser(
         "rollout", help="score a uniformly random policy",
         description="Run a uniformly random policy on the vector env and print foxenv.metrics.",
@@ -147,7 +147,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     :return: the exit status.
     """
     args = build_parser().parse_args(argv)
-    if args.command in ("evaluate", "tune"):
+    if args.command == "evaluate":
+        return evaluation_cli.run(args)
+    if args.command == "tune":
         print(f"foxhunt {args.command}: not built yet", file=sys.stderr)
         return 2
     if args.threads < 1:

@@ -7,7 +7,8 @@ A run folder holds::
     diagnostics.jsonl  one line of training diagnostics per interval
     training.png       episode reward, losses, hindsight counts, ε
     tb/                TensorBoard logs
-    evaluation.json    the evaluation of the greedy policy on held-out data
+    evaluation.json    the evaluation of the greedy policy and the baselines on held-out data
+    report.md          the same as a report, with eval_*.png figures
 """
 
 from __future__ import annotations
@@ -179,8 +180,18 @@ def make_env(config: RunConfig, seed: int, split: str) -> Any:
 
 
 def eval_seed(config: RunConfig) -> int:
-    """The seed of the held-out evaluation env."""
+    """The seed of the held-out evaluation's episode windows and random baseline."""
     return config.seed + 1000
+
+
+def train_market_seed(config: RunConfig) -> int:
+    """The synthetic training market's generator seed (``env_kwargs["market_seed"]``, default 0)."""
+    return int(config.resolved_env_kwargs().get("market_seed", 0) or 0)
+
+
+def eval_market_seed(config: RunConfig) -> int:
+    """The synthetic evaluation market's generator seed: another market than the training one."""
+    return train_market_seed(config) + 1
 
 
 def train(config: RunConfig, callback: Any = None) -> Path:
@@ -191,7 +202,6 @@ def train(config: RunConfig, callback: Any = None) -> Path:
     :return: the run folder.
     """
     from foxhunt.evaluation.plots import plot_training
-    from foxhunt.evaluation.rollout import evaluate_agent, print_summary
     from sb3_her_ext.algorithm import BranchingIQN
 
     # config.json records whether the steps were graphed
@@ -213,11 +223,28 @@ def train(config: RunConfig, callback: Any = None) -> Path:
     model.save(out / "model.zip")
     plot_training(out / "diagnostics.jsonl", out / "training.png")
 
-    eval_env = make_env(config, eval_seed(config), split="test")
-    summary = evaluate_agent(model, eval_env, config.eval_steps)
-    held_out = "test split" if config.data != "synthetic" else f"synthetic, seed {eval_seed(config)}"
-    (out / "evaluation.json").write_text(json.dumps({"eval_data": held_out, **summary}, indent=2))
-    print_summary(f"evaluation: deterministic policy, {held_out}, {config.eval_steps} steps "
-                  f"x {config.n_envs} books", summary)
+    _evaluate_run(config, model, out)
     print(f"\nrun folder: {out}")
     return out
+
+
+def _evaluate_run(config: RunConfig, model: Any, out: Path) -> None:
+    """The final evaluation of ``train``: ``foxhunt evaluate``'s code on the run's held-out data."""
+    from foxhunt.evaluation.api import evaluate_policies, split_env_kwargs
+    from foxhunt.evaluation.report import held_out_line, print_evaluation, write_report
+
+    synthetic = config.data == "synthetic"
+    config_kwargs, market_kwargs = split_env_kwargs(config.resolved_env_kwargs())
+    market_kwargs.pop("market_seed", None)
+    if synthetic:
+        market_kwargs.setdefault("num_steps", config.synthetic_market_steps)
+    evaluation = evaluate_policies(
+        {"policy": model}, config.data, n_envs=config.n_envs, steps=config.eval_steps,
+        seed=eval_seed(config), market_seed=eval_market_seed(config),
+        train_market_seed=train_market_seed(config) if synthetic else None,
+        split="test", env_kwargs=config_kwargs, market_kwargs=market_kwargs, device=config.device,
+    )
+    write_report(evaluation, out, "policy", f"Evaluation of {out / 'model.zip'}")
+    held_out = held_out_line(evaluation.setup)
+    print_evaluation(evaluation, "policy", f"evaluation: deterministic policy, {held_out}, "
+                     f"{config.eval_steps} steps x {evaluation.setup['books']} books")

@@ -82,6 +82,12 @@ class SyntheticProfile:
     :param cancel_fraction: mean share of the touch cancelled per step.
     :param cancel_power: the cancelled share of level ``k`` (0 = touch) scales as
         ``(k + 1) ** -cancel_power``.
+    :param signal_strength: planted signal (0 = none, the market is then bit for bit the one without these
+        two knobs): a standard normal ``s_t`` shown in the top-of-book imbalance ``tanh(s_t / 2)`` of row
+        ``t`` moves the mid by ``signal_strength * vol_ticks / sqrt(signal_horizon) * s_t`` ticks in each of
+        the next ``signal_horizon`` steps, so the predictable part of the ``signal_horizon``-step move has
+        ``signal_strength`` times the standard deviation of its median noise (:func:`signal_drift_ticks`).
+    :param signal_horizon: steps ``k`` over which a planted signal moves the mid; >= 1.
     """
 
     start_price: float = 580.0
@@ -106,6 +112,8 @@ class SyntheticProfile:
     consumed_exec_min: float = 0.5
     cancel_fraction: float = 0.6
     cancel_power: float = 1.5
+    signal_strength: float = 0.0
+    signal_horizon: int = 1
 
     def validate(self) -> SyntheticProfile:
         """Check every knob's range.
@@ -120,7 +128,7 @@ class SyntheticProfile:
                     "reversion_steps", "spread_median_ticks", "spread_memory", "round_lot",
                     "lot_tail_alpha", "max_lots")
         non_negative = ("drift_ticks", "vol_of_vol", "spread_log_std", "gap_scale_ticks",
-                        "exec_fraction", "cancel_fraction", "cancel_power")
+                        "exec_fraction", "cancel_fraction", "cancel_power", "signal_strength")
         unit_interval = ("flat_fraction", "odd_lot_fraction", "consumed_exec_min")
         for name in positive:
             if getattr(self, name) <= 0:
@@ -133,7 +141,50 @@ class SyntheticProfile:
                 raise ValueError(f"{name}={getattr(self, name)} must lie in [0, 1]")
         if not -1.0 <= self.spread_vol_corr <= 1.0:
             raise ValueError(f"spread_vol_corr={self.spread_vol_corr} must lie in [-1, 1]")
+        if float(self.signal_horizon) != int(self.signal_horizon) or self.signal_horizon < 1:
+            raise ValueError(f"signal_horizon={self.signal_horizon} must be an integer >= 1")
         return self
+
+
+#: Salt of the planted signal's own random stream (the market's stream stays untouched by the signal).
+_SIGNAL_SALT = 0x5167_4E41
+
+
+def signal_drift_ticks(profile: SyntheticProfile) -> float:
+    """Mid move, in ticks per step over the next ``signal_horizon`` steps, of a unit planted signal.
+
+    :param profile: the knobs.
+    :return: ``signal_strength * vol_ticks / sqrt(signal_horizon)``.
+    """
+    return profile.signal_strength * profile.vol_ticks / math.sqrt(int(profile.signal_horizon))
+
+
+def signal_from_imbalance(imbalance: torch.Tensor) -> torch.Tensor:
+    """Invert the planted signal's encoding: ``s = 2 atanh(imbalance)`` (clamped away from +-1).
+
+    :param imbalance: top-of-book imbalance ``(bid - ask) / (bid + ask)``.
+    :return: the signal it shows, same shape.
+    """
+    return 2.0 * torch.atanh(imbalance.clamp(-0.999999, 0.999999))
+
+
+def _planted_signal(length: int, seed: int, profile: SyntheticProfile) -> tuple[torch.Tensor, torch.Tensor]:
+    """The planted signal of each row and the mid increments it causes.
+
+    :param length: rows.
+    :param seed: the market's seed (the signal draws from its own stream, salted).
+    :param profile: the knobs.
+    :return: ``(signal [length], extra increments [length])``, float64; increment ``t`` holds
+        ``signal_drift_ticks * sum_{j=1..k} signal[t - j]``.
+    """
+    generator = torch.Generator(device="cpu").manual_seed((int(seed) + _SIGNAL_SALT) % 2**63)
+    signal = torch.randn(length, generator=generator, dtype=torch.float64)
+    horizon = int(profile.signal_horizon)
+    cumulative = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(signal, 0)])
+    rows = torch.arange(length)
+    # sum of signal[t - k .. t - 1] = cumulative[t] - cumulative[max(t - k, 0)]
+    window = cumulative[rows] - cumulative[(rows - horizon).clamp(min=0)]
+    return signal, signal_drift_ticks(profile) * window
 
 
 def _smoothed_noise(length: int, memory: float, generator: torch.Generator) -> torch.Tensor:
@@ -287,6 +338,10 @@ def generate_synthetic(
     volatility = knobs.vol_ticks * torch.exp(knobs.vol_of_vol * log_vol)
     noise = torch.randn(length, generator=generator, dtype=torch.float64)
     increments = _regime_drift(length, knobs, generator) + volatility * noise
+    planted = knobs.signal_strength > 0
+    if planted:
+        signal, signal_moves = _planted_signal(length, seed, knobs)
+        increments = increments + signal_moves
     increments[0] = 0.0
     start_ticks = knobs.start_price / tick_size
     deviation = _decaying_sum(increments, 1.0 - 1.0 / knobs.reversion_steps)
@@ -311,6 +366,11 @@ def generate_synthetic(
     ask_ticks = (best_ask[:, None] + side_prices()).to(torch.int64)
     bid_size = _level_sizes((length, levels), knobs, generator)
     ask_size = _level_sizes((length, levels), knobs, generator)
+    if planted:  # show the signal in the top-of-book imbalance, keeping the touch's total size
+        imbalance = torch.tanh(signal / 2.0)
+        total = bid_size[:, 0] + ask_size[:, 0]
+        bid_size[:, 0] = total * (1.0 + imbalance) / 2.0
+        ask_size[:, 0] = total * (1.0 - imbalance) / 2.0
     if int(bid_ticks[:, -1].min()) <= 0:
         raise ValueError(
             f"the profile drives bid prices to <= 0 (start_price={knobs.start_price}, "
@@ -339,6 +399,7 @@ def generate_synthetic(
         time=knobs.step_seconds * torch.arange(1, num_steps + 1, dtype=torch.float64),
         halted=torch.zeros(num_steps, dtype=torch.bool),
         tick_size=float(tick_size),
-        name=f"synthetic seed={seed} steps={num_steps} levels={levels}",
+        name=f"synthetic seed={seed} steps={num_steps} levels={levels}"
+        + (f" signal={knobs.signal_strength:g}x{int(knobs.signal_horizon)}" if planted else ""),
     )
     return data.validate().to(device)

@@ -182,3 +182,40 @@ def test_same_tensors_on_cuda_as_on_cpu() -> None:
     assert cuda.device.type == "cuda"
     for name in TENSOR_FIELDS:
         assert torch.equal(getattr(cuda, name).cpu(), getattr(cpu, name)), name
+
+
+def test_planted_signal_off_is_the_market_bit_for_bit() -> None:
+    plain = generate_synthetic(3_000, seed=2)
+    off = generate_synthetic(3_000, seed=2, signal_strength=0.0, signal_horizon=7)
+    for name in TENSOR_FIELDS:
+        assert torch.equal(getattr(plain, name), getattr(off, name)), name
+    assert off.name == plain.name
+
+
+@pytest.mark.parametrize("horizon", [1, 5])
+def test_planted_signal_shows_in_the_imbalance_and_moves_the_mid_by_strength(horizon: int) -> None:
+    from foxenv.data.synthetic import signal_drift_ticks, signal_from_imbalance
+
+    strength = 1.0
+    market = generate_synthetic(STEPS, seed=3, signal_strength=strength, signal_horizon=horizon)
+    assert "signal=1x" in market.name
+    mid = (market.bid_price[:, 0] + market.ask_price[:, 0]) / 2
+    top = market.bid_size[:, 0].double() + market.ask_size[:, 0].double()
+    signal = signal_from_imbalance((market.bid_size[:, 0].double() - market.ask_size[:, 0].double()) / top)
+    move = (mid[horizon:] - mid[:-horizon]) / market.tick_size
+    shown = signal[:-horizon]
+    # regression slope of the next `horizon` steps' move on the shown signal: horizon x the drift per step
+    slope = float((move * shown).mean() / (shown * shown).mean())
+    profile = SyntheticProfile(signal_strength=strength, signal_horizon=horizon)
+    expected = horizon * signal_drift_ticks(profile)
+    assert slope == pytest.approx(expected, rel=0.1)
+    assert expected == pytest.approx(strength * 12.5 * horizon**0.5)
+    # the rest of the market keeps its statistics: the mid still moves ~14 ticks a step
+    assert 10 < float(((mid[1:] - mid[:-1]) / market.tick_size).std()) < 25
+
+
+def test_planted_signal_knobs_are_checked() -> None:
+    with pytest.raises(ValueError, match="signal_strength=-1"):
+        generate_synthetic(100, signal_strength=-1.0)
+    with pytest.raises(ValueError, match="signal_horizon=0"):
+        generate_synthetic(100, signal_strength=1.0, signal_horizon=0)

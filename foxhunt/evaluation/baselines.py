@@ -1,0 +1,223 @@
+"""Policies the recorder runs: an adapter for SB3-style models and the baselines every agent is compared with.
+
+A policy here is anything with ``reset(num_books, device)`` and ``act(obs, episode_start) -> actions``, where
+``obs`` is the core's ``[B, D]`` float32 observation tensor, ``episode_start`` a ``[B]`` bool tensor (True on
+the first step of an episode) and the result ``[B, 4]`` int64 (direction, magnitude, order, urgency) on the
+observation's device. Baselines act on the device; only :class:`ModelPolicy` copies the observation to the
+host, because SB3's ``predict`` takes numpy.
+
+foxenv's action: direction 0 / 1 / 2 = short / flat / long target, magnitude 0 / 1 / 2 = a quarter / half /
+all of ``max_position``, order 0 / 1 / 2 = Market / LimitMaker / IoC, urgency 0 / 1 / 2 (Market: a third,
+two thirds or all of the gap to the target).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+from foxenv.data.synthetic import SyntheticProfile, signal_drift_ticks, signal_from_imbalance
+
+#: foxenv's action branches and their sizes.
+NVEC = (3, 3, 3, 3)
+#: Names of the built-in baselines (:func:`make_baseline`).
+BASELINES = ("flat", "random", "buy_and_hold", "oracle")
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """What the recorder runs."""
+
+    name: str
+
+    def reset(self, num_books: int, device: torch.device) -> None:
+        """Forget any state; ``num_books`` books on ``device`` follow."""
+
+    def act(self, obs: torch.Tensor, episode_start: torch.Tensor) -> torch.Tensor:
+        """``[B, 4]`` int64 actions for ``[B, D]`` observations."""
+
+
+def _constant(num_books: int, device: torch.device, action: tuple[int, int, int, int]) -> torch.Tensor:
+    return torch.tensor(action, dtype=torch.int64, device=device).expand(num_books, 4).contiguous()
+
+
+class FlatPolicy:
+    """Never trades: target position 0 with a Market order (a no-op when flat)."""
+
+    name = "flat"
+
+    def reset(self, num_books: int, device: torch.device) -> None:
+        """Build the constant action."""
+        self._action = _constant(num_books, device, (1, 0, 0, 0))
+
+    def act(self, obs: torch.Tensor, episode_start: torch.Tensor) -> torch.Tensor:
+        """The flat action for every book."""
+        return self._action
+
+
+class BuyAndHoldPolicy:
+    """Buys ``max_position`` with a Market order at once and holds it to the end of the episode."""
+
+    name = "buy_and_hold"
+
+    def reset(self, num_books: int, device: torch.device) -> None:
+        """Build the constant action (long, full size, Market, all of the gap)."""
+        self._action = _constant(num_books, device, (2, 2, 0, 2))
+
+    def act(self, obs: torch.Tensor, episode_start: torch.Tensor) -> torch.Tensor:
+        """The long action for every book."""
+        return self._action
+
+
+class RandomPolicy:
+    """Uniformly random over every branch, from its own seeded generator on the device.
+
+    :param seed: seed of the generator (re-seeded by :meth:`reset`, so every run draws the same actions).
+    """
+
+    name = "random"
+
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = int(seed)
+
+    def reset(self, num_books: int, device: torch.device) -> None:
+        """Re-seed the generator."""
+        self._generator = torch.Generator(device=device).manual_seed(self.seed)
+        self._nvec = torch.tensor(NVEC, dtype=torch.float32, device=device)
+        self._num_books = num_books
+
+    def act(self, obs: torch.Tensor, episode_start: torch.Tensor) -> torch.Tensor:
+        """Uniform actions."""
+        uniform = torch.rand((self._num_books, len(NVEC)), generator=self._generator, device=obs.device)
+        return (uniform * self._nvec).long()
+
+
+class OraclePolicy:
+    """Trades the planted signal of a synthetic market (``signal_strength`` > 0) with Market orders.
+
+    It reads what the agent sees: the signal of each step from the observation's top-of-book imbalance
+    (``s = 2 atanh(imbalance)``), remembers the last ``signal_horizon`` of them, and knows the planted model,
+    so it computes the mid move still to come, ``m = drift * sum_j s[t - j] * (k - j)`` ticks
+    (:func:`~foxenv.data.synthetic.signal_drift_ticks`). It goes all in on the side of ``m`` when ``|m|``
+    exceeds the round trip's cost (the spread in the observation plus two taker fees), keeps a position
+    while ``m`` still points its way, and is flat otherwise. On a market without the signal the imbalance
+    is noise, so its PnL is minus its costs (spread and fees) up to the market's noise.
+
+    :param signal_strength: the planted strength the oracle assumes (> 0).
+    :param signal_horizon: the planted horizon ``k``.
+    :param levels: book levels of the observation (``EnvConfig.levels``), which locate the features.
+    :param taker_fee_bps: the env's taker fee.
+    :param tick_size: the market's tick (for the fee in ticks).
+    :param price: a typical price (for the fee in ticks).
+    :param profile: other synthetic knobs (``vol_ticks``) as the market was generated.
+    """
+
+    name = "oracle"
+
+    def __init__(self, signal_strength: float, signal_horizon: int, levels: int = 10,
+                 taker_fee_bps: float = 0.5, tick_size: float = 0.01, price: float = 580.0,
+                 **profile: float) -> None:
+        if not signal_strength > 0:
+            raise ValueError(f"signal_strength={signal_strength} must be > 0 for the oracle")
+        knobs = SyntheticProfile(signal_strength=signal_strength, signal_horizon=int(signal_horizon),
+                                 **profile).validate()
+        self.drift = signal_drift_ticks(knobs)
+        self.horizon = int(signal_horizon)
+        self.imbalance_column = 4 * int(levels)
+        self.spread_column = 4 * int(levels) + 1
+        self.fee_ticks = 2.0 * taker_fee_bps * 1e-4 * price / tick_size
+        self._position_column: int | None = None
+
+    def reset(self, num_books: int, device: torch.device) -> None:
+        """Clear the signal memory."""
+        self._memory = torch.zeros((num_books, self.horizon), dtype=torch.float64, device=device)
+        # weight of s[t - j], j = 0..k-1: the k - j steps of its move still to come
+        self._weights = torch.arange(self.horizon, 0, -1, dtype=torch.float64, device=device)
+
+    def expected_move(self, obs: torch.Tensor, episode_start: torch.Tensor) -> torch.Tensor:
+        """Update the memory with this step's signal and return the mid move still to come, in ticks."""
+        signal = signal_from_imbalance(obs[:, self.imbalance_column].double())
+        memory = self._memory.masked_fill(episode_start[:, None], 0.0)  # a new window starts with no memory
+        self._memory = torch.cat([signal[:, None], memory[:, :-1]], dim=1)
+        return self.drift * (self._memory @ self._weights)
+
+    def act(self, obs: torch.Tensor, episode_start: torch.Tensor) -> torch.Tensor:
+        """All in along the expected move when it beats the round trip's cost, else hold or go flat."""
+        move = self.expected_move(obs, episode_start)
+        cost = obs[:, self.spread_column].double() + self.fee_ticks
+        # the position is the first portfolio feature, right after the market features
+        position = torch.sign(obs[:, -8].double())
+        side = torch.sign(move)
+        target = torch.where(move.abs() > cost, side, torch.where(side == position, position, 0.0))
+        actions = torch.zeros((obs.shape[0], 4), dtype=torch.int64, device=obs.device)
+        actions[:, 0] = target.long() + 1
+        actions[:, 1] = 2  # full size
+        actions[:, 3] = 2  # Market, all of the gap at once
+        return actions
+
+
+class ModelPolicy:
+    """An SB3-style model (anything with ``predict(obs, deterministic=...)``) as a recorder policy.
+
+    A model over the flattened action (``Discrete(81)``, code ``27 d + 9 m + 3 o + u``) is decoded to the
+    four branches.
+
+    :param model: the model.
+    :param name: its name in reports.
+    :param deterministic: greedy actions (the default) or the model's exploration.
+    """
+
+    def __init__(self, model: Any, name: str = "model", deterministic: bool = True) -> None:
+        if not callable(getattr(model, "predict", None)):
+            raise ValueError(f"model of type {type(model).__name__} has no predict method")
+        self.model = model
+        self.name = name
+        self.deterministic = deterministic
+
+    def reset(self, num_books: int, device: torch.device) -> None:
+        """Nothing to reset (the models here are not recurrent)."""
+        self._codes = torch.tensor([27, 9, 3, 1], dtype=torch.int64, device=device)
+
+    def act(self, obs: torch.Tensor, episode_start: torch.Tensor) -> torch.Tensor:
+        """The model's actions (one host round trip: SB3's ``predict`` takes numpy)."""
+        action, _ = self.model.predict(obs.cpu().numpy(), deterministic=self.deterministic)
+        action = torch.as_tensor(np.asarray(action), dtype=torch.int64, device=obs.device)
+        if action.ndim == 1:  # the flattened 81-action space
+            action = (action[:, None] // self._codes) % 3
+        return action.reshape(obs.shape[0], 4)
+
+
+def make_baseline(name: str, seed: int = 0, **oracle_kwargs: Any) -> Policy:
+    """A built-in baseline by name.
+
+    :param name: one of :data:`BASELINES`.
+    :param seed: the random baseline's seed.
+    :param oracle_kwargs: :class:`OraclePolicy`'s arguments (the oracle only).
+    :return: the policy.
+    """
+    if name == "flat":
+        return FlatPolicy()
+    if name == "random":
+        return RandomPolicy(seed)
+    if name == "buy_and_hold":
+        return BuyAndHoldPolicy()
+    if name == "oracle":
+        return OraclePolicy(**oracle_kwargs)
+    raise ValueError(f"baseline={name!r} must be one of {BASELINES}")
+
+
+def as_policy(obj: Any, name: str | None = None) -> Policy:
+    """A recorder policy from a policy, a baseline name or an SB3-style model.
+
+    :param obj: a :class:`Policy`, a name of :data:`BASELINES` (not ``"oracle"``, which needs the market's
+        signal), or a model with ``predict``.
+    :param name: the name of a model in reports (default ``"model"``).
+    :return: the policy.
+    """
+    if isinstance(obj, str):
+        return make_baseline(obj)
+    if callable(getattr(obj, "act", None)) and callable(getattr(obj, "reset", None)):
+        return obj
+    return ModelPolicy(obj, name=name or "model")

@@ -1,0 +1,162 @@
+"""Write an evaluation's ``report.md``, ``evaluation.json`` and figures into a folder, and print a summary."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from foxhunt.evaluation.api import Evaluation
+from foxhunt.evaluation.metrics import UNITS
+
+#: Metrics in the report's table, in order.
+TABLE_METRICS = (
+    "pnl", "pnl_per_episode", "pnl_bps_of_notional", "sharpe", "sharpe_annualised", "sortino",
+    "max_drawdown", "turnover", "notional_traded", "hit_rate", "trades", "fills", "fees", "spread_cost",
+    "maker_share", "time_in_market", "mean_abs_position",
+)
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe: NaN and infinities become ``None``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return "n/a"
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+    return str(value)
+
+
+def held_out_line(setup: dict[str, Any]) -> str:
+    """One line saying what the evaluation data was and how it is held out."""
+    if setup.get("market_seed") is not None:
+        train = setup.get("train_market_seed")
+        trained = f", training market seed {train}" if train is not None else ""
+        return f"synthetic, market seed {setup['market_seed']}{trained}"
+    if setup.get("split"):
+        return f"{setup['split']} split"
+    return str(setup.get("data"))
+
+
+def json_document(evaluation: Evaluation, main: str) -> dict[str, Any]:
+    """``evaluation.json``: the main policy's metrics at the top level, then every policy, comparisons and
+    the setup."""
+    return _clean({
+        "eval_data": held_out_line(evaluation.setup),
+        "policy": main,
+        **evaluation.results[main].metrics,
+        "units": UNITS,
+        **evaluation.to_json(),
+    })
+
+
+def markdown(evaluation: Evaluation, main: str, title: str, figures: dict[str, Path]) -> str:
+    """The text of ``report.md``."""
+    setup = evaluation.setup
+    names = list(evaluation.results)
+    lines = [
+        f"# {title}",
+        "",
+        f"- data: **{held_out_line(setup)}** ({setup['market']}, {setup['market_steps']:,} steps)",
+        f"- {setup['books']} books x {setup['vector_steps']:,} steps = {setup['book_steps']:,} book-steps, "
+        f"episodes of {setup['episode_length']} steps, {setup['episodes_per_book']} per book; "
+        f"**{setup['independent_steps']:,} independent steps** (distinct market rows stepped from; every "
+        "policy ran on the same windows)",
+        f"- step clock: {setup['step_seconds']:.4g} s per step ({setup['step_seconds_source']}); annualised "
+        "ratios assume 252 x 6.5 h of trading a year",
+        f"- seed {setup['seed']} (episode windows, random baseline); device {setup['device']}",
+        "",
+        "## Metrics",
+        "",
+        "| metric | " + " | ".join(names) + " | unit |",
+        "|---|" + "---|" * len(names) + "---|",
+    ]
+    for metric in TABLE_METRICS:
+        row = [_fmt(evaluation.results[n].metrics.get(metric)) for n in names]
+        lines.append(f"| {metric} | " + " | ".join(row) + f" | {UNITS.get(metric, '')} |")
+    windows = setup["books"] * setup["episodes_per_book"]
+    lines += ["", "## Paired comparison (per-episode PnL, policy minus baseline, same windows)", ""]
+    if windows < 10:
+        lines += [f"Only {windows} episode window(s): the bootstrap interval says little; evaluate more "
+                  "books or steps (or a longer split) for a usable one.", ""]
+    for name, rows in evaluation.comparisons.items():
+        if not rows:
+            continue
+        lines += [f"**{name}**", "", "| baseline | mean difference | CI | episodes | policy ahead in |",
+                  "|---|---|---|---|---|"]
+        for row in rows:
+            lines.append(
+                f"| {row['baseline']} | {_fmt(row['mean_difference'])} | "
+                f"[{_fmt(row['ci_low'])}, {_fmt(row['ci_high'])}] ({row['level']:.0%} bootstrap) | "
+                f"{row['episodes']} | {row['win_share']:.0%} |"
+            )
+        lines.append("")
+    lines += ["## Action mix (share of book-steps per value)", ""]
+    for name in names:
+        mix = evaluation.results[name].metrics["action_mix"]
+        shown = "; ".join(f"{b}: " + "/".join(f"{v:.2f}" for v in values) for b, values in mix.items())
+        lines.append(f"- {name}: {shown}")
+    lines += ["", "## Figures", ""]
+    captions = {
+        "equity": "equity of every policy (summed over books) and its drawdown",
+        "position": f"{main}: one book's position over the mid, trades marked",
+        "action_mix": "action mix per branch",
+        "episode_pnl": "per-episode PnL distribution",
+    }
+    for key, path in figures.items():
+        lines.append(f"![{captions.get(key, key)}]({path.name})")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_report(evaluation: Evaluation, out: str | Path, main: str, title: str = "Evaluation",
+                 plots: bool = True) -> dict[str, Path]:
+    """Write ``report.md``, ``evaluation.json`` and the figures into ``out``.
+
+    :param evaluation: the evaluation.
+    :param out: the folder (a run folder, or ``--out``).
+    :param main: the policy the report is about (its metrics head ``evaluation.json``).
+    :param title: the report's title.
+    :param plots: draw the figures.
+    :return: the written paths by name.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    figures: dict[str, Path] = {}
+    if plots:
+        from foxhunt.evaluation.figures import plot_all
+
+        figures = plot_all(evaluation, out, main)
+    (out / "evaluation.json").write_text(json.dumps(json_document(evaluation, main), indent=2))
+    (out / "report.md").write_text(markdown(evaluation, main, title, figures))
+    return {"report": out / "report.md", "json": out / "evaluation.json", **figures}
+
+
+def print_evaluation(evaluation: Evaluation, main: str, title: str) -> None:
+    """Print the main policy's metrics, then one line per policy and the paired comparisons."""
+    from foxhunt.evaluation.rollout import print_summary
+
+    print_summary(title, evaluation.results[main].metrics)
+    print(f"\n  {'policy':>14} {'pnl':>12} {'sharpe/step':>12} {'max_dd':>10} {'trades':>8} {'fees':>10}")
+    for name, result in evaluation.results.items():
+        m = result.metrics
+        print(f"  {name:>14} {m['pnl']:>12,.0f} {m['sharpe']:>12.4f} {m['max_drawdown']:>10,.0f} "
+              f"{m['trades']:>8,} {m['fees']:>10,.0f}")
+    for name, rows in evaluation.comparisons.items():
+        for row in rows:
+            print(f"  {name} - {row['baseline']}: {row['mean_difference']:+,.1f} per episode "
+                  f"[{row['ci_low']:+,.1f}, {row['ci_high']:+,.1f}]")

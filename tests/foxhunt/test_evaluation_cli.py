@@ -1,0 +1,56 @@
+"""``foxhunt evaluate`` end to end on a run folder: the report, the JSON, the figures, the held-out seeds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from foxhunt.cli import main
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny trained run folder."""
+    out = tmp_path_factory.mktemp("evaluate") / "run"
+    assert main(["train", "--steps", "120", "--n-envs", "2", "--out", str(out), "--no-progress",
+                 "--eval-steps", "10", "--no-hindsight"]) == 0
+    return out
+
+
+def test_train_writes_the_evaluation_report(run_dir: Path) -> None:
+    document = json.loads((run_dir / "evaluation.json").read_text())
+    assert document["eval_data"] == "synthetic, market seed 1, training market seed 0"
+    assert document["setup"]["market_seed"] == 1 and document["setup"]["train_market_seed"] == 0
+    assert set(document["policies"]) == {"policy", "flat", "random", "buy_and_hold"}
+    for name in ("report.md", "eval_equity.png", "eval_position.png", "eval_action_mix.png",
+                 "eval_episode_pnl.png"):
+        assert (run_dir / name).is_file(), name
+
+
+def test_evaluate_a_run_folder_with_the_signal_and_the_oracle(run_dir: Path, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "report"
+    assert main(["evaluate", str(run_dir), "--steps", "15", "--n-envs", "3", "--out", str(out),
+                 "--signal-strength", "1", "--signal-horizon", "5", "--market-seed", "9", "--no-plots"]) == 0
+    text = capsys.readouterr().out
+    assert "evaluation: deterministic policy, synthetic, market seed 9, training market seed 0" in text
+    document = json.loads((out / "evaluation.json").read_text())
+    assert document["steps"] == 15 * 3 and document["policy"] == "policy"
+    assert "oracle" in document["policies"] and len(document["comparisons"]["policy"]) == 4
+    report = (out / "report.md").read_text()
+    assert "independent steps" in report and "market seed 9" in report
+    assert not list(out.glob("*.png"))
+
+
+def test_evaluate_refuses_bad_targets_and_values(tmp_path: Path, run_dir: Path) -> None:
+    with pytest.raises(ValueError, match="must be a run folder or a model .zip"):
+        main(["evaluate", str(tmp_path / "nothing")])
+    with pytest.raises(ValueError, match="not a run folder"):
+        main(["evaluate", str(tmp_path)])
+    with pytest.raises(ValueError, match="--steps=0 must be >= 1"):
+        main(["evaluate", str(run_dir), "--steps", "0"])
+    with pytest.raises(ValueError, match="not held out"):
+        main(["evaluate", str(run_dir), "--market-seed", "0", "--steps", "2", "--no-plots",
+              "--out", str(tmp_path / "x")])
