@@ -28,7 +28,7 @@ DataSource = str | PathLike | tuple[str | PathLike, str | PathLike] | MarketData
 #: ``market_seed`` is its ``seed``, the synthetic generator's seed, 0 by default).
 MARKET_KWARGS = (
     "step_events", "step_seconds", "split", "train_fraction", "num_steps", "cache_dir", "market_seed",
-    "price_band", "tick_size",
+    "price_band", "tick_size", "signal_strength", "signal_horizon",
 )
 
 

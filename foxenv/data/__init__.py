@@ -53,6 +53,8 @@ def load_market(
     seed: int = 0,
     device: str | torch.device = "cpu",
     cache_dir: str | os.PathLike | None = None,
+    signal_strength: float = 0.0,
+    signal_horizon: int = 1,
 ) -> MarketData:
     """Load a market timeline from the synthetic generator or LOBSTER files, on ``device``.
 
@@ -74,6 +76,10 @@ def load_market(
     :param cache_dir: LOBSTER only: cache folder (default ``$FOXHUNT_CACHE_DIR`` or
         ``~/.cache/foxhunt/lobster``). A cache that cannot be read or written costs time, not the load:
         one :class:`CacheWarning` says why.
+    :param signal_strength: synthetic only: strength of a planted, observable signal of the next
+        ``signal_horizon`` steps' mid move (0: none, the market is then the one without it, bit for bit;
+        see :class:`~foxenv.data.synthetic.SyntheticProfile`).
+    :param signal_horizon: synthetic only: steps over which a planted signal moves the mid; >= 1.
     :return: the timeline.
     :raises ValueError: on a bad source, parameter or data file, naming the field and the value.
     """
@@ -88,6 +94,7 @@ def load_market(
         if tick_size is not None:
             raise ValueError(f"tick_size={tick_size} applies to LOBSTER sources only, not 'synthetic'")
         profile = {} if step_seconds is None else {"step_seconds": step_seconds}
+        profile.update(signal_strength=signal_strength, signal_horizon=signal_horizon)
         data = generate_synthetic(
             DEFAULT_SYNTHETIC_STEPS if num_steps is None else num_steps,
             levels=DEFAULT_SYNTHETIC_LEVELS if levels is None else levels,
@@ -95,6 +102,9 @@ def load_market(
             **profile,
         )
     else:
+        if signal_strength != 0.0 or signal_horizon != 1:
+            raise ValueError(f"signal_strength={signal_strength}, signal_horizon={signal_horizon}: a planted "
+                             "signal applies to the synthetic market only, not to LOBSTER sources")
         if isinstance(source, tuple):
             if len(source) != 2:
                 raise ValueError(f"source={source!r} must be a (message_path, orderbook_path) pair")

@@ -133,3 +133,20 @@ def test_load_market_takes_the_lobster_checks_as_keywords() -> None:
         assert parameters[name].kind is inspect.Parameter.KEYWORD_ONLY and parameters[name].default == default
     with pytest.raises(ValueError, match="tick_size=0.01 applies to LOBSTER sources only"):
         load_market(num_steps=100, tick_size=0.01)
+
+
+def test_load_market_passes_a_planted_signal_to_the_synthetic_generator() -> None:
+    from foxenv.data import load_market
+
+    plain = load_market("synthetic", num_steps=300, seed=4)
+    off = load_market("synthetic", num_steps=300, seed=4, signal_strength=0.0, signal_horizon=5)
+    planted = load_market("synthetic", num_steps=300, seed=4, signal_strength=1.0, signal_horizon=5)
+    assert torch.equal(plain.bid_price, off.bid_price) and torch.equal(plain.ask_size, off.ask_size)
+    assert not torch.equal(plain.bid_price, planted.bid_price)
+
+
+def test_load_market_refuses_a_planted_signal_on_lobster_files(tmp_path) -> None:
+    from foxenv.data import load_market
+
+    with pytest.raises(ValueError, match="signal_strength=0.5.*synthetic market only"):
+        load_market(tmp_path, signal_strength=0.5)
