@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from stable_baselines3 import DQN
 from stable_baselines3.common.buffers import ReplayBuffer
 
+import cuda_ext
 from cuda_ext.reference import per as cuda_reference
 from cuda_ext.reference.philox import philox_uniforms
 from sb3_her_ext.replay import HindsightConfig, PrioritizedHindsightReplayBuffer, PrioritizedReplaySamples
@@ -245,16 +246,16 @@ def test_one_push_per_add_unique_slots_and_bounded_size(capacity, n_envs, steps,
     buffer = make_buffer(capacity=capacity, n_envs=n_envs,
                          hindsight=HindsightConfig(lookahead=2, forward_capacity=4, threshold=0.5))
     calls: list[tuple[torch.Tensor, torch.Tensor]] = []
-    original = torch.ops.cuda_ext.per_push
+    original = cuda_ext.per_push
 
-    def spy(*args):
-        slots = original(*args)
-        calls.append((args[15].clone(), slots.clone()))
+    def spy(storage, rows, alpha):
+        slots = original(storage, rows, alpha=alpha)
+        calls.append((rows.wants.clone(), slots.clone()))
         return slots
 
     rng = np.random.default_rng(seed)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(torch.ops.cuda_ext, "per_push", spy)
+        patch.setattr(cuda_ext, "per_push", spy)
         for step in range(steps):
             head, size = buffer.head_size.tolist()
             before = sum(int(v) for v in buffer.hindsight_counts.values())
