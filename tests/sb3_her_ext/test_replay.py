@@ -324,6 +324,28 @@ def test_pickle_round_trip_keeps_everything():
     assert_same_state(buffer, loaded)
 
 
+def test_storage_is_one_replay_storage_shown_under_sb3_names():
+    buffer = filled_hindsight_buffer()
+    assert isinstance(buffer.storage, cuda_ext.ReplayStorage)
+    assert buffer.observations is buffer.storage.obs and buffer.tree is buffer.storage.tree
+    assert buffer.max_priority_tensor is buffer.storage.max_priority
+    assert buffer.tree_leaves == buffer.storage.tree_leaves == 64
+
+
+def test_pickle_of_the_flat_layout_still_loads():
+    buffer = filled_hindsight_buffer()
+    state = buffer.__getstate__()
+    storage = state.pop("storage")  # a pickle written before ReplayStorage held the tensors as attributes
+    for name, field in (("observations", "obs"), ("next_observations", "next_obs"), ("actions", "action"),
+                        ("rewards", "reward"), ("dones", "done"), ("kinds", "kind"), ("tree", "tree"),
+                        ("head_size", "head_size"), ("max_priority_tensor", "max_priority")):
+        state[name] = getattr(storage, field)
+    restored = object.__new__(PrioritizedHindsightReplayBuffer)
+    restored.__setstate__(state)
+    assert isinstance(restored.storage, cuda_ext.ReplayStorage) and "observations" not in vars(restored)
+    assert_same_state(buffer, restored)
+
+
 @pytest.mark.slow
 def test_sb3_save_and_load_replay_buffer(tmp_path):
     import gymnasium as gym
