@@ -66,8 +66,8 @@ def push(state: dict, rows: dict, alpha: float = 0.6) -> torch.Tensor:
     """
     new_rows = PushRows(
         obs=rows["new_obs"], next_obs=rows["new_next_obs"], action=rows["new_action"],
-        reward=rows["new_reward"], done=rows["new_done"], kind=rows["new_kind"], wants=rows["wants"], priority=rows["new_priority"],
-        max_multiplier=rows["max_multiplier"],
+        reward=rows["new_reward"], done=rows["new_done"], kind=rows["new_kind"], wants=rows["wants"],
+        priority=rows["new_priority"], max_multiplier=rows["max_multiplier"],
     )
     return cuda_ext.per_push(ReplayStorage(**state), new_rows, alpha=alpha)
 
