@@ -151,10 +151,6 @@ class StepBatch(NamedTuple):
     info: dict[str, torch.Tensor]
 
 
-#: Candidate rows for ``cuda_ext.per_push`` (the name this module used before ``cuda_ext.PushRows``).
-RowBlock = PushRows
-
-
 class HindsightState:
     """Per-book trackers, the forward ring and the counters of the hindsight injection, on one device.
 
