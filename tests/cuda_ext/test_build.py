@@ -86,6 +86,26 @@ def test_import_builds_nothing_and_cpu_calls_never_load() -> None:
     assert "ops run the" not in result.stderr
 
 
+def test_first_call_that_loads_the_kernels_is_dispatched_again_to_them() -> None:
+    # CPU stands in for CUDA: the "load" registers a CPU kernel, as the extension registers CUDA ones
+    script = (
+        "import torch, cuda_ext\n"
+        "from cuda_ext import _library, build\n"
+        "loads = []\n"
+        "def load():\n"
+        "    build.load_attempted = True\n"
+        "    loads.append(torch.library.Library('cuda_ext', 'IMPL', 'CPU'))\n"
+        "    loads[-1].impl('lazy_probe', lambda x: x * 0 + 7)\n"
+        "    return True\n"
+        "build.load_if_possible = load\n"
+        "_library._first_call_on_cuda = lambda args: not build.load_attempted\n"
+        "op = _library.define_op('lazy_probe(Tensor x) -> Tensor', lambda x: x * 2, torch.empty_like)\n"
+        "x = torch.ones(2)\n"
+        "print(op(x).tolist(), op(x).tolist(), len(loads))\n"
+    )
+    assert _run_python(script).stdout.strip() == "[7.0, 7.0] [7.0, 7.0] 1"
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("through", ["wrapper", "torch.ops"])
