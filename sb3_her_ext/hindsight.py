@@ -27,7 +27,7 @@ import cuda_ext
 from cuda_ext import PushRows
 from sb3_her_ext.validation import is_whole
 
-#: Ring length of the per-book mid tracker (fixed by ``cuda_ext.hindsight_track``).
+#: Ring length of the per-book mid tracker (``cuda_ext.hindsight_track`` takes any length >= 1).
 TRACK_RING = 512
 
 #: Replay ``kind`` codes.
