@@ -26,11 +26,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "build":
         path = build(verbose=args.verbose)
         print(f"built and loaded {path}")
+    backend = cuda_ext.backend()  # attempts the load first (lazy), so the lines below report its outcome
     print(f"sources: {' '.join(p.name for p in sources())}")
     print(f"build directory: {build_directory()}")
     print(f"loaded: {loaded_path()}  (reason if not: {load_error()})")
     print(f"torch {torch.__version__}, CUDA available: {torch.cuda.is_available()}")
-    print(f"backend: {cuda_ext.backend()}")
+    print(f"backend: {backend}")
     return 0
 
 

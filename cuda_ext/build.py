@@ -18,11 +18,14 @@ Conventions for kernel authors (every op module of the package follows them):
 * **Cache.** ``$FOXHUNT_CUDA_EXT_DIR/<key>`` or ``~/.cache/foxhunt/cuda_ext/<key>``, where ``<key>`` hashes
   the sources, the headers, the flags and the torch version; a second start loads the cached library.
 
+Loading is lazy: ``import cuda_ext`` only defines the ops; the first op call on a CUDA tensor (or
+:func:`backend`, or :func:`ensure_loaded`) builds, or loads the cached build, once per process.
+
 Usage::
 
     python -m cuda_ext build      # ahead of time (works without a GPU: compiles and links)
-    import cuda_ext               # with a GPU, builds on first use and loads
-    cuda_ext.backend()            # "cuda" or "reference"
+    import cuda_ext               # defines the ops; nothing is built yet
+    cuda_ext.backend()            # "cuda" or "reference" (loads the extension first if a GPU is present)
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ HOST_FLAGS = ["-O3"]
 
 _loaded_path: Path | None = None
 _load_error: str | None = None
+#: whether :func:`load_if_possible` has run (the ops' hot path reads this flag only)
+load_attempted = False
 
 
 def sources() -> list[Path]:
@@ -120,12 +125,13 @@ def _missing_header_flags(cuda_home: Path) -> list[str]:
 def build(verbose: bool = False) -> Path:
     """Compile (or reuse the cached) extension and load it into this process.
 
-    Must run after the op modules have defined the ops (``import cuda_ext`` does that first).
+    Must run after the op modules have defined the ops (``import cuda_ext`` does that first). A build that
+    fails here raises; :func:`load_if_possible` is the forgiving entry point.
 
     :param verbose: show the compiler commands.
     :return: path of the loaded shared library.
     """
-    global _loaded_path, _load_error
+    global _loaded_path, _load_error, load_attempted
     if _loaded_path is not None:
         return _loaded_path
     cuda_home = find_cuda_home()
@@ -150,18 +156,22 @@ def build(verbose: bool = False) -> Path:
     )
     _loaded_path = Path(path)
     _load_error = None
+    load_attempted = True
     logger.info("cuda_ext: loaded %s", _loaded_path)
     return _loaded_path
 
 
+@torch.compiler.disable  # a build under torch.compile runs eagerly, never traced
 def load_if_possible() -> bool:
     """Build/load the extension when a GPU is present; otherwise say once that the references run.
 
-    Set ``FOXHUNT_CUDA_EXT=reference`` to skip the extension even with a GPU.
+    Runs once per process (later calls return the first answer). Set ``FOXHUNT_CUDA_EXT=reference`` to skip
+    the extension even with a GPU.
 
     :return: whether the extension is loaded.
     """
-    global _load_error
+    global _load_error, load_attempted
+    load_attempted = True
     if _loaded_path is not None:
         return True
     if _load_error is not None:
@@ -183,11 +193,24 @@ def load_if_possible() -> bool:
     return True
 
 
+def ensure_loaded() -> None:
+    """Attempt the load once (:func:`load_if_possible`); a no-op every later call.
+
+    The op wrappers call it before their first call on a CUDA tensor, so a program that never touches a
+    GPU never builds anything.
+    """
+    if not load_attempted:
+        load_if_possible()
+
+
 def backend() -> str:
     """Which implementation the ops run on CUDA tensors.
 
+    Asking attempts the load first (:func:`ensure_loaded`), so the answer is the one the next CUDA call gets.
+
     :return: ``"cuda"`` when the extension is loaded and a GPU is present, else ``"reference"``.
     """
+    ensure_loaded()
     return "cuda" if _loaded_path is not None and torch.cuda.is_available() else "reference"
 
 

@@ -23,10 +23,11 @@ from typing import Literal, NamedTuple
 
 import torch
 
-import cuda_ext  # noqa: F401  (defines torch.ops.cuda_ext)
-from foxenv.config import is_whole
+import cuda_ext
+from cuda_ext import PushRows
+from sb3_her_ext.validation import is_whole
 
-#: Ring length of the per-book mid tracker (fixed by ``cuda_ext.hindsight_track``).
+#: Ring length of the per-book mid tracker (``cuda_ext.hindsight_track`` takes any length >= 1).
 TRACK_RING = 512
 
 #: Replay ``kind`` codes.
@@ -61,6 +62,13 @@ class HindsightConfig:
     :param magnitude_branch: index of the magnitude branch of the action.
     :param flat_action: value of the direction branch meaning "flat" (the exit action).
     :param magnitudes: position fraction of each value of the magnitude branch; each > 0.
+
+    The branch defaults (``direction_branch=0``, ``magnitude_branch=1``, ``flat_action=1``, ``magnitudes``
+    ``(0.25, 0.5, 1.0)``) are a convenience for foxenv's action, not assumptions of the algorithm: pass your
+    action's own. An env that publishes them supplies them: ``BranchingIQN`` (``resolve_hindsight``) reads
+    ``reward_scale`` and ``magnitudes`` from the env, and the branch indices are the positions of
+    ``"direction"`` and ``"magnitude"`` in its ``branch_names``. ``flat_action=1`` matches the direction
+    encoding (0 short, 1 flat, 2 long) that ``cuda_ext.hindsight_forward`` writes for "stay in the trade".
     """
 
     backward: bool = True
@@ -143,78 +151,6 @@ class StepBatch(NamedTuple):
     info: dict[str, torch.Tensor]
 
 
-class RowBlock(NamedTuple):
-    """Candidate rows for ``cuda_ext.per_push`` (all of length ``N``).
-
-    :param obs: ``[N, D]`` float32.
-    :param next_obs: ``[N, D]`` float32.
-    :param action: ``[N, NB]`` int64.
-    :param reward: ``[N]`` float32.
-    :param done: ``[N]`` float32.
-    :param kind: ``[N]`` int8 replay kind.
-    :param wants: ``[N]`` bool, rows that take a slot.
-    :param priority: ``[N]`` float32 ``new_priority``.
-    :param max_multiplier: ``[N]`` float32 multiplier of the running max priority.
-    """
-
-    obs: torch.Tensor
-    next_obs: torch.Tensor
-    action: torch.Tensor
-    reward: torch.Tensor
-    done: torch.Tensor
-    kind: torch.Tensor
-    wants: torch.Tensor
-    priority: torch.Tensor
-    max_multiplier: torch.Tensor
-
-    @classmethod
-    def make(cls, obs: torch.Tensor, next_obs: torch.Tensor, action: torch.Tensor, reward: torch.Tensor,
-             wants: torch.Tensor, kind: int, done: torch.Tensor | float, priority: torch.Tensor | float,
-             max_multiplier: float) -> RowBlock:
-        """Build a block, broadcasting scalar ``done``, ``priority`` and ``max_multiplier``.
-
-        :param obs: ``[N, D]`` observations.
-        :param next_obs: ``[N, D]`` next observations.
-        :param action: ``[N, NB]`` actions.
-        :param reward: ``[N]`` rewards.
-        :param wants: ``[N]`` rows that take a slot.
-        :param kind: the replay kind of every row.
-        :param done: ``[N]`` dones or one value for all.
-        :param priority: ``[N]`` new priorities or one value for all.
-        :param max_multiplier: multiplier of the running max priority for all rows.
-        :return: the block.
-        """
-        n, device = reward.shape[0], reward.device
-        f32 = torch.float32
-
-        def column(value: torch.Tensor | float) -> torch.Tensor:
-            # torch.full, not as_tensor(float): a host scalar copied to the GPU would synchronise
-            if isinstance(value, torch.Tensor):
-                return value.to(dtype=f32).reshape(n)
-            return torch.full((n,), float(value), dtype=f32, device=device)
-
-        return cls(
-            obs=obs.to(f32),
-            next_obs=next_obs.to(f32),
-            action=action.to(torch.int64),
-            reward=reward.to(f32),
-            done=column(done),
-            kind=torch.full((n,), kind, dtype=torch.int8, device=device),
-            wants=wants.to(torch.bool),
-            priority=column(priority),
-            max_multiplier=torch.full((n,), max_multiplier, dtype=f32, device=device),
-        )
-
-    @staticmethod
-    def concat(blocks: list[RowBlock]) -> RowBlock:
-        """Concatenate blocks row-wise, in order.
-
-        :param blocks: the blocks.
-        :return: one block.
-        """
-        return RowBlock(*(torch.cat(parts, dim=0) for parts in zip(*blocks, strict=True)))
-
-
 class HindsightState:
     """Per-book trackers, the forward ring and the counters of the hindsight injection, on one device.
 
@@ -282,7 +218,7 @@ class HindsightState:
         moved.counts = {k: v.to(device) for k, v in self.counts.items()}
         return moved
 
-    def candidates(self, batch: StepBatch, replay_next_obs: torch.Tensor) -> list[RowBlock]:
+    def candidates(self, batch: StepBatch, replay_next_obs: torch.Tensor) -> list[PushRows]:
         """Run the enabled hindsight ops for this step and return their candidate rows.
 
         Order: backward (``hindsight_inject``, which also resets the trackers of closed books), forward
@@ -293,40 +229,46 @@ class HindsightState:
         :param replay_next_obs: ``[C, D]`` the replay's ``next_obs`` (the ``peak`` anchor reads it).
         :return: the candidate blocks of the enabled kinds, in the order backward, forward, relabel.
         """
-        cfg, info, ops = self.config, batch.info, torch.ops.cuda_ext
+        cfg, info = self.config, batch.info
         closed = info["trade_closed"]
-        blocks: list[RowBlock] = []
+        blocks: list[PushRows] = []
         if cfg.backward:
-            out_obs, out_next, out_action, out_reward, wants, count = ops.hindsight_inject(
-                self.ring_len, self.entry_mid, self.direction, self.peak, self.peak_row,
-                closed, info["trade_pnl"] * cfg.reward_scale, info["trade_lots"],
-                batch.obs, batch.next_obs, batch.action, replay_next_obs,
-                float(cfg.reward_scale), float(cfg.threshold), _ANCHORS[cfg.anchor],
-                int(cfg.direction_branch), int(cfg.flat_action),
+            rows = cuda_ext.hindsight_inject(
+                ring_len=self.ring_len, entry_mid=self.entry_mid, direction=self.direction, peak=self.peak,
+                peak_row=self.peak_row, trade_closed=closed, raw_reward=info["trade_pnl"] * cfg.reward_scale,
+                lots=info["trade_lots"], obs=batch.obs, next_obs=batch.next_obs, action=batch.action,
+                replay_next_obs=replay_next_obs, reward_scale=float(cfg.reward_scale),
+                threshold=float(cfg.threshold), anchor=_ANCHORS[cfg.anchor],
+                direction_branch=int(cfg.direction_branch), flat_action=int(cfg.flat_action),
             )
-            self.counts["backward"] += count[0]
-            blocks.append(RowBlock.make(out_obs, out_next, out_action, out_reward, wants, KIND_BACKWARD,
-                                        done=1.0, priority=0.0, max_multiplier=float(cfg.priority_boost)))
+            self.counts["backward"] += rows.count[0]
+            blocks.append(PushRows.make(rows.obs, rows.next_obs, rows.action, rows.reward, rows.wants,
+                                        KIND_BACKWARD, done=1.0, priority=0.0,
+                                        max_multiplier=float(cfg.priority_boost)))
         if cfg.forward:
-            closed_direction = torch.sign(self.prev_position).to(torch.int64)
-            out_obs, out_next, out_action, out_reward, wants, count = ops.hindsight_forward(
-                self.slot_valid, self.slot_entry, self.slot_close_step, self.slot_direction, self.slot_actual,
-                self.slot_lots, self.slot_book, self.slot_obs, self.slot_action, self.ring_head, self.step,
-                info["mid"], self.book_reset, closed, info["entry_mid"], closed_direction,
-                info["trade_pnl"].abs(), info["trade_lots"], batch.obs, batch.action,
-                int(cfg.lookahead), float(cfg.threshold), float(cfg.reward_scale), int(cfg.direction_branch),
+            rows = cuda_ext.hindsight_forward(
+                slot_valid=self.slot_valid, slot_entry=self.slot_entry, slot_close_step=self.slot_close_step,
+                slot_direction=self.slot_direction, slot_actual=self.slot_actual, slot_lots=self.slot_lots,
+                slot_book=self.slot_book, slot_obs=self.slot_obs, slot_action=self.slot_action,
+                ring_head=self.ring_head, step=self.step, mid=info["mid"], book_reset=self.book_reset,
+                trade_closed=closed, entry_mid=info["entry_mid"],
+                closed_direction=torch.sign(self.prev_position).to(torch.int64),
+                actual=info["trade_pnl"].abs(), lots=info["trade_lots"], obs=batch.obs, action=batch.action,
+                lookahead=int(cfg.lookahead), threshold=float(cfg.threshold),
+                reward_scale=float(cfg.reward_scale), direction_branch=int(cfg.direction_branch),
             )
-            self.counts["forward"] += count[0]
-            blocks.append(RowBlock.make(out_obs, out_next, out_action, out_reward, wants, KIND_FORWARD,
-                                        done=1.0, priority=0.0, max_multiplier=1.0))
+            self.counts["forward"] += rows.count[0]
+            blocks.append(PushRows.make(rows.obs, rows.next_obs, rows.action, rows.reward, rows.wants,
+                                        KIND_FORWARD, done=1.0, priority=0.0, max_multiplier=1.0))
         if cfg.relabel:
-            out_obs, out_next, out_action, out_reward, out_priority, wants, count = ops.magnitude_relabel(
-                closed, batch.obs, batch.next_obs, batch.action, batch.reward, self.magnitudes,
-                int(cfg.magnitude_branch),
+            relabel = cuda_ext.magnitude_relabel(
+                trade_closed=closed, obs=batch.obs, next_obs=batch.next_obs, action=batch.action,
+                reward=batch.reward, magnitudes=self.magnitudes, magnitude_branch=int(cfg.magnitude_branch),
             )
-            self.counts["relabel"] += count[0]
-            blocks.append(RowBlock.make(out_obs, out_next, out_action, out_reward, wants, KIND_RELABEL,
-                                        done=1.0, priority=out_priority, max_multiplier=0.0))
+            self.counts["relabel"] += relabel.count[0]
+            blocks.append(PushRows.make(relabel.obs, relabel.next_obs, relabel.action, relabel.reward,
+                                        relabel.wants, KIND_RELABEL, done=1.0, priority=relabel.priority,
+                                        max_multiplier=0.0))
         return blocks
 
     def after_push(self, batch: StepBatch, real_slots: torch.Tensor) -> None:
@@ -343,9 +285,10 @@ class HindsightState:
         info = batch.info
         position = torch.where(batch.episode_end, torch.zeros_like(info["position"]), info["position"])
         if self.config.backward:
-            torch.ops.cuda_ext.hindsight_track(
-                self.ring, self.ring_len, self.entry_mid, self.direction, self.peak, self.peak_row,
-                position, info["best_bid"], info["best_ask"], real_slots,
+            cuda_ext.hindsight_track(
+                ring=self.ring, ring_len=self.ring_len, entry_mid=self.entry_mid, direction=self.direction,
+                peak=self.peak, peak_row=self.peak_row, position=position, best_bid=info["best_bid"],
+                best_ask=info["best_ask"], row=real_slots,
             )
         self.prev_position.copy_(position)
         self.book_reset.copy_(batch.episode_end)

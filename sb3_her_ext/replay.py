@@ -2,7 +2,8 @@
 
 :class:`PrioritizedHindsightReplayBuffer` is an SB3 :class:`~stable_baselines3.common.buffers.ReplayBuffer`
 subclass (so ``OffPolicyAlgorithm`` can ``add`` to it, ``save_replay_buffer`` / ``load_replay_buffer`` it)
-whose storage is the DESIGN.md layout as torch tensors on one device, driven by the ``cuda_ext`` ops:
+whose storage is one :class:`cuda_ext.ReplayStorage` (the layout of ``cuda_ext/README.md``) on one device,
+driven by the ``cuda_ext`` ops:
 
 * ``add``: hindsight candidates (backward, forward, relabel; :mod:`sb3_her_ext.hindsight`) and the real
   rows are concatenated and written by ONE ``per_push``, then the sum tree is brought up to date, then the
@@ -46,14 +47,14 @@ from gymnasium import spaces
 from stable_baselines3.common.buffers import BaseBuffer, ReplayBuffer
 from stable_baselines3.common.vec_env import VecNormalize
 
-import cuda_ext  # noqa: F401  (defines torch.ops.cuda_ext)
+import cuda_ext
+from cuda_ext import PushRows, ReplayStorage
 from cuda_ext.reference.per import marks_subtrees
 from sb3_her_ext.hindsight import (
     KIND_REAL,
     REQUIRED_INFO_KEYS,
     HindsightConfig,
     HindsightState,
-    RowBlock,
     StepBatch,
 )
 from sb3_her_ext.policy import branch_action_dims
@@ -61,6 +62,31 @@ from sb3_her_ext.policy import branch_action_dims
 __all__ = ["HindsightConfig", "PrioritizedHindsightReplayBuffer", "PrioritizedReplaySamples"]
 
 _TIMEOUT_KEY = "TimeLimit.truncated"
+
+#: SB3's attribute names of the storage tensors -> the :class:`cuda_ext.ReplayStorage` fields they show.
+_STORAGE_FIELDS = {
+    "observations": "obs", "next_observations": "next_obs", "actions": "action", "rewards": "reward",
+    "dones": "done", "kinds": "kind", "tree": "tree", "head_size": "head_size",
+    "max_priority_tensor": "max_priority",
+}
+#: Tensors the buffer holds beside its storage.
+_OWN_TENSORS = ("last_weights", "sample_rng_state")
+
+
+class _StorageField:
+    """A buffer attribute that is a field of its :class:`cuda_ext.ReplayStorage` (SB3's names kept)."""
+
+    def __init__(self, field: str, doc: str) -> None:
+        self.field = field
+        self.__doc__ = doc
+
+    def __get__(self, buffer: Any, owner: type | None = None) -> Any:
+        if buffer is None:
+            return self
+        return getattr(buffer.storage, self.field)
+
+    def __set__(self, buffer: Any, value: torch.Tensor) -> None:
+        setattr(buffer.storage, self.field, value)
 
 
 def _new_sample_rng_state(device: torch.device | str) -> torch.Tensor:
@@ -116,6 +142,16 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
     :param priority_eps: added to ``|TD|`` in ``update_priorities``; > 0.
     :param hindsight: a :class:`HindsightConfig`, a dict of its fields, or ``None`` (hindsight off).
     """
+
+    observations = _StorageField("obs", "``[C, D]`` float32 observations (``storage.obs``).")
+    next_observations = _StorageField("next_obs", "``[C, D]`` float32 next observations.")
+    actions = _StorageField("action", "``[C, NB]`` int64 actions (``storage.action``).")
+    rewards = _StorageField("reward", "``[C]`` float32 rewards (``storage.reward``).")
+    dones = _StorageField("done", "``[C]`` float32 dones (``storage.done``).")
+    kinds = _StorageField("kind", "``[C]`` int8 replay kinds (``storage.kind``).")
+    tree = _StorageField("tree", "``[2P]`` float64 sum tree (``storage.tree``).")
+    head_size = _StorageField("head_size", "``[2]`` int64 ``(write_head, size)`` (``storage.head_size``).")
+    max_priority_tensor = _StorageField("max_priority", "``[1]`` float32 running max priority.")
 
     #: :meth:`sample_stratified` looks at this many candidate rows per batch row (uniform draws) when the
     #: buffer is larger than that, so its cost does not grow with the capacity.
@@ -184,31 +220,23 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
             )
 
     def _allocate(self) -> None:
-        c, d, nb, dev = self.buffer_size, self.obs_dim, self.n_branches, self.device
-        self.capacity = c
-        self.tree_leaves = 1 << max(c - 1, 0).bit_length()  # next power of two >= C
-        self.observations = torch.zeros(c, d, dtype=torch.float32, device=dev)
-        self.next_observations = torch.zeros(c, d, dtype=torch.float32, device=dev)
-        self.actions = torch.zeros(c, nb, dtype=torch.int64, device=dev)
-        self.rewards = torch.zeros(c, dtype=torch.float32, device=dev)
-        self.dones = torch.zeros(c, dtype=torch.float32, device=dev)
-        self.kinds = torch.zeros(c, dtype=torch.int8, device=dev)
-        self.tree = torch.zeros(2 * self.tree_leaves, dtype=torch.float64, device=dev)
+        dev = self.device
+        self.storage = ReplayStorage.zeros(self.buffer_size, self.obs_dim, self.n_branches, dev)
+        self.capacity = self.storage.capacity
+        self.tree_leaves = self.storage.tree_leaves
         #: whether per_push / per_update left marked subtrees that per_tree_refresh has not rebuilt yet
         self._tree_stale = False
-        self.head_size = torch.zeros(2, dtype=torch.int64, device=dev)
-        self.max_priority_tensor = torch.ones(1, dtype=torch.float32, device=dev)
         self.last_weights = torch.full((1,), float("nan"), dtype=torch.float32, device=dev)
         self.sample_rng_state = _new_sample_rng_state(dev)
         self.hindsight_state = (
             None if self.hindsight_config is None
-            else HindsightState(self.hindsight_config, self.n_envs, d, nb, dev)
+            else HindsightState(self.hindsight_config, self.n_envs, self.obs_dim, self.n_branches, dev)
         )
         self._allocated = True
 
     def _tensor_names(self) -> tuple[str, ...]:
-        return ("observations", "next_observations", "actions", "rewards", "dones", "kinds", "tree",
-                "head_size", "max_priority_tensor", "last_weights", "sample_rng_state")
+        """Every tensor attribute: the storage's (by SB3's names) and the buffer's own."""
+        return (*_STORAGE_FIELDS, *_OWN_TENSORS)
 
     @property
     def device(self) -> torch.device:
@@ -219,7 +247,8 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
     def device(self, value: torch.device | str) -> None:
         self._device = torch.device(value)
         if getattr(self, "_allocated", False):
-            for name in self._tensor_names():
+            self.storage = self.storage.to(self._device)
+            for name in _OWN_TENSORS:
                 setattr(self, name, getattr(self, name).to(self._device))
             if self.hindsight_state is not None:
                 self.hindsight_state = self.hindsight_state.to(self._device)
@@ -365,17 +394,12 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
         """
         batch = self._step_batch(obs, next_obs, action, reward, done, infos)
         ones = torch.ones(self.n_envs, dtype=torch.bool, device=self.device)
-        blocks = [RowBlock.make(batch.obs, batch.next_obs, batch.action, batch.reward, ones, KIND_REAL,
+        blocks = [PushRows.make(batch.obs, batch.next_obs, batch.action, batch.reward, ones, KIND_REAL,
                                 done=batch.terminal, priority=0.0, max_multiplier=1.0)]
         if self.hindsight_state is not None:
-            blocks += self.hindsight_state.candidates(batch, self.next_observations)
-        rows = RowBlock.concat(blocks) if len(blocks) > 1 else blocks[0]
-        slots = torch.ops.cuda_ext.per_push(
-            self.observations, self.next_observations, self.actions, self.rewards, self.dones, self.kinds,
-            self.tree, self.head_size, self.max_priority_tensor,
-            rows.obs, rows.next_obs, rows.action, rows.reward, rows.done, rows.kind, rows.wants,
-            rows.priority, rows.max_multiplier, self.alpha,
-        )
+            blocks += self.hindsight_state.candidates(batch, self.storage.next_obs)
+        rows = PushRows.concat(blocks) if len(blocks) > 1 else blocks[0]
+        slots = cuda_ext.per_push(self.storage, rows, alpha=self.alpha)
         self._tree_written(slots)
         if self.hindsight_state is not None:
             self.hindsight_state.after_push(batch, slots[: self.n_envs])
@@ -411,17 +435,18 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
         if env is not None:
             raise ValueError(f"env={env!r}: VecNormalize is not supported by this device buffer")
         self.refresh_tree()
-        if self.tree.is_cuda:
-            # the sampling kernel draws its own uniforms (Philox, counter advanced on the device): on an H200
-            # a graphed push/refresh/sample/update cycle took 20.4 / 22.8 us at B = 256 / 4096 against 26.6
-            # / 28.4 us with a torch.rand draw before per_sample (benchmarks/measured/h200-2026-12-01)
-            indices, weights = torch.ops.cuda_ext.per_sample_philox(
-                self.tree, self.head_size, self.sample_rng_state, int(batch_size), float(self.beta)
+        storage = self.storage
+        if storage.tree.is_cuda:
+            # the kernel draws its own uniforms: no separate draw kernel in a graphed cycle
+            # (benchmarks/RESULTS.md, replay cycle)
+            indices, weights = cuda_ext.per_sample_philox(
+                storage.tree, storage.head_size, self.sample_rng_state, batch_size=int(batch_size),
+                beta=float(self.beta),
             )
-        else:  # on the CPU torch.rand is far cheaper than the Philox reference's ~250 small int64 ops
+        else:  # on the CPU torch.rand is far cheaper than the Philox reference's many small int64 ops
             uniforms = torch.rand(int(batch_size), dtype=torch.float64, device=self.device)
-            indices, weights = torch.ops.cuda_ext.per_sample(
-                self.tree, self.head_size, uniforms, float(self.beta)
+            indices, weights = cuda_ext.per_sample(
+                storage.tree, storage.head_size, uniforms, beta=float(self.beta)
             )
         self.last_weights = weights
         return self._gather(indices, weights)
@@ -437,24 +462,24 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
         td = td_abs.detach().reshape(-1).to(device=self.device, dtype=torch.float32)
         if td.numel() != indices.numel():
             raise ValueError(f"td_abs has {td.numel()} values for {indices.numel()} indices")
-        torch.ops.cuda_ext.per_update(self.tree, self.max_priority_tensor, indices, td, self.alpha,
-                                      self.priority_eps)
+        cuda_ext.per_update(self.storage.tree, self.storage.max_priority, indices, td, alpha=self.alpha,
+                            eps=self.priority_eps)
         self._tree_written(indices)
 
     def _tree_written(self, leaves: torch.Tensor) -> None:
         """After ``per_push`` / ``per_update`` wrote ``leaves``: leave the marked subtrees to the next
         :meth:`refresh_tree` (GPU, a tree the writers mark), or rebuild the leaves' ancestors now (CPU; and
         trees of more than 2^23 leaves, whose refresh would rebuild every node)."""
-        if self.tree.is_cuda and marks_subtrees(self.tree_leaves):
+        if self.storage.tree.is_cuda and marks_subtrees(self.storage.tree_leaves):
             self._tree_stale = True
         else:
-            torch.ops.cuda_ext.per_tree_rebuild(self.tree, leaves)
+            cuda_ext.per_tree_rebuild(self.storage.tree, leaves)
 
     def refresh_tree(self) -> None:
         """Bring every node of ``tree`` up to date (``per_tree_refresh``) if a write left it stale (GPU only;
         no host sync)."""
         if self._tree_stale:
-            torch.ops.cuda_ext.per_tree_refresh(self.tree)
+            cuda_ext.per_tree_refresh(self.storage.tree)
             self._tree_stale = False
 
     def _stratum_candidates(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -559,8 +584,11 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
         if getattr(self, "_allocated", False):
             self.refresh_tree()
         state = self.__dict__.copy()
-        for name in self._tensor_names():
-            state[name] = state[name].cpu()
+        if "storage" in state:
+            state["storage"] = state["storage"].to("cpu")
+        for name in _OWN_TENSORS:
+            if name in state:
+                state[name] = state[name].cpu()
         if state["hindsight_state"] is not None:
             state["hindsight_state"] = state["hindsight_state"].to("cpu")
         state["_device"] = str(self._device)
@@ -570,6 +598,10 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
         """Restore the tensors onto the pickled device, or the CPU when it is not available here."""
         saved = torch.device(state["_device"])
         self._tree_stale = False  # pickles of earlier versions lack it; their trees were always up to date
+        if state.get("_allocated", False) and "storage" not in state:  # a pickle of the flat layout
+            state = dict(state)
+            flat = {field: state.pop(name) for name, field in _STORAGE_FIELDS.items()}
+            state["storage"] = ReplayStorage(**flat)
         self.__dict__.update(state)
         if self.__dict__.get("_allocated", False) and "sample_rng_state" not in state:
             self.sample_rng_state = _new_sample_rng_state("cpu")  # a pickle of an earlier version

@@ -4,9 +4,9 @@
 // shared memory, then each warp copies its 32 rows' observations with coalesced 16-byte loads/stores where
 // rows are aligned and writes the actions; one count atomic per block. hindsight_inject and
 // magnitude_relabel copy the observation rows of wanted rows only (the op contract leaves the others
-// unspecified): at 65536 books that saves writing 32-64 MiB of zeros per call, most of those ops' memory
-// traffic, and a warp with no wanted row does no copy work; the forward ring's few rows are zeroed. The
-// forward ring's judge kernel (few slots) lets its first warp decide kRows slots and the block copy them.
+// unspecified): zeros there would be most of those ops' memory traffic, and a warp with no wanted row does
+// no copy work; the forward ring's few rows are zeroed. The forward ring's judge kernel (few slots) lets its
+// first warp decide kRows slots and the block copy them.
 #include <cstdint>
 
 #include <cuda_runtime.h>

@@ -3,8 +3,8 @@
 // A kernel launched by `launch_kernel` may be scheduled while the previous kernel on the stream is still
 // running; its blocks then wait in `pdl_wait_then_release()` (its first statement) until that kernel has
 // finished and its memory writes are visible, so stream order is kept exactly. What the overlap saves is
-// the launch latency and block scheduling between back-to-back kernels (~1-2 us each on an H200), which is
-// most of the cost of a chain of small kernels such as one replay cycle. Every kernel launched here MUST
+// the launch latency and block scheduling between back-to-back kernels, which is most of the cost of a
+// chain of small kernels such as one replay cycle (benchmarks/RESULTS.md). Every kernel launched here MUST
 // call pdl_wait_then_release() before it touches global memory. The overlap is also recorded in CUDA graphs.
 //
 // FOXHUNT_CUDA_PDL=0 in the environment turns the attribute off (plain stream-ordered launches). It is read

@@ -51,7 +51,7 @@ __device__ inline void mark_subtree(double* tree, int64_t n_leaves, int64_t leaf
 // the second launch can update head_size without a read/write race. push_write_kernel: each block sums the
 // counts (its exclusive prefix and the total), gives its rows their slots and leaves, copies them into the
 // ring (16-byte accesses when VEC4), and block 0 writes the new write_head and size.
-constexpr int kPushRows = 32;  // H200 sweep (16, 32, 64): 32 and 16 ~0.7 us faster per cycle than 64
+constexpr int kPushRows = 32;  // rows per push block: the fastest of 16, 32, 64 (benchmarks/RESULTS.md)
 constexpr int kPushThreads = 256;
 
 __global__ void push_count_kernel(const bool* __restrict__ wants, int64_t n, const int64_t* __restrict__ head_size,
@@ -530,8 +530,8 @@ __global__ void sample_kernel(const double* __restrict__ tree, const int64_t* __
 // descends two levels, always comparing against the stored node values (so any tree gives the reference's
 // path). sample_descend_kernel writes the indices, w_i = (size * leaf / total) ** -beta to workspace[i]
 // and its block's largest w to workspace[batch + block]; sample_weights_kernel divides by the batch max.
-constexpr int kSampleBlockThreads = 256;  // H200 sweep (64, 128, 256): 256 about 0.4 us faster at B = 4096
-constexpr int64_t kSampleCached = 512;  // H200 sweep (256 .. 4096): 256 and 512 fastest
+constexpr int kSampleBlockThreads = 256;  // the fastest of 64, 128, 256 (benchmarks/RESULTS.md)
+constexpr int64_t kSampleCached = 512;  // top nodes cached per block: the fastest of 256 .. 4096
 
 __device__ inline void descend_one(double left, double right, double& target, int64_t& node, double& value) {
   const bool go_left = (target < left && left > 0.0) || right == 0.0;
@@ -563,9 +563,8 @@ __device__ inline void descend(const double* __restrict__ tree, const double* ca
   }
 }
 
-// Batches of at most kSampleBlockMax: one block, one sample per thread, weights in the same launch.
-// H200, graphed replay cycle (push 4096, refresh, sample, update; P = 2^20): one block up to 1024 gave
-// 22.7 / 28.3 us at B = 512 / 1024, the grid path 22.3 / 22.7 (with kUpdateBlockMax 256 likewise).
+// Batches of at most kSampleBlockMax: one block, one sample per thread, weights in the same launch; beyond
+// 256 the grid path is faster (benchmarks/RESULTS.md).
 constexpr int64_t kSampleBlockMax = 256;
 
 __global__ void __launch_bounds__(1024) sample_block_kernel(const double* __restrict__ tree,
@@ -684,9 +683,8 @@ __global__ void update_claim_kernel(double* __restrict__ tree, float* __restrict
             kClaimMarker + static_cast<unsigned long long>(i));
 }
 
-// Batches of at most kUpdateBlockMax: the same two passes in one block, a barrier between them.
-// H200: at B = 4096 one block took 13.1 us, two launches 4.1 us; at B = 1024 in the graphed replay cycle
-// one block up to 1024 cost 1.9 us more than up to 256 (see kSampleBlockMax).
+// Batches of at most kUpdateBlockMax: the same two passes in one block, a barrier between them; larger
+// batches are faster as two grid launches (see kSampleBlockMax).
 constexpr int64_t kUpdateBlockMax = 256;
 
 __global__ void __launch_bounds__(1024) update_block_kernel(double* __restrict__ tree,
@@ -809,7 +807,7 @@ cudaError_t launch_tree_rebuild(double* tree, const int64_t* leaf_idx, int64_t m
     const int64_t n_subtrees = n_leaves / kFastSubtreeLeaves;
     // Up to kScanMax listed leaves: every block scans them (no extra launch); more, up to P / 8: a marking
     // launch first; more: rebuild everything (marking would cost more than it skips).
-    constexpr int64_t kScanMax = 4 * kFastThreads;  // measured: scanning 4096 costs more than marking
+    constexpr int64_t kScanMax = 4 * kFastThreads;  // scanning more leaves costs more than marking
     if (m == 0) return cudaSuccess;
     DirtyTest test = DirtyTest::kAll;
     if (m <= kScanMax) {
@@ -865,9 +863,8 @@ cudaError_t launch_sample(const double* tree, const int64_t* head_size, const do
                     n_leaves, depth, beta);
     return cudaGetLastError();
   }
-  // Without PDL: launched early right behind the tree refresh (the replay buffer's order), its blocks slowed
-  // the graphed cycle at B = 4096 from 23.3 to 31.0 us on the H200. The fourth session's kernel-order runs
-  // saw the same when refresh and sample were adjacent (benchmarks/measured/h200-2026-11-30d/README.md).
+  // Without PDL: launched early right behind the tree refresh (the replay buffer's order), its waiting
+  // blocks slow the refresh down (benchmarks/RESULTS.md).
   CUDA_EXT_LAUNCH_NO_PDL(sample_descend_kernel, static_cast<unsigned>(blocks), kSampleBlockThreads, 0, stream,
                          tree, head_size, draws, indices, workspace, batch, n_leaves, depth, beta);
   const cudaError_t err = cudaGetLastError();

@@ -4,29 +4,20 @@ from __future__ import annotations
 
 import torch
 
-from cuda_ext.ops_per import new_tree
+import cuda_ext
+from cuda_ext import PushRows, ReplayStorage
 
 
 def make_state(capacity: int, obs_dim: int = 3, n_branches: int = 4, device: str = "cpu") -> dict:
-    """An empty replay ring (layout of ``cuda_ext/README.md``).
+    """An empty replay ring (:meth:`cuda_ext.ReplayStorage.zeros`) as a dict of its tensors.
 
     :param capacity: rows C.
     :param obs_dim: observation width D.
     :param n_branches: action branches NB.
     :param device: where the tensors live.
-    :return: dict of the state tensors.
+    :return: dict of the state tensors, by :class:`~cuda_ext.ReplayStorage` field name.
     """
-    return {
-        "obs": torch.zeros(capacity, obs_dim, device=device),
-        "next_obs": torch.zeros(capacity, obs_dim, device=device),
-        "action": torch.zeros(capacity, n_branches, dtype=torch.int64, device=device),
-        "reward": torch.zeros(capacity, device=device),
-        "done": torch.zeros(capacity, device=device),
-        "kind": torch.zeros(capacity, dtype=torch.int8, device=device),
-        "tree": new_tree(capacity, device),
-        "head_size": torch.zeros(2, dtype=torch.int64, device=device),
-        "max_priority": torch.ones(1, device=device),
-    }
+    return ReplayStorage.zeros(capacity, obs_dim, n_branches, device).tensors()
 
 
 def make_rows(
@@ -66,34 +57,19 @@ def make_rows(
 
 
 def push(state: dict, rows: dict, alpha: float = 0.6) -> torch.Tensor:
-    """Call ``per_push`` on a state and a batch.
+    """Call :func:`cuda_ext.per_push` on a state and a batch.
 
     :param state: from :func:`make_state` (mutated).
     :param rows: from :func:`make_rows`.
     :param alpha: priority exponent.
     :return: the slots.
     """
-    return torch.ops.cuda_ext.per_push(
-        state["obs"],
-        state["next_obs"],
-        state["action"],
-        state["reward"],
-        state["done"],
-        state["kind"],
-        state["tree"],
-        state["head_size"],
-        state["max_priority"],
-        rows["new_obs"],
-        rows["new_next_obs"],
-        rows["new_action"],
-        rows["new_reward"],
-        rows["new_done"],
-        rows["new_kind"],
-        rows["wants"],
-        rows["new_priority"],
-        rows["max_multiplier"],
-        alpha,
+    new_rows = PushRows(
+        obs=rows["new_obs"], next_obs=rows["new_next_obs"], action=rows["new_action"],
+        reward=rows["new_reward"], done=rows["new_done"], kind=rows["new_kind"], wants=rows["wants"],
+        priority=rows["new_priority"], max_multiplier=rows["max_multiplier"],
     )
+    return cuda_ext.per_push(ReplayStorage(**state), new_rows, alpha=alpha)
 
 
 def full_rebuild(tree: torch.Tensor) -> torch.Tensor:

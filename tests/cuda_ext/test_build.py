@@ -65,6 +65,69 @@ def test_import_without_cuda_says_so_once_and_uses_references() -> None:
     assert result.stderr.count("ops run the") == 1
 
 
+def _run_python(script: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, check=True
+    )
+
+
+def test_import_builds_nothing_and_cpu_calls_never_load() -> None:
+    script = (
+        "import torch, cuda_ext\n"
+        "from cuda_ext import build\n"
+        "print(build.load_attempted)\n"
+        "tree = cuda_ext.new_tree(4); tree[4:] = 1.0\n"
+        "cuda_ext.per_tree_rebuild(tree, torch.arange(4))\n"  # a CPU call: the reference, no load
+        "torch.ops.cuda_ext.per_tree_refresh(tree)\n"
+        "print(build.load_attempted, tree[1].item())\n"
+    )
+    result = _run_python(script)
+    assert result.stdout.split() == ["False", "False", "4.0"]
+    assert "ops run the" not in result.stderr
+
+
+def test_first_call_that_loads_the_kernels_is_dispatched_again_to_them() -> None:
+    # CPU stands in for CUDA: the "load" registers a CPU kernel, as the extension registers CUDA ones
+    script = (
+        "import torch, cuda_ext\n"
+        "from cuda_ext import _library, build\n"
+        "loads = []\n"
+        "def load():\n"
+        "    build.load_attempted = True\n"
+        "    loads.append(torch.library.Library('cuda_ext', 'IMPL', 'CPU'))\n"
+        "    loads[-1].impl('lazy_probe', lambda x: x * 0 + 7)\n"
+        "    return True\n"
+        "build.load_if_possible = load\n"
+        "_library._first_call_on_cuda = lambda args: not build.load_attempted\n"
+        "op = _library.define_op('lazy_probe(Tensor x) -> Tensor', lambda x: x * 2, torch.empty_like)\n"
+        "x = torch.ones(2)\n"
+        "print(op(x).tolist(), op(x).tolist(), len(loads))\n"
+    )
+    assert _run_python(script).stdout.strip() == "[7.0, 7.0] [7.0, 7.0] 1"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("through", ["wrapper", "torch.ops"])
+def test_first_cuda_call_loads_the_extension_and_runs_the_kernel(through: str) -> None:
+    call = {
+        "wrapper": "cuda_ext.per_tree_rebuild(tree, torch.arange(4, device='cuda'))",
+        "torch.ops": "torch.ops.cuda_ext.per_tree_rebuild(tree, torch.arange(4, device='cuda'))",
+    }[through]
+    script = (
+        "import torch, cuda_ext\n"
+        "from cuda_ext import build\n"
+        "assert not build.load_attempted\n"
+        "tree = cuda_ext.new_tree(4, 'cuda'); tree[4:] = 1.0\n"
+        f"{call}\n"
+        "has = torch._C._dispatch_has_kernel_for_dispatch_key('cuda_ext::per_tree_rebuild', 'CUDA')\n"
+        "print(build.load_attempted, has, build.loaded_path() is not None, tree[1].item())\n"
+        "print(cuda_ext.backend())\n"
+    )
+    result = _run_python(script)
+    assert result.stdout.split() == ["True", "True", "True", "4.0", "cuda"]
+
+
 @pytest.mark.slow
 def test_every_cu_compiles_alone_with_plain_nvcc(tmp_path: Path) -> None:
     nvcc = _nvcc()

@@ -7,12 +7,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import cuda_ext  # noqa: F401  (defines the ops)
+import cuda_ext
 
-ops = torch.ops.cuda_ext
 F32 = torch.float32
 I64 = torch.int64
 SETTINGS = settings(max_examples=60, deadline=None)
+#: The tracker state arguments of ``hindsight_track`` after ``ring``, in order.
+TRACKER_STATE = ("ring_len", "entry_mid", "direction", "peak", "peak_row")
 
 
 @st.composite
@@ -47,13 +48,15 @@ def _run_forward(burst: dict) -> tuple[dict[str, torch.Tensor], tuple]:
         "action": torch.randint(0, 3, (n_slots, 4), generator=gen),
         "head": torch.tensor([burst["head"]]),
     }
-    out = ops.hindsight_forward(
-        *ring.values(), torch.tensor([step]), 100 + torch.randn(n_books, generator=gen),
-        torch.rand(n_books, generator=gen) < 0.2, torch.tensor(burst["closed"]),
-        torch.arange(n_books, dtype=F32), torch.tensor(burst["direction"]),
-        torch.rand(n_books, generator=gen),
-        torch.ones(n_books), torch.arange(n_books, dtype=F32).unsqueeze(1).expand(n_books, 3).contiguous(),
-        torch.randint(0, 3, (n_books, 4), generator=gen), 3, 1.0, 1.0, 0,
+    out = cuda_ext.hindsight_forward(
+        **{f"slot_{name}": value for name, value in ring.items() if name != "head"}, ring_head=ring["head"],
+        step=torch.tensor([step]), mid=100 + torch.randn(n_books, generator=gen),
+        book_reset=torch.rand(n_books, generator=gen) < 0.2, trade_closed=torch.tensor(burst["closed"]),
+        entry_mid=torch.arange(n_books, dtype=F32), closed_direction=torch.tensor(burst["direction"]),
+        actual=torch.rand(n_books, generator=gen), lots=torch.ones(n_books),
+        obs=torch.arange(n_books, dtype=F32).unsqueeze(1).expand(n_books, 3).contiguous(),
+        action=torch.randint(0, 3, (n_books, 4), generator=gen), lookahead=3, threshold=1.0, reward_scale=1.0,
+        direction_branch=0,
     )
     return ring, out
 
@@ -109,8 +112,9 @@ def test_counts_equal_wants_sum(case: dict) -> None:
     obs = torch.randn(n_books, 2, generator=gen)
     action = torch.randint(0, 3, (n_books, 4), generator=gen)
     action[:, 1] = torch.tensor(case["magnitude"])
-    *_, wants, count = ops.magnitude_relabel(
-        closed, obs, obs, action, torch.randn(n_books, generator=gen), torch.tensor([0.25, 0.5, 1.0]), 1
+    *_, wants, count = cuda_ext.magnitude_relabel(
+        trade_closed=closed, obs=obs, next_obs=obs, action=action, reward=torch.randn(n_books, generator=gen),
+        magnitudes=torch.tensor([0.25, 0.5, 1.0]), magnitude_branch=1,
     )
     assert count.item() == int(wants.sum())
     valid = closed & (action[:, 1] >= 0) & (action[:, 1] < 3)
@@ -120,10 +124,11 @@ def test_counts_equal_wants_sum(case: dict) -> None:
     entry = torch.where(direction != 0, 100.0, 0.0)
     peak = entry + direction * torch.rand(n_books, generator=gen) * 4
     peak_row = torch.randint(-1, 5, (n_books,), generator=gen)
-    *_, wants, count = ops.hindsight_inject(
-        torch.zeros(n_books, dtype=I64), entry, direction, peak, peak_row, closed,
-        torch.rand(n_books, generator=gen), torch.ones(n_books), obs, obs, action, torch.randn(5, 2),
-        1.0, 1.0, case["anchor"], 0, 1,
+    *_, wants, count = cuda_ext.hindsight_inject(
+        ring_len=torch.zeros(n_books, dtype=I64), entry_mid=entry, direction=direction, peak=peak,
+        peak_row=peak_row, trade_closed=closed, raw_reward=torch.rand(n_books, generator=gen),
+        lots=torch.ones(n_books), obs=obs, next_obs=obs, action=action, replay_next_obs=torch.randn(5, 2),
+        reward_scale=1.0, threshold=1.0, anchor=case["anchor"], direction_branch=0, flat_action=1,
     )
     assert count.item() == int(wants.sum())
     assert not (wants & ~closed).any()
@@ -139,8 +144,11 @@ def test_tracker_invariants_along_any_path(path: list[tuple[float, int]]) -> Non
     mid = 100.0
     for row, (position, move) in enumerate(path):
         mid += move
-        ops.hindsight_track(ring, *state, torch.tensor([position]), torch.tensor([mid - 0.5]),
-                            torch.tensor([mid + 0.5]), torch.tensor([row]))
+        cuda_ext.hindsight_track(
+            ring=ring, **dict(zip(TRACKER_STATE, state, strict=True)),
+            position=torch.tensor([position]), best_bid=torch.tensor([mid - 0.5]),
+            best_ask=torch.tensor([mid + 0.5]), row=torch.tensor([row]),
+        )
         ring_len, entry_mid, direction, peak, peak_row = (t.item() for t in state)
         assert direction == (position > 0) - (position < 0)
         if direction == 0:

@@ -1,4 +1,5 @@
-"""Hand-worked cases for the hindsight ops' pure-PyTorch references (through ``torch.ops.cuda_ext``, CPU)."""
+"""Hand-worked cases for the hindsight ops' pure-PyTorch references (through the ``cuda_ext`` wrappers,
+CPU)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,8 @@ import math
 import pytest
 import torch
 
-import cuda_ext  # noqa: F401  (defines the ops)
+import cuda_ext
 
-ops = torch.ops.cuda_ext
 F32 = torch.float32
 I64 = torch.int64
 
@@ -25,11 +25,16 @@ class Tracker:
         self.peak = torch.zeros(n_books)
         self.peak_row = torch.full((n_books,), -1, dtype=I64)
 
+    def trade(self) -> dict[str, torch.Tensor]:
+        """The state ``hindsight_inject`` reads and resets, by argument name."""
+        return {"ring_len": self.ring_len, "entry_mid": self.entry_mid, "direction": self.direction,
+                "peak": self.peak, "peak_row": self.peak_row}
+
     def track(self, position: list[float], mid: list[float], row: list[int]) -> None:
         mids = torch.tensor(mid, dtype=F32)
-        ops.hindsight_track(
-            self.ring, self.ring_len, self.entry_mid, self.direction, self.peak, self.peak_row,
-            torch.tensor(position, dtype=F32), mids - 0.5, mids + 0.5, torch.tensor(row, dtype=I64),
+        cuda_ext.hindsight_track(
+            ring=self.ring, **self.trade(), position=torch.tensor(position, dtype=F32), best_bid=mids - 0.5,
+            best_ask=mids + 0.5, row=torch.tensor(row, dtype=I64),
         )
 
     def state(self) -> tuple:
@@ -104,9 +109,9 @@ def test_track_ring_wraps_modulo_its_width() -> None:
 
 def test_track_mid_is_the_float32_average_of_bid_and_ask() -> None:
     tracker = Tracker(1)
-    ops.hindsight_track(
-        tracker.ring, tracker.ring_len, tracker.entry_mid, tracker.direction, tracker.peak, tracker.peak_row,
-        torch.tensor([1.0]), torch.tensor([100.25]), torch.tensor([100.5]), torch.tensor([7]),
+    cuda_ext.hindsight_track(
+        ring=tracker.ring, **tracker.trade(), position=torch.tensor([1.0]), best_bid=torch.tensor([100.25]),
+        best_ask=torch.tensor([100.5]), row=torch.tensor([7]),
     )
     assert tracker.entry_mid.item() == 100.375
 
@@ -116,9 +121,9 @@ def test_track_rejects_bad_shapes_and_dtypes() -> None:
     with pytest.raises(ValueError, match="position.shape"):
         tracker.track([1.0, 1.0, 1.0], [1.0, 1.0], [0, 0])
     with pytest.raises(ValueError, match="row.dtype"):
-        ops.hindsight_track(
-            tracker.ring, tracker.ring_len, tracker.entry_mid, tracker.direction, tracker.peak,
-            tracker.peak_row, torch.ones(2), torch.ones(2), torch.ones(2), torch.zeros(2),
+        cuda_ext.hindsight_track(
+            ring=tracker.ring, **tracker.trade(), position=torch.ones(2), best_bid=torch.ones(2),
+            best_ask=torch.ones(2), row=torch.zeros(2),
         )
 
 
@@ -128,10 +133,11 @@ def test_track_rejects_bad_shapes_and_dtypes() -> None:
 def _inject(tracker: Tracker, closed: list[bool], raw_reward: list[float], lots: list[float], *,
             obs: torch.Tensor, next_obs: torch.Tensor, action: torch.Tensor, replay_next_obs: torch.Tensor,
             reward_scale: float = 0.5, threshold: float = 1.5, anchor: int = 0) -> tuple:
-    return ops.hindsight_inject(
-        tracker.ring_len, tracker.entry_mid, tracker.direction, tracker.peak, tracker.peak_row,
-        torch.tensor(closed), torch.tensor(raw_reward, dtype=F32), torch.tensor(lots, dtype=F32),
-        obs, next_obs, action, replay_next_obs, reward_scale, threshold, anchor, 0, 1,
+    return cuda_ext.hindsight_inject(
+        **tracker.trade(), trade_closed=torch.tensor(closed), raw_reward=torch.tensor(raw_reward, dtype=F32),
+        lots=torch.tensor(lots, dtype=F32), obs=obs, next_obs=next_obs, action=action,
+        replay_next_obs=replay_next_obs, reward_scale=reward_scale, threshold=threshold, anchor=anchor,
+        direction_branch=0, flat_action=1,
     )
 
 
@@ -220,10 +226,11 @@ def test_inject_short_trade_peak_pnl() -> None:
     for step, mid in enumerate([100.0, 96.0, 99.0]):
         tracker.track([-1.0], [mid], [step])
     obs = torch.zeros(1, 2)
-    _, _, _, reward, wants, _ = ops.hindsight_inject(
-        tracker.ring_len, tracker.entry_mid, tracker.direction, tracker.peak, tracker.peak_row,
-        torch.tensor([True]), torch.tensor([1.0]), torch.tensor([3.0]), obs, obs,
-        torch.zeros(1, 4, dtype=I64), torch.zeros(3, 2), 1.0, 2.0, 0, 0, 1,
+    _, _, _, reward, wants, _ = cuda_ext.hindsight_inject(
+        **tracker.trade(), trade_closed=torch.tensor([True]), raw_reward=torch.tensor([1.0]),
+        lots=torch.tensor([3.0]), obs=obs, next_obs=obs, action=torch.zeros(1, 4, dtype=I64),
+        replay_next_obs=torch.zeros(3, 2), reward_scale=1.0, threshold=2.0, anchor=0, direction_branch=0,
+        flat_action=1,
     )
     assert wants.tolist() == [True]  # |96 - 100| * 3 = 12 > 2 * 1
     assert reward.tolist() == [12.0]
@@ -265,16 +272,19 @@ class ForwardRing:
              reward_scale: float = 0.5) -> tuple:
         n_books = len(mid)
         obs_dim, n_branches = self.obs.shape[1], self.action.shape[1]
-        return ops.hindsight_forward(
-            self.valid, self.entry, self.close_step, self.direction, self.actual, self.lots, self.book,
-            self.obs, self.action, self.head, torch.tensor([step]), torch.tensor(mid, dtype=F32),
-            torch.tensor(reset or [False] * n_books), torch.tensor(closed or [False] * n_books),
-            torch.tensor(entry or [0.0] * n_books, dtype=F32), torch.tensor(direction or [0] * n_books),
-            torch.tensor(actual or [0.0] * n_books, dtype=F32),
-            torch.tensor(lots or [1.0] * n_books, dtype=F32),
-            obs if obs is not None else torch.zeros(n_books, obs_dim),
-            action if action is not None else torch.zeros(n_books, n_branches, dtype=I64),
-            lookahead, threshold, reward_scale, 0,
+        return cuda_ext.hindsight_forward(
+            slot_valid=self.valid, slot_entry=self.entry, slot_close_step=self.close_step,
+            slot_direction=self.direction, slot_actual=self.actual, slot_lots=self.lots, slot_book=self.book,
+            slot_obs=self.obs, slot_action=self.action, ring_head=self.head, step=torch.tensor([step]),
+            mid=torch.tensor(mid, dtype=F32), book_reset=torch.tensor(reset or [False] * n_books),
+            trade_closed=torch.tensor(closed or [False] * n_books),
+            entry_mid=torch.tensor(entry or [0.0] * n_books, dtype=F32),
+            closed_direction=torch.tensor(direction or [0] * n_books),
+            actual=torch.tensor(actual or [0.0] * n_books, dtype=F32),
+            lots=torch.tensor(lots or [1.0] * n_books, dtype=F32),
+            obs=obs if obs is not None else torch.zeros(n_books, obs_dim),
+            action=action if action is not None else torch.zeros(n_books, n_branches, dtype=I64),
+            lookahead=lookahead, threshold=threshold, reward_scale=reward_scale, direction_branch=0,
         )
 
 
@@ -374,8 +384,9 @@ def test_magnitude_relabel_rewards_and_priorities_by_hand() -> None:
     action = torch.tensor([[2, 0, 1, 0], [2, 1, 1, 0], [0, 2, 0, 1]])
     reward = torch.tensor([1.0, 7.0, 2.0])
     magnitudes = torch.tensor([0.25, 0.5, 1.0])
-    out_obs, out_next_obs, out_action, out_reward, priority, wants, count = ops.magnitude_relabel(
-        torch.tensor([True, False, True]), obs, next_obs, action, reward, magnitudes, 1
+    out_obs, out_next_obs, out_action, out_reward, priority, wants, count = cuda_ext.magnitude_relabel(
+        trade_closed=torch.tensor([True, False, True]), obs=obs, next_obs=next_obs, action=action,
+        reward=reward, magnitudes=magnitudes, magnitude_branch=1,
     )
     # book 0 (mag 0.25, R 1): k=1 -> 2, k=2 -> 4. book 2 (mag 1.0, R 2): k=0 -> 0.5, k=1 -> 1.
     # rows j * B + b: j=0 -> [b0 k1, b1 -, b2 k0], j=1 -> [b0 k2, b1 -, b2 k1]
@@ -390,39 +401,43 @@ def test_magnitude_relabel_rewards_and_priorities_by_hand() -> None:
 
 
 def test_magnitude_relabel_negative_reward_scales_and_priority_is_absolute() -> None:
-    _, _, _, out_reward, priority, _, _ = ops.magnitude_relabel(
-        torch.tensor([True]), torch.zeros(1, 1), torch.zeros(1, 1), torch.tensor([[0, 1]]),
-        torch.tensor([-3.0]), torch.tensor([0.25, 0.5, 1.0]), 1,
+    _, _, _, out_reward, priority, _, _ = cuda_ext.magnitude_relabel(
+        trade_closed=torch.tensor([True]), obs=torch.zeros(1, 1), next_obs=torch.zeros(1, 1),
+        action=torch.tensor([[0, 1]]), reward=torch.tensor([-3.0]), magnitudes=torch.tensor([0.25, 0.5, 1.0]),
+        magnitude_branch=1,
     )
     assert out_reward.tolist() == [-1.5, -6.0]
     assert priority.tolist() == [1.5, 3.0]
 
 
 def test_magnitude_relabel_out_of_range_index_wants_no_rows() -> None:
-    *_, wants, count = ops.magnitude_relabel(
-        torch.tensor([True, True]), torch.zeros(2, 1), torch.zeros(2, 1), torch.tensor([[5], [-1]]),
-        torch.ones(2), torch.tensor([0.5, 1.0]), 0,
+    *_, wants, count = cuda_ext.magnitude_relabel(
+        trade_closed=torch.tensor([True, True]), obs=torch.zeros(2, 1), next_obs=torch.zeros(2, 1),
+        action=torch.tensor([[5], [-1]]), reward=torch.ones(2), magnitudes=torch.tensor([0.5, 1.0]),
+        magnitude_branch=0,
     )
     assert not wants.any() and count.item() == 0
 
 
 def test_magnitude_relabel_rejects_bad_arguments() -> None:
-    args = (torch.tensor([True]), torch.zeros(1, 1), torch.zeros(1, 1), torch.tensor([[0, 1]]), torch.ones(1))
+    rows = {"trade_closed": torch.tensor([True]), "obs": torch.zeros(1, 1), "next_obs": torch.zeros(1, 1),
+            "action": torch.tensor([[0, 1]]), "reward": torch.ones(1)}
     with pytest.raises(ValueError, match="magnitudes.shape"):
-        ops.magnitude_relabel(*args, torch.tensor([1.0]), 1)
+        cuda_ext.magnitude_relabel(**rows, magnitudes=torch.tensor([1.0]), magnitude_branch=1)
     with pytest.raises(ValueError, match="magnitude_branch=2"):
-        ops.magnitude_relabel(*args, torch.tensor([0.5, 1.0]), 2)
+        cuda_ext.magnitude_relabel(**rows, magnitudes=torch.tensor([0.5, 1.0]), magnitude_branch=2)
 
 
 def test_fake_tensor_shapes_match_reference() -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    args = (torch.tensor([True, False]), torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2, 4, dtype=I64),
-            torch.ones(2), torch.tensor([0.25, 0.5, 1.0]), 1)
-    real = ops.magnitude_relabel(*args)
+    args = {"trade_closed": torch.tensor([True, False]), "obs": torch.zeros(2, 3),
+            "next_obs": torch.zeros(2, 3), "action": torch.zeros(2, 4, dtype=I64), "reward": torch.ones(2),
+            "magnitudes": torch.tensor([0.25, 0.5, 1.0]), "magnitude_branch": 1}
+    real = cuda_ext.magnitude_relabel(**args)
     with FakeTensorMode() as mode:
-        fake_args = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
-        fake = ops.magnitude_relabel(*fake_args)
+        fake_args = {k: mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for k, a in args.items()}
+        fake = cuda_ext.magnitude_relabel(**fake_args)
     assert [tuple(t.shape) for t in fake] == [tuple(t.shape) for t in real]
     assert [t.dtype for t in fake] == [t.dtype for t in real]
     assert math.prod(real[0].shape) == 2 * 2 * 3

@@ -18,7 +18,6 @@ from tests.cuda_ext.per_state import full_rebuild, make_rows, make_state, push
 
 pytestmark = pytest.mark.gpu
 
-OPS = torch.ops.cuda_ext
 SIZES = [1, 31, 4097, 65536]
 FLOAT_TOL = {"rtol": 2e-7, "atol": 0.0}  # float32 rounding of float64-computed values
 #: Trees compare with NaN == NaN: push and update leave the dirty-subtree marker (a NaN) in marked trees,
@@ -105,7 +104,7 @@ def _check_rebuild(device: str, capacity: int, n_changed: int, seed: int) -> Non
     tree[n_leaves + changed] = torch.rand(n_changed, dtype=torch.float64, generator=generator)
     leaf_idx = torch.cat([changed, torch.tensor([-1, -5])])  # negatives are ignored
     actual = tree.to(device)
-    OPS.per_tree_rebuild(actual, leaf_idx.to(device))
+    cuda_ext.per_tree_rebuild(actual, leaf_idx.to(device))
     expected = full_rebuild(tree.clone())
     assert torch.equal(actual.cpu(), expected)  # bit-identical, tree[0] still 0
     for _ in range(2):  # again (the CUDA kernel's arrival counter must have returned to 0)
@@ -113,7 +112,7 @@ def _check_rebuild(device: str, capacity: int, n_changed: int, seed: int) -> Non
         values = torch.rand(changed.numel(), dtype=torch.float64, generator=generator)
         expected[n_leaves + changed] = values
         actual[n_leaves + changed.to(device)] = values.to(device)
-        OPS.per_tree_rebuild(actual, changed.to(device))
+        cuda_ext.per_tree_rebuild(actual, changed.to(device))
         assert torch.equal(actual.cpu(), full_rebuild(expected))
 
 
@@ -131,7 +130,7 @@ def _check_sample(device: str, capacity: int, batch: int, seed: int) -> None:
     uniforms[0] = 0.0
     uniforms[-1] = 1 - 2**-53
     expected_indices, expected_weights = reference.per_sample(tree, head_size, uniforms, 0.4)
-    indices, weights = OPS.per_sample(tree.to(device), head_size.to(device), uniforms.to(device), 0.4)
+    indices, weights = cuda_ext.per_sample(tree.to(device), head_size.to(device), uniforms.to(device), 0.4)
     assert torch.equal(indices.cpu(), expected_indices)
     torch.testing.assert_close(weights.cpu(), expected_weights, **FLOAT_TOL)
     n_leaves = tree.shape[0] // 2
@@ -150,11 +149,11 @@ def _check_sample_huge(device: str) -> None:
     written = torch.tensor([0, 5, 1 << 20, capacity - 3, capacity - 1], device=device)
     priorities = torch.tensor([1e-30, 2.0, 1e-12, 3.0, 5e-20], dtype=torch.float64)
     tree[capacity + written] = priorities.to(device)
-    OPS.per_tree_rebuild(tree, written)
+    cuda_ext.per_tree_rebuild(tree, written)
     uniforms = torch.rand(4096, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     uniforms[-1] = 1 - 2**-53
     head_size = torch.tensor([0, capacity])
-    indices, weights = OPS.per_sample(tree, head_size.to(device), uniforms.to(device), 0.4)
+    indices, weights = cuda_ext.per_sample(tree, head_size.to(device), uniforms.to(device), 0.4)
     tree_cpu = tree.cpu()
     assert torch.equal(tree_cpu, full_rebuild(tree_cpu.clone()))
     expected_indices, expected_weights = reference.per_sample(tree_cpu, head_size, uniforms, 0.4)
@@ -186,7 +185,9 @@ def _check_sample_philox(
         expected_indices, expected_weights = reference.per_sample_philox(
             tree, head_size, expected_state, batch, 0.4
         )
-        indices, weights = OPS.per_sample_philox(actual_tree, head_size.to(device), actual_state, batch, 0.4)
+        indices, weights = cuda_ext.per_sample_philox(
+            actual_tree, head_size.to(device), actual_state, batch, 0.4
+        )
         assert torch.equal(indices.cpu(), expected_indices)
         torch.testing.assert_close(weights.cpu(), expected_weights, **FLOAT_TOL)
         assert torch.equal(actual_state.cpu(), expected_state)
@@ -213,7 +214,7 @@ def test_sample_philox_on_an_unaligned_tree() -> None:
 def test_sample_philox_batch_0_advances_the_counter() -> None:
     tree = _consistent_tree(31, torch.Generator().manual_seed(0), "cuda")
     state = torch.tensor([3, 4], device="cuda")
-    indices, weights = OPS.per_sample_philox(tree, torch.tensor([0, 31], device="cuda"), state, 0, 0.4)
+    indices, weights = cuda_ext.per_sample_philox(tree, torch.tensor([0, 31], device="cuda"), state, 0, 0.4)
     assert indices.shape == (0,) and weights.shape == (0,)
     assert state.tolist() == [3, 5]
 
@@ -227,11 +228,11 @@ def test_sample_philox_graph_replays_draw_new_numbers(batch: int) -> None:
     head_size = torch.tensor([0, 1 << 16])
     static_tree, static_head = tree.cuda(), head_size.cuda()
     state = torch.tensor([99, 0], device="cuda")
-    OPS.per_sample_philox(static_tree, static_head, state, batch, 0.4)  # warm-up: counter 0 -> 1
+    cuda_ext.per_sample_philox(static_tree, static_head, state, batch, 0.4)  # warm-up: counter 0 -> 1
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        indices, weights = OPS.per_sample_philox(static_tree, static_head, state, batch, 0.4)
+        indices, weights = cuda_ext.per_sample_philox(static_tree, static_head, state, batch, 0.4)
     expected_state = torch.tensor([99, 1])
     for _ in range(3):
         graph.replay()
@@ -250,7 +251,7 @@ def _check_update(device: str, capacity: int, batch: int, seed: int) -> None:
     indices = torch.randint(0, max(1, min(capacity, batch // 2 + 1)), (batch,), generator=generator)  # dups
     td_abs = torch.rand(batch, generator=generator) * 2
     actual_tree, actual_max = tree.to(device), max_priority.to(device)
-    OPS.per_update(actual_tree, actual_max, indices.to(device), td_abs.to(device), 0.6, 1e-3)
+    cuda_ext.per_update(actual_tree, actual_max, indices.to(device), td_abs.to(device), 0.6, 1e-3)
     reference.per_update(tree, max_priority, indices, td_abs, 0.6, 1e-3)
     torch.testing.assert_close(actual_tree.cpu(), tree, **TREE_TOL)
     _assert_markers_equal(actual_tree, tree)
@@ -277,18 +278,18 @@ def _check_refresh(device: str, capacity: int, seed: int, offset: int = 0) -> No
         assert torch.equal(push(actual, _to(rows, device), alpha=0.6).cpu(), expected_slots)
         _assert_state_equal(actual, expected)  # leaves and markers
         for state in (expected, actual):
-            OPS.per_tree_refresh(state["tree"])
+            cuda_ext.per_tree_refresh(state["tree"])
         tree = actual["tree"].cpu()
         assert torch.equal(tree, full_rebuild(tree.clone()))  # bit-identical: every node left + right
         torch.testing.assert_close(tree, expected["tree"], **FLOAT_TOL)  # no NaN marker left on either
         indices = torch.randint(0, capacity, (batch,), generator=generator)
         td_abs = torch.rand(batch, generator=generator)
         cuda_args = (indices.to(device), td_abs.to(device), 0.6, 1e-6)
-        OPS.per_update(actual["tree"], actual["max_priority"], *cuda_args)
+        cuda_ext.per_update(actual["tree"], actual["max_priority"], *cuda_args)
         reference.per_update(expected["tree"], expected["max_priority"], indices, td_abs, 0.6, 1e-6)
         _assert_state_equal(actual, expected)
         for state in (expected, actual):
-            OPS.per_tree_refresh(state["tree"])
+            cuda_ext.per_tree_refresh(state["tree"])
         tree = actual["tree"].cpu()
         assert torch.equal(tree, full_rebuild(tree.clone()))
         torch.testing.assert_close(tree, expected["tree"], **FLOAT_TOL)
@@ -318,13 +319,13 @@ def _training_cycle(
     marked, to be refreshed with the next push's, as the replay buffer does on a GPU)."""
     slots = push(state, rows, alpha=0.6)
     if refresh:
-        OPS.per_tree_refresh(state["tree"])
+        cuda_ext.per_tree_refresh(state["tree"])
     else:
-        OPS.per_tree_rebuild(state["tree"], slots)
-    indices, weights = OPS.per_sample(state["tree"], state["head_size"], uniforms, 0.4)
-    OPS.per_update(state["tree"], state["max_priority"], indices, td_abs, 0.6, 1e-6)
+        cuda_ext.per_tree_rebuild(state["tree"], slots)
+    indices, weights = cuda_ext.per_sample(state["tree"], state["head_size"], uniforms, 0.4)
+    cuda_ext.per_update(state["tree"], state["max_priority"], indices, td_abs, 0.6, 1e-6)
     if not refresh:
-        OPS.per_tree_rebuild(state["tree"], indices)
+        cuda_ext.per_tree_rebuild(state["tree"], indices)
     return slots, indices, weights
 
 
@@ -389,14 +390,14 @@ def test_each_op_captures_in_a_cuda_graph(op: str) -> None:
         if op == "push":
             return (push(state, rows_, alpha=0.6),)
         if op == "rebuild":
-            OPS.per_tree_rebuild(state["tree"], indices_)
+            cuda_ext.per_tree_rebuild(state["tree"], indices_)
             return ()
         if op == "refresh":
-            OPS.per_tree_refresh(state["tree"])
+            cuda_ext.per_tree_refresh(state["tree"])
             return ()
         if op == "sample":
-            return OPS.per_sample(state["tree"], state["head_size"], uniforms_, 0.4)
-        OPS.per_update(state["tree"], state["max_priority"], indices_, td_, 0.6, 1e-6)
+            return cuda_ext.per_sample(state["tree"], state["head_size"], uniforms_, 0.4)
+        cuda_ext.per_update(state["tree"], state["max_priority"], indices_, td_, 0.6, 1e-6)
         return ()
 
     cuda_inputs = (_to(rows, "cuda"), uniforms.cuda(), indices.cuda(), td_abs.cuda())

@@ -6,10 +6,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import cuda_ext  # noqa: F401  (defines the ops)
+import cuda_ext
 from tests.cuda_ext.per_state import make_rows, make_state, push
-
-OPS = torch.ops.cuda_ext
 
 pushes = st.lists(st.lists(st.booleans(), min_size=0, max_size=40), min_size=1, max_size=6)
 
@@ -69,11 +67,11 @@ def test_sampled_rows_are_written_with_nonzero_priority(
     rows["new_priority"] = torch.tensor(priorities[:n_rows])
     rows["max_multiplier"] = torch.zeros(n_rows)  # relabel-style rows: priority exactly as given (may be 0)
     slots = push(state, rows, alpha=0.6)
-    OPS.per_tree_rebuild(state["tree"], slots)
+    cuda_ext.per_tree_rebuild(state["tree"], slots)
     n_leaves = state["tree"].shape[0] // 2
     if state["tree"][1] <= 0:
         return  # undefined on an empty tree; the caller guards
-    indices, weights = OPS.per_sample(
+    indices, weights = cuda_ext.per_sample(
         state["tree"], state["head_size"], torch.tensor(uniforms, dtype=torch.float64), beta
     )
     assert ((indices >= 0) & (indices < state["head_size"][1])).all()  # written rows only
@@ -93,11 +91,11 @@ def test_update_keeps_tree_consistent_and_priorities_positive(
 ) -> None:
     state = make_state(capacity)
     push(state, make_rows(capacity))
-    OPS.per_tree_rebuild(state["tree"], torch.arange(capacity))
+    cuda_ext.per_tree_rebuild(state["tree"], torch.arange(capacity))
     index = torch.tensor(indices) % capacity
     td_abs = torch.rand(index.numel(), generator=torch.Generator().manual_seed(len(indices)))
-    OPS.per_update(state["tree"], state["max_priority"], index, td_abs, 0.6, eps)
-    OPS.per_tree_rebuild(state["tree"], index)
+    cuda_ext.per_update(state["tree"], state["max_priority"], index, td_abs, 0.6, eps)
+    cuda_ext.per_tree_rebuild(state["tree"], index)
     tree = state["tree"]
     n_leaves = tree.shape[0] // 2
     internal = torch.arange(1, n_leaves)

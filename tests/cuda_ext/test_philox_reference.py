@@ -6,13 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-import cuda_ext  # noqa: F401  (defines the ops)
+import cuda_ext
 from cuda_ext.ops_per import new_tree
 from cuda_ext.reference import per as reference
 from cuda_ext.reference.philox import philox4x32_10, philox_uniforms
 from tests.cuda_ext.per_state import full_rebuild
 
-OPS = torch.ops.cuda_ext
 MASK32 = 0xFFFFFFFF
 
 #: Random123's published known-answer vectors (its tests/kat_vectors): counter, key, output words.
@@ -90,7 +89,7 @@ def test_per_sample_philox_is_per_sample_of_the_draws_and_advances_the_counter()
     for call in range(3):
         draws = philox_uniforms(torch.tensor([2024, 9 + call]), 7)
         expected = reference.per_sample(tree, head_size, draws, 0.4)
-        indices, weights = OPS.per_sample_philox(tree, head_size, rng_state, 7, 0.4)
+        indices, weights = cuda_ext.per_sample_philox(tree, head_size, rng_state, 7, 0.4)
         assert torch.equal(indices, expected[0])
         assert torch.equal(weights, expected[1])
         assert rng_state.tolist() == [2024, 10 + call]
@@ -100,7 +99,7 @@ def test_per_sample_philox_is_per_sample_of_the_draws_and_advances_the_counter()
 def test_per_sample_philox_batch_0_returns_empty_and_still_advances() -> None:
     tree = _tree_from_leaves([1.0, 2.0], capacity=2)
     rng_state = torch.tensor([1, 1])
-    indices, weights = OPS.per_sample_philox(tree, torch.tensor([0, 2]), rng_state, 0, 0.4)
+    indices, weights = cuda_ext.per_sample_philox(tree, torch.tensor([0, 2]), rng_state, 0, 0.4)
     assert indices.shape == (0,) and indices.dtype == torch.int64
     assert weights.shape == (0,) and weights.dtype == torch.float32
     assert rng_state.tolist() == [1, 2]
@@ -120,4 +119,4 @@ def test_per_sample_philox_bad_arguments_name_the_field(
 ) -> None:
     tree = _tree_from_leaves([1.0, 2.0], capacity=2)
     with pytest.raises(ValueError, match=match):
-        OPS.per_sample_philox(tree, torch.tensor([0, 2]), rng_state, batch_size, beta)
+        cuda_ext.per_sample_philox(tree, torch.tensor([0, 2]), rng_state, batch_size, beta)

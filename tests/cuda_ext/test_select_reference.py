@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-import cuda_ext  # noqa: F401  (defines the ops)
+import cuda_ext
 
-ops = torch.ops.cuda_ext
 F32 = torch.float32
 
 
@@ -19,12 +18,13 @@ def _select(q: list, *, iqr: list | None = None, ens_std: list | None = None, n_
             beta: float = 0.0) -> list:
     q_t = torch.tensor(q, dtype=F32)
     zeros = torch.zeros_like(q_t)
-    return ops.branch_select(
+    return cuda_ext.branch_select(
         q_t,
         torch.tensor(iqr, dtype=F32) if iqr is not None else zeros,
         torch.tensor(ens_std, dtype=F32) if ens_std is not None else zeros,
-        torch.tensor(n_actions), torch.tensor(eps, dtype=F32), torch.tensor(boltzmann),
-        torch.tensor(u_explore, dtype=F32), torch.tensor(u_action, dtype=F32), alpha, beta,
+        n_actions=torch.tensor(n_actions), eps=torch.tensor(eps, dtype=F32),
+        boltzmann=torch.tensor(boltzmann), u_explore=torch.tensor(u_explore, dtype=F32),
+        u_action=torch.tensor(u_action, dtype=F32), alpha=alpha, beta=beta,
     ).tolist()
 
 
@@ -120,12 +120,15 @@ def test_branch_select_deterministic_and_in_range_on_random_input() -> None:
     n_books, n_branches, max_actions = 257, 4, 5
     q = torch.randn(n_books, n_branches, max_actions, generator=gen)
     n_actions = torch.tensor([5, 3, 2, 1])
-    args = (q, torch.rand(q.shape, generator=gen), torch.rand(q.shape, generator=gen), n_actions,
-            torch.tensor([0.1, 0.0, 0.5, 1.0]), torch.tensor([True, True, False, False]),
-            torch.rand(n_books, n_branches, generator=gen), torch.rand(n_books, n_branches, generator=gen),
-            0.3, 0.2)
-    first = ops.branch_select(*args)
-    assert torch.equal(first, ops.branch_select(*args))
+    args = (q, torch.rand(q.shape, generator=gen), torch.rand(q.shape, generator=gen))
+    kwargs = {
+        "n_actions": n_actions, "eps": torch.tensor([0.1, 0.0, 0.5, 1.0]),
+        "boltzmann": torch.tensor([True, True, False, False]),
+        "u_explore": torch.rand(n_books, n_branches, generator=gen),
+        "u_action": torch.rand(n_books, n_branches, generator=gen), "alpha": 0.3, "beta": 0.2,
+    }
+    first = cuda_ext.branch_select(*args, **kwargs)
+    assert torch.equal(first, cuda_ext.branch_select(*args, **kwargs))
     assert (first >= 0).all() and (first < n_actions).all()
     assert (first[:, 3] == 0).all()
 
@@ -136,10 +139,10 @@ def test_branch_select_deterministic_and_in_range_on_random_input() -> None:
 def test_quantile_iqr_by_hand() -> None:
     samples = torch.tensor([[5.0, 1.0, 4.0, 2.0, 3.0], [10.0, 0.0, 0.0, 0.0, 0.0]])
     # row 0 sorted 1..5: pos 1 and 3 -> 4 - 2 = 2. row 1 sorted 0,0,0,0,10: Q75 = 0, Q25 = 0.
-    assert ops.quantile_iqr(samples).tolist() == [2.0, 0.0]
+    assert cuda_ext.quantile_iqr(samples).tolist() == [2.0, 0.0]
     # two samples 0, 10: pos 0.25 -> 2.5, pos 0.75 -> 7.5
-    assert ops.quantile_iqr(torch.tensor([10.0, 0.0])).tolist() == 5.0
-    assert ops.quantile_iqr(torch.tensor([[3.0]])).tolist() == [0.0]
+    assert cuda_ext.quantile_iqr(torch.tensor([10.0, 0.0])).tolist() == 5.0
+    assert cuda_ext.quantile_iqr(torch.tensor([[3.0]])).tolist() == [0.0]
 
 
 @pytest.mark.parametrize("n_samples", [1, 2, 3, 4, 7, 8, 31, 32, 33, 64, 65, 100])
@@ -147,22 +150,22 @@ def test_quantile_iqr_equals_torch_quantile(n_samples: int) -> None:
     gen = torch.Generator().manual_seed(n_samples)
     samples = torch.randn(6, 5, n_samples, generator=gen) * 3.0
     expected = torch.quantile(samples, 0.75, dim=-1) - torch.quantile(samples, 0.25, dim=-1)
-    got = ops.quantile_iqr(samples)
+    got = cuda_ext.quantile_iqr(samples)
     assert got.shape == (6, 5)
     torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
 
 
 def test_quantile_iqr_nan_row_gives_nan() -> None:
     samples = torch.tensor([[1.0, float("nan"), 3.0], [1.0, 2.0, 3.0]])
-    got = ops.quantile_iqr(samples)
+    got = cuda_ext.quantile_iqr(samples)
     assert math.isnan(got[0].item()) and got[1].item() == 1.0
 
 
 def test_quantile_iqr_rejects_bad_input() -> None:
     with pytest.raises(ValueError, match="samples.dtype"):
-        ops.quantile_iqr(torch.zeros(3, 4, dtype=torch.float64))
+        cuda_ext.quantile_iqr(torch.zeros(3, 4, dtype=torch.float64))
     with pytest.raises(ValueError, match="samples.shape"):
-        ops.quantile_iqr(torch.zeros(3, 0))
+        cuda_ext.quantile_iqr(torch.zeros(3, 0))
 
 
 @pytest.mark.slow
@@ -172,4 +175,4 @@ def test_quantile_iqr_has_no_size_limit() -> None:
     n_samples = (1 << 23) + 1
     gen = torch.Generator().manual_seed(1)
     samples = torch.stack([torch.randperm(n_samples, generator=gen) for _ in range(2)]).to(F32)
-    assert ops.quantile_iqr(samples).tolist() == [float(1 << 22)] * 2
+    assert cuda_ext.quantile_iqr(samples).tolist() == [float(1 << 22)] * 2

@@ -287,3 +287,35 @@ def test_config_from_dict_and_buffer_checks_against_the_action_space():
         make_buffer(flat_action=3)
     with pytest.raises(ValueError, match="magnitude_branch"):
         make_buffer(magnitude_branch=4)
+
+
+# ----------------------------------------------------------------------------------------- generic library
+@pytest.mark.parametrize("value", [3, np.int64(3), 3.0, -2.0, 3.5, float("nan"), float("inf"), "3", True,
+                                   None])
+def test_is_whole_has_foxenv_semantics(value: object) -> None:
+    from foxenv.config import is_whole as foxenv_is_whole
+    from sb3_her_ext.validation import is_whole
+
+    assert is_whole(value) == foxenv_is_whole(value)
+
+
+def test_replay_and_hindsight_do_not_import_foxenv() -> None:
+    import ast
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[2] / "sb3_her_ext"
+    for name in ("hindsight.py", "replay.py", "validation.py"):
+        tree = ast.parse((package / name).read_text())
+        nodes = list(ast.walk(tree))
+        imported = [alias.name for node in nodes if isinstance(node, ast.Import) for alias in node.names]
+        imported += [node.module or "" for node in nodes if isinstance(node, ast.ImportFrom)]
+        assert not [m for m in imported if m.split(".")[0] == "foxenv"], name
+
+
+def test_branch_defaults_are_foxenvs_action_and_every_field_is_an_argument() -> None:
+    default = HindsightConfig()
+    assert (default.direction_branch, default.magnitude_branch, default.flat_action) == (0, 1, 1)
+    assert default.magnitudes == (0.25, 0.5, 1.0)
+    other = HindsightConfig(direction_branch=2, magnitude_branch=0, flat_action=0, magnitudes=(1.0, 2.0))
+    assert (other.direction_branch, other.magnitude_branch, other.flat_action, other.magnitudes) == (
+        2, 0, 0, (1.0, 2.0))

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from stable_baselines3 import DQN
 from stable_baselines3.common.buffers import ReplayBuffer
 
+import cuda_ext
 from cuda_ext.reference import per as cuda_reference
 from cuda_ext.reference.philox import philox_uniforms
 from sb3_her_ext.replay import HindsightConfig, PrioritizedHindsightReplayBuffer, PrioritizedReplaySamples
@@ -245,16 +246,16 @@ def test_one_push_per_add_unique_slots_and_bounded_size(capacity, n_envs, steps,
     buffer = make_buffer(capacity=capacity, n_envs=n_envs,
                          hindsight=HindsightConfig(lookahead=2, forward_capacity=4, threshold=0.5))
     calls: list[tuple[torch.Tensor, torch.Tensor]] = []
-    original = torch.ops.cuda_ext.per_push
+    original = cuda_ext.per_push
 
-    def spy(*args):
-        slots = original(*args)
-        calls.append((args[15].clone(), slots.clone()))
+    def spy(storage, rows, alpha):
+        slots = original(storage, rows, alpha=alpha)
+        calls.append((rows.wants.clone(), slots.clone()))
         return slots
 
     rng = np.random.default_rng(seed)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(torch.ops.cuda_ext, "per_push", spy)
+        patch.setattr(cuda_ext, "per_push", spy)
         for step in range(steps):
             head, size = buffer.head_size.tolist()
             before = sum(int(v) for v in buffer.hindsight_counts.values())
@@ -321,6 +322,28 @@ def test_pickle_round_trip_keeps_everything():
     for target in (buffer, loaded):
         target.add(obs, obs + 1, np.ones((3, 4), np.int64), np.ones(3), np.zeros(3, bool), infos)
     assert_same_state(buffer, loaded)
+
+
+def test_storage_is_one_replay_storage_shown_under_sb3_names():
+    buffer = filled_hindsight_buffer()
+    assert isinstance(buffer.storage, cuda_ext.ReplayStorage)
+    assert buffer.observations is buffer.storage.obs and buffer.tree is buffer.storage.tree
+    assert buffer.max_priority_tensor is buffer.storage.max_priority
+    assert buffer.tree_leaves == buffer.storage.tree_leaves == 64
+
+
+def test_pickle_of_the_flat_layout_still_loads():
+    buffer = filled_hindsight_buffer()
+    state = buffer.__getstate__()
+    storage = state.pop("storage")  # a pickle written before ReplayStorage held the tensors as attributes
+    for name, field in (("observations", "obs"), ("next_observations", "next_obs"), ("actions", "action"),
+                        ("rewards", "reward"), ("dones", "done"), ("kinds", "kind"), ("tree", "tree"),
+                        ("head_size", "head_size"), ("max_priority_tensor", "max_priority")):
+        state[name] = getattr(storage, field)
+    restored = object.__new__(PrioritizedHindsightReplayBuffer)
+    restored.__setstate__(state)
+    assert isinstance(restored.storage, cuda_ext.ReplayStorage) and "observations" not in vars(restored)
+    assert_same_state(buffer, restored)
 
 
 @pytest.mark.slow

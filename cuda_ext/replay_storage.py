@@ -1,0 +1,188 @@
+"""The replay state the prioritized-replay ops work on, allocated in one place.
+
+:class:`ReplayStorage` is the layout of ``cuda_ext/README.md`` ("Replay state"): the transition ring, the sum
+tree, the write head and the running max priority. :class:`PushRows` is a batch of incoming rows for
+:func:`cuda_ext.per_push`. Every user (the replay buffer of ``sb3_her_ext``, the tests, the benchmarks)
+allocates through :meth:`ReplayStorage.zeros` instead of spelling the dtypes and shapes out again.
+
+Usage::
+
+    storage = cuda_ext.ReplayStorage.zeros(capacity=100_000, obs_dim=64, n_branches=4, device="cuda")
+    rows = cuda_ext.PushRows.make(obs, next_obs, action, reward, wants, kind=0, done=done,
+                                  priority=0.0, max_multiplier=1.0)
+    slots = cuda_ext.per_push(storage, rows, alpha=0.6)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import NamedTuple
+
+import torch
+
+__all__ = ["PushRows", "ReplayStorage", "new_tree"]
+
+
+def new_tree(capacity: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """An empty sum tree for ``capacity`` rows: ``[2P] float64`` zeros, ``P`` = next power of two.
+
+    :param capacity: number of replay rows, > 0.
+    :param device: where the tree lives.
+    :return: the zeroed tree.
+    """
+    if capacity <= 0:
+        raise ValueError(f"capacity={capacity} must be > 0")
+    n_leaves = 1 << (capacity - 1).bit_length()
+    return torch.zeros(2 * n_leaves, dtype=torch.float64, device=device)
+
+
+@dataclass
+class ReplayStorage:
+    """Device tensors of one replay ring of capacity ``C`` (obs width ``D``, ``NB`` action branches).
+
+    :param obs: ``[C, D] float32`` observations.
+    :param next_obs: ``[C, D] float32`` next observations.
+    :param action: ``[C, NB] int64``, one index per branch.
+    :param reward: ``[C] float32``.
+    :param done: ``[C] float32`` (synthetic rows have 1).
+    :param kind: ``[C] int8``: 0 real, 1 backward hindsight, 2 forward hindsight, 3 magnitude relabel.
+    :param tree: ``[2P] float64`` sum tree, ``P`` the next power of two >= ``C``.
+    :param head_size: ``[2] int64`` ``(write_head, size)``.
+    :param max_priority: ``[1] float32`` running max raw priority (starts at 1).
+    """
+
+    obs: torch.Tensor
+    next_obs: torch.Tensor
+    action: torch.Tensor
+    reward: torch.Tensor
+    done: torch.Tensor
+    kind: torch.Tensor
+    tree: torch.Tensor
+    head_size: torch.Tensor
+    max_priority: torch.Tensor
+
+    @classmethod
+    def zeros(cls, capacity: int, obs_dim: int, n_branches: int,
+              device: torch.device | str = "cpu") -> ReplayStorage:
+        """An empty ring: zero rows and tree, ``head_size = (0, 0)``, ``max_priority = 1``.
+
+        :param capacity: rows ``C``; >= 1.
+        :param obs_dim: observation width ``D``; >= 0.
+        :param n_branches: action branches ``NB``; >= 1.
+        :param device: where the tensors live.
+        :return: the storage.
+        """
+        checks = (("capacity", capacity, 1), ("obs_dim", obs_dim, 0), ("n_branches", n_branches, 1))
+        for name, value, low in checks:
+            if isinstance(value, bool) or int(value) != value or value < low:
+                raise ValueError(f"{name}={value} must be an integer >= {low}")
+        c, d, nb = int(capacity), int(obs_dim), int(n_branches)
+        return cls(
+            obs=torch.zeros(c, d, dtype=torch.float32, device=device),
+            next_obs=torch.zeros(c, d, dtype=torch.float32, device=device),
+            action=torch.zeros(c, nb, dtype=torch.int64, device=device),
+            reward=torch.zeros(c, dtype=torch.float32, device=device),
+            done=torch.zeros(c, dtype=torch.float32, device=device),
+            kind=torch.zeros(c, dtype=torch.int8, device=device),
+            tree=new_tree(c, device),
+            head_size=torch.zeros(2, dtype=torch.int64, device=device),
+            max_priority=torch.ones(1, dtype=torch.float32, device=device),
+        )
+
+    @property
+    def capacity(self) -> int:
+        """Rows ``C`` of the ring."""
+        return self.obs.shape[0]
+
+    @property
+    def tree_leaves(self) -> int:
+        """Leaves ``P`` of the sum tree (leaf ``i`` at ``tree[P + i]``)."""
+        return self.tree.shape[0] // 2
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Every tensor by field name.
+
+        :return: name -> tensor.
+        """
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def to(self, device: torch.device | str) -> ReplayStorage:
+        """A copy whose tensors live on ``device`` (tensors already there are shared, as ``Tensor.to``).
+
+        :param device: target device.
+        :return: the moved storage.
+        """
+        return ReplayStorage(**{name: t.to(device) for name, t in self.tensors().items()})
+
+
+class PushRows(NamedTuple):
+    """Incoming rows for :func:`cuda_ext.per_push` (all of length ``N``).
+
+    :param obs: ``[N, D]`` float32.
+    :param next_obs: ``[N, D]`` float32.
+    :param action: ``[N, NB]`` int64.
+    :param reward: ``[N]`` float32.
+    :param done: ``[N]`` float32.
+    :param kind: ``[N]`` int8 replay kind.
+    :param wants: ``[N]`` bool, rows that take a slot.
+    :param priority: ``[N]`` float32 raw priority term (``new_priority``).
+    :param max_multiplier: ``[N]`` float32 multiplier of the running max priority.
+    """
+
+    obs: torch.Tensor
+    next_obs: torch.Tensor
+    action: torch.Tensor
+    reward: torch.Tensor
+    done: torch.Tensor
+    kind: torch.Tensor
+    wants: torch.Tensor
+    priority: torch.Tensor
+    max_multiplier: torch.Tensor
+
+    @classmethod
+    def make(cls, obs: torch.Tensor, next_obs: torch.Tensor, action: torch.Tensor, reward: torch.Tensor,
+             wants: torch.Tensor, kind: int, done: torch.Tensor | float, priority: torch.Tensor | float,
+             max_multiplier: float) -> PushRows:
+        """Build a block, casting to the op's dtypes and broadcasting scalar ``done``, ``priority`` and
+        ``max_multiplier``.
+
+        :param obs: ``[N, D]`` observations.
+        :param next_obs: ``[N, D]`` next observations.
+        :param action: ``[N, NB]`` actions.
+        :param reward: ``[N]`` rewards.
+        :param wants: ``[N]`` rows that take a slot.
+        :param kind: the replay kind of every row.
+        :param done: ``[N]`` dones or one value for all.
+        :param priority: ``[N]`` raw priority terms or one value for all.
+        :param max_multiplier: multiplier of the running max priority for all rows.
+        :return: the block.
+        """
+        n, device = reward.shape[0], reward.device
+        f32 = torch.float32
+
+        def column(value: torch.Tensor | float) -> torch.Tensor:
+            # torch.full, not as_tensor(float): a host scalar copied to the GPU would synchronise
+            if isinstance(value, torch.Tensor):
+                return value.to(dtype=f32).reshape(n)
+            return torch.full((n,), float(value), dtype=f32, device=device)
+
+        return cls(
+            obs=obs.to(f32),
+            next_obs=next_obs.to(f32),
+            action=action.to(torch.int64),
+            reward=reward.to(f32),
+            done=column(done),
+            kind=torch.full((n,), kind, dtype=torch.int8, device=device),
+            wants=wants.to(torch.bool),
+            priority=column(priority),
+            max_multiplier=torch.full((n,), max_multiplier, dtype=f32, device=device),
+        )
+
+    @staticmethod
+    def concat(blocks: list[PushRows]) -> PushRows:
+        """Concatenate blocks row-wise, in order.
+
+        :param blocks: the blocks.
+        :return: one block.
+        """
+        return PushRows(*(torch.cat(parts, dim=0) for parts in zip(*blocks, strict=True)))
