@@ -8,13 +8,17 @@ A run folder holds::
     training.png       episode reward, losses, hindsight counts, ε
     tb/                TensorBoard logs
     evaluation.json    the evaluation of the greedy policy on held-out data
+    checkpoints/       the last checkpoints (see :mod:`foxhunt.checkpoint`); :func:`resume` continues from
+                       the newest
+
+A new run never shares a folder: without ``out`` it gets ``runs/<timestamp>-<random>``, and a given
+``out`` must be new or empty.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,7 +57,7 @@ class RunConfig:
     progress: bool = True
     """Show a progress bar."""
     out: str | None = None
-    """Run folder; ``None``: ``runs/<timestamp>``."""
+    """Run folder, new or empty; ``None``: a new ``runs/<timestamp>-<random>``."""
     synthetic_market_steps: int = presets.SYNTHETIC_MARKET_STEPS
     """Steps of each generated synthetic market."""
     model_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -62,12 +66,31 @@ class RunConfig:
     """Overrides of the policy's arguments (``net_arch``, ``n_ensemble``, ...)."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """Overrides of the env's arguments (``episode_length``, fees, ...)."""
+    checkpoint_every: int = 5_000
+    """Environment steps between checkpoints (and one when training ends; a default CPU run leaves three);
+    0: no checkpoints."""
+    keep_checkpoints: int = 3
+    """Checkpoints kept, the newest; 0: all."""
 
     def __post_init__(self) -> None:
-        for name in ("steps", "n_envs", "threads", "eval_steps", "synthetic_market_steps", "seed"):
+        for name in ("steps", "n_envs", "threads", "eval_steps", "synthetic_market_steps", "seed",
+                     "checkpoint_every", "keep_checkpoints"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"RunConfig.{name}={value!r} must be an integer")
+        for name in ("data", "device"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"RunConfig.{name}={getattr(self, name)!r} must be a string")
+        if self.out is not None and not isinstance(self.out, str):
+            raise ValueError(f"RunConfig.out={self.out!r} must be a string or None")
+        for name in ("hindsight", "progress"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"RunConfig.{name}={getattr(self, name)!r} must be a bool")
+        if self.cuda_graph is not None and not isinstance(self.cuda_graph, bool):
+            raise ValueError(f"RunConfig.cuda_graph={self.cuda_graph!r} must be a bool or None")
+        for name in ("checkpoint_every", "keep_checkpoints"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"RunConfig.{name}={getattr(self, name)} must be >= 0")
         for name, least in (("steps", 1), ("n_envs", 1), ("threads", 1), ("eval_steps", 2),
                             ("synthetic_market_steps", 2)):
             if getattr(self, name) < least:
@@ -183,32 +206,96 @@ def eval_seed(config: RunConfig) -> int:
     return config.seed + 1000
 
 
-def train(config: RunConfig, callback: Any = None) -> Path:
+def _callbacks(*callbacks: Any) -> list[Any]:
+    """SB3 callbacks as one flat list (functions wrapped in ``ConvertCallback``, ``None`` dropped)."""
+    from stable_baselines3.common.callbacks import BaseCallback, ConvertCallback
+
+    flat: list[Any] = []
+    for callback in callbacks:
+        if callback is None:
+            continue
+        for item in callback if isinstance(callback, list | tuple) else [callback]:
+            flat.append(item if isinstance(item, BaseCallback) else ConvertCallback(item))
+    return flat
+
+
+def _restore(out: Path, config: RunConfig, env: Any, diagnostics_path: Path) -> tuple[Any, dict[str, Any]]:
+    """The model of ``out``'s newest checkpoint, on ``env``; the diagnostics file cut back to it."""
+    from foxhunt.checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints
+
+    checkpoint = latest_checkpoint(out)
+    if checkpoint is None:
+        raise FileNotFoundError(
+            f"{out} has no checkpoint to resume from (checkpoint_every={config.checkpoint_every})"
+        )
+    model, manifest = load_checkpoint(checkpoint, env, config.device, diagnostics_path=str(diagnostics_path),
+                                      tensorboard_log=str(out / "tb"))
+    prune_checkpoints(out, 0)  # only the leftovers of a killed write
+    offset = manifest["diagnostics_offset"]
+    size = diagnostics_path.stat().st_size if diagnostics_path.is_file() else 0
+    if size < offset:
+        raise ValueError(f"{diagnostics_path} has {size} bytes, fewer than the {offset} of {checkpoint}")
+    with diagnostics_path.open("ab") as handle:  # lines written after the checkpoint are written again
+        handle.truncate(offset)
+    return model, manifest
+
+
+def resume(run_dir: str | Path, callback: Any = None) -> Path:
+    """Continue the run in ``run_dir`` from its newest checkpoint to its config's ``steps``, then finish it
+    as :func:`train` does. On the CPU the result is bit for bit the uninterrupted run's.
+
+    :param run_dir: a run folder written by :func:`train` (its ``config.json`` and ``checkpoints/``).
+    :param callback: SB3 callback(s) passed to ``model.learn``.
+    :return: the run folder.
+    """
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.json").is_file():
+        raise FileNotFoundError(
+            f"resume={str(run_dir)!r}: no run folder there ({run_dir / 'config.json'} missing)"
+        )
+    return train(RunConfig.load(run_dir / "config.json"), callback, resume_from=run_dir)
+
+
+def train(config: RunConfig, callback: Any = None, *, resume_from: str | Path | None = None) -> Path:
     """Train BranchingIQN as ``config`` says, write the run folder, evaluate the greedy policy.
 
     :param config: the run's settings.
     :param callback: SB3 callback(s) passed to ``model.learn`` (an Optuna pruning callback, say).
+    :param resume_from: continue this run folder from its newest checkpoint (``config`` is its
+        ``config.json``; :func:`resume` reads it).
     :return: the run folder.
     """
+    from foxhunt.checkpoint import CheckpointCallback
     from foxhunt.evaluation.plots import plot_training
     from foxhunt.evaluation.rollout import evaluate_agent, print_summary
+    from foxhunt.run_folder import new_run_folder
     from sb3_her_ext.algorithm import BranchingIQN
 
-    # config.json records whether the steps were graphed
-    config = dataclasses.replace(config, cuda_graph=config.resolved_cuda_graph())
+    if resume_from is None:
+        # config.json records whether the steps were graphed
+        config = dataclasses.replace(config, cuda_graph=config.resolved_cuda_graph())
+        out = new_run_folder(config.out)
+        config.save(out / "config.json")
+    else:
+        out = Path(resume_from)
     th.set_num_threads(config.threads)
-    out = Path(config.out) if config.out else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
-    out.mkdir(parents=True, exist_ok=True)
-    config.save(out / "config.json")
+    diagnostics_path = out / "diagnostics.jsonl"
 
     env = make_env(config, config.seed, split="train")
-    model = BranchingIQN(
-        "MlpPolicy", env, seed=config.seed, device=config.device, hindsight=config.hindsight,
-        cuda_graph=config.cuda_graph, policy_kwargs=config.resolved_policy_kwargs(),
-        tensorboard_log=str(out / "tb"), diagnostics_path=str(out / "diagnostics.jsonl"),
-        **config.resolved_model_kwargs(),
-    )
-    model.learn(config.steps, callback=callback, progress_bar=config.progress)
+    resumed = None
+    if resume_from is None:
+        model = BranchingIQN(
+            "MlpPolicy", env, seed=config.seed, device=config.device, hindsight=config.hindsight,
+            cuda_graph=config.cuda_graph, policy_kwargs=config.resolved_policy_kwargs(),
+            tensorboard_log=str(out / "tb"), diagnostics_path=str(diagnostics_path),
+            **config.resolved_model_kwargs(),
+        )
+    else:
+        model, resumed = _restore(out, config, env, diagnostics_path)
+    checkpoints = CheckpointCallback(out, config.checkpoint_every, config.keep_checkpoints, diagnostics_path,
+                                     resumed_from=resumed)
+    model.learn(max(config.steps - model.num_timesteps, 0), callback=_callbacks(checkpoints, callback),
+                progress_bar=config.progress, reset_num_timesteps=resumed is None)
     model.log_diagnostics()  # the last, partial interval
     model.save(out / "model.zip")
     plot_training(out / "diagnostics.jsonl", out / "training.png")
