@@ -240,12 +240,13 @@ def _restore(out: Path, config: RunConfig, env: Any, diagnostics_path: Path) -> 
     return model, manifest
 
 
-def resume(run_dir: str | Path, callback: Any = None) -> Path:
+def resume(run_dir: str | Path, callback: Any = None, progress: bool | None = None) -> Path:
     """Continue the run in ``run_dir`` from its newest checkpoint to its config's ``steps``, then finish it
     as :func:`train` does. On the CPU the result is bit for bit the uninterrupted run's.
 
     :param run_dir: a run folder written by :func:`train` (its ``config.json`` and ``checkpoints/``).
     :param callback: SB3 callback(s) passed to ``model.learn``.
+    :param progress: show a progress bar (``None``: as the run's config says).
     :return: the run folder.
     """
     run_dir = Path(run_dir)
@@ -253,7 +254,10 @@ def resume(run_dir: str | Path, callback: Any = None) -> Path:
         raise FileNotFoundError(
             f"resume={str(run_dir)!r}: no run folder there ({run_dir / 'config.json'} missing)"
         )
-    return train(RunConfig.load(run_dir / "config.json"), callback, resume_from=run_dir)
+    config = RunConfig.load(run_dir / "config.json")
+    if progress is not None:
+        config = dataclasses.replace(config, progress=progress)
+    return train(config, callback, resume_from=run_dir)
 
 
 def train(config: RunConfig, callback: Any = None, *, resume_from: str | Path | None = None) -> Path:
