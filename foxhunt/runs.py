@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,13 +139,15 @@ class RunConfig:
         return dataclasses.asdict(self)
 
     def save(self, path: str | Path) -> Path:
-        """Write the config as JSON.
+        """Write the config as JSON (atomically: a temporary file renamed into place).
 
         :param path: the file (``config.json`` of a run folder).
         :return: the path written.
         """
         path = Path(path)
-        path.write_text(json.dumps(self.to_dict(), indent=2))
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2))
+        os.replace(tmp, path)  # a reader never sees half a file
         return path
 
     @classmethod

@@ -62,7 +62,8 @@ def set_rng_state(model: Any, state: dict[str, Any]) -> None:
     np.random.set_state(state["numpy"])
     th.set_rng_state(state["torch"])
     if state["cuda"] is not None and th.cuda.is_available():
-        th.cuda.set_rng_state_all(state["cuda"])
+        for index, cuda_state in enumerate(state["cuda"][: th.cuda.device_count()]):
+            th.cuda.set_rng_state(cuda_state, index)
     if state["model_generator"] is not None:
         model._generator.set_state(state["model_generator"])
     if state["action_space"] is not None:
