@@ -62,6 +62,19 @@ def test_a_resumed_run_equals_the_uninterrupted_one(uninterrupted: Path, tmp_pat
     )
 
 
+def test_a_run_crashed_twice_and_resumed_twice_equals_the_uninterrupted_one(uninterrupted: Path,
+                                                                            tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    with pytest.raises(_Crash):
+        train(small_config(out), callback=_CrashAt(250))
+    with pytest.raises(_Crash):  # the resumed run writes its own checkpoint at 400, then crashes
+        resume(out, callback=_CrashAt(530))
+    assert [step for step, _ in list_checkpoints(out)] == [200, 400]
+    resume(out)
+    assert_same_model(uninterrupted / "model.zip", out / "model.zip")
+    assert _diagnostics(out) == _diagnostics(uninterrupted)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("graph", [False, True])
 def test_a_resumed_cuda_run_equals_the_uninterrupted_one(tmp_path: Path, graph: bool) -> None:
