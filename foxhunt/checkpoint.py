@@ -18,7 +18,6 @@ point where a new ``learn`` call picks up exactly where the old one was.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -32,6 +31,7 @@ import torch as th
 from stable_baselines3.common.callbacks import BaseCallback
 
 from foxhunt import training_state
+from foxhunt.checksums import sha256_file
 
 #: Folder of a run's checkpoints.
 CHECKPOINTS_DIR = "checkpoints"
@@ -46,19 +46,6 @@ _NAME = re.compile(r"^step_(\d+)$")
 
 class CheckpointError(ValueError):
     """A checkpoint is missing, incomplete or corrupted (the message names the file)."""
-
-
-def sha256_file(path: str | Path) -> str:
-    """The SHA-256 of a file's bytes, in hex.
-
-    :param path: the file.
-    :return: 64 hex digits.
-    """
-    digest = hashlib.sha256()
-    with Path(path).open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _fsync(path: Path) -> None:
