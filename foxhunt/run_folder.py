@@ -7,14 +7,18 @@ POSIX file system), retried with a new suffix should it exist.
 
 from __future__ import annotations
 
+import fcntl
 import secrets
 import time
 from pathlib import Path
+from typing import IO
 
 #: Where runs go when no folder is given.
 DEFAULT_RUNS_ROOT = Path("runs")
 #: The file a run creates exclusively (``O_EXCL``) to claim its folder; the run then writes its config there.
 CLAIM_FILE = "config.json"
+#: The file a training process holds an exclusive lock on while it writes the folder.
+LOCK_FILE = ".lock"
 
 
 def unique_run_folder(root: str | Path = DEFAULT_RUNS_ROOT, attempts: int = 100) -> Path:
@@ -65,3 +69,19 @@ def new_run_folder(out: str | Path | None) -> Path:
     :return: the folder, created.
     """
     return unique_run_folder() if out is None else claim_run_folder(out)
+
+
+def lock_run_folder(path: str | Path) -> IO[str]:
+    """Lock a run folder for this process (an ``flock`` the kernel drops when the process dies).
+
+    :param path: the run folder.
+    :return: the open lock file; closing it releases the lock.
+    :raises ValueError: when another process holds the lock (the run is still going).
+    """
+    handle = (Path(path) / LOCK_FILE).open("a")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise ValueError(f"run folder {str(path)!r} is in use by another training process") from None
+    return handle

@@ -275,7 +275,7 @@ def train(config: RunConfig, callback: Any = None, *, resume_from: str | Path | 
     from foxhunt.checkpoint import CheckpointCallback
     from foxhunt.evaluation.plots import plot_training
     from foxhunt.evaluation.rollout import evaluate_agent, print_summary
-    from foxhunt.run_folder import new_run_folder
+    from foxhunt.run_folder import lock_run_folder, new_run_folder
     from sb3_her_ext.algorithm import BranchingIQN
 
     if resume_from is None:
@@ -285,26 +285,30 @@ def train(config: RunConfig, callback: Any = None, *, resume_from: str | Path | 
         config.save(out / "config.json")
     else:
         out = Path(resume_from)
-    th.set_num_threads(config.threads)
-    diagnostics_path = out / "diagnostics.jsonl"
+    lock = lock_run_folder(out)  # a second process resuming this run while it goes on is refused
+    try:
+        th.set_num_threads(config.threads)
+        diagnostics_path = out / "diagnostics.jsonl"
 
-    env = make_env(config, config.seed, split="train")
-    resumed = None
-    if resume_from is None:
-        model = BranchingIQN(
-            "MlpPolicy", env, seed=config.seed, device=config.device, hindsight=config.hindsight,
-            cuda_graph=config.cuda_graph, policy_kwargs=config.resolved_policy_kwargs(),
-            tensorboard_log=str(out / "tb"), diagnostics_path=str(diagnostics_path),
-            **config.resolved_model_kwargs(),
-        )
-    else:
-        model, resumed = _restore(out, config, env, diagnostics_path)
-    checkpoints = CheckpointCallback(out, config.checkpoint_every, config.keep_checkpoints, diagnostics_path,
-                                     resumed_from=resumed)
-    model.learn(max(config.steps - model.num_timesteps, 0), callback=_callbacks(checkpoints, callback),
-                progress_bar=config.progress, reset_num_timesteps=resumed is None)
-    model.log_diagnostics()  # the last, partial interval
-    model.save(out / "model.zip")
+        env = make_env(config, config.seed, split="train")
+        resumed = None
+        if resume_from is None:
+            model = BranchingIQN(
+                "MlpPolicy", env, seed=config.seed, device=config.device, hindsight=config.hindsight,
+                cuda_graph=config.cuda_graph, policy_kwargs=config.resolved_policy_kwargs(),
+                tensorboard_log=str(out / "tb"), diagnostics_path=str(diagnostics_path),
+                **config.resolved_model_kwargs(),
+            )
+        else:
+            model, resumed = _restore(out, config, env, diagnostics_path)
+        checkpoints = CheckpointCallback(out, config.checkpoint_every, config.keep_checkpoints,
+                                         diagnostics_path, resumed_from=resumed)
+        model.learn(max(config.steps - model.num_timesteps, 0), callback=_callbacks(checkpoints, callback),
+                    progress_bar=config.progress, reset_num_timesteps=resumed is None)
+        model.log_diagnostics()  # the last, partial interval
+        model.save(out / "model.zip")
+    finally:
+        lock.close()
     plot_training(out / "diagnostics.jsonl", out / "training.png")
 
     eval_env = make_env(config, eval_seed(config), split="test")

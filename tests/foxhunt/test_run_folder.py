@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 
 from foxhunt import run_folder
-from foxhunt.run_folder import CLAIM_FILE, claim_run_folder, new_run_folder, unique_run_folder
+from foxhunt.run_folder import (
+    CLAIM_FILE,
+    claim_run_folder,
+    lock_run_folder,
+    new_run_folder,
+    unique_run_folder,
+)
 
 
 def _make_folders(root: str, count: int) -> list[str]:
@@ -58,3 +64,20 @@ def test_no_out_gives_a_new_folder_under_runs(tmp_path: Path, monkeypatch: pytes
     first, second = new_run_folder(None), new_run_folder(None)
     assert first != second and first.parent == second.parent == Path("runs")
     assert first.is_dir() and not any(first.iterdir())
+
+
+def _try_lock(path: str) -> str:
+    try:
+        lock_run_folder(path).close()
+    except ValueError as error:
+        return str(error)
+    return "locked"
+
+
+def test_a_run_folder_in_use_cannot_be_locked_by_another_process(tmp_path: Path) -> None:
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(1) as pool:
+        lock = lock_run_folder(tmp_path)
+        assert "is in use by another training process" in pool.apply(_try_lock, (str(tmp_path),))
+        lock.close()
+        assert pool.apply(_try_lock, (str(tmp_path),)) == "locked"
