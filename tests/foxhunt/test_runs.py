@@ -62,6 +62,18 @@ def test_a_resumed_run_equals_the_uninterrupted_one(uninterrupted: Path, tmp_pat
     )
 
 
+def test_a_run_resumed_before_learning_starts_equals_the_uninterrupted_one(tmp_path: Path) -> None:
+    """The checkpoint at 200 falls in the uniform random actions before ``learning_starts`` (the action
+    space's own generator)."""
+    model_kwargs = {**small_config(None).model_kwargs, "learning_starts": 300}
+    whole = train(small_config(tmp_path / "whole", steps=400, model_kwargs=model_kwargs))
+    out = tmp_path / "run"
+    with pytest.raises(_Crash):
+        train(small_config(out, steps=400, model_kwargs=model_kwargs), callback=_CrashAt(280))
+    resume(out)
+    assert_same_model(whole / "model.zip", out / "model.zip")
+
+
 def test_a_run_crashed_twice_and_resumed_twice_equals_the_uninterrupted_one(uninterrupted: Path,
                                                                             tmp_path: Path) -> None:
     out = tmp_path / "run"
