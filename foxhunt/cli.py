@@ -181,7 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train BranchingIQN on a LOB market; write model.zip, config.json, diagnostics.jsonl, "
         "TensorBoard logs and training.png to the run folder, then print an evaluation of the "
         "deterministic policy on held-out data (LOBSTER test split, or a synthetic market with another "
-        "seed).",
+        "seed). Checkpoints every --checkpoint-every steps; --resume RUN_DIR continues a killed run from its "
+        "newest one.",
     )
     defaults = RunConfig()
     _common(train_parser, defaults.steps, defaults.n_envs, absent=True)
