@@ -3,12 +3,19 @@
 ``foxhunt train`` with no arguments trains BranchingIQN on the built-in synthetic market (a few minutes
 on a laptop CPU) and writes a run folder (see :mod:`foxhunt.runs`). ``foxhunt rollout`` scores a
 uniformly random policy. ``foxhunt evaluate`` scores a saved model beside baselines
-(:mod:`foxhunt.evaluation.cli`). ``tune`` is being built (its issue): it exits with a clear "not yet" message.
+(:mod:`foxhunt.evaluation.cli`). ``tune`` is being built (its issue): it exits with a clear "not yet"
+message. ``foxhunt train --config FILE`` starts from a :class:`~foxhunt.runs.RunConfig` JSON (the
+options given on the command line override it); ``foxhunt train --resume RUN_DIR`` continues a run from
+its newest checkpoint.
+
+A user error (a bad option, a missing file, a used run folder) prints one line ``foxhunt: error: ...`` on
+stderr and exits with status 2; ``--debug`` shows the traceback instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,58 +23,105 @@ from typing import Any
 
 import torch as th
 
-from foxhunt import presets
 from foxhunt.evaluation import cli as evaluation_cli
 from foxhunt.runs import RunConfig
 
+#: Exceptions that are the user's to fix: one line and exit status 2 (``--debug``: the traceback).
+USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError)
 
-def _check_seed_and_device(args: argparse.Namespace) -> None:
-    """``--seed`` in numpy's range, ``--device`` the CPU or an available CUDA device; else ``ValueError``."""
-    if not 0 <= args.seed < 2**32:
-        raise ValueError(f"--seed={args.seed} must lie in [0, 2**32)")
+#: ``foxhunt train``'s run options: argparse destination = RunConfig field.
+TRAIN_OPTIONS: tuple[str, ...] = (
+    "data", "steps", "n_envs", "device", "seed", "threads", "hindsight", "eval_steps", "cuda_graph",
+    "progress", "out", "checkpoint_every", "keep_checkpoints",
+)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _check_seed_and_device(seed: int, device_name: str, seed_name: str = "--seed",
+                           device_flag: str = "--device") -> None:
+    """The seed in numpy's range, the device the CPU or an available CUDA device; else ``ValueError``.
+
+    :param seed: the seed.
+    :param device_name: the device.
+    :param seed_name: how messages name the seed (its option, or its field of a config file).
+    :param device_flag: how messages name the device.
+    """
+    if not 0 <= seed < 2**32:
+        raise ValueError(f"{seed_name}={seed} must lie in [0, 2**32)")
     try:
-        device = th.device(args.device)
+        device = th.device(device_name)
     except RuntimeError:
-        raise ValueError(f"--device={args.device!r} must be cpu or cuda") from None
+        raise ValueError(f"{device_flag}={device_name!r} must be cpu or cuda") from None
     if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"--device={args.device!r} must be cpu or cuda")
+        raise ValueError(f"{device_flag}={device_name!r} must be cpu or cuda")
     if device.type == "cuda" and not th.cuda.is_available():
-        raise ValueError(f"--device={args.device!r}: no CUDA device is available")
+        raise ValueError(f"{device_flag}={device_name!r}: no CUDA device is available")
+
+
+def given_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The run options given on the command line (``train``'s options default to absent).
+
+    :param args: parsed ``train`` arguments.
+    :return: RunConfig field -> value, for the options given.
+    """
+    return {name: getattr(args, name) for name in TRAIN_OPTIONS if hasattr(args, name)}
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
-    """The :class:`RunConfig` that ``foxhunt train``'s options describe.
+    """The :class:`RunConfig` that ``foxhunt train``'s options describe: ``--config``'s file (or the
+    defaults), with the options given on the command line in place of its values.
 
     :param args: parsed ``train`` arguments.
     :return: the run config.
     """
-    if args.steps < 1:
-        raise ValueError(f"--steps={args.steps} must be >= 1")
-    if args.n_envs < 1:
-        raise ValueError(f"--n-envs={args.n_envs} must be >= 1")
-    if args.eval_steps < 2:  # checked before training, not after it
-        raise ValueError(f"--eval-steps={args.eval_steps} must be >= 2")
-    if args.data != "synthetic" and not Path(args.data).is_dir():
-        raise ValueError(f"--data={args.data!r} must be 'synthetic' or a folder of LOBSTER files")
-    _check_seed_and_device(args)
-    on_cuda = th.device(args.device).type == "cuda"
-    if args.cuda_graph and not on_cuda:
-        raise ValueError(f"--cuda-graph needs --device cuda, got --device={args.device!r}")
-    return RunConfig(
-        data=args.data, steps=args.steps, n_envs=args.n_envs, device=args.device, seed=args.seed,
-        threads=args.threads, hindsight=args.hindsight, eval_steps=args.eval_steps,
-        cuda_graph=args.cuda_graph, progress=args.progress, out=args.out,
-    )
+    given = given_options(args)
+    for name, least in (("steps", 1), ("n_envs", 1), ("eval_steps", 2), ("threads", 1),
+                        ("checkpoint_every", 0), ("keep_checkpoints", 0)):
+        if name in given and given[name] < least:  # eval_steps: checked before training, not after it
+            raise ValueError(f"{_flag(name)}={given[name]} must be >= {least}")
+    if "seed" in given and not 0 <= given["seed"] < 2**32:
+        raise ValueError(f"--seed={given['seed']} must lie in [0, 2**32)")
+    config_file = getattr(args, "config", None)
+    base = RunConfig()
+    if config_file is not None:
+        if not Path(config_file).is_file():
+            raise FileNotFoundError(f"--config={config_file!r}: no such file")
+        base = RunConfig.load(config_file)
+
+    def name(field: str) -> str:  # an option given, or a value of the config file
+        return _flag(field) if field in given or config_file is None else f"{config_file}: {field}"
+
+    config = dataclasses.replace(base, **given)
+    if config.data != "synthetic" and not Path(config.data).is_dir():
+        raise ValueError(f"{name('data')}={config.data!r} must be 'synthetic' or a folder of LOBSTER files")
+    _check_seed_and_device(config.seed, config.device, name("seed"), name("device"))
+    if config.cuda_graph and th.device(config.device).type != "cuda":
+        raise ValueError(f"{name('cuda_graph')} needs --device cuda, got {name('device')}={config.device!r}")
+    return config
 
 
 def train(args: argparse.Namespace) -> Any:
-    """``foxhunt train``: :func:`foxhunt.runs.train` on the options' config.
+    """``foxhunt train``: :func:`foxhunt.runs.train` on the options' config, or ``--resume`` a run.
 
     :param args: parsed command-line arguments.
     :return: the run folder.
     """
+    from foxhunt.runs import resume
     from foxhunt.runs import train as train_run
 
+    if args.resume is not None:
+        given = given_options(args)
+        extra = [_flag(name) for name in given if name != "progress"]
+        extra += ["--config"] if args.config is not None else []
+        if extra:
+            raise ValueError(
+                f"--resume {args.resume} continues that run as its config.json says: {', '.join(extra)} "
+                "cannot be given with it"
+            )
+        return resume(args.resume, progress=given.get("progress"))
     return train_run(config_from_args(args))
 
 
@@ -79,7 +133,7 @@ def rollout(args: argparse.Namespace) -> dict[str, Any]:
     """
     from foxhunt.evaluation.rollout import print_summary, random_rollout
 
-    _check_seed_and_device(args)
+    _check_seed_and_device(args.seed, args.device)
     summary = random_rollout(
         num_steps=args.steps, num_envs=args.n_envs, data=args.data, seed=args.seed,
         device=args.device, progress=args.progress,
@@ -88,17 +142,27 @@ def rollout(args: argparse.Namespace) -> dict[str, Any]:
     return summary
 
 
-def _common(p: argparse.ArgumentParser, steps: int, n_envs: int) -> None:
-    p.add_argument("--data", default="synthetic",
+def _common(p: argparse.ArgumentParser, steps: int, n_envs: int, absent: bool = False) -> None:
+    """The options ``train`` and ``rollout`` share; ``absent``: an option not given is not set at all."""
+    default = (lambda value: argparse.SUPPRESS) if absent else (lambda value: value)
+    p.add_argument("--data", default=default("synthetic"),
                    help="'synthetic' (built-in generator) or a LOBSTER folder (default: synthetic)")
-    p.add_argument("--steps", type=int, default=steps, help=f"environment steps (default: {steps})")
-    p.add_argument("--n-envs", type=int, default=n_envs, help=f"books stepped together (default: {n_envs})")
-    p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
+    p.add_argument("--steps", type=int, default=default(steps), help=f"environment steps (default: {steps})")
+    p.add_argument("--n-envs", type=int, default=default(n_envs),
+                   help=f"books stepped together (default: {n_envs})")
+    p.add_argument("--device", default=default("cpu"), help="cpu or cuda (default: cpu)")
+    p.add_argument("--seed", type=int, default=default(0), help="random seed (default: 0)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=default(True),
                    help="show a progress bar (default: on)")
-    p.add_argument("--threads", type=int, default=1,
+    p.add_argument("--threads", type=int, default=default(1),
                    help="torch CPU threads (default: 1, fastest for these small networks)")
+    _debug(p)
+
+
+def _debug(p: argparse.ArgumentParser, top: bool = False) -> None:
+    """``--debug``, on the top parser (default off) and on each command (absent unless given)."""
+    p.add_argument("--debug", action="store_true", default=False if top else argparse.SUPPRESS,
+                   help="on an error, show the traceback instead of one line")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Deep RL for limit-order-book trading: train BranchingIQN, evaluate it, score a random "
         "policy, tune with Optuna.",
     )
+    _debug(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="{train,evaluate,rollout,tune}")
 
     train_parser = sub.add_parser(
@@ -118,17 +183,33 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train BranchingIQN on a LOB market; write model.zip, config.json, diagnostics.jsonl, "
         "TensorBoard logs and training.png to the run folder, then print an evaluation of the "
         "deterministic policy on held-out data (LOBSTER test split, or a synthetic market with another "
-        "seed).",
+        "seed). Checkpoints every --checkpoint-every steps; --resume RUN_DIR continues a killed run from its "
+        "newest one.",
     )
-    _common(train_parser, presets.CPU_TRAIN_STEPS, presets.CPU_N_ENVS)
-    train_parser.add_argument("--out", default=None, help="run folder (default: runs/<timestamp>)")
-    train_parser.add_argument("--hindsight", action=argparse.BooleanOptionalAction, default=True,
+    defaults = RunConfig()
+    _common(train_parser, defaults.steps, defaults.n_envs, absent=True)
+    train_parser.add_argument("--config", default=None, metavar="FILE",
+                              help="start from this RunConfig JSON (a run's config.json, say); the options "
+                                   "given on the command line override its values")
+    train_parser.add_argument("--resume", default=None, metavar="RUN_DIR",
+                              help="continue the run in RUN_DIR from its newest checkpoint, as its "
+                                   "config.json says")
+    train_parser.add_argument("--out", default=argparse.SUPPRESS,
+                              help="run folder, new or empty (default: runs/<timestamp>-<random>)")
+    train_parser.add_argument("--hindsight", action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
                               help="hindsight replay injections (default: on)")
-    train_parser.add_argument("--eval-steps", type=int, default=500,
-                              help="vector steps of the final evaluation (default: 500)")
-    train_parser.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
+    train_parser.add_argument("--eval-steps", type=int, default=argparse.SUPPRESS,
+                              help=f"vector steps of the final evaluation (default: {defaults.eval_steps})")
+    train_parser.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction,
+                              default=argparse.SUPPRESS,
                               help="run each gradient step as one CUDA graph replay (BranchingIQN's "
                                    "cuda_graph=True); CUDA only (default: on with --device cuda)")
+    train_parser.add_argument("--checkpoint-every", type=int, default=argparse.SUPPRESS,
+                              help="environment steps between checkpoints, 0 for none "
+                                   f"(default: {defaults.checkpoint_every})")
+    train_parser.add_argument("--keep-checkpoints", type=int, default=argparse.SUPPRESS,
+                              help="checkpoints kept, the newest; 0 for all "
+                                   f"(default: {defaults.keep_checkpoints})")
     evaluation_cli.add_parser(sub)
     rollout_parser = sub.add_parser(
         "rollout", help="score a uniformly random policy",
@@ -140,29 +221,44 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``foxhunt`` console script.
+def run(args: argparse.Namespace) -> int:
+    """Run the parsed command.
 
-    :param argv: arguments (default: ``sys.argv[1:]``).
+    :param args: parsed command-line arguments.
     :return: the exit status.
     """
-    args = build_parser().parse_args(argv)
     if args.command == "evaluate":
         return evaluation_cli.run(args)
     if args.command == "tune":
         print(f"foxhunt {args.command}: not built yet", file=sys.stderr)
         return 2
-    if args.threads < 1:
-        raise ValueError(f"--threads={args.threads} must be >= 1")
-    th.set_num_threads(args.threads)
-    if args.device.startswith("cuda") and not th.cuda.is_available():
-        print(f"--device={args.device}: no CUDA device available", file=sys.stderr)
-        return 2
+    threads = getattr(args, "threads", None)
+    if threads is not None:
+        if threads < 1:
+            raise ValueError(f"--threads={threads} must be >= 1")
+        th.set_num_threads(threads)
     if args.command == "train":
         train(args)
     else:
         rollout(args)
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``foxhunt`` console script.
+
+    :param argv: arguments (default: ``sys.argv[1:]``).
+    :return: the exit status: 0, or 2 after a user error (printed as one line on stderr).
+    """
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except USER_ERRORS as error:
+        if args.debug:
+            raise
+        message = " ".join(str(error).split()) or type(error).__name__
+        print(f"foxhunt: error: {message}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

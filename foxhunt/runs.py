@@ -9,13 +9,18 @@ A run folder holds::
     tb/                TensorBoard logs
     evaluation.json    the evaluation of the greedy policy and the baselines on held-out data
     report.md          the same as a report, with eval_*.png figures
+    checkpoints/       the last checkpoints (see :mod:`foxhunt.checkpoint`); :func:`resume` continues from
+                       the newest
+
+A new run never shares a folder: without ``out`` it gets ``runs/<timestamp>-<random>``, and a given
+``out`` must be new or empty.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import time
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,7 +59,7 @@ class RunConfig:
     progress: bool = True
     """Show a progress bar."""
     out: str | None = None
-    """Run folder; ``None``: ``runs/<timestamp>``."""
+    """Run folder, new or empty; ``None``: a new ``runs/<timestamp>-<random>``."""
     synthetic_market_steps: int = presets.SYNTHETIC_MARKET_STEPS
     """Steps of each generated synthetic market."""
     model_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -63,12 +68,31 @@ class RunConfig:
     """Overrides of the policy's arguments (``net_arch``, ``n_ensemble``, ...)."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """Overrides of the env's arguments (``episode_length``, fees, ...)."""
+    checkpoint_every: int = 5_000
+    """Environment steps between checkpoints (and one when training ends; a default CPU run leaves three);
+    0: no checkpoints."""
+    keep_checkpoints: int = 3
+    """Checkpoints kept, the newest; 0: all."""
 
     def __post_init__(self) -> None:
-        for name in ("steps", "n_envs", "threads", "eval_steps", "synthetic_market_steps", "seed"):
+        for name in ("steps", "n_envs", "threads", "eval_steps", "synthetic_market_steps", "seed",
+                     "checkpoint_every", "keep_checkpoints"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"RunConfig.{name}={value!r} must be an integer")
+        for name in ("data", "device"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"RunConfig.{name}={getattr(self, name)!r} must be a string")
+        if self.out is not None and not isinstance(self.out, str):
+            raise ValueError(f"RunConfig.out={self.out!r} must be a string or None")
+        for name in ("hindsight", "progress"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"RunConfig.{name}={getattr(self, name)!r} must be a bool")
+        if self.cuda_graph is not None and not isinstance(self.cuda_graph, bool):
+            raise ValueError(f"RunConfig.cuda_graph={self.cuda_graph!r} must be a bool or None")
+        for name in ("checkpoint_every", "keep_checkpoints"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"RunConfig.{name}={getattr(self, name)} must be >= 0")
         for name, least in (("steps", 1), ("n_envs", 1), ("threads", 1), ("eval_steps", 2),
                             ("synthetic_market_steps", 2)):
             if getattr(self, name) < least:
@@ -116,13 +140,15 @@ class RunConfig:
         return dataclasses.asdict(self)
 
     def save(self, path: str | Path) -> Path:
-        """Write the config as JSON.
+        """Write the config as JSON (atomically: a temporary file renamed into place).
 
         :param path: the file (``config.json`` of a run folder).
         :return: the path written.
         """
         path = Path(path)
-        path.write_text(json.dumps(self.to_dict(), indent=2))
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2))
+        os.replace(tmp, path)  # a reader never sees half a file
         return path
 
     @classmethod
@@ -194,33 +220,105 @@ def eval_market_seed(config: RunConfig) -> int:
     return train_market_seed(config) + 1
 
 
-def train(config: RunConfig, callback: Any = None) -> Path:
+def _callbacks(*callbacks: Any) -> list[Any]:
+    """SB3 callbacks as one flat list (functions wrapped in ``ConvertCallback``, ``None`` dropped)."""
+    from stable_baselines3.common.callbacks import BaseCallback, ConvertCallback
+
+    flat: list[Any] = []
+    for callback in callbacks:
+        if callback is None:
+            continue
+        for item in callback if isinstance(callback, list | tuple) else [callback]:
+            flat.append(item if isinstance(item, BaseCallback) else ConvertCallback(item))
+    return flat
+
+
+def _restore(out: Path, config: RunConfig, env: Any, diagnostics_path: Path) -> tuple[Any, dict[str, Any]]:
+    """The model of ``out``'s newest checkpoint, on ``env``; the diagnostics file cut back to it."""
+    from foxhunt.checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints
+
+    checkpoint = latest_checkpoint(out)
+    if checkpoint is None:
+        raise FileNotFoundError(
+            f"{out} has no checkpoint to resume from (checkpoint_every={config.checkpoint_every})"
+        )
+    model, manifest = load_checkpoint(checkpoint, env, config.device, diagnostics_path=str(diagnostics_path),
+                                      tensorboard_log=str(out / "tb"))
+    prune_checkpoints(out, 0)  # only the leftovers of a killed write
+    offset = manifest["diagnostics_offset"]
+    size = diagnostics_path.stat().st_size if diagnostics_path.is_file() else 0
+    if size < offset:
+        raise ValueError(f"{diagnostics_path} has {size} bytes, fewer than the {offset} of {checkpoint}")
+    with diagnostics_path.open("ab") as handle:  # lines written after the checkpoint are written again
+        handle.truncate(offset)
+    return model, manifest
+
+
+def resume(run_dir: str | Path, callback: Any = None, progress: bool | None = None) -> Path:
+    """Continue the run in ``run_dir`` from its newest checkpoint to its config's ``steps``, then finish it
+    as :func:`train` does. On the CPU the result is bit for bit the uninterrupted run's.
+
+    :param run_dir: a run folder written by :func:`train` (its ``config.json`` and ``checkpoints/``).
+    :param callback: SB3 callback(s) passed to ``model.learn``.
+    :param progress: show a progress bar (``None``: as the run's config says).
+    :return: the run folder.
+    """
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.json").is_file():
+        raise FileNotFoundError(
+            f"resume={str(run_dir)!r}: no run folder there ({run_dir / 'config.json'} missing)"
+        )
+    config = RunConfig.load(run_dir / "config.json")
+    if progress is not None:
+        config = dataclasses.replace(config, progress=progress)
+    return train(config, callback, resume_from=run_dir)
+
+
+def train(config: RunConfig, callback: Any = None, *, resume_from: str | Path | None = None) -> Path:
     """Train BranchingIQN as ``config`` says, write the run folder, evaluate the greedy policy.
 
     :param config: the run's settings.
     :param callback: SB3 callback(s) passed to ``model.learn`` (an Optuna pruning callback, say).
+    :param resume_from: continue this run folder from its newest checkpoint (``config`` is its
+        ``config.json``; :func:`resume` reads it).
     :return: the run folder.
     """
+    from foxhunt.checkpoint import CheckpointCallback
     from foxhunt.evaluation.plots import plot_training
+    from foxhunt.run_folder import lock_run_folder, new_run_folder
     from sb3_her_ext.algorithm import BranchingIQN
 
-    # config.json records whether the steps were graphed
-    config = dataclasses.replace(config, cuda_graph=config.resolved_cuda_graph())
-    th.set_num_threads(config.threads)
-    out = Path(config.out) if config.out else Path("runs") / time.strftime("%Y%m%d-%H%M%S")
-    out.mkdir(parents=True, exist_ok=True)
-    config.save(out / "config.json")
+    if resume_from is None:
+        # config.json records whether the steps were graphed
+        config = dataclasses.replace(config, cuda_graph=config.resolved_cuda_graph())
+        out = new_run_folder(config.out)
+        config.save(out / "config.json")
+    else:
+        out = Path(resume_from)
+    lock = lock_run_folder(out)  # a second process resuming this run while it goes on is refused
+    try:
+        th.set_num_threads(config.threads)
+        diagnostics_path = out / "diagnostics.jsonl"
 
-    env = make_env(config, config.seed, split="train")
-    model = BranchingIQN(
-        "MlpPolicy", env, seed=config.seed, device=config.device, hindsight=config.hindsight,
-        cuda_graph=config.cuda_graph, policy_kwargs=config.resolved_policy_kwargs(),
-        tensorboard_log=str(out / "tb"), diagnostics_path=str(out / "diagnostics.jsonl"),
-        **config.resolved_model_kwargs(),
-    )
-    model.learn(config.steps, callback=callback, progress_bar=config.progress)
-    model.log_diagnostics()  # the last, partial interval
-    model.save(out / "model.zip")
+        env = make_env(config, config.seed, split="train")
+        resumed = None
+        if resume_from is None:
+            model = BranchingIQN(
+                "MlpPolicy", env, seed=config.seed, device=config.device, hindsight=config.hindsight,
+                cuda_graph=config.cuda_graph, policy_kwargs=config.resolved_policy_kwargs(),
+                tensorboard_log=str(out / "tb"), diagnostics_path=str(diagnostics_path),
+                **config.resolved_model_kwargs(),
+            )
+        else:
+            model, resumed = _restore(out, config, env, diagnostics_path)
+        checkpoints = CheckpointCallback(out, config.checkpoint_every, config.keep_checkpoints,
+                                         diagnostics_path, resumed_from=resumed)
+        model.learn(max(config.steps - model.num_timesteps, 0), callback=_callbacks(checkpoints, callback),
+                    progress_bar=config.progress, reset_num_timesteps=resumed is None)
+        model.log_diagnostics()  # the last, partial interval
+        model.save(out / "model.zip")
+    finally:
+        lock.close()
     plot_training(out / "diagnostics.jsonl", out / "training.png")
 
     _evaluate_run(config, model, out)

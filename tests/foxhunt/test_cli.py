@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch as th
 
-from foxhunt.cli import build_parser, main
+from foxhunt.cli import build_parser, config_from_args, main
+from foxhunt.runs import RunConfig
 
 
 @pytest.fixture(autouse=True)
@@ -18,6 +20,16 @@ def restore_torch_threads():
     threads = th.get_num_threads()
     yield
     th.set_num_threads(threads)
+
+
+def assert_user_error(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> str:
+    """``main(argv)`` exits with 2 after one stderr line ``foxhunt: error: ...`` that matches ``message``."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("foxhunt: error: "), err
+    assert re.search(message, lines[0]), err
+    return lines[0]
 
 
 def test_help_documents_both_commands(capsys: pytest.CaptureFixture[str]) -> None:
@@ -39,15 +51,16 @@ def test_rollout_prints_metrics(capsys: pytest.CaptureFixture[str]) -> None:
         assert metric in text, metric
 
 
-def test_train_rejects_a_missing_data_folder(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="--data='.*nowhere' must be 'synthetic' or a folder"):
-        main(["train", "--data", str(tmp_path / "nowhere"), "--steps", "10", "--out", str(tmp_path / "run"),
-              "--no-progress"])
+def test_train_rejects_a_missing_data_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert_user_error(capsys, ["train", "--data", str(tmp_path / "nowhere"), "--steps", "10", "--out",
+                               str(tmp_path / "run"), "--no-progress"],
+                      "--data='.*nowhere' must be 'synthetic' or a folder")
 
 
-def test_train_rejects_too_few_eval_steps_before_training(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="--eval-steps=1 must be >= 2"):
-        main(["train", "--steps", "10", "--eval-steps", "1", "--out", str(tmp_path / "run"), "--no-progress"])
+def test_train_rejects_too_few_eval_steps_before_training(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    assert_user_error(capsys, ["train", "--steps", "10", "--eval-steps", "1", "--out", str(tmp_path / "run"),
+                               "--no-progress"], "--eval-steps=1 must be >= 2")
     assert not (tmp_path / "run").exists()  # refused before anything was written
 
 
@@ -58,18 +71,98 @@ def test_train_rejects_too_few_eval_steps_before_training(tmp_path: Path) -> Non
 ])
 @pytest.mark.parametrize("command", ["train", "rollout"])
 def test_bad_seed_or_device_is_refused_before_anything_runs(
-    tmp_path: Path, command: str, flag: str, value: str, message: str
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, flag: str, value: str, message: str
 ) -> None:
     extra = ["--out", str(tmp_path / "run")] if command == "train" else []
-    with pytest.raises(ValueError, match=message):
-        main([command, "--steps", "10", flag, value, "--no-progress", *extra])
+    assert_user_error(capsys, [command, "--steps", "10", flag, value, "--no-progress", *extra], message)
     assert not (tmp_path / "run").exists()
 
 
-def test_cuda_graph_on_the_cpu_is_refused_before_anything_runs(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="--cuda-graph needs --device cuda, got --device='cpu'"):
-        main(["train", "--steps", "10", "--cuda-graph", "--no-progress", "--out", str(tmp_path / "run")])
+def test_cuda_graph_on_the_cpu_is_refused_before_anything_runs(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    assert_user_error(capsys, ["train", "--steps", "10", "--cuda-graph", "--no-progress", "--out",
+                               str(tmp_path / "run")], "--cuda-graph needs --device cuda, got --device='cpu'")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("command", ["train", "rollout"])
+def test_too_few_threads_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                             command: str) -> None:
+    extra = ["--out", str(tmp_path / "run")] if command == "train" else []
+    assert_user_error(capsys, [command, "--steps", "10", "--threads", "0", "--no-progress", *extra],
+                      "--threads=0 must be >= 1")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(th.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("command", ["train", "rollout"])
+def test_cuda_without_a_cuda_device_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                        command: str) -> None:
+    extra = ["--out", str(tmp_path / "run")] if command == "train" else []
+    assert_user_error(capsys, [command, "--device", "cuda", "--steps", "10", "--no-progress", *extra],
+                      "--device='cuda': no CUDA device is available")
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_debug_shows_the_traceback(tmp_path: Path, where: str) -> None:
+    argv = ["train", "--steps", "10", "--eval-steps", "1", "--out", str(tmp_path / "run")]
+    argv = ["--debug", *argv] if where == "before" else [*argv, "--debug"]
+    with pytest.raises(ValueError, match="--eval-steps=1 must be >= 2"):
+        main(argv)
+
+
+def test_train_refuses_a_used_out_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "diagnostics.jsonl").write_text("{}\n")
+    assert_user_error(capsys, ["train", "--steps", "10", "--out", str(out), "--no-progress"],
+                      r"out='.*run' is not empty: give a new folder, or continue that run with --resume")
+    assert sorted(p.name for p in out.iterdir()) == ["diagnostics.jsonl"]
+
+
+def _train_config(argv: list[str]) -> RunConfig:
+    return config_from_args(build_parser().parse_args(["train", *argv]))
+
+
+def test_config_file_with_options_given_on_the_command_line_overriding_it(tmp_path: Path) -> None:
+    assert _train_config([]) == RunConfig()  # the options' defaults are RunConfig's
+    path = RunConfig(steps=77, seed=3, n_envs=3, hindsight=False, checkpoint_every=20,
+                     model_kwargs={"gamma": 0.9}).save(tmp_path / "config.json")
+    config = _train_config(["--config", str(path), "--seed", "4", "--hindsight", "--keep-checkpoints", "0"])
+    assert config == RunConfig(steps=77, seed=4, n_envs=3, hindsight=True, checkpoint_every=20,
+                               keep_checkpoints=0, model_kwargs={"gamma": 0.9})
+    assert _train_config(["--config", str(path)]) == RunConfig.load(path)
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ({"steps": 10, "stepz": 3}, r"unknown RunConfig fields \['stepz'\]"),
+    ({"seed": 1.5}, r"RunConfig.seed=1.5 must be an integer"),
+    ({"steps": "10"}, r"RunConfig.steps='10' must be an integer"),
+    ({"device": "tpu"}, r"config.json: device='tpu' must be cpu or cuda"),
+    ({"data": "/nowhere"}, r"config.json: data='/nowhere' must be 'synthetic' or a folder"),
+    ([1, 2], r"a run config must be a JSON object, got list"),
+])
+def test_a_bad_config_file_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                               content: object, message: str) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(content))
+    assert_user_error(capsys, ["train", "--config", str(path), "--out", str(tmp_path / "run")], message)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_missing_config_file_is_a_one_line_error(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    assert_user_error(capsys, ["train", "--config", str(tmp_path / "nope.json")],
+                      r"--config='.*nope.json': no such file")
+
+
+def test_resume_takes_no_run_options(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert_user_error(capsys, ["train", "--resume", str(tmp_path), "--steps", "10", "--seed", "2"],
+                      r"--resume .* continues that run as its config.json says: --steps, --seed cannot be")
+    assert_user_error(capsys, ["train", "--resume", str(tmp_path), "--config", str(tmp_path / "c.json")],
+                      r"--config cannot be given with it")
+    assert_user_error(capsys, ["train", "--resume", str(tmp_path / "nowhere"), "--no-progress"],
+                      r"resume='.*nowhere': no run folder there")
 
 
 @pytest.mark.gpu

@@ -1,0 +1,170 @@
+"""RunConfig checks, run folders of ``train``, and ``resume``: bit for bit the uninterrupted run (CPU)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from stable_baselines3.common.callbacks import BaseCallback
+
+from foxhunt.checkpoint import list_checkpoints
+from foxhunt.runs import RunConfig, resume, train
+from tests.foxhunt._small_runs import assert_same_model, small_config
+
+
+class _Crash(Exception):
+    """Stands for a crash of the training process."""
+
+
+class _CrashAt(BaseCallback):
+    """Raise :class:`_Crash` once ``at`` environment steps are done."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.at = at
+
+    def _on_step(self) -> bool:
+        if self.num_timesteps >= self.at:
+            raise _Crash
+        return True
+
+
+def _diagnostics(run: Path) -> list[dict]:
+    lines = [json.loads(line) for line in (run / "diagnostics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in line.items() if k not in ("time", "fps")} for line in lines]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return train(small_config(tmp_path_factory.mktemp("runs") / "whole"))
+
+
+def test_an_uninterrupted_run_leaves_its_checkpoints(uninterrupted: Path) -> None:
+    assert [step for step, _ in list_checkpoints(uninterrupted)] == [200, 400, 600]
+    assert not list((uninterrupted / "checkpoints").glob(".*"))  # no temporary folder left
+
+
+@pytest.mark.parametrize("crash_at", [250, 470, 599])
+def test_a_resumed_run_equals_the_uninterrupted_one(uninterrupted: Path, tmp_path: Path,
+                                                    crash_at: int) -> None:
+    out = tmp_path / "run"
+    with pytest.raises(_Crash):
+        train(small_config(out), callback=_CrashAt(crash_at))
+    assert not (out / "model.zip").exists()
+    assert [step for step, _ in list_checkpoints(out)] == [s for s in (200, 400) if s <= crash_at]
+    assert resume(out) == out
+    assert_same_model(uninterrupted / "model.zip", out / "model.zip")
+    # the diagnostics written after the checkpoint were cut off and written again, the same
+    assert _diagnostics(out) == _diagnostics(uninterrupted)
+    assert json.loads((out / "evaluation.json").read_text()) == json.loads(
+        (uninterrupted / "evaluation.json").read_text()
+    )
+
+
+def test_a_run_resumed_before_learning_starts_equals_the_uninterrupted_one(tmp_path: Path) -> None:
+    """The checkpoint at 200 falls in the uniform random actions before ``learning_starts`` (the action
+    space's own generator)."""
+    model_kwargs = {**small_config(None).model_kwargs, "learning_starts": 300}
+    whole = train(small_config(tmp_path / "whole", steps=400, model_kwargs=model_kwargs))
+    out = tmp_path / "run"
+    with pytest.raises(_Crash):
+        train(small_config(out, steps=400, model_kwargs=model_kwargs), callback=_CrashAt(280))
+    resume(out)
+    assert_same_model(whole / "model.zip", out / "model.zip")
+
+
+def test_a_run_crashed_twice_and_resumed_twice_equals_the_uninterrupted_one(uninterrupted: Path,
+                                                                            tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    with pytest.raises(_Crash):
+        train(small_config(out), callback=_CrashAt(250))
+    with pytest.raises(_Crash):  # the resumed run writes its own checkpoint at 400, then crashes
+        resume(out, callback=_CrashAt(530))
+    assert [step for step, _ in list_checkpoints(out)] == [200, 400]
+    resume(out)
+    assert_same_model(uninterrupted / "model.zip", out / "model.zip")
+    assert _diagnostics(out) == _diagnostics(uninterrupted)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("graph", [False, True])
+def test_a_resumed_cuda_run_equals_the_uninterrupted_one(tmp_path: Path, graph: bool) -> None:
+    """Not promised by the issue (CPU only): the GPU's RNGs, the replay's Philox state and the graphed
+    step's warm-up are restored or replayed the same way, so it is expected to hold."""
+    whole = train(small_config(tmp_path / "whole", device="cuda", cuda_graph=graph))
+    out = tmp_path / "run"
+    with pytest.raises(_Crash):
+        train(small_config(out, device="cuda", cuda_graph=graph), callback=_CrashAt(470))
+    resume(out)
+    assert_same_model(whole / "model.zip", out / "model.zip")
+
+
+def test_a_resumed_finished_run_finishes_again_the_same(uninterrupted: Path, tmp_path: Path) -> None:
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(uninterrupted, copy)
+    (copy / "model.zip").unlink()
+    resume(copy)
+    assert_same_model(uninterrupted / "model.zip", copy / "model.zip")
+    assert _diagnostics(copy) == _diagnostics(uninterrupted)
+
+
+def test_resume_needs_a_run_folder_with_a_checkpoint(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"resume='.*nowhere': no run folder there"):
+        resume(tmp_path / "nowhere")
+    out = tmp_path / "run"
+    with pytest.raises(_Crash):
+        train(small_config(out, checkpoint_every=0), callback=_CrashAt(150))
+    with pytest.raises(FileNotFoundError, match=r"has no checkpoint to resume from \(checkpoint_every=0\)"):
+        resume(out)
+
+
+def test_train_refuses_a_used_out_folder(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "diagnostics.jsonl").write_text('{"step": 1}\n')
+    with pytest.raises(ValueError, match=r"out='.*run' is not empty"):
+        train(small_config(out, steps=20))
+    assert sorted(p.name for p in out.iterdir()) == ["diagnostics.jsonl"]
+    assert (out / "diagnostics.jsonl").read_text() == '{"step": 1}\n'
+
+
+def test_keep_checkpoints_keeps_the_newest(tmp_path: Path) -> None:
+    out = train(small_config(tmp_path / "run", steps=300, checkpoint_every=100, keep_checkpoints=2))
+    assert [step for step, _ in list_checkpoints(out)] == [200, 300]
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("seed", 1.5, "RunConfig.seed=1.5 must be an integer"),
+    ("seed", True, "RunConfig.seed=True must be an integer"),
+    ("steps", "10", "RunConfig.steps='10' must be an integer"),
+    ("checkpoint_every", 2.0, "RunConfig.checkpoint_every=2.0 must be an integer"),
+    ("checkpoint_every", -1, "RunConfig.checkpoint_every=-1 must be >= 0"),
+    ("keep_checkpoints", -2, "RunConfig.keep_checkpoints=-2 must be >= 0"),
+    ("data", 3, "RunConfig.data=3 must be a string"),
+    ("device", None, "RunConfig.device=None must be a string"),
+    ("out", 7, "RunConfig.out=7 must be a string or None"),
+    ("hindsight", "yes", "RunConfig.hindsight='yes' must be a bool"),
+    ("progress", 1, "RunConfig.progress=1 must be a bool"),
+    ("cuda_graph", 0, "RunConfig.cuda_graph=0 must be a bool or None"),
+    ("model_kwargs", [], r"RunConfig.model_kwargs=\[\] must be a dict"),
+])
+def test_run_config_types_are_strict(field: str, value: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        RunConfig(**{field: value})
+
+
+def test_run_config_file_round_trip_and_unknown_keys(tmp_path: Path) -> None:
+    config = RunConfig(steps=123, checkpoint_every=40, keep_checkpoints=0, model_kwargs={"gamma": 0.9})
+    assert RunConfig.load(config.save(tmp_path / "config.json")) == config
+    (tmp_path / "bad.json").write_text(json.dumps({"steps": 10, "stepz": 3, "lr": 1}))
+    with pytest.raises(ValueError, match=r"unknown RunConfig fields \['lr', 'stepz'\]"):
+        RunConfig.load(tmp_path / "bad.json")
+    (tmp_path / "broken.json").write_text("{")
+    with pytest.raises(ValueError, match="broken.json: not valid JSON"):
+        RunConfig.load(tmp_path / "broken.json")
+    (tmp_path / "list.json").write_text("[]")
+    with pytest.raises(ValueError, match="a run config must be a JSON object, got list"):
+        RunConfig.load(tmp_path / "list.json")
