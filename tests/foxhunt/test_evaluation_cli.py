@@ -44,13 +44,17 @@ def test_evaluate_a_run_folder_with_the_signal_and_the_oracle(run_dir: Path, tmp
     assert not list(out.glob("*.png"))
 
 
-def test_evaluate_refuses_bad_targets_and_values(tmp_path: Path, run_dir: Path) -> None:
-    with pytest.raises(ValueError, match="must be a run folder or a model .zip"):
-        main(["evaluate", str(tmp_path / "nothing")])
-    with pytest.raises(ValueError, match="not a run folder"):
-        main(["evaluate", str(tmp_path)])
-    with pytest.raises(ValueError, match="--steps=0 must be >= 1"):
-        main(["evaluate", str(run_dir), "--steps", "0"])
-    with pytest.raises(ValueError, match="not held out"):
-        main(["evaluate", str(run_dir), "--market-seed", "0", "--steps", "2", "--no-plots",
-              "--out", str(tmp_path / "x")])
+def test_evaluate_refuses_bad_targets_and_values(tmp_path: Path, run_dir: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """User errors exit with status 2 and one line naming the value on stderr (the CLI's convention)."""
+    cases = [
+        (["evaluate", str(tmp_path / "nothing")], "must be a run folder or a model .zip"),
+        (["evaluate", str(tmp_path)], "not a run folder"),
+        (["evaluate", str(run_dir), "--steps", "0"], "--steps=0 must be >= 1"),
+        (["evaluate", str(run_dir), "--market-seed", "0", "--steps", "2", "--no-plots",
+          "--out", str(tmp_path / "x")], "not held out"),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("foxhunt: error: ") and message in err, (argv, err)
