@@ -105,7 +105,7 @@ def _cases(n_books: int, device: torch.device) -> dict[str, tuple[Callable, Call
     def iqr() -> tuple:
         return on(torch.randn(n_books, N_BRANCHES, N_ACTIONS, N_QUANTILES, generator=gen))
 
-    ops = torch.ops.cuda_ext
+    ops = torch.ops.cuda_ext  # op and reference take one identical positional tuple, so time the raw ops
     return {
         "hindsight_track": (ops.hindsight_track, ref_hindsight.hindsight_track, track),
         "hindsight_inject": (ops.hindsight_inject, ref_hindsight.hindsight_inject, inject),
@@ -122,74 +122,61 @@ def per_rows(quick: bool = False) -> list[dict]:
     :param quick: capacity 2^16 instead of 2^20.
     :return: one dict per (op, B): ``op``, ``B``, ``device``, ``cuda_us``.
     """
-    from cuda_ext.ops_per import new_tree
-
-    ops = torch.ops.cuda_ext
     device = torch.device("cuda")
     capacity, n_push = (1 << 16 if quick else 1 << 20), 4096
     gen = torch.Generator().manual_seed(0)
     rows = []
     for batch_size in (256, 4096):
-        state = {
-            "obs": torch.zeros(capacity, OBS_DIM, device=device),
-            "next_obs": torch.zeros(capacity, OBS_DIM, device=device),
-            "action": torch.zeros(capacity, N_BRANCHES, dtype=torch.int64, device=device),
-            "reward": torch.zeros(capacity, device=device),
-            "done": torch.zeros(capacity, device=device),
-            "kind": torch.zeros(capacity, dtype=torch.int8, device=device),
-            "tree": new_tree(capacity, device),
-            "head_size": torch.zeros(2, dtype=torch.int64, device=device),
-            "max_priority": torch.ones(1, device=device),
-        }
-        batch = [
-            torch.randn(n_push, OBS_DIM, generator=gen).to(device),
-            torch.randn(n_push, OBS_DIM, generator=gen).to(device),
-            torch.randint(0, N_ACTIONS, (n_push, N_BRANCHES), generator=gen).to(device),
-            torch.randn(n_push, generator=gen).to(device),
-            torch.zeros(n_push, device=device),
-            torch.zeros(n_push, dtype=torch.int8, device=device),
-            torch.ones(n_push, dtype=torch.bool, device=device),
-            torch.zeros(n_push, device=device),
-            torch.ones(n_push, device=device),
-        ]
-        keys = ["obs", "next_obs", "action", "reward", "done", "kind", "tree", "head_size", "max_priority"]
+        storage = cuda_ext.ReplayStorage.zeros(capacity, OBS_DIM, N_BRANCHES, device)
+        batch = cuda_ext.PushRows(
+            obs=torch.randn(n_push, OBS_DIM, generator=gen).to(device),
+            next_obs=torch.randn(n_push, OBS_DIM, generator=gen).to(device),
+            action=torch.randint(0, N_ACTIONS, (n_push, N_BRANCHES), generator=gen).to(device),
+            reward=torch.randn(n_push, generator=gen).to(device),
+            done=torch.zeros(n_push, device=device),
+            kind=torch.zeros(n_push, dtype=torch.int8, device=device),
+            wants=torch.ones(n_push, dtype=torch.bool, device=device),
+            priority=torch.zeros(n_push, device=device),
+            max_multiplier=torch.ones(n_push, device=device),
+        )
 
-        def push(batch: list = batch, state: dict = state, keys: list = keys) -> torch.Tensor:
-            return ops.per_push(*(state[k] for k in keys), *batch, 0.6)
+        def push(batch: cuda_ext.PushRows = batch, s: cuda_ext.ReplayStorage = storage) -> torch.Tensor:
+            return cuda_ext.per_push(s, batch, alpha=0.6)
 
+        tree, head_size, max_priority = storage.tree, storage.head_size, storage.max_priority
         for _ in range(capacity // n_push):  # fill the buffer
-            ops.per_tree_rebuild(state["tree"], push())
+            cuda_ext.per_tree_rebuild(tree, push())
         slots = push()
-        ops.per_tree_rebuild(state["tree"], slots)
+        cuda_ext.per_tree_rebuild(tree, slots)
         uniforms = torch.rand(batch_size, dtype=torch.float64, generator=gen).to(device)
-        indices, _ = ops.per_sample(state["tree"], state["head_size"], uniforms, 0.4)
+        indices, _ = cuda_ext.per_sample(tree, head_size, uniforms, beta=0.4)
         td_abs = torch.rand(batch_size, generator=gen).to(device)
         rng_state = torch.tensor([7, 0], device=device)  # per_sample_philox's (seed, counter)
+
+        def update(t: torch.Tensor = tree, m: torch.Tensor = max_priority, i: torch.Tensor = indices,
+                   td: torch.Tensor = td_abs) -> None:
+            cuda_ext.per_update(t, m, i, td, alpha=0.6, eps=1e-6)
+
         timed = {
             "per_push": push,
-            "per_tree_rebuild(push slots)": lambda s=state, i=slots: ops.per_tree_rebuild(s["tree"], i),
-            "per_sample": lambda s=state, u=uniforms: ops.per_sample(s["tree"], s["head_size"], u, 0.4),
-            "per_sample_philox": lambda s=state, r=rng_state, n=batch_size: ops.per_sample_philox(
-                s["tree"], s["head_size"], r, n, 0.4
+            "per_tree_rebuild(push slots)": lambda t=tree, i=slots: cuda_ext.per_tree_rebuild(t, i),
+            "per_sample": lambda t=tree, h=head_size, u=uniforms: cuda_ext.per_sample(t, h, u, beta=0.4),
+            "per_sample_philox": lambda t=tree, h=head_size, r=rng_state, n=batch_size: (
+                cuda_ext.per_sample_philox(t, h, r, batch_size=n, beta=0.4)
             ),
-            "per_update": lambda s=state, i=indices, t=td_abs: ops.per_update(
-                s["tree"], s["max_priority"], i, t, 0.6, 1e-6
-            ),
-            "per_tree_rebuild(sampled)": lambda s=state, i=indices: ops.per_tree_rebuild(s["tree"], i),
+            "per_update": update,
+            "per_tree_rebuild(sampled)": lambda t=tree, i=indices: cuda_ext.per_tree_rebuild(t, i),
             # pairs in one graph: a writer, then the tree brought up to date from the list or the marks
-            "per_push + per_tree_rebuild(slots)": lambda s=state: ops.per_tree_rebuild(s["tree"], push()),
-            "per_push + per_tree_refresh": lambda s=state: (push(), ops.per_tree_refresh(s["tree"])),
-            "per_update + per_tree_rebuild(sampled)": lambda s=state, i=indices, t=td_abs: (
-                ops.per_update(s["tree"], s["max_priority"], i, t, 0.6, 1e-6),
-                ops.per_tree_rebuild(s["tree"], i),
+            "per_push + per_tree_rebuild(slots)": lambda t=tree: cuda_ext.per_tree_rebuild(t, push()),
+            "per_push + per_tree_refresh": lambda t=tree: (push(), cuda_ext.per_tree_refresh(t)),
+            "per_update + per_tree_rebuild(sampled)": lambda t=tree, i=indices: (
+                update(), cuda_ext.per_tree_rebuild(t, i)
             ),
-            "per_update + per_tree_refresh": lambda s=state, i=indices, t=td_abs: (
-                ops.per_update(s["tree"], s["max_priority"], i, t, 0.6, 1e-6), ops.per_tree_refresh(s["tree"])
-            ),
+            "per_update + per_tree_refresh": lambda t=tree: (update(), cuda_ext.per_tree_refresh(t)),
         }
         for name, fn in timed.items():
             rows.append({"op": name, "B": batch_size, "device": "cuda", "cuda_us": time_graph_us(fn)})
-        del state
+        del storage
         torch.cuda.empty_cache()
     return rows
 

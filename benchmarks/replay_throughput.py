@@ -3,7 +3,8 @@
 A cycle = push 4096 transitions (obs dim 64, 4 action branches), sample B rows, update B priorities
 (and rebuild the sum tree where there is one), capacity 2^20, for B = 256 and 4096. Contenders:
 
-* ``cuda_ext``: the ``torch.ops.cuda_ext`` PER ops (CUDA kernels on a GPU; the references on CPU);
+* ``cuda_ext``: the cuda_ext PER ops through their typed wrappers (CUDA kernels on a GPU; the references
+  on CPU);
 * ``cuda_ext (CUDA graph)``: the same cycle captured once and replayed (GPU only), its uniforms drawn inside
   the sampling kernel (``per_sample_philox``: Philox4x32-10 from a ``(seed, counter)`` tensor the kernel
   advances, so every replay draws new numbers);
@@ -40,12 +41,10 @@ import numpy as np
 import torch
 
 import cuda_ext
-from cuda_ext.ops_per import new_tree
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # _common.py beside this file
 from _common import Timer, capture_graph, default_out, device_name, peer_missing, write_json  # noqa: E402
 
-OPS = torch.ops.cuda_ext
 ALPHA, BETA, EPS = 0.6, 0.4, 1e-6
 DEFAULT_OUT = default_out("replay_throughput")
 
@@ -71,6 +70,11 @@ class Batch:
         self.wants = torch.ones(n, dtype=torch.bool, device=device)
         self.priority = torch.zeros(n, device=device)
         self.multiplier = torch.ones(n, device=device)
+        # built once: the cycle times the push, not the assembly of its arguments
+        self.rows = cuda_ext.PushRows(
+            obs=self.obs, next_obs=self.next_obs, action=self.action, reward=self.reward, done=self.done,
+            kind=self.kind, wants=self.wants, priority=self.priority, max_multiplier=self.multiplier,
+        )
 
 
 class CudaExtPER:
@@ -83,15 +87,7 @@ class CudaExtPER:
     """
 
     def __init__(self, capacity: int, obs_dim: int, n_branches: int, device: torch.device) -> None:
-        self.obs = torch.zeros(capacity, obs_dim, device=device)
-        self.next_obs = torch.zeros(capacity, obs_dim, device=device)
-        self.action = torch.zeros(capacity, n_branches, dtype=torch.int64, device=device)
-        self.reward = torch.zeros(capacity, device=device)
-        self.done = torch.zeros(capacity, device=device)
-        self.kind = torch.zeros(capacity, dtype=torch.int8, device=device)
-        self.tree = new_tree(capacity, device)
-        self.head_size = torch.zeros(2, dtype=torch.int64, device=device)
-        self.max_priority = torch.ones(1, device=device)
+        self.storage = cuda_ext.ReplayStorage.zeros(capacity, obs_dim, n_branches, device)
         self.rng_state = torch.tensor([12345, 0], device=device)  # per_sample_philox's (seed, counter)
 
     def push(self, batch: Batch) -> torch.Tensor:
@@ -101,13 +97,9 @@ class CudaExtPER:
         :param batch: the transitions.
         :return: their slots.
         """
-        slots = OPS.per_push(
-            self.obs, self.next_obs, self.action, self.reward, self.done, self.kind, self.tree,
-            self.head_size, self.max_priority, batch.obs, batch.next_obs, batch.action, batch.reward,
-            batch.done, batch.kind, batch.wants, batch.priority, batch.multiplier, ALPHA,
-        )  # fmt: skip
-        if not self.tree.is_cuda:
-            OPS.per_tree_rebuild(self.tree, slots)
+        slots = cuda_ext.per_push(self.storage, batch.rows, alpha=ALPHA)
+        if not self.storage.tree.is_cuda:
+            cuda_ext.per_tree_rebuild(self.storage.tree, slots)
         return slots
 
     def cycle(
@@ -130,22 +122,23 @@ class CudaExtPER:
             gives the batch size) instead of ``uniforms.uniform_()`` + ``per_sample``.
         :return: the sampled rows (empty without ``gather``) and weights.
         """
+        s = self.storage
         self.push(batch)
-        if self.tree.is_cuda:
-            OPS.per_tree_refresh(self.tree)
+        if s.tree.is_cuda:
+            cuda_ext.per_tree_refresh(s.tree)
         if philox:
-            indices, weights = OPS.per_sample_philox(
-                self.tree, self.head_size, self.rng_state, uniforms.shape[0], BETA
+            indices, weights = cuda_ext.per_sample_philox(
+                s.tree, s.head_size, self.rng_state, batch_size=uniforms.shape[0], beta=BETA
             )
         else:
             uniforms.uniform_()
-            indices, weights = OPS.per_sample(self.tree, self.head_size, uniforms, BETA)
+            indices, weights = cuda_ext.per_sample(s.tree, s.head_size, uniforms, beta=BETA)
         rows: tuple = ()
         if gather:
-            rows = (self.obs[indices], self.next_obs[indices], self.action[indices], self.reward[indices])
-        OPS.per_update(self.tree, self.max_priority, indices, td_abs, ALPHA, EPS)
-        if not self.tree.is_cuda:
-            OPS.per_tree_rebuild(self.tree, indices)
+            rows = (s.obs[indices], s.next_obs[indices], s.action[indices], s.reward[indices])
+        cuda_ext.per_update(s.tree, s.max_priority, indices, td_abs, alpha=ALPHA, eps=EPS)
+        if not s.tree.is_cuda:
+            cuda_ext.per_tree_rebuild(s.tree, indices)
         return rows, weights
 
 
