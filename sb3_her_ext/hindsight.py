@@ -1,6 +1,6 @@
 """Hindsight state of the replay buffer and the glue that turns one env step into candidate rows.
 
-Three kinds of synthetic transitions are made from the env's trade information (see DESIGN.md):
+Three kinds of synthetic transitions are made from the env's trade information (see docs/DESIGN.md):
 
 * backward (kind 1): on a trade close, if the trade's peak PnL beat ``threshold`` x the realised PnL,
   a row paying the peak PnL (``cuda_ext.hindsight_inject``, fed by ``cuda_ext.hindsight_track``);
@@ -33,7 +33,7 @@ TRACK_RING = 512
 #: Replay ``kind`` codes.
 KIND_REAL, KIND_BACKWARD, KIND_FORWARD, KIND_RELABEL = 0, 1, 2, 3
 
-#: Info keys the hindsight glue reads from the env (DESIGN.md "Environment step contract").
+#: Info keys the hindsight glue reads from the env (docs/DESIGN.md, "Environment step contract").
 REQUIRED_INFO_KEYS: tuple[str, ...] = (
     "mid", "best_bid", "best_ask", "position", "trade_closed", "trade_pnl", "trade_lots", "entry_mid",
 )
