@@ -33,7 +33,7 @@ TRACK_RING = 512
 #: Replay ``kind`` codes.
 KIND_REAL, KIND_BACKWARD, KIND_FORWARD, KIND_RELABEL = 0, 1, 2, 3
 
-#: Info keys the hindsight glue reads from the env (docs/DESIGN.md, "Environment step contract").
+#: Info keys the hindsight glue reads from the env (docs/DESIGN.md, "The action and the step").
 REQUIRED_INFO_KEYS: tuple[str, ...] = (
     "mid", "best_bid", "best_ask", "position", "trade_closed", "trade_pnl", "trade_lots", "entry_mid",
 )
