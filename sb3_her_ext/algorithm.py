@@ -38,11 +38,10 @@ from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedul
 from stable_baselines3.common.utils import LinearSchedule, polyak_update, safe_mean
 from stable_baselines3.common.vec_env import VecEnv
 
-from foxenv.config import is_whole
+from sb3_her_ext.branches import branch_action_dims, branch_index, default_branch_names
 from sb3_her_ext.diagnostics import TrainingDiagnostics
 from sb3_her_ext.exploration import (
     branch_epsilons,
-    default_branch_names,
     linear_anneal,
     resolve_boltzmann_branches,
     resolve_exploration_mults,
@@ -50,9 +49,10 @@ from sb3_her_ext.exploration import (
 )
 from sb3_her_ext.graphed_step import GraphedTrainStep, StaticBatch, StepOutputs
 from sb3_her_ext.losses import c51_cross_entropy, c51_project, quantile_huber_loss
-from sb3_her_ext.policy import BranchingIQNPolicy, branch_action_dims
+from sb3_her_ext.policy import BranchingIQNPolicy
 from sb3_her_ext.replay import HindsightConfig, PrioritizedHindsightReplayBuffer
 from sb3_her_ext.vaccine import GradVac, assign_flat_grad, flat_grad
+from sb3_her_ext.validation import is_whole
 
 # cuBLAS reads this when it creates its first handle; with it, seeded CUDA runs can be deterministic.
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -189,16 +189,18 @@ class BranchingIQN(OffPolicyAlgorithm):
     :param device: ``"cpu"``, ``"cuda"`` or ``"auto"``.
     :param c51_alpha: weight of the C51 loss in ``(1 − α)·L_IQN + α·L_C51``, fixed from the first step.
     :param exploration_mults: per-branch ε multipliers (``ε_b = min(1, ε·mult_b)``): a list of length NB or
-        a dict by branch name or index; default direction 1.0, magnitude 2.0, order 1.5, urgency 1.5.
-    :param boltzmann_branches: branches (names or indices) that explore by Boltzmann sampling; default
-        order and urgency.
+        a dict by branch name or index (branches left out: 1); default 1 for every branch.
+    :param boltzmann_branches: branches (names or indices) that explore by Boltzmann sampling instead of
+        uniformly; default none.
     :param iqr_bonus: ``(start, end)`` weight of the IQR optimism bonus, annealed linearly over training.
     :param ensemble_bonus: weight of the ensemble-std optimism bonus.
     :param per_alpha: PER priority exponent.
     :param per_beta: ``(start, end)`` PER importance exponent, annealed linearly over training.
     :param hindsight: ``True``/``False``/``"auto"``/dict of :class:`HindsightConfig` fields/a config.
     :param vaccine_interval: every this many gradient steps, a GradVac correction from a batch stratified by
-        the magnitude branch (0: never).
+        the actions of ``vaccine_branch`` (0: never).
+    :param vaccine_branch: the branch (index or name) whose actions stratify the vaccine batch (an equal
+        share of rows per action); default the first branch.
     :param vaccine_beta: GradVac EMA rate of the target cosine.
     :param diagnostics_path: JSONL file for diagnostics lines (``None``: logger only).
     :param diagnostics_interval: environment steps between diagnostics lines.
@@ -255,6 +257,7 @@ class BranchingIQN(OffPolicyAlgorithm):
         hindsight: bool | str | Mapping[str, Any] | HindsightConfig = "auto",
         vaccine_interval: int = 5,
         vaccine_beta: float = 0.01,
+        vaccine_branch: int | str = 0,
         diagnostics_path: str | None = None,
         diagnostics_interval: int = 1000,
         compile_loss: bool = False,
@@ -341,6 +344,7 @@ class BranchingIQN(OffPolicyAlgorithm):
         self.max_grad_norm = max_grad_norm
         self.vaccine_interval = vaccine_interval
         self.vaccine_beta = vaccine_beta
+        self.vaccine_branch = vaccine_branch
         self.diagnostics_path = diagnostics_path
         self.diagnostics_interval = diagnostics_interval
         self.compile_loss = compile_loss
@@ -409,6 +413,8 @@ class BranchingIQN(OffPolicyAlgorithm):
                 f"cuda_graph=True needs a CUDA device; device={self.device}: eager steps", stacklevel=2
             )
             self.cuda_graph = False
+        # the policy resolves name keys (bottleneck_dims) with the branch names the env publishes
+        self.policy_kwargs = {"branch_names": list(self.branch_names), **self.policy_kwargs}
         optimizer_kwargs = dict(self.policy_kwargs.get("optimizer_kwargs") or {})
         if self.cuda_graph:
             optimizer_kwargs["capturable"] = True  # the optimizer step is part of the graph
@@ -433,9 +439,12 @@ class BranchingIQN(OffPolicyAlgorithm):
         self._generator = th.Generator(device=self.device)
         self._generator.manual_seed(self.seed if self.seed is not None else int(np.random.randint(2**31)))
         self.vaccine = GradVac(beta=self.vaccine_beta).to(self.device)
-        names = self.branch_names
-        self._vaccine_branch = names.index("magnitude") if "magnitude" in names and n_branches > 1 else 0
-        self.diagnostics = TrainingDiagnostics(self.diagnostics_path, self.action_dims, names, self.device)
+        if not hasattr(self, "vaccine_branch"):  # a model saved before the argument existed
+            self.vaccine_branch = getattr(self, "_vaccine_branch", 0)
+        self.vaccine_branch_index = branch_index(self.vaccine_branch, self.branch_names, "vaccine_branch")
+        self.diagnostics = TrainingDiagnostics(
+            self.diagnostics_path, self.action_dims, self.branch_names, self.device
+        )
         self._diagnostics_clock = time.time()
         self._rand_queue = None
         self._graphed_step = self._graphed_vaccine_step = None
@@ -743,7 +752,7 @@ class BranchingIQN(OffPolicyAlgorithm):
     def _sample_vaccine_batch(self, batch_size: int) -> Any:
         """The vaccine batch: ``batch_size`` rows stratified by the vaccine branch's action (``⅓`` each of
         Small/Half/Full for the magnitude branch)."""
-        branch = self._vaccine_branch
+        branch = self.vaccine_branch_index
         return self.replay_buffer.sample_stratified(batch_size, branch, self.action_dims[branch])
 
     def _vaccinate(self, params: list[th.nn.Parameter], batch: Any) -> tuple[th.Tensor, th.Tensor]:
