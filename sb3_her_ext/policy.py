@@ -128,7 +128,7 @@ class BranchingIQNPolicy(BasePolicy):
     :param popart: normalise the IQN targets with PopArt (the IQN output layers of both networks are
         registered). The C51 head is not rescaled: its atoms are a fixed support in the normalised space, and
         the algorithm projects ``(r + γ(1 − d)(σ_old z + μ_old) − μ) / σ`` onto it (``σ_old``, ``μ_old``: the
-        statistics before this batch's PopArt update; see :meth:`BranchingIQN._distributional_loss`).
+        statistics before this batch's PopArt update; see :meth:`sb3_her_ext.learner.Learner.loss`).
     :param popart_beta: PopArt's moment step size.
     :param optimizer_class: optimizer of the online network.
     :param optimizer_kwargs: optimizer keyword arguments, without the learning rate; Adam and AdamW get
