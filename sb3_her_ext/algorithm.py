@@ -62,9 +62,9 @@ def resolve_hindsight(hindsight: bool | str | Mapping[str, Any] | HindsightConfi
 ):
     """The replay buffer's hindsight config from the ``hindsight`` argument.
 
-    :param hindsight: ``True`` (defaults), ``False`` (off), ``"auto"`` (on when the env provides the
-        foxenv info contract, i.e. has ``n_market_features``), a dict of :class:`HindsightConfig` fields,
-        or a config.
+    :param hindsight: ``True`` (defaults), ``False`` (off), ``"auto"`` (on when the env publishes
+        ``n_market_features``, the mark of the info contract hindsight reads), a dict of
+        :class:`HindsightConfig` fields, or a config.
     :param env: the (vectorized) env, used by ``"auto"`` and for the fields a dict or ``True`` leaves
         out that the env publishes (``reward_scale``, ``magnitudes``).
     :return: the config, or ``None`` when hindsight is off.
