@@ -120,6 +120,18 @@ def test_bad_vaccine_branch_names_field_and_value(branch: object, message: str) 
         BranchingIQN("MlpPolicy", TinyEnv(spaces.MultiDiscrete([3, 2, 3])), vaccine_branch=branch, **TINY)
 
 
+def test_vaccine_batch_is_stratified_by_the_vaccine_branch() -> None:
+    """Every ``vaccine_interval``-th gradient step is a vaccine step; its batch holds an equal share of rows
+    for each action of the chosen branch."""
+    model = BranchingIQN("MlpPolicy", TinyEnv(spaces.MultiDiscrete([3, 2, 3])), vaccine_branch=1,
+                         vaccine_interval=3, **TINY).learn(60)
+    learner = model.learner
+    assert [learner.vaccine_due(n, model.replay_buffer) for n in range(1, 7)] == [False, False, True] * 2
+    batch = learner.sample_vaccine_batch(model.replay_buffer, 16)
+    assert th.bincount(batch.actions[:, 1].long(), minlength=2).tolist() == [8, 8]
+    assert not learner.vaccine_due(3, SimpleNamespace())  # a buffer without stratified sampling: never
+
+
 def test_hindsight_auto_is_off_without_the_info_contract() -> None:
     model = BranchingIQN("MlpPolicy", TinyEnv(), **TINY)
     assert model.hindsight_config is None
