@@ -19,6 +19,8 @@ BOTTLENECK_DIMS: dict[str, int] = {"direction": 4, "magnitude": 8, "order": 6, "
 EXPLORATION_MULTS: dict[str, float] = {"direction": 1.0, "magnitude": 2.0, "order": 1.5, "urgency": 1.5}
 #: Branches that explore by Boltzmann sampling over their scores instead of uniformly.
 BOLTZMANN_BRANCHES: tuple[str, ...] = ("order", "urgency")
+#: The branch whose actions stratify the gradient vaccine's batch (a third each of Small, Half, Full).
+VACCINE_BRANCH = "magnitude"
 
 #: ``foxhunt train``'s sizes: a few minutes on a 2-core laptop CPU.
 CPU_TRAIN_STEPS = 15_000
@@ -57,14 +59,21 @@ ENV_KWARGS: dict[str, Any] = {"episode_length": 500}
 def trading_algorithm_kwargs() -> dict[str, Any]:
     """The trading-specific arguments of :class:`~sb3_her_ext.BranchingIQN` for foxenv's action.
 
-    :return: keyword arguments (``exploration_mults``, ``boltzmann_branches``) to merge into the
-        model's; ``policy_kwargs`` entries come from :func:`trading_policy_kwargs`.
+    :return: keyword arguments (``exploration_mults``, ``boltzmann_branches``, ``vaccine_branch``) to merge
+        into the model's; ``policy_kwargs`` entries come from :func:`trading_policy_kwargs`.
     """
-    return {"exploration_mults": dict(EXPLORATION_MULTS), "boltzmann_branches": list(BOLTZMANN_BRANCHES)}
+    return {
+        "exploration_mults": dict(EXPLORATION_MULTS),
+        "boltzmann_branches": list(BOLTZMANN_BRANCHES),
+        "vaccine_branch": VACCINE_BRANCH,
+    }
 
 
 def trading_policy_kwargs() -> dict[str, Any]:
     """The trading-specific policy arguments (per-branch bottleneck widths by branch name).
+
+    The names resolve through the ``branch_names`` that :class:`~foxhunt.envs.LOBVecEnv` publishes (the
+    algorithm hands them to the policy); a policy built by hand needs ``branch_names=BRANCH_NAMES`` too.
 
     :return: keyword arguments to merge into ``policy_kwargs``.
     """

@@ -4,6 +4,13 @@
 
     model = BranchingIQN("MlpPolicy", env, seed=0)
     model.learn(100_000, progress_bar=True)
+
+Modules: ``algorithm`` (the SB3 algorithm: arguments, acting, schedules, saving), ``learner`` (the
+gradient step), ``policy`` (the SB3 policy), ``networks`` (the branching Q-network), ``fused`` (its
+hand-written training passes), ``losses``, ``popart``, ``vaccine`` (GradVac), ``graphed_step`` (the step
+as a CUDA graph), ``exploration``, ``replay`` and ``hindsight`` (the device replay buffer), ``diagnostics``,
+``branches`` (branch counts, names, keyed arguments) and ``validation`` (small checks). The package is
+generic: trading defaults arrive as arguments (see ``foxhunt.presets``).
 """
 
 import warnings

@@ -1,18 +1,9 @@
 """BranchingIQN: branching distributional Q-learning (IQN + C51) with prioritized hindsight replay, for SB3.
 
 One Q-network head per action branch (BDQ), each head an ensemble of IQN quantile functions plus a C51
-categorical head on a PopArt-normalised scale. The train step, top to bottom:
-
-1. sample a batch from the prioritized buffer (importance weights ``w``);
-2. BDQ double-Q target: per branch, the online argmax over the ensemble-mean quantile-mean at ``s'``, the
-   target network's quantiles at that action, averaged over branches; ``y = r + γ(1 − done)·Z'``
-   (de-normalised);
-3. PopArt update from ``y`` (output-preserving), then ``y`` normalised;
-4. IQN quantiles (and C51 logits) of the taken actions; ``L = (1 − c51_alpha)·L_IQN + c51_alpha·L_C51``,
-   weighted by ``w``;
-5. every ``vaccine_interval``-th gradient step: a batch stratified by the magnitude branch, its gradient,
-   and GradVac's correction of the main gradient;
-6. clip, optimizer step, PER priorities ``Σ_b |δ_b|`` (per-branch TD errors).
+categorical head on a PopArt-normalised scale. This module is the SB3 algorithm: arguments, setup, acting,
+schedules, saving and logging. The gradient step (sample, double-Q target, PopArt, loss, vaccine, clip,
+optimizer step, priorities) is :class:`sb3_her_ext.learner.Learner`, which :meth:`BranchingIQN.train` calls.
 
 The target network is updated in :meth:`BranchingIQN._on_step` as in DQN (every
 ``target_update_interval`` environment steps, Polyak ``tau``).
@@ -25,8 +16,8 @@ import dataclasses
 import os
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar, NamedTuple, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import torch as th
@@ -38,77 +29,23 @@ from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedul
 from stable_baselines3.common.utils import LinearSchedule, polyak_update, safe_mean
 from stable_baselines3.common.vec_env import VecEnv
 
-from foxenv.config import is_whole
+from sb3_her_ext.branches import branch_action_dims, branch_index, default_branch_names
 from sb3_her_ext.diagnostics import TrainingDiagnostics
 from sb3_her_ext.exploration import (
     branch_epsilons,
-    default_branch_names,
     linear_anneal,
     resolve_boltzmann_branches,
     resolve_exploration_mults,
     select_actions,
 )
-from sb3_her_ext.graphed_step import GraphedTrainStep, StaticBatch, StepOutputs
-from sb3_her_ext.losses import c51_cross_entropy, c51_project, quantile_huber_loss
-from sb3_her_ext.policy import BranchingIQNPolicy, branch_action_dims
+from sb3_her_ext.graphed_step import GraphedTrainStep
+from sb3_her_ext.learner import DistributionalLoss, Learner
+from sb3_her_ext.policy import BranchingIQNPolicy
 from sb3_her_ext.replay import HindsightConfig, PrioritizedHindsightReplayBuffer
-from sb3_her_ext.vaccine import GradVac, assign_flat_grad, flat_grad
-
-# cuBLAS reads this when it creates its first handle; with it, seeded CUDA runs can be deterministic.
-os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+from sb3_her_ext.vaccine import GradVac
+from sb3_her_ext.validation import is_whole
 
 SelfBranchingIQN = TypeVar("SelfBranchingIQN", bound="BranchingIQN")
-
-
-class DistributionalLoss(NamedTuple):
-    """Per-sample pieces of the loss of one batch.
-
-    :param per_sample: ``[B]`` mixed loss ``(1 − α)·L_IQN + α·L_C51`` (before importance weights).
-    :param l_q: ``[B]`` IQN quantile-Huber loss (mean over ensemble heads and branches).
-    :param l_c51: ``[B]`` C51 cross-entropy (mean over branches).
-    :param td_abs: ``[B, NB]`` absolute per-branch TD errors (normalised scale), for PER priorities; None
-        when the loss was formed for its gradient only.
-    """
-
-    per_sample: th.Tensor
-    l_q: th.Tensor
-    l_c51: th.Tensor
-    td_abs: th.Tensor | None
-
-
-def _mean_values(net: th.nn.Module, obs: th.Tensor, taus: th.Tensor) -> th.Tensor:
-    """``[B, NB, A]`` ensemble-mean quantile-mean: the network's fused :meth:`mean_values` when it has one.
-
-    :param net: a :class:`~sb3_her_ext.policy.BranchingQNetwork` or any module with ``quantiles``.
-    :param obs: ``[B, D]`` observations.
-    :param taus: ``[B, N]`` quantile fractions.
-    :return: ``[B, NB, A]``.
-    """
-    if hasattr(net, "mean_values"):
-        return net.mean_values(obs, taus)
-    return net.quantiles(obs, taus).mean(dim=(0, -1))
-
-
-def _taken_quantiles_and_logits(net: th.nn.Module, obs: th.Tensor, taus: th.Tensor, actions: th.Tensor) -> (
-    tuple[th.Tensor, th.Tensor]
-):
-    """Quantiles ``[E, B, NB, N]`` and C51 logits ``[B, NB, atoms]`` of one action per branch.
-
-    Uses the network's fused :meth:`taken_quantiles_and_logits` when it has one, else gathers from
-    ``quantiles_and_logits``.
-
-    :param net: a :class:`~sb3_her_ext.policy.BranchingQNetwork` or any module with ``quantiles_and_logits``.
-    :param obs: ``[B, D]`` observations.
-    :param taus: ``[B, N]`` quantile fractions.
-    :param actions: ``[B, NB]`` int64 actions.
-    :return: ``(quantiles, logits)``.
-    """
-    if hasattr(net, "taken_quantiles_and_logits"):
-        return net.taken_quantiles_and_logits(obs, taus, actions)
-    z, logits = net.quantiles_and_logits(obs, taus)  # [E, B, NB, A, N], [B, NB, A, atoms]
-    index = actions[None, :, :, None, None].expand(z.shape[0], -1, -1, 1, z.shape[-1])
-    atom_index = actions[:, :, None, None].expand(-1, -1, 1, logits.shape[-1])
-    return z.gather(3, index).squeeze(3), logits.gather(2, atom_index).squeeze(2)
 
 
 def _pair(value: float | Sequence[float], field: str) -> tuple[float, float]:
@@ -125,9 +62,9 @@ def resolve_hindsight(hindsight: bool | str | Mapping[str, Any] | HindsightConfi
 ):
     """The replay buffer's hindsight config from the ``hindsight`` argument.
 
-    :param hindsight: ``True`` (defaults), ``False`` (off), ``"auto"`` (on when the env provides the
-        foxenv info contract, i.e. has ``n_market_features``), a dict of :class:`HindsightConfig` fields,
-        or a config.
+    :param hindsight: ``True`` (defaults), ``False`` (off), ``"auto"`` (on when the env publishes
+        ``n_market_features``, the mark of the info contract hindsight reads), a dict of
+        :class:`HindsightConfig` fields, or a config.
     :param env: the (vectorized) env, used by ``"auto"`` and for the fields a dict or ``True`` leaves
         out that the env publishes (``reward_scale``, ``magnitudes``).
     :return: the config, or ``None`` when hindsight is off.
@@ -189,16 +126,18 @@ class BranchingIQN(OffPolicyAlgorithm):
     :param device: ``"cpu"``, ``"cuda"`` or ``"auto"``.
     :param c51_alpha: weight of the C51 loss in ``(1 − α)·L_IQN + α·L_C51``, fixed from the first step.
     :param exploration_mults: per-branch ε multipliers (``ε_b = min(1, ε·mult_b)``): a list of length NB or
-        a dict by branch name or index; default direction 1.0, magnitude 2.0, order 1.5, urgency 1.5.
-    :param boltzmann_branches: branches (names or indices) that explore by Boltzmann sampling; default
-        order and urgency.
+        a dict by branch name or index (branches left out: 1); default 1 for every branch.
+    :param boltzmann_branches: branches (names or indices) that explore by Boltzmann sampling instead of
+        uniformly; default none.
     :param iqr_bonus: ``(start, end)`` weight of the IQR optimism bonus, annealed linearly over training.
     :param ensemble_bonus: weight of the ensemble-std optimism bonus.
     :param per_alpha: PER priority exponent.
     :param per_beta: ``(start, end)`` PER importance exponent, annealed linearly over training.
     :param hindsight: ``True``/``False``/``"auto"``/dict of :class:`HindsightConfig` fields/a config.
     :param vaccine_interval: every this many gradient steps, a GradVac correction from a batch stratified by
-        the magnitude branch (0: never).
+        the actions of ``vaccine_branch`` (0: never).
+    :param vaccine_branch: the branch (index or name) whose actions stratify the vaccine batch (an equal
+        share of rows per action); default the first branch.
     :param vaccine_beta: GradVac EMA rate of the target cosine.
     :param diagnostics_path: JSONL file for diagnostics lines (``None``: logger only).
     :param diagnostics_interval: environment steps between diagnostics lines.
@@ -255,6 +194,7 @@ class BranchingIQN(OffPolicyAlgorithm):
         hindsight: bool | str | Mapping[str, Any] | HindsightConfig = "auto",
         vaccine_interval: int = 5,
         vaccine_beta: float = 0.01,
+        vaccine_branch: int | str = 0,
         diagnostics_path: str | None = None,
         diagnostics_interval: int = 1000,
         compile_loss: bool = False,
@@ -341,13 +281,13 @@ class BranchingIQN(OffPolicyAlgorithm):
         self.max_grad_norm = max_grad_norm
         self.vaccine_interval = vaccine_interval
         self.vaccine_beta = vaccine_beta
+        self.vaccine_branch = vaccine_branch
         self.diagnostics_path = diagnostics_path
         self.diagnostics_interval = diagnostics_interval
         self.compile_loss = compile_loss
         self.cuda_graph = cuda_graph
         if cuda_graph and self.device.type != "cuda":
             raise ValueError(f"cuda_graph=True needs a CUDA device, got device={self.device}")
-        self._rand_queue: list[th.Tensor] | None = None  # set while a graphed step runs: its static draws
         self.exploration_rate = 0.0
         self.iqr_bonus = self.iqr_bonus_range[0]
         self._n_calls = 0
@@ -397,18 +337,25 @@ class BranchingIQN(OffPolicyAlgorithm):
         return list(default_branch_names(n_branches))
 
     def _setup_model(self) -> None:
-        """Build the policy and buffer (SB3), then schedules, action masks, generator, vaccine, diagnostics.
+        """Build the policy and buffer (SB3), then schedules, action masks, generator, vaccine, diagnostics
+        and the learner.
 
-        For a seeded run on CUDA this calls ``torch.use_deterministic_algorithms(True, warn_only=True)``:
-        without it the backward pass's scatter-adds and cuBLAS may reorder float additions, and the same seed
-        would not give the same parameters on the GPU (verified on an H200). The switch is process-wide and
-        stays on after the model is gone; ops without a deterministic kernel only warn.
+        On CUDA this sets ``CUBLAS_WORKSPACE_CONFIG`` (unless set) before the model's first cuBLAS call, and
+        for a seeded run calls ``torch.use_deterministic_algorithms(True, warn_only=True)``: without them the
+        backward pass's scatter-adds and cuBLAS may reorder float additions, and the same seed would not give
+        the same parameters on the GPU. Both are process-wide and stay after the model is gone; ops without a
+        deterministic kernel only warn.
         """
         if self.cuda_graph and self.device.type != "cuda":  # a graphed model loaded onto a CPU
             warnings.warn(
                 f"cuda_graph=True needs a CUDA device; device={self.device}: eager steps", stacklevel=2
             )
             self.cuda_graph = False
+        if self.device.type == "cuda":
+            # read when cuBLAS creates its first handle; with it, seeded CUDA runs can be deterministic
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        # the policy resolves name keys (bottleneck_dims) with the branch names the env publishes
+        self.policy_kwargs = {"branch_names": list(self.branch_names), **self.policy_kwargs}
         optimizer_kwargs = dict(self.policy_kwargs.get("optimizer_kwargs") or {})
         if self.cuda_graph:
             optimizer_kwargs["capturable"] = True  # the optimizer step is part of the graph
@@ -416,8 +363,6 @@ class BranchingIQN(OffPolicyAlgorithm):
             optimizer_kwargs.pop("capturable", None)
         self.policy_kwargs = {**self.policy_kwargs, "optimizer_kwargs": optimizer_kwargs}
         super()._setup_model()
-        self.q_net = self.policy.q_net
-        self.q_net_target = self.policy.q_net_target
         self.exploration_schedule = LinearSchedule(
             self.exploration_initial_eps, self.exploration_final_eps, self.exploration_fraction
         )
@@ -433,31 +378,37 @@ class BranchingIQN(OffPolicyAlgorithm):
         self._generator = th.Generator(device=self.device)
         self._generator.manual_seed(self.seed if self.seed is not None else int(np.random.randint(2**31)))
         self.vaccine = GradVac(beta=self.vaccine_beta).to(self.device)
-        names = self.branch_names
-        self._vaccine_branch = names.index("magnitude") if "magnitude" in names and n_branches > 1 else 0
-        self.diagnostics = TrainingDiagnostics(self.diagnostics_path, self.action_dims, names, self.device)
+        if not hasattr(self, "vaccine_branch"):  # a model saved before the argument existed
+            self.vaccine_branch = getattr(self, "_vaccine_branch", 0)
+        self.vaccine_branch_index = branch_index(self.vaccine_branch, self.branch_names, "vaccine_branch")
+        self.diagnostics = TrainingDiagnostics(
+            self.diagnostics_path, self.action_dims, self.branch_names, self.device
+        )
         self._diagnostics_clock = time.time()
-        self._rand_queue = None
-        self._graphed_step = self._graphed_vaccine_step = None
-        if self.cuda_graph:
-            generator = self._generator
-            self._graphed_step = GraphedTrainStep(self._graphable_step, self._step_rand_shapes, generator)
-            self._graphed_vaccine_step = GraphedTrainStep(
-                self._graphable_step, self._vaccine_rand_shapes, generator
-            )
+        self.learner = Learner(
+            self.policy,
+            self.action_dims,
+            gamma=self.gamma,
+            c51_alpha=self.c51_alpha,
+            max_grad_norm=self.max_grad_norm,
+            vaccine=self.vaccine,
+            vaccine_interval=self.vaccine_interval,
+            vaccine_branch=self.vaccine_branch_index,
+            diagnostics=self.diagnostics,
+            generator=self._generator,
+            device=self.device,
+            compile_loss=self.compile_loss,
+            cuda_graph=self.cuda_graph,
+        )
         assert n_branches == self.q_net.n_branches, "policy and action space disagree on the branches"
 
     def _excluded_save_params(self) -> list[str]:
         return [
             *super()._excluded_save_params(),
-            "q_net",
-            "q_net_target",
+            "learner",
             "vaccine",
             "diagnostics",
             "_generator",
-            "_graphed_step",
-            "_graphed_vaccine_step",
-            "_rand_queue",
             "_n_actions",
             "_valid_actions",
             "_mults",
@@ -467,6 +418,34 @@ class BranchingIQN(OffPolicyAlgorithm):
     def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
         # PopArt statistics live in the policy's state dict; GradVac's target cosine in ``vaccine``.
         return ["policy", "policy.optimizer", "vaccine"], []
+
+    @property
+    def q_net(self) -> th.nn.Module:
+        """The online network the learner trains (the policy's)."""
+        return self.learner.q_net
+
+    @q_net.setter
+    def q_net(self, net: th.nn.Module) -> None:
+        self.learner.q_net = net
+
+    @property
+    def q_net_target(self) -> th.nn.Module:
+        """The target network the learner reads (the policy's)."""
+        return self.learner.q_net_target
+
+    @q_net_target.setter
+    def q_net_target(self, net: th.nn.Module) -> None:
+        self.learner.q_net_target = net
+
+    @property
+    def _graphed_step(self) -> GraphedTrainStep | None:
+        """The learner's graph of the plain gradient steps (``cuda_graph=True``), else None."""
+        return self.learner.graphed_step
+
+    @property
+    def _graphed_vaccine_step(self) -> GraphedTrainStep | None:
+        """The learner's graph of the vaccine gradient steps (``cuda_graph=True``), else None."""
+        return self.learner.graphed_vaccine_step
 
     # ------------------------------------------------------------------ acting
 
@@ -538,193 +517,28 @@ class BranchingIQN(OffPolicyAlgorithm):
 
     # ------------------------------------------------------------------ learning
 
-    def _distributional_loss(
-        self, batch: Any, update_popart: bool, values: bool = True
-    ) -> DistributionalLoss:
-        """Per-sample loss of one batch, following the module docstring's steps 2–4.
-
-        :param batch: replay samples (SB3's ``ReplayBufferSamples`` fields).
-        :param update_popart: update PopArt from this batch's targets (the main batch only).
-        :param values: False when only the loss's gradient is used (the vaccine batch): the IQN loss's own
-            values are not formed (``l_q`` is zeros carrying its gradient, so ``per_sample`` holds only the
-            C51 part's values) and there are no TD errors; the gradients are the same.
-        :return: the per-sample losses and per-branch TD errors.
-        """
-        policy = self.policy
-        q_net, q_net_target, popart = self.q_net, self.q_net_target, policy.popart
-        n_quantiles, n_target, n_act = policy.n_quantiles, policy.n_quantiles_target, policy.n_quantiles_act
-        batch_size, n_branches = batch.observations.shape[0], len(self.action_dims)
-        actions = batch.actions.long().reshape(batch_size, n_branches)
-        rewards = batch.rewards.reshape(batch_size).float()
-        dones = batch.dones.reshape(batch_size).float()
-        rand = self._rand
-
-        # 2. BDQ double-Q target y = r + γ(1 − done)·Z' (de-normalised)
-        with th.no_grad():
-            # Double-Q per branch: the online network picks a' on the ensemble-mean quantile-mean ...
-            next_q = _mean_values(q_net, batch.next_observations, rand(batch_size, n_act))  # [B, NB, A]
-            next_actions = next_q.masked_fill(~self._valid_actions, -th.inf).argmax(dim=-1)  # [B, NB]
-            # ... the target network evaluates it; BDQ averages the branches.
-            z_next, next_logits = _taken_quantiles_and_logits(  # [E, B, NB, N'], [B, NB, atoms]
-                q_net_target, batch.next_observations, rand(batch_size, n_target), next_actions
-            )
-            z_next = z_next.mean(dim=2)  # [E, B, N']
-            # copies only when PopArt's update below changes the statistics in place
-            mu_old, sigma_old = self._popart_stats(copy=update_popart)
-            not_done = (1.0 - dones)[None, :, None]
-            y = rewards[None, :, None] + self.gamma * not_done * (sigma_old * z_next + mu_old)  # [E, B, N']
-            next_probs = th.softmax(next_logits, dim=-1).mean(dim=1)  # [B, atoms]
-
-        # 3. PopArt update from y, then y (and the C51 target) in the normalised space
-        if update_popart and popart is not None:
-            popart.update(y)  # output-preserving: rescales the online output layers
-
-        with th.no_grad():
-            mu, sigma = self._popart_stats(copy=False)  # used right here, before any further update
-            y_norm = (y - mu) / sigma
-            # C51 target in the (new) normalised space: (r + γ(1-d)(σ_old z + μ_old) - μ) / σ
-            c51_rewards = (rewards + self.gamma * (1.0 - dones) * mu_old - mu) / sigma
-            target_probs = c51_project(next_probs, c51_rewards, dones, self.gamma * sigma_old / sigma,
-                                       policy.support)
-
-        # 4. quantiles and C51 logits of the taken actions; the mixed per-sample loss and TD errors
-        taus = rand(batch_size, n_quantiles)
-        z_taken, logits_taken = _taken_quantiles_and_logits(  # [E, B, NB, N], [B, NB, atoms]
-            q_net, batch.observations, taus, actions
-        )
-        l_q = quantile_huber_loss(
-            z_taken,
-            y_norm[:, :, None, :].expand(-1, -1, n_branches, -1),
-            taus[None, :, None, :].expand_as(z_taken),
-            compiled=self.compile_loss,
-            values=values,
-        ).mean(dim=(0, 2))  # [B]
-        l_c51 = c51_cross_entropy(logits_taken, target_probs[:, None, :].expand_as(logits_taken)).mean(dim=1)
-        per_sample = (1.0 - self.c51_alpha) * l_q + self.c51_alpha * l_c51
-        if not values:
-            return DistributionalLoss(per_sample, l_q, l_c51, None)
-        td = y_norm.mean(dim=-1)[:, :, None] - z_taken.detach().mean(dim=-1)  # [E, B, NB]
-        td_abs = td.abs().mean(dim=0)  # [B, NB]
-        return DistributionalLoss(per_sample, l_q, l_c51, td_abs)
-
     def train(self, gradient_steps: int, batch_size: int = 256) -> None:
-        """Run ``gradient_steps`` gradient steps on batches of ``batch_size`` (no host sync).
+        """Run ``gradient_steps`` gradient steps on batches of ``batch_size`` (:meth:`Learner.train_step`; no
+        host sync).
 
         :param gradient_steps: number of gradient steps.
         :param batch_size: minibatch size.
         """
         self.policy.set_training_mode(True)
         self._update_learning_rate(self.policy.optimizer)
-        params = list(self.q_net.parameters())
-        prioritized = hasattr(self.replay_buffer, "update_priorities")
         for _ in range(gradient_steps):
-            # 1. a prioritized batch and its importance weights (ones for a plain buffer)
-            batch = self.replay_buffer.sample(batch_size, env=self._vec_normalize_env)
-            if hasattr(batch, "weights"):
-                weights = batch.weights.reshape(-1).float()
-            else:
-                weights = th.ones_like(batch.rewards.reshape(-1))
-            if self._graphed_step is not None and self._graphed_vaccine_step is not None:
-                # 2.-6. as below, as one CUDA graph replay (sb3_her_ext.graphed_step); a vaccine step's graph
-                # also runs the stratified batch, sampled here (after the main batch, as the eager step does)
-                self._n_gradient_steps += 1
-                if self._vaccine_due():
-                    vaccine_batch = self._sample_vaccine_batch(batch_size)
-                    self._graphed_vaccine_step.run(
-                        (batch, vaccine_batch), weights, self._after_step(batch, prioritized)
-                    )
-                else:
-                    self._graphed_step.run((batch,), weights, self._after_step(batch, prioritized))
-                continue
-            # 2.-4. double-Q target, PopArt update, IQN + C51 loss of the taken actions, weighted
-            result = self._distributional_loss(batch, update_popart=True)
-            loss = (result.per_sample * weights).mean()
-            self.policy.optimizer.zero_grad()
-            loss.backward()
-
-            # 5. every vaccine_interval-th step: GradVac correction from a magnitude-stratified batch
             self._n_gradient_steps += 1
-            if self._vaccine_due():
-                cos, corrected = self._vaccinate(params, self._sample_vaccine_batch(batch_size))
-                self.diagnostics.add_vaccine(cos, corrected)
-
-            # 6. clip, optimizer step, PER priorities from the per-branch TD errors
-            th.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
-            self.policy.optimizer.step()
-            if prioritized:
-                self.replay_buffer.update_priorities(batch.indices, result.td_abs.sum(dim=1).float())
-            self.diagnostics.add_train_step(
-                (result.l_q * weights).mean(), (result.l_c51 * weights).mean(), loss, weights.mean()
+            self.learner.train_step(
+                self.replay_buffer, batch_size, self._n_gradient_steps, env=self._vec_normalize_env
             )
-            del result, loss  # free the autograd graph now: a graphed step may follow on a side stream
         self._n_updates += gradient_steps
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
 
-    def _vaccine_due(self, step: int | None = None) -> bool:
-        """Whether gradient step number ``step`` (default: the current one) gets a vaccine correction."""
-        step = self._n_gradient_steps if step is None else step
-        return (
-            self.vaccine_interval > 0
-            and step % self.vaccine_interval == 0
-            and hasattr(self.replay_buffer, "sample_stratified")
-        )
-
-    # ------------------------------------------------------------------ the graphed step (cuda_graph=True)
-
-    def _step_rand_shapes(self, batch_size: int) -> list[tuple[int, ...]]:
-        """Shapes of a gradient step's generator draws, in the order ``_distributional_loss`` draws them."""
-        policy = self.policy
-        counts = (policy.n_quantiles_act, policy.n_quantiles_target, policy.n_quantiles)
-        return [(batch_size, n) for n in counts]
-
-    def _vaccine_rand_shapes(self, batch_size: int) -> list[tuple[int, ...]]:
-        """Shapes of a vaccine step's draws: the main batch's loss, then the vaccine batch's."""
-        return 2 * self._step_rand_shapes(batch_size)
-
-    def _graphable_step(
-        self, batches: tuple[StaticBatch, ...], weights: th.Tensor, rands: list[th.Tensor]
-    ) -> StepOutputs:
-        """Steps 2–6 of :meth:`train` on static tensors, the draws taken from ``rands``.
-
-        :param batches: the static main batch, and for a vaccine step (step 5) the static vaccine batch.
-        :param weights: ``[B]`` static importance weights of the main batch.
-        :param rands: the step's random fractions, in draw order (all are used).
-        :return: the step's outputs (with the vaccine's cosine and correction flag on a vaccine step).
-        """
-        params = list(self.q_net.parameters())
-        self._rand_queue = rands
-        try:
-            result = self._distributional_loss(batches[0], update_popart=True)
-            loss = (result.per_sample * weights).mean()
-            self.policy.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            cos = corrected = None
-            if len(batches) > 1:
-                cos, corrected = self._vaccinate(params, batches[1])
-        finally:
-            left, self._rand_queue = self._rand_queue, None
-        if left:
-            raise RuntimeError(f"{len(left)} static draws left unused: the loss draws other than expected")
-        th.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
-        self.policy.optimizer.step()
-        # Detached outputs: the graph's static outputs live as long as the graph, and an output that kept its
-        # autograd graph would keep the parameters' AccumulateGrad nodes (and the capture stream) alive.
-        return StepOutputs(
-            result.td_abs.sum(dim=1).float(), (result.l_q * weights).mean().detach(),
-            (result.l_c51 * weights).mean().detach(), loss.detach(), weights.mean(), cos, corrected,
-        )
-
-    def _after_step(self, batch: Any, prioritized: bool) -> Callable[[StepOutputs], None]:
-        """What follows a graphed step: the batch's new priorities and the diagnostics sums."""
-
-        def consume(outputs: StepOutputs) -> None:
-            if outputs.vaccine_cos is not None and outputs.vaccine_corrected is not None:
-                self.diagnostics.add_vaccine(outputs.vaccine_cos, outputs.vaccine_corrected)
-            if prioritized:
-                self.replay_buffer.update_priorities(batch.indices, outputs.td_abs_sum)
-            self.diagnostics.add_train_step(outputs.l_q, outputs.l_c51, outputs.loss, outputs.mean_weight)
-
-        return consume
+    def _distributional_loss(
+        self, batch: Any, update_popart: bool, values: bool = True
+    ) -> DistributionalLoss:
+        """The per-sample loss of one batch: :meth:`Learner.loss` (its arguments and return)."""
+        return self.learner.loss(batch, update_popart, values)
 
     def _update_learning_rate(self, optimizers: list[th.optim.Optimizer] | th.optim.Optimizer) -> None:
         """SB3's schedule; with ``cuda_graph`` the rate is a tensor updated in place (the graph reads it)."""
@@ -739,51 +553,6 @@ class BranchingIQN(OffPolicyAlgorithm):
                     group["lr"].fill_(learning_rate)
                 else:
                     group["lr"] = th.tensor(float(learning_rate), device=self.device)
-
-    def _sample_vaccine_batch(self, batch_size: int) -> Any:
-        """The vaccine batch: ``batch_size`` rows stratified by the vaccine branch's action (``⅓`` each of
-        Small/Half/Full for the magnitude branch)."""
-        branch = self._vaccine_branch
-        return self.replay_buffer.sample_stratified(batch_size, branch, self.action_dims[branch])
-
-    def _vaccinate(self, params: list[th.nn.Parameter], batch: Any) -> tuple[th.Tensor, th.Tensor]:
-        """GradVac: correct the main gradient (in ``params``' grads) with the vaccine ``batch``'s gradient.
-
-        :param params: the online network's parameters, holding the main gradient.
-        :param batch: the stratified vaccine batch (:meth:`_sample_vaccine_batch`).
-        :return: ``(cos, corrected)``: the gradients' cosine and whether the main one was corrected (0-dim).
-        """
-        g_main = flat_grad(params)
-        self.policy.optimizer.zero_grad()
-        # only the gradient is used: no loss values, no TD errors (same gradient)
-        self._distributional_loss(batch, update_popart=False, values=False).per_sample.mean().backward()
-        g_aux = flat_grad(params)
-        g_new, cos, corrected = self.vaccine.correct(g_main, g_aux)
-        assign_flat_grad(params, g_new)
-        return cos, corrected
-
-    def _rand(self, *shape: int) -> th.Tensor:
-        """Uniform ``[0, 1)`` quantile fractions from the model's generator (a graphed step's static draws,
-        drawn from it beforehand in the same order, while one runs)."""
-        if self._rand_queue is not None:
-            drawn = self._rand_queue.pop(0)
-            if tuple(drawn.shape) != shape:
-                raise RuntimeError(f"static draw of shape {tuple(drawn.shape)} where {shape} was drawn")
-            return drawn
-        return th.rand(shape, generator=self._generator, device=self.device)
-
-    def _popart_stats(self, copy: bool = True) -> tuple[th.Tensor | float, th.Tensor | float]:
-        """PopArt's ``(μ, σ)`` (``(0, 1)`` without PopArt), as tensors: no host sync.
-
-        :param copy: copies (else PopArt's own buffers, which its ``update`` changes in place).
-        :return: ``(μ, σ)``.
-        """
-        popart = self.policy.popart
-        if popart is None:
-            return 0.0, 1.0
-        if not copy:
-            return popart.mu.detach(), popart.sigma.detach()
-        return popart.mu.detach().clone(), popart.sigma.detach().clone()
 
     # ------------------------------------------------------------------ diagnostics
 

@@ -1,8 +1,8 @@
 """Per-branch exploration: ε and bonus schedules, per-branch settings, and the ``branch_select`` call.
 
 Every branch ``b`` explores with its own rate ``ε_b = min(1, ε · mult_b)``, where ``ε`` follows DQN's
-linear schedule. Chosen branches (by default order and urgency) sample from a Boltzmann distribution
-over their scores instead of taking the argmax. Scores carry an optimism bonus
+linear schedule (``mult_b`` is 1 unless given). The branches one names (none by default) sample from a
+Boltzmann distribution over their scores instead of taking the argmax. Scores carry an optimism bonus
 ``α · IQR + β · ensemble-std`` whose ``α`` is annealed linearly over training. The selection itself
 is one ``torch.ops.cuda_ext.branch_select`` call; its uniforms are drawn on the device from the
 algorithm's generator, so the same seed on the same device gives the same actions.
@@ -15,44 +15,17 @@ from collections.abc import Mapping, Sequence
 import torch as th
 
 import cuda_ext  # noqa: F401  (defines torch.ops.cuda_ext.*)
+from sb3_her_ext.branches import branch_index, default_branch_names
 
-#: Branch names of foxenv's four-branch action space, in order.
-LOB_BRANCH_NAMES: tuple[str, ...] = ("direction", "magnitude", "order", "urgency")
-#: Default ε multipliers of the four LOB branches.
-LOB_EXPLORATION_MULTS: dict[str, float] = {"direction": 1.0, "magnitude": 2.0, "order": 1.5, "urgency": 1.5}
-#: Default Boltzmann branches of the four LOB branches.
-LOB_BOLTZMANN_BRANCHES: tuple[str, ...] = ("order", "urgency")
-
-
-def default_branch_names(n_branches: int) -> tuple[str, ...]:
-    """Branch names used when the env publishes none.
-
-    :param n_branches: number of action branches.
-    :return: foxenv's four names when there are four branches, else ``"0", "1", ...``.
-    """
-    if n_branches == len(LOB_BRANCH_NAMES):
-        return LOB_BRANCH_NAMES
-    return tuple(str(b) for b in range(n_branches))
-
-
-def branch_index(key: int | str, branch_names: Sequence[str], field: str) -> int:
-    """Resolve a branch given by index or by name.
-
-    :param key: a branch index (``0 <= key < NB``) or one of ``branch_names``.
-    :param branch_names: the names of the ``NB`` branches, in order.
-    :param field: the argument name, quoted in errors.
-    :return: the branch index.
-    """
-    n_branches = len(branch_names)
-    if isinstance(key, bool):
-        raise ValueError(f"{field}: branch key {key!r} must be an index or a branch name")
-    if isinstance(key, int):
-        if not 0 <= key < n_branches:
-            raise ValueError(f"{field}: branch index {key} must lie in [0, {n_branches})")
-        return key
-    if isinstance(key, str) and key in branch_names:
-        return list(branch_names).index(key)
-    raise ValueError(f"{field}: unknown branch {key!r}; branches are {list(branch_names)}")
+__all__ = [
+    "branch_epsilons",
+    "branch_index",
+    "default_branch_names",
+    "linear_anneal",
+    "resolve_boltzmann_branches",
+    "resolve_exploration_mults",
+    "select_actions",
+]
 
 
 def resolve_exploration_mults(
@@ -60,13 +33,13 @@ def resolve_exploration_mults(
 ) -> list[float]:
     """Per-branch ε multipliers from a list, a dict (by name or index) or the defaults.
 
-    Branches a dict leaves out keep their default (the LOB defaults for foxenv's branch names, else 1).
+    Branches a dict leaves out keep the default multiplier 1.
 
     :param mults: ``None`` for the defaults, a sequence of length ``NB``, or a mapping branch → multiplier.
     :param branch_names: the names of the ``NB`` branches, in order.
     :return: one non-negative multiplier per branch.
     """
-    resolved = [LOB_EXPLORATION_MULTS.get(name, 1.0) for name in branch_names]
+    resolved = [1.0] * len(branch_names)
     if mults is None:
         return resolved
     if isinstance(mults, Mapping):
@@ -92,13 +65,13 @@ def resolve_boltzmann_branches(
 ) -> list[bool]:
     """Per-branch Boltzmann flags.
 
-    :param branches: ``None`` for the defaults (order and urgency when the branches carry those names,
-        else none), or the branches (names or indices) that sample from a Boltzmann distribution.
+    :param branches: the branches (names or indices) that sample from a Boltzmann distribution; ``None``
+        or empty: none.
     :param branch_names: the names of the ``NB`` branches, in order.
     :return: one flag per branch.
     """
     if branches is None:
-        branches = [name for name in LOB_BOLTZMANN_BRANCHES if name in branch_names]
+        branches = []
     if isinstance(branches, str | int):
         raise ValueError(f"boltzmann_branches={branches!r} must be a list of branch names or indices")
     flags = [False] * len(branch_names)

@@ -1,6 +1,6 @@
 """BranchingIQN's gradient steps captured in CUDA graphs (``BranchingIQN(cuda_graph=True)``).
 
-On a GPU a gradient step is ~650 small kernels, so it is bound by launch overhead, not arithmetic. This module
+On a GPU a gradient step is hundreds of small kernels, bound by launch overhead, not arithmetic. This module
 runs a step — double-Q target, PopArt update, IQN + C51 loss, backward, gradient clipping, optimizer step —
 as one graph replay. Per step, outside the graph: the prioritized batch (and, for a vaccine step, the
 stratified vaccine batch) is sampled and copied into static input tensors, the step's quantile fractions are
@@ -8,10 +8,10 @@ drawn from the model's generator into static tensors (in the order the eager ste
 see the same numbers), and afterwards the priorities are updated and the diagnostics accumulated from the
 graph's static outputs.
 
-``BranchingIQN`` keeps two of these: one for the plain steps and one for the vaccine steps (every
-``vaccine_interval``-th), whose graph also holds the vaccine batch's loss, backward and the GradVac
-correction. Each runs its first ``WARMUP_STEPS`` steps eagerly on a side stream (they are real steps:
-optimizer state and library workspaces come to exist), captures the next, and replays it from then on.
+The :class:`~sb3_her_ext.learner.Learner` keeps two of these: one for the plain steps and one for the
+vaccine steps (every ``vaccine_interval``-th), whose graph also holds the vaccine batch's loss, backward and
+the GradVac correction. Each runs its first ``WARMUP_STEPS`` steps eagerly on a side stream (they are real
+steps: optimizer state and library workspaces come to exist), captures the next, and replays it from then on.
 A new batch size captures anew. The optimizer must be capturable (``BranchingIQN`` sets
 ``capturable=True`` and a tensor learning rate).
 """

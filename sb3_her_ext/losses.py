@@ -15,9 +15,7 @@ import torch as th
 
 #: On the CPU the pair tensors are built this many pairs at a time (256 KiB per float32 buffer, 768 KiB for
 #: the three), in reused buffers: they stay in the core's cache and no large allocation is touched afresh per
-#: call. One thread, ``5120`` rows of ``32 x 32`` pairs in the default train step (in-process A/B, the loss's
-#: forward): 2^16 pairs per block 1.99 ms/step faster than 2^17 (median paired, 60 blocks), 3 * 2^15 1.29
-#: faster, 2^15 1.03 slower (an isolated loop had found 2^16 and 2^17 equal, 2^18 and 2^15 1.25x slower).
+#: call (the block size that timed fastest: see benchmarks/RESULTS.md).
 CPU_PAIRS_PER_CHUNK = 1 << 16
 
 
@@ -39,8 +37,7 @@ class _QuantileHuber(th.autograd.Function):
     needed) is ``sum_i g_ij``, two batched matrix products.
 
     The pair tensors are laid out ``[N', rows, N]`` (``j`` outermost), so the sums over ``j`` add whole
-    contiguous ``[rows, N]`` slabs instead of reducing 32-element rows (measured 1.3x faster forward on one
-    CPU thread for ``[5120, 32] x [5120, 32]``).
+    contiguous ``[rows, N]`` slabs instead of reducing 32-element rows (the faster layout on the CPU).
     """
 
     @staticmethod
@@ -81,7 +78,7 @@ class _QuantileHuber(th.autograd.Function):
             rows_neg_weight = neg_weight.broadcast_to(*rows_lead, n).reshape(-1, n, 1)
         # The blocks' views, made up front (split: one call instead of a dozen Python indexings per block),
         # and the pair buffers' views for a full block and for a last partial one, made once: the loop's
-        # Python and dispatch cost about 30 us per block (80 blocks per call at the default sizes).
+        # Python and dispatch cost is paid per block.
         blocks = zip(
             rows_target.t().unsqueeze(-1).split(chunk, dim=1),  # [N', rows, 1]
             rows_current.unsqueeze(0).split(chunk, dim=1),  # [1, rows, N]
@@ -179,8 +176,7 @@ def quantile_huber_loss(
     fused autograd function (gradients for ``current`` and ``target``; ``taus`` is treated as a constant)
     that never keeps the ``[..., N, N']`` pair tensors: see :class:`_QuantileHuber`. With ``compiled`` the
     pairwise formula goes through ``torch.compile`` instead (one fused loop on the CPU, one or two kernels
-    on a GPU: measured 4.2 ms instead of 20.7 ms forward + backward for ``[5, 256, 4, 32]`` pairs against
-    ``N' = 32`` on one CPU thread); the first call of each input shape compiles (seconds).
+    on a GPU; see benchmarks/RESULTS.md); the first call of each input shape compiles (seconds).
 
     :param current: predicted quantile values ``[..., N]`` at the fractions ``taus``.
     :param target: target quantile samples ``[..., N']`` (the caller detaches them when they are a target).
@@ -267,10 +263,8 @@ def _project_by_shares(next_probs: th.Tensor, position: th.Tensor) -> th.Tensor:
 
     The GPU path: a scatter-add on CUDA accumulates with atomics, in no fixed order, and under
     ``torch.use_deterministic_algorithms`` (a seeded BranchingIQN on CUDA) it becomes a sort-based index_put
-    of dozens of small launches (H200 profile of 10 eager steps: with the taken logits' gather backward,
-    ``sb3_her_ext.policy._taken_logits``, about 2,900 more launches). This form is a few kernels and
-    deterministic. On the CPU the scatter form is about 4x faster (one thread, ``[256, 51]``), sequential and
-    deterministic, so it stays there.
+    of dozens of small launches. This form is a few kernels and deterministic. On the CPU the scatter form
+    is the faster, sequential and deterministic, so it stays there.
 
     :param next_probs: ``[..., n_atoms]`` probabilities.
     :param position: ``[..., n_atoms]`` (broadcastable) positions of the shifted atoms on the support, in

@@ -50,6 +50,7 @@ from stable_baselines3.common.vec_env import VecNormalize
 import cuda_ext
 from cuda_ext import PushRows, ReplayStorage
 from cuda_ext.reference.per import marks_subtrees
+from sb3_her_ext.branches import branch_action_dims
 from sb3_her_ext.hindsight import (
     KIND_REAL,
     REQUIRED_INFO_KEYS,
@@ -57,7 +58,6 @@ from sb3_her_ext.hindsight import (
     HindsightState,
     StepBatch,
 )
-from sb3_her_ext.policy import branch_action_dims
 
 __all__ = ["HindsightConfig", "PrioritizedHindsightReplayBuffer", "PrioritizedReplaySamples"]
 

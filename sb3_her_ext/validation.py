@@ -1,12 +1,15 @@
-"""Small argument checks shared by the modules of :mod:`sb3_her_ext`."""
+"""Small input checks shared by the package's modules (here so ``sb3_her_ext`` imports no env library)."""
 
 from __future__ import annotations
 
 import math
 import numbers
+from typing import Any
+
+import numpy as np
 
 
-def is_whole(value: object) -> bool:
+def is_whole(value: Any) -> bool:
     """Whether ``value`` is a whole number: an int, or a finite float without a fraction (never raises).
 
     :param value: anything.
@@ -15,3 +18,13 @@ def is_whole(value: object) -> bool:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return False
     return isinstance(value, numbers.Integral) or (math.isfinite(value) and float(value).is_integer())
+
+
+def check_positive(name: str, value: Any) -> None:
+    """Raise a ValueError naming ``name`` unless ``value`` is a positive int (bools refused).
+
+    :param name: the argument's name, quoted in the error.
+    :param value: the value to check.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ValueError(f"{name}={value!r} must be a positive int")

@@ -15,6 +15,7 @@ from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import DummyVecEnv
 
+from foxhunt import presets
 from foxhunt.envs import LOBVecEnv
 from sb3_her_ext import BranchingIQN
 from sb3_her_ext.replay import PrioritizedHindsightReplayBuffer
@@ -59,12 +60,17 @@ def lob_env(n_envs: int = 2, seed: int = 0) -> LOBVecEnv:
     return LOBVecEnv(n_envs, seed=seed, data="synthetic", num_steps=1500, episode_length=100)
 
 
+#: TINY with foxhunt's trading presets (ε multipliers, Boltzmann and vaccine branches, bottleneck widths).
+TRADING_TINY = {**TINY, **presets.trading_algorithm_kwargs(),
+                "policy_kwargs": {**TINY_POLICY, **presets.trading_policy_kwargs()}}
+
+
 @pytest.fixture(scope="module")
 def lob_model(one_torch_thread: None, tmp_path_factory: pytest.TempPathFactory) -> BranchingIQN:
     folder = tmp_path_factory.mktemp("lob")
     model = BranchingIQN("MlpPolicy", lob_env(), diagnostics_path=str(folder / "diag.jsonl"),
                          diagnostics_interval=40, tensorboard_log=str(folder / "tb"), vaccine_interval=2,
-                         **TINY)
+                         **TRADING_TINY)
     model.learn(200, log_interval=1)
     return model
 
@@ -73,15 +79,57 @@ def lob_model(one_torch_thread: None, tmp_path_factory: pytest.TempPathFactory) 
 
 
 @pytest.mark.slow
-def test_lob_env_defaults(lob_model: BranchingIQN) -> None:
+def test_lob_env_with_the_trading_presets(lob_model: BranchingIQN) -> None:
     assert lob_model.action_dims == [3, 3, 3, 3]
     assert lob_model.branch_names == ["direction", "magnitude", "order", "urgency"]
     assert lob_model.exploration_mults == [1.0, 2.0, 1.5, 1.5]
     assert lob_model.boltzmann_flags == [False, False, True, True]
+    assert lob_model.vaccine_branch_index == 1  # magnitude
+    assert lob_model.policy.bottleneck_dims == [4, 8, 6, 4]
     assert lob_model.hindsight_config is not None  # "auto": the env publishes n_market_features
     assert isinstance(lob_model.replay_buffer, PrioritizedHindsightReplayBuffer)
     assert lob_model.policy.n_market_features == lob_model.env.get_attr("n_market_features")[0]
     assert lob_model.c51_alpha == 0.5
+
+
+def test_lob_env_generic_defaults() -> None:
+    """Without the presets: the env's branch names, multiplier 1, no Boltzmann branch, equal bottleneck
+    widths, the vaccine stratified by the first branch."""
+    model = BranchingIQN("MlpPolicy", lob_env(1), **TINY)
+    assert model.branch_names == ["direction", "magnitude", "order", "urgency"]
+    assert model.exploration_mults == [1.0] * 4 and model.boltzmann_flags == [False] * 4
+    assert model.policy.bottleneck_dims == [8] * 4 and model.vaccine_branch_index == 0
+
+
+def test_generic_branch_names_and_name_keyed_arguments() -> None:
+    """An env that publishes no names: branches "0", "1", ...; name keys still work."""
+    env = TinyEnv(spaces.MultiDiscrete([3, 2, 3]))
+    kwargs = {**TINY, "policy_kwargs": {**TINY_POLICY, "bottleneck_dims": {"1": 3}}}
+    model = BranchingIQN("MlpPolicy", env, exploration_mults={"2": 2.0}, boltzmann_branches=["1"],
+                         vaccine_branch="2", **kwargs)
+    assert model.branch_names == ["0", "1", "2"]
+    assert model.exploration_mults == [1.0, 1.0, 2.0] and model.boltzmann_flags == [False, True, False]
+    assert model.policy.bottleneck_dims == [8, 3, 8] and model.vaccine_branch_index == 2
+    assert BranchingIQN("MlpPolicy", env, vaccine_branch=1, **TINY).vaccine_branch_index == 1
+
+
+@pytest.mark.parametrize(("branch", "message"), [("speed", "vaccine_branch: unknown branch 'speed'"),
+                                                 (3, r"vaccine_branch: branch index 3 must lie in \[0, 3\)")])
+def test_bad_vaccine_branch_names_field_and_value(branch: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        BranchingIQN("MlpPolicy", TinyEnv(spaces.MultiDiscrete([3, 2, 3])), vaccine_branch=branch, **TINY)
+
+
+def test_vaccine_batch_is_stratified_by_the_vaccine_branch() -> None:
+    """Every ``vaccine_interval``-th gradient step is a vaccine step; its batch holds an equal share of rows
+    for each action of the chosen branch."""
+    model = BranchingIQN("MlpPolicy", TinyEnv(spaces.MultiDiscrete([3, 2, 3])), vaccine_branch=1,
+                         vaccine_interval=3, **TINY).learn(60)
+    learner = model.learner
+    assert [learner.vaccine_due(n, model.replay_buffer) for n in range(1, 7)] == [False, False, True] * 2
+    batch = learner.sample_vaccine_batch(model.replay_buffer, 16)
+    assert th.bincount(batch.actions[:, 1].long(), minlength=2).tolist() == [8, 8]
+    assert not learner.vaccine_due(3, SimpleNamespace())  # a buffer without stratified sampling: never
 
 
 def test_hindsight_auto_is_off_without_the_info_contract() -> None:
@@ -212,6 +260,9 @@ def test_save_load_predicts_identically(lob_model: BranchingIQN, tmp_path: Path)
     assert th.equal(loaded.policy.popart.sigma, lob_model.policy.popart.sigma)
     assert loaded.vaccine.target_cos.item() == pytest.approx(0.123)
     assert loaded.exploration_mults == lob_model.exploration_mults
+    assert loaded.boltzmann_flags == lob_model.boltzmann_flags
+    assert loaded.vaccine_branch_index == lob_model.vaccine_branch_index == 1
+    assert loaded.policy.bottleneck_dims == lob_model.policy.bottleneck_dims
     assert loaded.hindsight_config == lob_model.hindsight_config
     loaded.learn(20, reset_num_timesteps=False)  # the loaded model keeps training
     assert loaded.num_timesteps == 220
@@ -219,7 +270,7 @@ def test_save_load_predicts_identically(lob_model: BranchingIQN, tmp_path: Path)
 
 @pytest.mark.slow
 def test_set_env_and_replay_buffer_save_load(lob_model: BranchingIQN, tmp_path: Path) -> None:
-    model = BranchingIQN("MlpPolicy", lob_env(), **TINY)
+    model = BranchingIQN("MlpPolicy", lob_env(), **TRADING_TINY)
     model.set_env(lob_env(2, seed=3))
     lob_model.save_replay_buffer(tmp_path / "replay.pkl")
     model.load_replay_buffer(tmp_path / "replay.pkl")

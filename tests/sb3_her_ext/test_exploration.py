@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch as th
 
+from foxhunt import presets
 from sb3_her_ext.exploration import (
     branch_epsilons,
     default_branch_names,
@@ -14,7 +15,7 @@ from sb3_her_ext.exploration import (
     select_actions,
 )
 
-LOB = list(default_branch_names(4))
+LOB = list(presets.BRANCH_NAMES)
 
 
 def test_branch_epsilons_by_hand() -> None:
@@ -32,18 +33,25 @@ def test_linear_anneal_by_hand() -> None:
     assert linear_anneal(0.4, 1.0, 0.25) == pytest.approx(0.85)
 
 
-def test_default_mults_and_boltzmann_for_the_lob_branches() -> None:
-    assert LOB == ["direction", "magnitude", "order", "urgency"]
-    assert resolve_exploration_mults(None, LOB) == [1.0, 2.0, 1.5, 1.5]
-    assert resolve_boltzmann_branches(None, LOB) == [False, False, True, True]
-    # other action spaces: multiplier 1 and no Boltzmann branch by default
-    assert resolve_exploration_mults(None, ["0", "1"]) == [1.0, 1.0]
-    assert resolve_boltzmann_branches(None, ["0"]) == [False]
+def test_generic_defaults_multiplier_one_and_no_boltzmann_branch() -> None:
+    assert default_branch_names(4) == ("0", "1", "2", "3")
+    for names in (LOB, list(default_branch_names(4)), ["0", "1"], ["0"]):
+        assert resolve_exploration_mults(None, names) == [1.0] * len(names)
+        assert resolve_boltzmann_branches(None, names) == [False] * len(names)
+
+
+def test_trading_presets_give_the_lob_mults_and_boltzmann_branches() -> None:
+    kwargs = presets.trading_algorithm_kwargs()
+    assert resolve_exploration_mults(kwargs["exploration_mults"], LOB) == [1.0, 2.0, 1.5, 1.5]
+    assert resolve_boltzmann_branches(kwargs["boltzmann_branches"], LOB) == [False, False, True, True]
 
 
 def test_mults_by_list_name_and_index() -> None:
     assert resolve_exploration_mults([1, 1, 1, 3], LOB) == [1.0, 1.0, 1.0, 3.0]
-    assert resolve_exploration_mults({"order": 4.0, 0: 0.5}, LOB) == [0.5, 2.0, 4.0, 1.5]
+    assert resolve_exploration_mults({"order": 4.0, 0: 0.5}, LOB) == [0.5, 1.0, 4.0, 1.0]
+    trading = {**presets.EXPLORATION_MULTS, "order": 4.0, 0: 0.5}
+    assert resolve_exploration_mults(trading, LOB) == [0.5, 2.0, 4.0, 1.5]
+    assert resolve_exploration_mults({"2": 3.0}, default_branch_names(3)) == [1.0, 1.0, 3.0]
     assert resolve_boltzmann_branches(["direction", 3], LOB) == [True, False, False, True]
     assert resolve_boltzmann_branches([], LOB) == [False] * 4
 

@@ -13,6 +13,7 @@ from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import DummyVecEnv
 
+from foxhunt import presets
 from foxhunt.envs import LOBVecEnv
 from sb3_her_ext import BranchingIQN
 from sb3_her_ext.diagnostics import read_diagnostics
@@ -87,7 +88,8 @@ def test_lob_loss_falls_and_hindsight_injects(tmp_path: Path) -> None:
         "MlpPolicy", env, learning_rate=3e-4, learning_starts=200, batch_size=32, train_freq=1,
         target_update_interval=400, seed=0, diagnostics_path=str(path), diagnostics_interval=400,
         policy_kwargs=dict(net_arch=[32, 32], n_ensemble=2, n_cos=16, n_quantiles=8, n_quantiles_target=8,
-                           n_quantiles_act=8, n_atoms=21),
+                           n_quantiles_act=8, n_atoms=21, **presets.trading_policy_kwargs()),
+        **presets.trading_algorithm_kwargs(),
     )
     model.learn(2400)
     lines = read_diagnostics(path)

@@ -9,12 +9,15 @@ import pytest
 import torch as th
 from gymnasium import spaces
 
+from foxhunt import presets
 from sb3_her_ext.policy import BranchingIQNPolicy, BranchingQNetwork, MlpPolicy, resolve_bottleneck_dims
 
 OBS_DIM = 14
 N_MARKET = 10
 OBS_SPACE = spaces.Box(-5.0, 5.0, (OBS_DIM,), np.float32)
 TRADING = spaces.MultiDiscrete([3, 3, 3, 3])
+#: The trading presets' policy arguments (foxhunt passes them; the env publishes the names).
+TRADING_KWARGS = {"branch_names": presets.BRANCH_NAMES, **presets.trading_policy_kwargs()}
 
 
 def make_policy(action_space: spaces.Space = TRADING, **kwargs) -> BranchingIQNPolicy:
@@ -72,15 +75,25 @@ def test_padding_for_uneven_branches(obs: th.Tensor) -> None:
     assert (policy._predict(obs)[:, 0] < 2).all()
 
 
-def test_bottleneck_default_widths() -> None:
-    assert make_policy().bottleneck_dims == [4, 8, 6, 4]
+def test_bottleneck_default_widths_are_equal() -> None:
+    assert make_policy().bottleneck_dims == [8, 8, 8, 8]
     assert make_policy(spaces.MultiDiscrete([3, 3, 2])).bottleneck_dims == [8, 8, 8]
 
 
+def test_trading_presets_give_the_trading_widths() -> None:
+    assert make_policy(**TRADING_KWARGS).bottleneck_dims == [4, 8, 6, 4]
+
+
 def test_bottleneck_widths_by_name_index_and_sequence() -> None:
-    assert make_policy(bottleneck_dims={"order": 10, 1: 3}).bottleneck_dims == [4, 3, 10, 4]
+    names = presets.BRANCH_NAMES
+    by_name = make_policy(branch_names=names, bottleneck_dims={"order": 10, 1: 3})
+    assert by_name.bottleneck_dims == [8, 3, 10, 8]
+    trading = {**TRADING_KWARGS["bottleneck_dims"], "order": 10, 1: 3}
+    assert make_policy(branch_names=names, bottleneck_dims=trading).bottleneck_dims == [4, 3, 10, 4]
+    assert make_policy(bottleneck_dims={"2": 10}).bottleneck_dims == [8, 8, 10, 8]  # default names "0".."3"
     assert make_policy(bottleneck_dims=[1, 2, 3, 5]).bottleneck_dims == [1, 2, 3, 5]
     assert resolve_bottleneck_dims(2, {0: 5}) == [5, 8]
+    assert resolve_bottleneck_dims(2, {"b": 5}, ["a", "b"]) == [8, 5]
 
 
 def test_bottleneck_output_width_and_values(obs: th.Tensor) -> None:
@@ -188,7 +201,8 @@ def test_gradients_reach_every_online_parameter(obs: th.Tensor) -> None:
 
 def test_state_dict_save_load(tmp_path: Path, obs: th.Tensor) -> None:
     th.manual_seed(8)
-    policy = make_policy(bottleneck_dims={"urgency": 2}, n_quantiles_act=16)
+    widths = {**TRADING_KWARGS["bottleneck_dims"], "urgency": 2}
+    policy = make_policy(branch_names=presets.BRANCH_NAMES, bottleneck_dims=widths, n_quantiles_act=16)
     with th.no_grad():
         policy.popart.update(th.randn(32) * 4 + 1)
     taus = th.rand(6, 5)
@@ -196,11 +210,12 @@ def test_state_dict_save_load(tmp_path: Path, obs: th.Tensor) -> None:
     policy.save(str(path))
     loaded = BranchingIQNPolicy.load(str(path))
     assert loaded.bottleneck_dims == [4, 8, 6, 2] and loaded.n_quantiles_act == 16
+    assert loaded.branch_names == list(presets.BRANCH_NAMES)
     assert th.equal(loaded.popart.sigma, policy.popart.sigma)
     assert th.equal(loaded.q_net.quantiles(obs, taus), policy.q_net.quantiles(obs, taus))
     assert th.equal(loaded._predict(obs), policy._predict(obs))
     # plain state_dict round trip into a freshly initialised policy
-    fresh = make_policy(bottleneck_dims={"urgency": 2}, n_quantiles_act=16)
+    fresh = make_policy(bottleneck_dims=[4, 8, 6, 2], n_quantiles_act=16)
     assert not th.equal(fresh.q_net.c51_logits(obs), policy.q_net.c51_logits(obs))
     fresh.load_state_dict(policy.state_dict())
     assert th.equal(fresh.q_net.c51_logits(obs), policy.q_net.c51_logits(obs))
@@ -221,7 +236,8 @@ def test_set_training_mode() -> None:
         ({"bottleneck_dims": [4, 8, 6]}, "bottleneck_dims"),
         ({"bottleneck_dims": {"volume": 3}}, "'volume'"),
         ({"bottleneck_dims": {4: 3}}, "bottleneck_dims key 4"),
-        ({"bottleneck_dims": {"order": 0}}, "bottleneck_dims\\['order'\\]=0"),
+        ({"branch_names": presets.BRANCH_NAMES, "bottleneck_dims": {"order": 0}},
+         "bottleneck_dims\\['order'\\]=0"),
         ({"bottleneck_dims": [4, -1, 6, 4]}, "bottleneck_dims\\[1\\]=-1"),
         ({"n_market_features": OBS_DIM + 1}, "n_market_features=15"),
         ({"n_market_features": 0}, "n_market_features=0"),
@@ -240,9 +256,13 @@ def test_bad_configs_raise_value_error_naming_the_field(kwargs: dict, field: str
         make_policy(**kwargs)
 
 
-def test_branch_names_only_for_four_branches() -> None:
-    with pytest.raises(ValueError, match="'order'"):
+def test_unknown_branch_names_raise() -> None:
+    with pytest.raises(ValueError, match="'order'"):  # default names "0", "1"
         make_policy(spaces.MultiDiscrete([3, 3]), bottleneck_dims={"order": 4})
+    with pytest.raises(ValueError, match="'order'"):
+        make_policy(spaces.MultiDiscrete([3, 3]), branch_names=["a", "b"], bottleneck_dims={"order": 4})
+    with pytest.raises(ValueError, match="branch_names"):
+        make_policy(spaces.MultiDiscrete([3, 3]), branch_names=["a", "b", "c"])
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from gymnasium import spaces
 from torch import nn
 
 from sb3_her_ext import BranchingIQN, losses
-from sb3_her_ext import policy as policy_module
+from sb3_her_ext import fused as fused_module
 from sb3_her_ext.losses import quantile_huber_loss
 from sb3_her_ext.policy import (
     BranchingIQNPolicy,
@@ -336,7 +336,7 @@ def test_taken_quantiles_in_blocks_and_without_autograd_match_gathering(
     """The taken-action pass in CPU blocks of 2 and 3 samples (5 samples: a partial last block) and in one
     block, with the fused ReLU head and the plain ops of another activation: values and gradients equal
     gathering from the full pass, and the same values under ``no_grad`` (where nothing is kept)."""
-    monkeypatch.setattr(policy_module, "CPU_EMBEDDING_ROWS_PER_BLOCK", rows_per_block)
+    monkeypatch.setattr(fused_module, "CPU_EMBEDDING_ROWS_PER_BLOCK", rows_per_block)
     th.manual_seed(14)
     net = BranchingQNetwork(
         9,
