@@ -4,7 +4,7 @@ Every branch ``b`` explores with its own rate ``ε_b = min(1, ε · mult_b)``, w
 linear schedule (``mult_b`` is 1 unless given). The branches one names (none by default) sample from a
 Boltzmann distribution over their scores instead of taking the argmax. Scores carry an optimism bonus
 ``α · IQR + β · ensemble-std`` whose ``α`` is annealed linearly over training. The selection itself
-is one ``torch.ops.cuda_ext.branch_select`` call; its uniforms are drawn on the device from the
+is one ``cuda_ext.branch_select`` call; its uniforms are drawn on the device from the
 algorithm's generator, so the same seed on the same device gives the same actions.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 import torch as th
 
-import cuda_ext  # noqa: F401  (defines torch.ops.cuda_ext.*)
+import cuda_ext
 from sb3_her_ext.branches import branch_index, default_branch_names
 
 __all__ = [
@@ -113,7 +113,7 @@ def select_actions(
     ensemble_bonus: float,
     generator: th.Generator | None,
 ) -> th.Tensor:
-    """Exploratory actions through ``torch.ops.cuda_ext.branch_select``.
+    """Exploratory actions through ``cuda_ext.branch_select``.
 
     :param q: ``[B, NB, A]`` action values (padded actions ``-inf``).
     :param iqr: ``[B, NB, A]`` quantile IQRs.
@@ -129,15 +129,7 @@ def select_actions(
     batch, n_branches = q.shape[0], q.shape[1]
     u_explore = th.rand((batch, n_branches), generator=generator, device=q.device, dtype=th.float32)
     u_action = th.rand((batch, n_branches), generator=generator, device=q.device, dtype=th.float32)
-    return th.ops.cuda_ext.branch_select(
-        q.float(),
-        iqr.float(),
-        ens_std.float(),
-        n_actions,
-        eps,
-        boltzmann,
-        u_explore,
-        u_action,
-        float(iqr_bonus),
-        float(ensemble_bonus),
+    return cuda_ext.branch_select(
+        q.float(), iqr.float(), ens_std.float(), n_actions=n_actions, eps=eps, boltzmann=boltzmann,
+        u_explore=u_explore, u_action=u_action, alpha=float(iqr_bonus), beta=float(ensemble_bonus),
     )

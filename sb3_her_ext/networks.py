@@ -23,14 +23,14 @@ from collections.abc import Sequence
 import torch as th
 from torch import nn
 
-import cuda_ext  # noqa: F401  (defines torch.ops.cuda_ext.*)
+import cuda_ext
 from sb3_her_ext.fused import TakenQuantileHead, block_samples, blocked_mean_tau_embedding
 from sb3_her_ext.popart import PopArt
 from sb3_her_ext.validation import check_positive
 
 
 def quantile_iqr(samples: th.Tensor) -> th.Tensor:
-    """Inter-quartile range over the last dim via ``torch.ops.cuda_ext.quantile_iqr``.
+    """Inter-quartile range over the last dim via ``cuda_ext.quantile_iqr``.
 
     Not differentiable (an exploration statistic): the samples are detached.
 
@@ -38,7 +38,7 @@ def quantile_iqr(samples: th.Tensor) -> th.Tensor:
     :return: ``[...]`` ``Q(0.75) - Q(0.25)``.
     """
     samples = samples.detach()
-    return th.ops.cuda_ext.quantile_iqr(samples.float().contiguous()).to(samples.dtype)
+    return cuda_ext.quantile_iqr(samples.float().contiguous()).to(samples.dtype)
 
 
 def _taken_logits(logits: th.Tensor, actions: th.Tensor, by_mask: bool) -> th.Tensor:
