@@ -98,27 +98,31 @@ class EpisodeStats:
         if int(window) != window or window < 1:
             raise ValueError(f"window={window!r} must be an integer >= 1")
         self.window = int(window)
-        # one spare slot at the end: where the episodes not kept are written (then ignored)
-        self.returns = th.zeros(self.window + 1, dtype=th.float64, device=device)
-        self.lengths = th.zeros(self.window + 1, dtype=th.int64, device=device)
+        self.returns = th.zeros(self.window, dtype=th.float64, device=device)
+        self.lengths = th.zeros(self.window, dtype=th.int64, device=device)
         self.count = th.zeros((), dtype=th.int64, device=device)
+        self._slots = th.arange(self.window, device=device)
         self.read_count = 0  # the count at the last read (host)
 
     def add(self, done: th.Tensor, episode_return: th.Tensor, episode_length: th.Tensor) -> None:
         """Record the episodes that ended in one vector step, in env order (no host sync).
 
+        Episode number ``count + r`` (``r``: its rank among this step's, in env order) goes to slot
+        ``(count + r) % window``. Each slot gathers the episode of the one rank that lands on it among the
+        last ``window`` ranks (a gather, not a scatter: no duplicate writes, deterministic on every device).
+
         :param done: ``[N]`` bool.
         :param episode_return: ``[N]`` returns (valid where ``done``).
         :param episode_length: ``[N]`` lengths (valid where ``done``).
         """
-        ended = done.to(th.int64)
-        rank = th.cumsum(ended, 0) - ended  # the episode's rank among this step's, in env order
-        total = ended.sum()
-        kept = done & (rank >= total - self.window)  # more than a window's worth: the last ones
-        slot = th.where(kept, (self.count + rank) % self.window, self.window)
-        self.returns.index_put_((slot,), episode_return.to(th.float64))
-        self.lengths.index_put_((slot,), episode_length.to(th.int64))
-        self.count += total
+        ended = th.cumsum(done.to(th.int64), 0)  # [N] episodes ended in this step up to each env
+        total = ended[-1]
+        rank = total - 1 - (self.count + total - 1 - self._slots) % self.window  # [W] the rank landing there
+        env = th.searchsorted(ended, (rank + 1).clamp(min=1)).clamp(max=done.shape[0] - 1)
+        written = rank >= 0
+        self.returns = th.where(written, episode_return.to(th.float64)[env], self.returns)
+        self.lengths = th.where(written, episode_length.to(th.int64)[env], self.lengths)
+        self.count = self.count + total
 
     def read(self) -> tuple[list[tuple[float, int]], int]:
         """The episodes finished since the last read, oldest first (a sync).
@@ -261,7 +265,7 @@ def _flush(model: Any, state: _LoopState, log_interval: int | None) -> tuple[int
     model.ep_info_buffer.extend({"r": r, "l": length, "t": elapsed} for r, length in episodes)
     before = model._episode_num
     model._episode_num = before + n_new
-    counts = state.action_counts.cpu().numpy()
+    counts = state.action_counts.cpu().numpy().copy()  # on a CPU .numpy() shares the memory zeroed below
     state.action_counts.zero_()
     for b, n in enumerate(model.action_dims):
         model.diagnostics._action_counts[b] += counts[b, :n]

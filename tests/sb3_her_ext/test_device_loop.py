@@ -1,0 +1,274 @@
+"""The device collection loop: same replay, parameters, statistics and diagnostics as SB3's loop on the CPU;
+callbacks, progress, save/load; warm-up draws in distribution; on CUDA no host sync inside a vector step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch as th
+from stable_baselines3.common.callbacks import BaseCallback, ProgressBarCallback
+from stable_baselines3.common.evaluation import evaluate_policy
+from stable_baselines3.common.type_aliases import TrainFreq, TrainFrequencyUnit
+
+from foxhunt.device_env import DeviceLOBVecEnv
+from foxhunt.envs import LOBVecEnv
+from sb3_her_ext import BranchingIQN, device_loop
+from sb3_her_ext.device_loop import DeviceLoopSettings, EpisodeStats, configure, supports
+from sb3_her_ext.diagnostics import read_diagnostics
+
+TINY_POLICY = dict(net_arch=[16], n_ensemble=2, n_cos=8, n_quantiles=4, n_quantiles_target=4,
+                   n_quantiles_act=4, n_atoms=11)
+TINY = dict(learning_starts=0, batch_size=16, buffer_size=2000, train_freq=2, target_update_interval=50,
+            policy_kwargs=TINY_POLICY, seed=0, device="cpu", vaccine_interval=2)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """Tiny networks run faster on one thread, above all on a shared 2-core CI machine."""
+    threads = th.get_num_threads()
+    th.set_num_threads(1)
+    yield
+    th.set_num_threads(threads)
+
+
+def make_env(cls: type = DeviceLOBVecEnv, n_envs: int = 4, device: str = "cpu", **kwargs) -> LOBVecEnv:
+    params = dict(seed=0, data="synthetic", num_steps=1500, episode_length=20)
+    return cls(n_envs, device=device, **{**params, **kwargs})
+
+
+class Recorder(BaseCallback):
+    """Counts ``on_step`` calls and the ``num_timesteps`` at each; stops after ``stop_after`` calls."""
+
+    def __init__(self, stop_after: int | None = None) -> None:
+        super().__init__()
+        self.stop_after = stop_after
+        self.seen: list[int] = []
+
+    def _on_step(self) -> bool:
+        self.seen.append(self.num_timesteps)
+        return self.stop_after is None or len(self.seen) < self.stop_after
+
+
+# ---------------------------------------------------------------------- same results as SB3's loop
+
+
+def run(env_cls: type, tmp_path: Path, total: int = 400, **kwargs) -> BranchingIQN:
+    path = tmp_path / f"{env_cls.__name__}.jsonl"
+    model = BranchingIQN("MlpPolicy", make_env(env_cls), diagnostics_path=str(path), diagnostics_interval=40,
+                         **{**TINY, **kwargs})
+    return model.learn(total, log_interval=1)
+
+
+def test_device_loop_equals_sb3_loop_on_the_cpu(tmp_path: Path) -> None:
+    sb3, dev = run(LOBVecEnv, tmp_path), run(DeviceLOBVecEnv, tmp_path)
+    # replay contents, tree, counters and sampling state
+    for name in sb3.replay_buffer._tensor_names():
+        assert th.equal(getattr(sb3.replay_buffer, name), getattr(dev.replay_buffer, name)), name
+    # hindsight counts (the trackers saw the same trajectory)
+    counts = {k: int(v) for k, v in dev.replay_buffer.hindsight_counts.items()}
+    assert counts == {k: int(v) for k, v in sb3.replay_buffer.hindsight_counts.items()}
+    assert counts["relabel"] > 0
+    # the same updates: parameters, PopArt statistics, optimizer state, target network
+    for a, b in zip(sb3.policy.state_dict().values(), dev.policy.state_dict().values(), strict=True):
+        assert th.equal(a, b)
+    opt_sb3, opt_dev = sb3.policy.optimizer.state_dict()["state"], dev.policy.optimizer.state_dict()["state"]
+    assert opt_sb3.keys() == opt_dev.keys()
+    for key in opt_sb3:
+        assert all(th.equal(opt_sb3[key][k], opt_dev[key][k]) for k in opt_sb3[key])
+    assert sb3._n_updates == dev._n_updates > 0 and sb3.num_timesteps == dev.num_timesteps == 400
+    # episode statistics
+    assert sb3._episode_num == dev._episode_num == 20
+    assert [(e["r"], e["l"]) for e in sb3.ep_info_buffer] == [(e["r"], e["l"]) for e in dev.ep_info_buffer]
+    # diagnostics lines, but for wall-clock time and rates
+    lines_sb3 = read_diagnostics(tmp_path / "LOBVecEnv.jsonl")
+    lines_dev = read_diagnostics(tmp_path / "DeviceLOBVecEnv.jsonl")
+    assert len(lines_sb3) == len(lines_dev) == 10
+    for a, b in zip(lines_sb3, lines_dev, strict=True):
+        for key in ("time", "fps"):
+            a.pop(key), b.pop(key)
+        assert a == b
+
+
+def test_the_hook_dispatches_on_the_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    original = device_loop.collect_rollouts
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(device_loop, "collect_rollouts", spy)
+    BranchingIQN("MlpPolicy", make_env(LOBVecEnv, 2), **TINY).learn(20)
+    assert calls == []
+    BranchingIQN("MlpPolicy", make_env(DeviceLOBVecEnv, 2), **TINY).learn(20)
+    assert len(calls) == 5  # 20 steps / 2 envs / train_freq 2
+
+
+def test_supports_only_what_it_can_run() -> None:
+    model = BranchingIQN("MlpPolicy", make_env(), **TINY)
+    steps = TrainFreq(2, TrainFrequencyUnit.STEP)
+    assert supports(model, model.env, steps)
+    assert not supports(model, make_env(LOBVecEnv), steps)
+    assert not supports(model, model.env, TrainFreq(1, TrainFrequencyUnit.EPISODE))
+    assert not supports(model, model.env, steps, action_noise=object())
+
+
+# ---------------------------------------------------------------------- warm-up, statistics, settings
+
+
+def test_warm_up_actions_are_uniform_per_branch() -> None:
+    # SB3 draws warm-up actions with action_space.sample() (numpy); the loop draws them on the device: the
+    # same distribution (independent uniform per branch), other numbers
+    model = SimpleNamespace(_n_actions=th.tensor([3, 2, 5]))
+    generator = th.Generator()
+    generator.manual_seed(0)
+    state = SimpleNamespace(warmup_generator=generator)
+    draws = th.cat([device_loop._random_actions(model, state, 1000) for _ in range(30)])
+    assert draws.dtype == th.int64 and draws.shape == (30_000, 3)
+    for branch, n in enumerate((3, 2, 5)):
+        counts = th.bincount(draws[:, branch], minlength=n).double()
+        assert counts.numel() == n
+        expected = draws.shape[0] / n
+        chi2 = float(((counts - expected) ** 2 / expected).sum())
+        assert chi2 < 25.0  # far beyond the 0.9999 quantile of chi2 with <= 4 degrees of freedom
+
+
+def test_learning_starts_runs_warm_up_then_policy_actions(tmp_path: Path) -> None:
+    model = BranchingIQN("MlpPolicy", make_env(), **{**TINY, "learning_starts": 80})
+    model.learn(200)
+    assert model.num_timesteps == 200 and model._n_updates > 0
+    actions = model.replay_buffer.actions[: model.replay_buffer.size()]
+    assert int(actions.min()) >= 0 and int(actions.max()) <= 2
+
+
+def test_episode_stats_keep_the_last_window_in_order() -> None:
+    stats = EpisodeStats(4, th.device("cpu"))
+    done = th.tensor([True, False, True])
+    stats.add(done, th.tensor([1.0, 9.0, 2.0]), th.tensor([10, 90, 20]))
+    assert stats.read() == ([(1.0, 10), (2.0, 20)], 2)
+    assert stats.read() == ([], 0)
+    # six episodes end in one step: the window keeps the last four, the count all six
+    stats.add(th.ones(6, dtype=th.bool), th.arange(3.0, 9.0), th.arange(30, 90, 10))
+    stats.add(th.tensor([False, True, False]), th.tensor([0.0, 9.0, 0.0]), th.tensor([0, 90, 0]))
+    episodes, n_new = stats.read()
+    assert n_new == 7 and episodes == [(6.0, 60), (7.0, 70), (8.0, 80), (9.0, 90)]
+    with pytest.raises(ValueError, match="window"):
+        EpisodeStats(0, th.device("cpu"))
+
+
+def test_episode_stats_match_a_python_reference() -> None:
+    rng = np.random.default_rng(0)
+    stats, reference = EpisodeStats(5, th.device("cpu")), []
+    for step in range(40):
+        n = int(rng.integers(1, 9))
+        done = rng.random(n) < rng.choice([0.0, 0.3, 1.0])
+        returns, lengths = rng.normal(size=n), rng.integers(1, 100, n)
+        stats.add(th.from_numpy(done), th.from_numpy(returns), th.from_numpy(lengths))
+        new = [(float(returns[i]), int(lengths[i])) for i in np.flatnonzero(done)]
+        reference += new
+        if step % 3 == 0:
+            episodes, n_new = stats.read()
+            pending = reference[len(reference) - n_new:] if n_new else []
+            assert episodes == pending[-5:]
+    assert int(stats.count) == len(reference)
+
+
+@pytest.mark.parametrize("kwargs,field", [({"callback_stride": 0}, "callback_stride"),
+                                          ({"callback_stride": 1.5}, "callback_stride"),
+                                          ({"stats_interval": 0}, "stats_interval")])
+def test_bad_settings_name_field_and_value(kwargs: dict, field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        DeviceLoopSettings(**kwargs)
+
+
+def test_callback_stride_and_progress_bar(monkeypatch: pytest.MonkeyPatch) -> None:
+    counts: list[int] = []
+    end = ProgressBarCallback._on_training_end
+
+    def record_then_end(self: ProgressBarCallback) -> None:
+        counts.append(self.pbar.n)
+        end(self)
+
+    monkeypatch.setattr(ProgressBarCallback, "_on_training_end", record_then_end)
+    model = BranchingIQN("MlpPolicy", make_env(), **TINY)
+    configure(model, callback_stride=3)
+    recorder = Recorder()
+    model.learn(120, callback=recorder, progress_bar=True)  # 30 vector steps of 4 books
+    assert recorder.n_calls == 10 and recorder.seen == list(range(12, 121, 12))
+    configure(model, callback_stride=7)  # 30 is no multiple of 7: the bar still reaches the total
+    recorder = Recorder()
+    model.learn(120, callback=recorder, progress_bar=True)
+    assert recorder.n_calls == 4 and recorder.seen == [28, 56, 84, 112]
+    assert counts == [120, 120]
+
+
+def test_a_callback_can_stop_training_as_in_sb3s_loop() -> None:
+    # SB3 stores nothing of the step at which a callback stopped: same buffer in both loops
+    buffers = []
+    for env_cls in (LOBVecEnv, DeviceLOBVecEnv):
+        model = BranchingIQN("MlpPolicy", make_env(env_cls), **TINY)
+        recorder = Recorder(stop_after=3)
+        model.learn(400, callback=recorder)
+        assert recorder.seen == [4, 8, 12] and model.num_timesteps == 12
+        buffers.append(model.replay_buffer)
+    assert buffers[0].size() == buffers[1].size() >= 8
+    assert th.equal(buffers[0].observations, buffers[1].observations)
+
+
+def test_save_load_evaluate_and_continue(tmp_path: Path) -> None:
+    model = BranchingIQN("MlpPolicy", make_env(), **TINY).learn(80)
+    model.save(tmp_path / "model.zip")
+    loaded = BranchingIQN.load(tmp_path / "model.zip", env=make_env(seed=1))
+    obs = model.env.reset()
+    expected = model.predict(obs, deterministic=True)[0]
+    assert np.array_equal(loaded.predict(obs, deterministic=True)[0], expected)
+    mean, _ = evaluate_policy(loaded, loaded.env, n_eval_episodes=4)
+    assert np.isfinite(mean)
+    loaded.learn(40, reset_num_timesteps=False)
+    assert loaded.num_timesteps == 120
+
+
+# ---------------------------------------------------------------------- CUDA
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cuda_graph", [False, True])
+def test_no_host_sync_inside_a_vector_step_on_cuda(cuda_graph: bool) -> None:
+    env = make_env(n_envs=64, device="cuda", cuda_graph=True)
+    model = BranchingIQN("MlpPolicy", env, **{**TINY, "device": "cuda", "cuda_graph": cuda_graph,
+                                              "diagnostics_interval": 10**9, "buffer_size": 10_000})
+    configure(model, stats_interval=10**9)
+    model.learn(64 * 20)  # warm-up: buffers, graphs (env and gradient steps) captured
+    assert model._n_updates > 0
+    if cuda_graph:
+        assert model._graphed_step.replays > 0
+    model._total_timesteps = 10**9  # no end-of-training flush inside the checked steps
+    callback = model._init_callback(None)
+    freq = TrainFreq(1, TrainFrequencyUnit.STEP)
+    th.cuda.synchronize()
+    th.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(5):
+            device_loop.collect_rollouts(model, env, callback, freq, model.replay_buffer, 0, None)
+            if cuda_graph:  # a graphed gradient step between vector steps: no sync either
+                model.train(gradient_steps=1, batch_size=model.batch_size)
+    finally:
+        th.cuda.set_sync_debug_mode("default")
+    model.train(gradient_steps=1, batch_size=model.batch_size)
+    assert model.num_timesteps == 64 * 25
+
+
+@pytest.mark.gpu
+def test_device_loop_on_cuda_learns_and_logs(tmp_path: Path) -> None:
+    env = make_env(n_envs=256, device="cuda", cuda_graph=True)
+    model = BranchingIQN("MlpPolicy", env, **{**TINY, "device": "cuda", "cuda_graph": True,
+                                              "buffer_size": 50_000, "batch_size": 64},
+                         diagnostics_path=str(tmp_path / "diag.jsonl"), diagnostics_interval=256 * 50)
+    model.learn(256 * 200, log_interval=10)
+    assert model._graphed_step.replays > 0 and model._episode_num == 256 * 200 // 20
+    assert len(model.ep_info_buffer) == 100 and all(e["l"] == 20 for e in model.ep_info_buffer)
+    lines = read_diagnostics(tmp_path / "diag.jsonl")
+    assert len(lines) == 4 and all(np.isfinite(line["loss"]) for line in lines)
