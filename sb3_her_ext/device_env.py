@@ -9,8 +9,10 @@ and no host sync:
 * :meth:`DeviceVecEnv.step_tensors`: one vector step on ``[N, NB]`` int64 actions, with same-step
   autoreset, returning a :class:`DeviceStep`.
 
-Duck-typed (``isinstance(env, DeviceVecEnv)`` checks the members' presence): ``sb3_her_ext`` never imports
-an env package; ``foxhunt.device_env.DeviceLOBVecEnv`` is the foxenv implementation.
+Duck-typed: ``sb3_her_ext`` never imports an env package; ``foxhunt.device_env.DeviceLOBVecEnv`` is the
+foxenv implementation. Test with :func:`is_device_vec_env`, not ``isinstance`` alone: SB3's
+``VecEnvWrapper`` forwards unknown attributes to the env it wraps, so a ``VecNormalize`` around a device env
+would pass ``isinstance`` while its tensor face would bypass the wrapper.
 """
 
 from __future__ import annotations
@@ -73,3 +75,15 @@ class DeviceVecEnv(Protocol):
         :return: the step's tensors.
         """
         ...
+
+
+def is_device_vec_env(env: object) -> bool:
+    """Whether ``env`` itself implements :class:`DeviceVecEnv`: the protocol's members present and its methods
+    defined by ``env``'s class (a wrapper that forwards attributes to a device env is not one).
+
+    :param env: any env.
+    :return: True for a device vector env.
+    """
+    return isinstance(env, DeviceVecEnv) and all(
+        callable(getattr(type(env), name, None)) for name in ("current_obs", "step_tensors")
+    )

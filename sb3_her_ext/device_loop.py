@@ -55,7 +55,7 @@ from stable_baselines3.common.callbacks import BaseCallback, CallbackList, Progr
 from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.type_aliases import RolloutReturn, TrainFreq, TrainFrequencyUnit
 
-from sb3_her_ext.device_env import DeviceVecEnv
+from sb3_her_ext.device_env import DeviceVecEnv, is_device_vec_env
 from sb3_her_ext.exploration import branch_epsilons, select_actions
 from sb3_her_ext.replay import PrioritizedHindsightReplayBuffer
 
@@ -179,12 +179,13 @@ def supports(model: OffPolicyAlgorithm, env: Any, train_freq: TrainFreq, action_
     :param env: its (vectorized) env.
     :param train_freq: the rollout length.
     :param action_noise: SB3's action noise (must be None).
-    :return: True for a :class:`~sb3_her_ext.device_env.DeviceVecEnv` on the model's device, a
+    :return: True for a :class:`~sb3_her_ext.device_env.DeviceVecEnv` (:func:`is_device_vec_env`: not a
+        wrapper of one) on the model's device, a
         :class:`~sb3_her_ext.replay.PrioritizedHindsightReplayBuffer`, ``train_freq`` in steps, no action
         noise and no ``VecNormalize``.
     """
     return (
-        isinstance(env, DeviceVecEnv)
+        is_device_vec_env(env)
         and th.device(env.device).type == model.device.type
         and isinstance(model.replay_buffer, PrioritizedHindsightReplayBuffer)
         and train_freq.unit == TrainFrequencyUnit.STEP

@@ -9,13 +9,17 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch as th
+from gymnasium import spaces
 from stable_baselines3.common.callbacks import BaseCallback, ProgressBarCallback
 from stable_baselines3.common.evaluation import evaluate_policy
+from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.type_aliases import TrainFreq, TrainFrequencyUnit
+from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper, VecFrameStack
 
 from foxhunt.device_env import DeviceLOBVecEnv
 from foxhunt.envs import LOBVecEnv
 from sb3_her_ext import BranchingIQN, device_loop
+from sb3_her_ext.device_env import DeviceStep
 from sb3_her_ext.device_loop import DeviceLoopSettings, EpisodeStats, configure, supports
 from sb3_her_ext.diagnostics import read_diagnostics
 
@@ -112,8 +116,126 @@ def test_supports_only_what_it_can_run() -> None:
     steps = TrainFreq(2, TrainFrequencyUnit.STEP)
     assert supports(model, model.env, steps)
     assert not supports(model, make_env(LOBVecEnv), steps)
+    assert not supports(model, VecFrameStack(model.env, 2), steps)  # forwards step_tensors, but is a wrapper
     assert not supports(model, model.env, TrainFreq(1, TrainFrequencyUnit.EPISODE))
     assert not supports(model, model.env, steps, action_noise=object())
+
+
+class ToyDeviceEnv(VecEnv):
+    """A contextual bandit with both faces, no foxhunt: reward 1 when branch 0's action is 2 where
+    ``obs[0] > 0`` and 0 elsewhere; episodes of ``horizon`` steps (timeouts). The numpy face runs on the
+    tensor face, so both loops see the same trajectory for the same actions."""
+
+    def __init__(self, n_envs: int, device: str = "cpu", seed: int = 0, horizon: int = 8) -> None:
+        self.render_mode = None
+        super().__init__(n_envs, spaces.Box(-1.0, 1.0, (4,), np.float32), spaces.MultiDiscrete([3, 3]))
+        self.device = th.device(device)
+        self.generator = th.Generator(device=self.device).manual_seed(seed)
+        self.horizon = horizon
+        self._t = th.zeros(n_envs, dtype=th.int64, device=self.device)
+        self._return = th.zeros(n_envs, dtype=th.float64, device=self.device)
+        self._obs = self._draw()
+        self._actions: th.Tensor | None = None
+
+    def _draw(self) -> th.Tensor:
+        return th.rand((self.num_envs, 4), generator=self.generator, device=self.device) * 2 - 1
+
+    def current_obs(self) -> th.Tensor:
+        return self._obs
+
+    def step_tensors(self, actions: th.Tensor) -> DeviceStep:
+        target = th.where(self._obs[:, 0] > 0, 2, 0)
+        reward = (actions[:, 0] == target).float()
+        self._obs = self._draw()
+        length = self._t + 1
+        episode_return = self._return + reward.double()
+        done = length >= self.horizon
+        self._t, self._return = length.masked_fill(done, 0), episode_return.masked_fill(done, 0.0)
+        return DeviceStep(self._obs, reward, done, self._obs, {"TimeLimit.truncated": done}, episode_return,
+                          length)
+
+    def reset(self) -> np.ndarray:
+        self._t.zero_()
+        self._return.zero_()
+        self._obs = self._draw()
+        return self._obs.cpu().numpy().copy()
+
+    def step_async(self, actions: np.ndarray) -> None:
+        self._actions = th.as_tensor(actions, device=self.device)
+
+    def step_wait(self) -> tuple:
+        step = self.step_tensors(self._actions)
+        done = step.done.cpu().numpy()
+        infos: list[dict] = [{} for _ in range(self.num_envs)]
+        for i in np.flatnonzero(done):
+            infos[i] = {"terminal_observation": step.final_obs[i].cpu().numpy(), "TimeLimit.truncated": True,
+                        "episode": {"r": float(step.episode_return[i]), "l": int(step.episode_length[i]),
+                                    "t": 0.0}}
+        return step.obs.cpu().numpy().copy(), step.reward.cpu().numpy().copy(), done, infos
+
+    def close(self) -> None:
+        pass
+
+    def get_attr(self, attr_name: str, indices=None) -> list:
+        if not hasattr(self, attr_name):
+            raise AttributeError(attr_name)
+        return [getattr(self, attr_name)] * len(self._get_indices(indices))
+
+    def set_attr(self, attr_name: str, value, indices=None) -> None:
+        setattr(self, attr_name, value)
+
+    def env_method(self, method_name: str, *args, indices=None, **kwargs) -> list:
+        raise AttributeError(method_name)
+
+    def env_is_wrapped(self, wrapper_class: type, indices=None) -> list[bool]:
+        return [wrapper_class is Monitor] * len(self._get_indices(indices))
+
+
+class NumpyOnly(VecEnvWrapper):
+    """The toy env's numpy face only (SB3's loop)."""
+
+    def reset(self) -> np.ndarray:
+        return self.venv.reset()
+
+    def step_wait(self) -> tuple:
+        return self.venv.step_wait()
+
+
+TOY = dict(learning_starts=256, batch_size=64, buffer_size=20_000, train_freq=1, target_update_interval=200,
+           gamma=0.5, learning_rate=1e-3, policy_kwargs=dict(TINY_POLICY, net_arch=[32]), seed=0,
+           device="cpu", exploration_fraction=0.2, vaccine_interval=0)
+
+
+def greedy_accuracy(model: BranchingIQN) -> float:
+    obs = np.random.default_rng(1).uniform(-1, 1, (2000, 4)).astype(np.float32)
+    actions = model.predict(obs, deterministic=True)[0]
+    return float(np.mean(actions[:, 0] == np.where(obs[:, 0] > 0, 2, 0)))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_toy_device_env_learns_as_well_as_through_sb3s_loop(device: str) -> None:
+    # the protocol without foxhunt; learning_starts > 0, so the warm-up actions (and all after) differ
+    kwargs = {**TOY, "device": device}
+    device_model = BranchingIQN("MlpPolicy", ToyDeviceEnv(16, device), **kwargs).learn(6144)
+    numpy_model = BranchingIQN("MlpPolicy", NumpyOnly(ToyDeviceEnv(16, device)), **kwargs).learn(6144)
+    assert supports(device_model, device_model.env, device_model.train_freq)
+    assert not supports(numpy_model, numpy_model.env, numpy_model.train_freq)
+    device_accuracy, numpy_accuracy = greedy_accuracy(device_model), greedy_accuracy(numpy_model)
+    assert device_accuracy > 0.9 and numpy_accuracy > 0.9
+    # both loops count the same episodes and see the same mean return range
+    assert device_model._episode_num == numpy_model._episode_num == 6144 // 8
+    assert abs(np.mean([e["r"] for e in device_model.ep_info_buffer])
+               - np.mean([e["r"] for e in numpy_model.ep_info_buffer])) < 1.0
+
+
+def test_a_toy_device_env_gives_sb3s_replay_without_warm_up() -> None:
+    kwargs = {**TOY, "learning_starts": 0}
+    device_model = BranchingIQN("MlpPolicy", ToyDeviceEnv(8), **kwargs).learn(400)
+    numpy_model = BranchingIQN("MlpPolicy", NumpyOnly(ToyDeviceEnv(8)), **kwargs).learn(400)
+    for name in ("observations", "next_observations", "actions", "rewards", "dones", "tree"):
+        assert th.equal(getattr(device_model.replay_buffer, name), getattr(numpy_model.replay_buffer, name))
+    for a, b in zip(device_model.policy.parameters(), numpy_model.policy.parameters(), strict=True):
+        assert th.equal(a, b)
 
 
 # ---------------------------------------------------------------------- warm-up, statistics, settings
