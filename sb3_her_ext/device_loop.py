@@ -223,10 +223,11 @@ def _state(model: Any, device: th.device) -> _LoopState:
         state.vector_steps = state.steps_since_callback = 0
         state.last_stats_step = model.num_timesteps
         state.start_time = time.time()
-    if state.action_counts is None or state.action_counts.device != device:
+    # made once: a model's device does not change (and "cuda" != "cuda:0" as devices, so never compare them)
+    if state.action_counts is None:
         state.action_counts = th.zeros(len(model.action_dims), max(model.action_dims), dtype=th.int64,
                                        device=device)
-    if state.warmup_generator is None or state.warmup_generator.device != device:
+    if state.warmup_generator is None:
         state.warmup_generator = th.Generator(device=device)
         seed = model.seed if model.seed is not None else int(np.random.randint(2**31))
         state.warmup_generator.manual_seed(int(seed) + 1)  # a stream of its own: not the selection's

@@ -394,3 +394,5 @@ def test_device_loop_on_cuda_learns_and_logs(tmp_path: Path) -> None:
     assert len(model.ep_info_buffer) == 100 and all(e["l"] == 20 for e in model.ep_info_buffer)
     lines = read_diagnostics(tmp_path / "diag.jsonl")
     assert len(lines) == 4 and all(np.isfinite(line["loss"]) for line in lines)
+    for line in lines:  # the device-side action counts reached every line
+        assert all(sum(mix) == pytest.approx(1.0, abs=1e-5) for mix in line["action_mix"].values())
