@@ -19,7 +19,9 @@ the way alike for all (``log_interval`` beyond the run; BranchingIQN's diagnosti
 Timing: a warm-up ``learn`` past ``learning_starts`` (compiles, graph captures and the first gradient steps
 fall there), a short pilot ``learn`` that sizes the timed one to about ``--seconds``, then the timed
 ``learn(reset_num_timesteps=False)``, synchronised on CUDA. ``env_steps_per_s`` is its env steps over its wall
-time; ``over_sb3_dqn`` divides it by SB3 DQN's at the same books, device and replay ratio.
+time; ``over_sb3_dqn`` divides it by SB3 DQN's at the same books, device and replay ratio. Then the same
+model collects alone (``gradient_steps=0``): ``collect_only_env_steps_per_s`` is the loop's own rate, and
+``ms_per_gradient_step`` what each gradient step added on top (the learner's share of the wall time).
 
 Usage::
 
@@ -160,9 +162,27 @@ def time_row(model: Any, books: int, train_freq: int, gradient_steps: int, devic
     sync()
     elapsed = time.perf_counter() - start
     grad_steps = model._n_updates - updates
+    # the same loop without its gradient steps: what collecting alone costs (the rest is the learner's)
+    gradient_steps_before, model.gradient_steps = model.gradient_steps, 0
+    try:
+        start = time.perf_counter()
+        model.learn(pilot, reset_num_timesteps=False, log_interval=10**9)
+        sync()
+        collect_pilot_rate = pilot / max(time.perf_counter() - start, 1e-9)
+        collect_timed = max(2, math.ceil(seconds * collect_pilot_rate / cycle)) * cycle
+        start = time.perf_counter()
+        model.learn(collect_timed, reset_num_timesteps=False, log_interval=10**9)
+        sync()
+        collect_rate = collect_timed / (time.perf_counter() - start)
+    finally:
+        model.gradient_steps = gradient_steps_before
     return {"env_steps": timed, "timed_gradient_steps": grad_steps, "seconds": elapsed,
             "warmup_seconds": warm_seconds, "env_steps_per_s": timed / elapsed,
-            "grad_steps_per_s": grad_steps / elapsed}
+            "grad_steps_per_s": grad_steps / elapsed, "collect_only_env_steps_per_s": collect_rate,
+            # wall time per gradient step once collecting is taken out: the learner's share
+            "ms_per_gradient_step": (
+                1e3 * (elapsed - timed / collect_rate) / grad_steps if grad_steps else None
+            )}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -207,17 +227,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def print_table(result: dict[str, Any]) -> None:
     """The rows as a Markdown table."""
-    print("\n| device | books | row | env-steps/s | grad steps/s | train_freq x grad steps | ratio | "
-          "/ SB3 DQN |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("\n| device | books | row | env-steps/s | / SB3 DQN | collect only | ms / grad step | "
+          "train_freq x grad steps | ratio |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for row in result["rows"]:
         if "env_steps_per_s" not in row:
-            print(f"| {row['device']} | {row['books']} | {row['row']} | skipped | | | | |")
+            print(f"| {row['device']} | {row['books']} | {row['row']} | skipped | | | | | |")
             continue
         over = f"{row['over_sb3_dqn']:.2f}x" if row["over_sb3_dqn"] is not None else "-"
-        print(f"| {row['device']} | {row['books']} | {row['row']} | {row['env_steps_per_s']:,.0f} | "
-              f"{row['grad_steps_per_s']:.1f} | {row['train_freq']} x {row['gradient_steps']} | "
-              f"{row['replay_ratio']:.3f} | {over} |")
+        grad_ms = f"{row['ms_per_gradient_step']:.1f}" if row["ms_per_gradient_step"] is not None else "-"
+        print(f"| {row['device']} | {row['books']} | {row['row']} | {row['env_steps_per_s']:,.0f} | {over} | "
+              f"{row['collect_only_env_steps_per_s']:,.0f} | {grad_ms} | "
+              f"{row['train_freq']} x {row['gradient_steps']} | {row['replay_ratio']:.3f} |")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

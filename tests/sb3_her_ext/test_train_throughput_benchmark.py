@@ -69,4 +69,5 @@ def test_quick_run_writes_every_row_with_its_ratio_to_sb3_dqn(tmp_path: Path) ->
         if "skipped" in row:  # QR-DQN without sb3-contrib
             continue
         assert row["env_steps_per_s"] > 0 and row["replay_ratio"] == 0.25 and row["timed_gradient_steps"] > 0
+        assert row["collect_only_env_steps_per_s"] > 0
         assert row["over_sb3_dqn"] == pytest.approx(row["env_steps_per_s"] / dqn["env_steps_per_s"])
