@@ -327,6 +327,46 @@ def test_callback_stride_and_progress_bar(monkeypatch: pytest.MonkeyPatch) -> No
     assert counts == [120, 120]
 
 
+class EpisodeWatcher(BaseCallback):
+    """Records ``(num_timesteps, _episode_num)`` at each ``on_step``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[int, int]] = []
+
+    def _on_step(self) -> bool:
+        self.seen.append((self.num_timesteps, self.model._episode_num))
+        return True
+
+
+def test_episode_stats_reach_the_host_only_at_flush_points() -> None:
+    model = BranchingIQN("MlpPolicy", make_env(episode_length=5), **{**TINY, "diagnostics_interval": 10**6})
+    configure(model, stats_interval=40)  # every 10 vector steps of 4 books
+    watcher = EpisodeWatcher()
+    model.learn(200, callback=watcher)
+    # the callback runs before the step's flush: it sees the counts of the flush 10 steps before
+    for timesteps, episodes in watcher.seen:
+        flushed_at = (timesteps - 4) // 40 * 40  # the last flush before this step's bookkeeping
+        assert episodes == 4 * (flushed_at // 4 // 5), (timesteps, episodes)
+    assert model._episode_num == 40 and len(model.ep_info_buffer) == 40  # the end of training flushes
+
+
+def test_logs_are_dumped_with_the_episode_statistics(tmp_path: Path) -> None:
+    from stable_baselines3.common.logger import configure as configure_logger
+
+    model = BranchingIQN("MlpPolicy", make_env(episode_length=5), **{**TINY, "diagnostics_interval": 40})
+    model.set_logger(configure_logger(str(tmp_path), ["csv"]))
+    model.learn(200, log_interval=8)
+    lines = (tmp_path / "progress.csv").read_text().splitlines()
+    header = lines[0].split(",")
+    rows = [dict(zip(header, line.split(","), strict=True)) for line in lines[1:]]
+    assert len(rows) == 5  # 40 episodes, a dump each time the count crosses a multiple of 8 at a flush
+    last = rows[-1]
+    mean_return = np.mean([e["r"] for e in model.ep_info_buffer])
+    assert float(last["rollout/ep_rew_mean"]) == pytest.approx(mean_return)
+    assert float(last["rollout/ep_len_mean"]) == 5.0 and int(last["time/episodes"]) == 40
+
+
 def test_a_callback_can_stop_training_as_in_sb3s_loop() -> None:
     # SB3 stores nothing of the step at which a callback stopped: same buffer in both loops
     buffers = []
