@@ -124,18 +124,24 @@ class EpisodeStats:
         self.lengths = th.where(written, episode_length.to(th.int64)[env], self.lengths)
         self.count = self.count + total
 
-    def read(self) -> tuple[list[tuple[float, int]], int]:
-        """The episodes finished since the last read, oldest first (a sync).
+    def read(self, also: th.Tensor | None = None) -> tuple[list[tuple[float, int]], int, np.ndarray]:
+        """The episodes finished since the last read, oldest first: one device-to-host copy (a sync).
 
-        :return: ``([(return, length), ...] of the last at most ``window`` of them, how many finished)``.
+        :param also: more numbers to bring over in the same copy (as float64: exact below 2**53).
+        :return: ``([(return, length), ...]`` of the last at most ``window`` of them, how many finished,
+            ``also``'s values flattened (empty without it)).
         """
-        count = int(self.count)
-        first = max(self.read_count, count - self.window)
+        parts = [self.count.reshape(1).to(th.float64), self.returns, self.lengths.to(th.float64)]
+        if also is not None:
+            parts.append(also.reshape(-1).to(th.float64))
+        host = th.cat(parts).cpu().numpy()
+        window = self.window
+        count = int(host[0])
+        returns, lengths = host[1 : 1 + window].tolist(), host[1 + window : 1 + 2 * window].astype(np.int64)
+        first = max(self.read_count, count - window)
         n_new, self.read_count = count - self.read_count, count
-        if count == first:
-            return [], n_new
-        returns, lengths = self.returns.tolist(), self.lengths.tolist()
-        return [(returns[k % self.window], lengths[k % self.window]) for k in range(first, count)], n_new
+        episodes = [(returns[k % window], int(lengths[k % window])) for k in range(first, count)]
+        return episodes, n_new, host[1 + 2 * window :].copy()
 
 
 @dataclass
@@ -262,12 +268,12 @@ def _flush(model: Any, state: _LoopState, log_interval: int | None) -> tuple[int
     :return: ``(episodes ended since the last flush, whether the logs are due)``.
     """
     assert state.stats is not None and state.action_counts is not None
-    episodes, n_new = state.stats.read()
+    episodes, n_new, counts = state.stats.read(also=state.action_counts)  # the interval's one sync
+    counts = counts.astype(np.int64).reshape(state.action_counts.shape)
     elapsed = round(time.time() - state.start_time, 6)
     model.ep_info_buffer.extend({"r": r, "l": length, "t": elapsed} for r, length in episodes)
     before = model._episode_num
     model._episode_num = before + n_new
-    counts = state.action_counts.cpu().numpy().copy()  # on a CPU .numpy() shares the memory zeroed below
     state.action_counts.zero_()
     for b, n in enumerate(model.action_dims):
         model.diagnostics._action_counts[b] += counts[b, :n]

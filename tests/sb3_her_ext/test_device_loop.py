@@ -270,12 +270,13 @@ def test_episode_stats_keep_the_last_window_in_order() -> None:
     stats = EpisodeStats(4, th.device("cpu"))
     done = th.tensor([True, False, True])
     stats.add(done, th.tensor([1.0, 9.0, 2.0]), th.tensor([10, 90, 20]))
-    assert stats.read() == ([(1.0, 10), (2.0, 20)], 2)
-    assert stats.read() == ([], 0)
+    assert stats.read()[:2] == ([(1.0, 10), (2.0, 20)], 2)
+    assert stats.read()[:2] == ([], 0)
     # six episodes end in one step: the window keeps the last four, the count all six
     stats.add(th.ones(6, dtype=th.bool), th.arange(3.0, 9.0), th.arange(30, 90, 10))
     stats.add(th.tensor([False, True, False]), th.tensor([0.0, 9.0, 0.0]), th.tensor([0, 90, 0]))
-    episodes, n_new = stats.read()
+    episodes, n_new, also = stats.read(also=th.tensor([[3, 4], [5, 6]]))
+    assert also.tolist() == [3.0, 4.0, 5.0, 6.0]
     assert n_new == 7 and episodes == [(6.0, 60), (7.0, 70), (8.0, 80), (9.0, 90)]
     with pytest.raises(ValueError, match="window"):
         EpisodeStats(0, th.device("cpu"))
@@ -292,7 +293,7 @@ def test_episode_stats_match_a_python_reference() -> None:
         new = [(float(returns[i]), int(lengths[i])) for i in np.flatnonzero(done)]
         reference += new
         if step % 3 == 0:
-            episodes, n_new = stats.read()
+            episodes, n_new, _ = stats.read()
             pending = reference[len(reference) - n_new:] if n_new else []
             assert episodes == pending[-5:]
     assert int(stats.count) == len(reference)
