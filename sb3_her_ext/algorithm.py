@@ -489,6 +489,22 @@ class BranchingIQN(OffPolicyAlgorithm):
             actions_np = actions_np.squeeze(axis=0)
         return actions_np, state
 
+    # ---- device loop hook (issue 14): a DeviceVecEnv collects on the device (sb3_her_ext.device_loop),
+    # ---- every other env through SB3's loop unchanged
+    def collect_rollouts(self, env: VecEnv, callback: Any, train_freq: Any, replay_buffer: ReplayBuffer,
+                         action_noise: Any = None, learning_starts: int = 0,
+                         log_interval: int | None = None) -> Any:
+        """SB3's ``collect_rollouts``, or :func:`sb3_her_ext.device_loop.collect_rollouts` when ``env`` is a
+        :class:`~sb3_her_ext.device_env.DeviceVecEnv` it supports."""
+        from sb3_her_ext import device_loop
+
+        if device_loop.supports(self, env, train_freq, action_noise):
+            return device_loop.collect_rollouts(self, env, callback, train_freq, replay_buffer,
+                                                learning_starts, log_interval)
+        return super().collect_rollouts(env, callback, train_freq, replay_buffer, action_noise,
+                                        learning_starts, log_interval)
+    # ---- end of the device loop hook
+
     def _store_transition(
         self,
         replay_buffer: ReplayBuffer,

@@ -1,0 +1,284 @@
+"""Environment steps per second WITH learning: BranchingIQN's device loop against SB3's numpy loop and peers.
+
+Rows, at each number of books and device:
+
+* ``BranchingIQN device loop``: ``DeviceLOBVecEnv`` (tensor face; on CUDA its step CUDA-graphed with the
+  autoreset, and the model's gradient steps graphed, ``cuda_graph=True``), collected by
+  :mod:`sb3_her_ext.device_loop`;
+* ``BranchingIQN SB3 loop``: the same model on ``LOBVecEnv`` (SB3's numpy ``collect_rollouts``);
+* ``SB3 DQN`` and ``sb3-contrib QR-DQN``: on the same ``LOBVecEnv`` with the 81 joint actions of
+  ``MultiDiscrete([3, 3, 3, 3])`` flattened to ``Discrete(81)`` by :class:`FlatActions`.
+
+Every row: the same market data, hidden widths (``--widths``), batch size and replay ratio (samples trained
+per env step, ``--replay-ratio``): ``gradient_steps / train_freq = ratio * books / batch`` (``train_freq`` in
+vector steps; the realised ratio is recorded). QR-DQN gets BranchingIQN's quantile count. BranchingIQN keeps
+its other defaults (5 ensemble heads, IQN + C51, GradVac, prioritized hindsight replay). Logging is out of
+the way alike for all (``log_interval`` beyond the run; BranchingIQN's diagnostics line every
+``--diagnostics-interval`` env steps).
+
+Timing: a warm-up ``learn`` past ``learning_starts`` (compiles, graph captures and the first gradient steps
+fall there), a short pilot ``learn`` that sizes the timed one to about ``--seconds``, then the timed
+``learn(reset_num_timesteps=False)``, synchronised on CUDA. ``env_steps_per_s`` is its env steps over its wall
+time; ``over_sb3_dqn`` divides it by SB3 DQN's at the same books, device and replay ratio. Then the same
+model collects alone (``gradient_steps=0``): ``collect_only_env_steps_per_s`` is the loop's own rate, and
+``ms_per_gradient_step`` what each gradient step added on top (the learner's share of the wall time).
+
+Usage::
+
+    python benchmarks/train_throughput.py --device cpu --books 16 256
+    python benchmarks/train_throughput.py --device cuda --books 16 256 4096 65536
+    python benchmarks/train_throughput.py --quick      # small widths, batch and times (a smoke run)
+
+Prints a table and writes ``benchmarks/results/train_throughput.json`` (or ``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _common.py beside this file
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's packages
+from _common import default_out, machine_info, peer_missing, synchronizer, write_json  # noqa: E402
+
+RESULTS = default_out("train_throughput")
+NVEC = (3, 3, 3, 3)
+ROWS = ("BranchingIQN device loop", "BranchingIQN SB3 loop", "SB3 DQN", "sb3-contrib QR-DQN")
+
+
+class FlatActions(VecEnvWrapper):
+    """``Discrete(prod(nvec))`` actions for a ``MultiDiscrete(nvec)`` VecEnv: a flat index → one digit per
+    branch (the first branch the most significant).
+
+    :param venv: the env with ``MultiDiscrete`` actions.
+    """
+
+    def __init__(self, venv: VecEnv) -> None:
+        self.nvec = np.asarray(venv.action_space.nvec, dtype=np.int64)
+        super().__init__(venv, action_space=spaces.Discrete(int(np.prod(self.nvec))))
+        # place value of each branch's digit
+        self.place = np.concatenate([np.cumprod(self.nvec[::-1])[::-1][1:], [1]]).astype(np.int64)
+
+    def step_async(self, actions: np.ndarray) -> None:
+        """Unflatten and pass on.
+
+        :param actions: ``[n_envs]`` flat actions.
+        """
+        flat = np.asarray(actions, dtype=np.int64).reshape(-1, 1)
+        self.venv.step_async((flat // self.place) % self.nvec)
+
+    def step_wait(self) -> Any:
+        """:return: the wrapped env's step."""
+        return self.venv.step_wait()
+
+    def reset(self) -> Any:
+        """:return: the wrapped env's reset."""
+        return self.venv.reset()
+
+
+def schedule(books: int, batch: int, replay_ratio: float) -> tuple[int, int, float]:
+    """``(train_freq, gradient_steps, realised ratio)`` for ``ratio * books / batch`` gradient steps per
+    vector step.
+
+    :param books: envs per vector step.
+    :param batch: samples per gradient step.
+    :param replay_ratio: samples trained per env step; > 0.
+    :return: vector steps per train call, gradient steps per call, and the ratio they give.
+    """
+    if not replay_ratio > 0:
+        raise ValueError(f"replay_ratio={replay_ratio} must be > 0")
+    per_vector_step = replay_ratio * books / batch
+    if per_vector_step >= 1:
+        train_freq, gradient_steps = 1, round(per_vector_step)
+    else:
+        train_freq, gradient_steps = round(1 / per_vector_step), 1
+    return train_freq, gradient_steps, gradient_steps * batch / (train_freq * books)
+
+
+def make_model(row: str, books: int, device: str, market: Any, args: argparse.Namespace,
+               train_freq: int, gradient_steps: int) -> Any:
+    """The model of one row, on its env (see the module docstring)."""
+    from foxhunt.device_env import DeviceLOBVecEnv
+    from foxhunt.envs import LOBVecEnv
+    from sb3_her_ext import BranchingIQN
+
+    env_kwargs = dict(seed=0, data=market, levels=args.levels, episode_length=args.episode_length)
+    learning_starts = max(args.batch, books)
+    common = dict(learning_starts=learning_starts, buffer_size=args.buffer_size, batch_size=args.batch,
+                  train_freq=train_freq, gradient_steps=gradient_steps, seed=0, device=device, verbose=0)
+    iqn = dict(**common, diagnostics_interval=args.diagnostics_interval,
+               policy_kwargs=dict(net_arch=list(args.widths)))
+    cuda = th.device(device).type == "cuda"
+    if row == "BranchingIQN device loop":
+        env = DeviceLOBVecEnv(books, device=device, cuda_graph=cuda, compile=args.compile_env, **env_kwargs)
+        return BranchingIQN("MlpPolicy", env, cuda_graph=cuda, **iqn)
+    if row == "BranchingIQN SB3 loop":
+        return BranchingIQN("MlpPolicy", LOBVecEnv(books, device=device, **env_kwargs), **iqn)
+    env = FlatActions(LOBVecEnv(books, device=device, **env_kwargs))
+    if row == "SB3 DQN":
+        from stable_baselines3 import DQN
+
+        return DQN("MlpPolicy", env, policy_kwargs=dict(net_arch=list(args.widths)), **common)
+    from sb3_contrib import QRDQN
+
+    n_quantiles = 32  # BranchingIQN's n_quantiles
+    return QRDQN("MlpPolicy", env, policy_kwargs=dict(net_arch=list(args.widths), n_quantiles=n_quantiles),
+                 **common)
+
+
+def time_row(model: Any, books: int, train_freq: int, gradient_steps: int, device: str,
+             seconds: float) -> dict[str, Any]:
+    """Warm up, size, then time one ``learn``.
+
+    :return: env steps, gradient steps, wall seconds and rates of the timed ``learn``.
+    """
+    sync = synchronizer(device)
+    cycle = train_freq * books  # env steps per train call
+    # past learning_starts, then enough train calls for compiles and graph captures (25 gradient steps)
+    warm_cycles = max(2, math.ceil(25 / gradient_steps)) if th.device(device).type == "cuda" else 2
+    warm = math.ceil(model.learning_starts / cycle) * cycle + warm_cycles * cycle
+    start = time.perf_counter()
+    model.learn(warm, log_interval=10**9)
+    sync()
+    warm_seconds = time.perf_counter() - start
+    pilot = 2 * cycle
+    start = time.perf_counter()
+    model.learn(pilot, reset_num_timesteps=False, log_interval=10**9)
+    sync()
+    pilot_rate = pilot / max(time.perf_counter() - start, 1e-9)
+    timed = max(2, math.ceil(seconds * pilot_rate / cycle)) * cycle
+    updates = model._n_updates
+    start = time.perf_counter()
+    model.learn(timed, reset_num_timesteps=False, log_interval=10**9)
+    sync()
+    elapsed = time.perf_counter() - start
+    grad_steps = model._n_updates - updates
+    # the same loop without its gradient steps: what collecting alone costs (the rest is the learner's)
+    gradient_steps_before, model.gradient_steps = model.gradient_steps, 0
+    try:
+        start = time.perf_counter()
+        model.learn(pilot, reset_num_timesteps=False, log_interval=10**9)
+        sync()
+        collect_pilot_rate = pilot / max(time.perf_counter() - start, 1e-9)
+        collect_timed = max(2, math.ceil(seconds * collect_pilot_rate / cycle)) * cycle
+        start = time.perf_counter()
+        model.learn(collect_timed, reset_num_timesteps=False, log_interval=10**9)
+        sync()
+        collect_rate = collect_timed / (time.perf_counter() - start)
+    finally:
+        model.gradient_steps = gradient_steps_before
+    return {"env_steps": timed, "timed_gradient_steps": grad_steps, "seconds": elapsed,
+            "warmup_seconds": warm_seconds, "env_steps_per_s": timed / elapsed,
+            "grad_steps_per_s": grad_steps / elapsed, "collect_only_env_steps_per_s": collect_rate,
+            # wall time per gradient step once collecting is taken out: the learner's share
+            "ms_per_gradient_step": (
+                1e3 * (elapsed - timed / collect_rate) / grad_steps if grad_steps else None
+            )}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Every row at every books count and device.
+
+    :return: the JSON result (``rows`` and the settings).
+    """
+    from foxenv.data import load_market
+
+    rows: list[dict[str, Any]] = []
+    for device in args.device:
+        market = load_market(args.data, levels=args.levels, device=device,
+                             **({"num_steps": args.num_steps} if args.data == "synthetic" else {}))
+        for books in args.books:
+            train_freq, gradient_steps, ratio = schedule(books, args.batch, args.replay_ratio)
+            for row in args.rows:
+                base = {"row": row, "device": device, "books": books, "batch": args.batch,
+                        "widths": list(args.widths), "train_freq": train_freq,
+                        "gradient_steps": gradient_steps, "replay_ratio": ratio}
+                deterministic = th.are_deterministic_algorithms_enabled()
+                warn_only = th.is_deterministic_algorithms_warn_only_enabled()
+                try:
+                    th.manual_seed(0)
+                    model = make_model(row, books, device, market, args, train_freq, gradient_steps)
+                    result = time_row(model, books, train_freq, gradient_steps, device, args.seconds)
+                except ImportError as error:
+                    result = {"skipped": peer_missing("sb3-contrib", error)}
+                finally:  # a seeded BranchingIQN on CUDA turns deterministic algorithms on process-wide
+                    th.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+                rows.append({**base, **result})
+                print(f"{device:5s} {books:6d} {row:26s} "
+                      + (f"{result['env_steps_per_s']:12,.0f} env-steps/s" if "env_steps_per_s" in result
+                         else result["skipped"]), flush=True)
+    for row in rows:
+        peer = next((r for r in rows if r["row"] == "SB3 DQN" and r["device"] == row["device"]
+                     and r["books"] == row["books"] and "env_steps_per_s" in r), None)
+        rate = row.get("env_steps_per_s")
+        row["over_sb3_dqn"] = rate / peer["env_steps_per_s"] if peer is not None and rate else None
+    return {"benchmark": "train_throughput", "machine": machine_info(), "settings": vars(args) | {
+        "books": list(args.books), "widths": list(args.widths), "device": list(args.device)}, "rows": rows}
+
+
+def print_table(result: dict[str, Any]) -> None:
+    """The rows as a Markdown table."""
+    print("\n| device | books | row | env-steps/s | / SB3 DQN | collect only | ms / grad step | "
+          "train_freq x grad steps | ratio |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for row in result["rows"]:
+        if "env_steps_per_s" not in row:
+            print(f"| {row['device']} | {row['books']} | {row['row']} | skipped | | | | | |")
+            continue
+        over = f"{row['over_sb3_dqn']:.2f}x" if row["over_sb3_dqn"] is not None else "-"
+        grad_ms = f"{row['ms_per_gradient_step']:.1f}" if row["ms_per_gradient_step"] is not None else "-"
+        print(f"| {row['device']} | {row['books']} | {row['row']} | {row['env_steps_per_s']:,.0f} | {over} | "
+              f"{row['collect_only_env_steps_per_s']:,.0f} | {grad_ms} | "
+              f"{row['train_freq']} x {row['gradient_steps']} | {row['replay_ratio']:.3f} |")
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Parse the arguments, run, print and write the JSON.
+
+    :param argv: command-line arguments (None: ``sys.argv``).
+    :return: the result.
+    """
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", nargs="+", default=None, help="cpu and/or cuda (default: cpu, and cuda)")
+    parser.add_argument("--books", nargs="+", type=int, default=[16, 256, 4096, 65536])
+    parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=ROWS)
+    parser.add_argument("--widths", nargs="+", type=int, default=[128, 128])
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--replay-ratio", type=float, default=0.25)
+    parser.add_argument("--buffer-size", type=int, default=1_000_000)
+    parser.add_argument("--seconds", type=float, default=10.0, help="wall time of each timed learn")
+    parser.add_argument("--diagnostics-interval", type=int, default=1_000_000)
+    parser.add_argument("--data", default="synthetic", help="'synthetic' or a LOBSTER folder")
+    parser.add_argument("--levels", type=int, default=5)
+    parser.add_argument("--num-steps", type=int, default=20_000, help="synthetic market length")
+    parser.add_argument("--episode-length", type=int, default=1000)
+    parser.add_argument("--compile-env", action="store_true", help="torch.compile the device loop's env step")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--quick", action="store_true",
+                        help="widths 32, batch 32, 2 s rows, 200-step episodes")
+    parser.add_argument("--out", default=str(RESULTS))
+    args = parser.parse_args(argv)
+    if args.device is None:
+        args.device = ["cpu", "cuda"] if th.cuda.is_available() else ["cpu"]
+    if args.quick:
+        args.widths, args.batch, args.seconds, args.episode_length = [32], 32, 2.0, 200
+        args.buffer_size = min(args.buffer_size, 100_000)
+    if args.threads is not None:
+        th.set_num_threads(args.threads)
+    result = run(args)
+    print_table(result)
+    write_json(args.out, result)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""The device face of :class:`~foxhunt.envs.LOBVecEnv`: tensors in and out, for the device training loop.
+
+:class:`DeviceLOBVecEnv` is a :class:`~foxhunt.envs.LOBVecEnv` (SB3's numpy face: ``reset``, ``step``,
+``evaluate_policy``, ``save``/``load`` all work as before) that also implements
+:class:`sb3_her_ext.device_env.DeviceVecEnv`: :meth:`DeviceLOBVecEnv.step_tensors` steps the books on
+``[N, 4]`` int64 action tensors with :meth:`foxenv.core.BatchedLOB.step_autoreset` and returns the
+observations, rewards, dones, final observations, info tensors and the finished episodes' return and
+length, all on the books' device. ``BranchingIQN.learn`` collects through it with
+:mod:`sb3_her_ext.device_loop` (no host sync, no Python loop over books).
+
+Episode statistics live on the device while the tensor face steps and in numpy while the numpy face steps;
+either face hands them over to the other at its first step, so the two faces can be mixed.
+
+On a CPU the autoreset draws new start offsets only at steps where a book finished, exactly as the numpy
+face does (same seed, same episodes in both faces); on an accelerator it draws every step, with no host
+sync (:meth:`~foxenv.core.BatchedLOB.step_autoreset`'s ``host_sync=False``), so the same seed gives other
+episode starts there.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+from stable_baselines3.common.vec_env.base_vec_env import VecEnvObs, VecEnvStepReturn
+
+from foxenv.data.market import MarketData
+from foxhunt.envs import LOBVecEnv
+from sb3_her_ext.device_env import TIMEOUT_KEY, DeviceStep
+
+__all__ = ["DeviceLOBVecEnv"]
+
+
+class DeviceLOBVecEnv(LOBVecEnv):
+    """``num_envs`` books with SB3's numpy face and a tensor face on their device (see the module docstring).
+
+    :param num_envs: number of books; >= 1.
+    :param device: device of the books (and of every tensor of the tensor face).
+    :param seed: as :class:`~foxhunt.envs.LOBVecEnv`.
+    :param data: as :class:`~foxhunt.envs.LOBVecEnv`.
+    :param compile: fuse the book step (and its autoreset) with ``torch.compile``
+        (:meth:`~foxenv.core.BatchedLOB.enable_compile`): several times faster after a compile of seconds.
+    :param cuda_graph: capture the book step with its autoreset in a CUDA graph
+        (:meth:`~foxenv.core.BatchedLOB.enable_cuda_graph`; CUDA only).
+    :param env_kwargs: as :class:`~foxhunt.envs.LOBVecEnv`.
+    """
+
+    def __init__(self, num_envs: int, device: str = "cpu", seed: int | None = None,
+                 data: str | os.PathLike | MarketData = "synthetic", compile: bool = False,
+                 cuda_graph: bool = False, **env_kwargs: Any) -> None:
+        for field, value in (("compile", compile), ("cuda_graph", cuda_graph)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{field}={value!r} must be a bool")
+        if cuda_graph and torch.device(device).type != "cuda":
+            raise ValueError(f"cuda_graph=True needs a CUDA device, got device={device}")
+        super().__init__(num_envs, device=device, seed=seed, data=data, **env_kwargs)
+        # where a host sync is free (CPU), reset only at steps where a book finished, as the numpy face does
+        self._host_sync = self.device.type == "cpu"
+        self._ep_return_t = torch.zeros(self.num_envs, dtype=torch.float64, device=self.device)
+        self._ep_length_t = torch.zeros(self.num_envs, dtype=torch.int64, device=self.device)
+        self._stats_on = "both"  # which face holds the running episode stats: "both", "numpy", "device"
+        self._obs_t = torch.zeros(self.num_envs, self.observation_space.shape[0], dtype=torch.float32,
+                                  device=self.device)
+        if compile:
+            self.lob.enable_compile()
+        if cuda_graph:
+            self.lob.enable_cuda_graph()  # the core's state is a valid one (BatchedLOB resets on creation)
+
+    # ----------------------------------------------------------------------------------- numpy face
+    def reset(self) -> VecEnvObs:
+        """Reset every book and both faces' episode stats (see :meth:`LOBVecEnv.reset`).
+
+        :return: ``[num_envs, D]`` float32 observations.
+        """
+        obs = super().reset()
+        self._ep_return_t.zero_()
+        self._ep_length_t.zero_()
+        self._stats_on = "both"
+        self._obs_t = torch.from_numpy(obs).to(self.device)
+        return obs
+
+    def step_wait(self) -> VecEnvStepReturn:
+        """SB3's step (see :meth:`LOBVecEnv.step_wait`), after taking over the tensor face's episode stats.
+
+        :return: ``(obs, reward, done, infos)`` as numpy.
+        """
+        if self._stats_on == "device":
+            self._episode_return[:] = self._ep_return_t.cpu().numpy()
+            self._episode_length[:] = self._ep_length_t.cpu().numpy()
+        self._stats_on = "numpy"
+        obs, reward, done, infos = super().step_wait()
+        self._obs_t = torch.from_numpy(obs).to(self.device)
+        return obs, reward, done, infos
+
+    # ----------------------------------------------------------------------------------- tensor face
+    def current_obs(self) -> torch.Tensor:
+        """``[N, D]`` float32 observations after the last reset or step of either face.
+
+        :return: a tensor on :attr:`device`.
+        """
+        return self._obs_t
+
+    def step_tensors(self, actions: torch.Tensor) -> DeviceStep:
+        """Step every book on ``actions`` with same-step autoreset (no host sync on an accelerator).
+
+        :param actions: ``[N, 4]`` integer actions (any device; moved to the books' device).
+        :return: the step (:class:`~sb3_her_ext.device_env.DeviceStep`); ``infos`` holds the core's per-book
+            info of the step before any reset plus ``TimeLimit.truncated``, and is also kept in
+            :attr:`last_info_tensors`.
+        """
+        if self._stats_on == "numpy":
+            self._ep_return_t = torch.from_numpy(self._episode_return).to(self.device)
+            self._ep_length_t = torch.from_numpy(self._episode_length).to(self.device)
+        self._stats_on = "device"
+        obs, reward, terminated, truncated, info, final_obs = self.lob.step_autoreset(
+            actions, host_sync=self._host_sync
+        )
+        done = terminated | truncated
+        infos = {**info, TIMEOUT_KEY: truncated & ~terminated}
+        self.last_info_tensors = infos
+        # float64 sums of the float32 rewards, as the numpy face's Monitor-style stats
+        episode_return = self._ep_return_t + reward.to(torch.float64)
+        episode_length = self._ep_length_t + 1
+        self._ep_return_t = episode_return.masked_fill(done, 0.0)
+        self._ep_length_t = episode_length.masked_fill(done, 0)
+        self._obs_t = obs
+        return DeviceStep(obs, reward, done, final_obs, infos, episode_return, episode_length)
+
+    def running_episode_stats(self) -> tuple[np.ndarray, np.ndarray]:
+        """The running (unfinished) episodes' return and length, read from whichever face holds them (a sync
+        when the tensor face does).
+
+        :return: ``([N] float64 returns, [N] int64 lengths)``.
+        """
+        if self._stats_on == "device":
+            return self._ep_return_t.cpu().numpy(), self._ep_length_t.cpu().numpy()
+        return self._episode_return.copy(), self._episode_length.copy()

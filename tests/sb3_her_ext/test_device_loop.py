@@ -1,0 +1,439 @@
+"""The device collection loop: same replay, parameters, statistics and diagnostics as SB3's loop on the CPU;
+callbacks, progress, save/load; warm-up draws in distribution; on CUDA no host sync inside a vector step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.callbacks import BaseCallback, ProgressBarCallback
+from stable_baselines3.common.evaluation import evaluate_policy
+from stable_baselines3.common.monitor import Monitor
+from stable_baselines3.common.type_aliases import TrainFreq, TrainFrequencyUnit
+from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper, VecFrameStack
+
+from foxhunt.device_env import DeviceLOBVecEnv
+from foxhunt.envs import LOBVecEnv
+from sb3_her_ext import BranchingIQN, device_loop
+from sb3_her_ext.device_env import DeviceStep
+from sb3_her_ext.device_loop import DeviceLoopSettings, EpisodeStats, configure, supports
+from sb3_her_ext.diagnostics import read_diagnostics
+
+TINY_POLICY = dict(net_arch=[16], n_ensemble=2, n_cos=8, n_quantiles=4, n_quantiles_target=4,
+                   n_quantiles_act=4, n_atoms=11)
+TINY = dict(learning_starts=0, batch_size=16, buffer_size=2000, train_freq=2, target_update_interval=50,
+            policy_kwargs=TINY_POLICY, seed=0, device="cpu", vaccine_interval=2)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """Tiny networks run faster on one thread, above all on a shared 2-core CI machine."""
+    threads = th.get_num_threads()
+    th.set_num_threads(1)
+    yield
+    th.set_num_threads(threads)
+
+
+def make_env(cls: type = DeviceLOBVecEnv, n_envs: int = 4, device: str = "cpu", **kwargs) -> LOBVecEnv:
+    params = dict(seed=0, data="synthetic", num_steps=1500, episode_length=20)
+    return cls(n_envs, device=device, **{**params, **kwargs})
+
+
+class Recorder(BaseCallback):
+    """Counts ``on_step`` calls and the ``num_timesteps`` at each; stops after ``stop_after`` calls."""
+
+    def __init__(self, stop_after: int | None = None) -> None:
+        super().__init__()
+        self.stop_after = stop_after
+        self.seen: list[int] = []
+
+    def _on_step(self) -> bool:
+        self.seen.append(self.num_timesteps)
+        return self.stop_after is None or len(self.seen) < self.stop_after
+
+
+# ---------------------------------------------------------------------- same results as SB3's loop
+
+
+def run(env_cls: type, tmp_path: Path, total: int = 400, **kwargs) -> BranchingIQN:
+    path = tmp_path / f"{env_cls.__name__}.jsonl"
+    model = BranchingIQN("MlpPolicy", make_env(env_cls), diagnostics_path=str(path), diagnostics_interval=40,
+                         **{**TINY, **kwargs})
+    return model.learn(total, log_interval=1)
+
+
+def test_device_loop_equals_sb3_loop_on_the_cpu(tmp_path: Path) -> None:
+    sb3, dev = run(LOBVecEnv, tmp_path), run(DeviceLOBVecEnv, tmp_path)
+    # replay contents, tree, counters and sampling state
+    for name in sb3.replay_buffer._tensor_names():
+        assert th.equal(getattr(sb3.replay_buffer, name), getattr(dev.replay_buffer, name)), name
+    # hindsight counts (the trackers saw the same trajectory)
+    counts = {k: int(v) for k, v in dev.replay_buffer.hindsight_counts.items()}
+    assert counts == {k: int(v) for k, v in sb3.replay_buffer.hindsight_counts.items()}
+    assert counts["relabel"] > 0
+    # the same updates: parameters, PopArt statistics, optimizer state, target network
+    for a, b in zip(sb3.policy.state_dict().values(), dev.policy.state_dict().values(), strict=True):
+        assert th.equal(a, b)
+    opt_sb3, opt_dev = sb3.policy.optimizer.state_dict()["state"], dev.policy.optimizer.state_dict()["state"]
+    assert opt_sb3.keys() == opt_dev.keys()
+    for key in opt_sb3:
+        assert all(th.equal(opt_sb3[key][k], opt_dev[key][k]) for k in opt_sb3[key])
+    assert sb3._n_updates == dev._n_updates > 0 and sb3.num_timesteps == dev.num_timesteps == 400
+    # episode statistics
+    assert sb3._episode_num == dev._episode_num == 20
+    assert [(e["r"], e["l"]) for e in sb3.ep_info_buffer] == [(e["r"], e["l"]) for e in dev.ep_info_buffer]
+    # diagnostics lines, but for wall-clock time and rates
+    lines_sb3 = read_diagnostics(tmp_path / "LOBVecEnv.jsonl")
+    lines_dev = read_diagnostics(tmp_path / "DeviceLOBVecEnv.jsonl")
+    assert len(lines_sb3) == len(lines_dev) == 10
+    for a, b in zip(lines_sb3, lines_dev, strict=True):
+        for key in ("time", "fps"):
+            a.pop(key), b.pop(key)
+        assert a == b
+
+
+def test_the_hook_dispatches_on_the_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    original = device_loop.collect_rollouts
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(device_loop, "collect_rollouts", spy)
+    BranchingIQN("MlpPolicy", make_env(LOBVecEnv, 2), **TINY).learn(20)
+    assert calls == []
+    BranchingIQN("MlpPolicy", make_env(DeviceLOBVecEnv, 2), **TINY).learn(20)
+    assert len(calls) == 5  # 20 steps / 2 envs / train_freq 2
+
+
+def test_supports_only_what_it_can_run() -> None:
+    model = BranchingIQN("MlpPolicy", make_env(), **TINY)
+    steps = TrainFreq(2, TrainFrequencyUnit.STEP)
+    assert supports(model, model.env, steps)
+    assert not supports(model, make_env(LOBVecEnv), steps)
+    assert not supports(model, VecFrameStack(model.env, 2), steps)  # forwards step_tensors, but is a wrapper
+    assert not supports(model, model.env, TrainFreq(1, TrainFrequencyUnit.EPISODE))
+    assert not supports(model, model.env, steps, action_noise=object())
+
+
+class ToyDeviceEnv(VecEnv):
+    """A contextual bandit with both faces, no foxhunt: reward 1 when branch 0's action is 2 where
+    ``obs[0] > 0`` and 0 elsewhere; episodes of ``horizon`` steps (timeouts). The numpy face runs on the
+    tensor face, so both loops see the same trajectory for the same actions."""
+
+    def __init__(self, n_envs: int, device: str = "cpu", seed: int = 0, horizon: int = 8) -> None:
+        self.render_mode = None
+        super().__init__(n_envs, spaces.Box(-1.0, 1.0, (4,), np.float32), spaces.MultiDiscrete([3, 3]))
+        self.device = th.device(device)
+        self.generator = th.Generator(device=self.device).manual_seed(seed)
+        self.horizon = horizon
+        self._t = th.zeros(n_envs, dtype=th.int64, device=self.device)
+        self._return = th.zeros(n_envs, dtype=th.float64, device=self.device)
+        self._obs = self._draw()
+        self._actions: th.Tensor | None = None
+
+    def _draw(self) -> th.Tensor:
+        return th.rand((self.num_envs, 4), generator=self.generator, device=self.device) * 2 - 1
+
+    def current_obs(self) -> th.Tensor:
+        return self._obs
+
+    def step_tensors(self, actions: th.Tensor) -> DeviceStep:
+        target = th.where(self._obs[:, 0] > 0, 2, 0)
+        reward = (actions[:, 0] == target).float()
+        self._obs = self._draw()
+        length = self._t + 1
+        episode_return = self._return + reward.double()
+        done = length >= self.horizon
+        self._t, self._return = length.masked_fill(done, 0), episode_return.masked_fill(done, 0.0)
+        return DeviceStep(self._obs, reward, done, self._obs, {"TimeLimit.truncated": done}, episode_return,
+                          length)
+
+    def reset(self) -> np.ndarray:
+        self._t.zero_()
+        self._return.zero_()
+        self._obs = self._draw()
+        return self._obs.cpu().numpy().copy()
+
+    def step_async(self, actions: np.ndarray) -> None:
+        self._actions = th.as_tensor(actions, device=self.device)
+
+    def step_wait(self) -> tuple:
+        step = self.step_tensors(self._actions)
+        done = step.done.cpu().numpy()
+        infos: list[dict] = [{} for _ in range(self.num_envs)]
+        for i in np.flatnonzero(done):
+            infos[i] = {"terminal_observation": step.final_obs[i].cpu().numpy(), "TimeLimit.truncated": True,
+                        "episode": {"r": float(step.episode_return[i]), "l": int(step.episode_length[i]),
+                                    "t": 0.0}}
+        return step.obs.cpu().numpy().copy(), step.reward.cpu().numpy().copy(), done, infos
+
+    def close(self) -> None:
+        pass
+
+    def get_attr(self, attr_name: str, indices=None) -> list:
+        if not hasattr(self, attr_name):
+            raise AttributeError(attr_name)
+        return [getattr(self, attr_name)] * len(self._get_indices(indices))
+
+    def set_attr(self, attr_name: str, value, indices=None) -> None:
+        setattr(self, attr_name, value)
+
+    def env_method(self, method_name: str, *args, indices=None, **kwargs) -> list:
+        raise AttributeError(method_name)
+
+    def env_is_wrapped(self, wrapper_class: type, indices=None) -> list[bool]:
+        return [wrapper_class is Monitor] * len(self._get_indices(indices))
+
+
+class NumpyOnly(VecEnvWrapper):
+    """The toy env's numpy face only (SB3's loop)."""
+
+    def reset(self) -> np.ndarray:
+        return self.venv.reset()
+
+    def step_wait(self) -> tuple:
+        return self.venv.step_wait()
+
+
+TOY = dict(learning_starts=256, batch_size=64, buffer_size=20_000, train_freq=1, target_update_interval=200,
+           gamma=0.5, learning_rate=1e-3, policy_kwargs=dict(TINY_POLICY, net_arch=[32]), seed=0,
+           device="cpu", exploration_fraction=0.2, vaccine_interval=0)
+
+
+def greedy_accuracy(model: BranchingIQN) -> float:
+    obs = np.random.default_rng(1).uniform(-1, 1, (2000, 4)).astype(np.float32)
+    actions = model.predict(obs, deterministic=True)[0]
+    return float(np.mean(actions[:, 0] == np.where(obs[:, 0] > 0, 2, 0)))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_toy_device_env_learns_as_well_as_through_sb3s_loop(device: str) -> None:
+    # the protocol without foxhunt; learning_starts > 0, so the warm-up actions (and all after) differ
+    kwargs = {**TOY, "device": device}
+    device_model = BranchingIQN("MlpPolicy", ToyDeviceEnv(16, device), **kwargs).learn(6144)
+    numpy_model = BranchingIQN("MlpPolicy", NumpyOnly(ToyDeviceEnv(16, device)), **kwargs).learn(6144)
+    assert supports(device_model, device_model.env, device_model.train_freq)
+    assert not supports(numpy_model, numpy_model.env, numpy_model.train_freq)
+    device_accuracy, numpy_accuracy = greedy_accuracy(device_model), greedy_accuracy(numpy_model)
+    assert device_accuracy > 0.9 and numpy_accuracy > 0.9
+    # both loops count the same episodes and see the same mean return range
+    assert device_model._episode_num == numpy_model._episode_num == 6144 // 8
+    assert abs(np.mean([e["r"] for e in device_model.ep_info_buffer])
+               - np.mean([e["r"] for e in numpy_model.ep_info_buffer])) < 1.0
+
+
+def test_a_toy_device_env_gives_sb3s_replay_without_warm_up() -> None:
+    kwargs = {**TOY, "learning_starts": 0}
+    device_model = BranchingIQN("MlpPolicy", ToyDeviceEnv(8), **kwargs).learn(400)
+    numpy_model = BranchingIQN("MlpPolicy", NumpyOnly(ToyDeviceEnv(8)), **kwargs).learn(400)
+    for name in ("observations", "next_observations", "actions", "rewards", "dones", "tree"):
+        assert th.equal(getattr(device_model.replay_buffer, name), getattr(numpy_model.replay_buffer, name))
+    for a, b in zip(device_model.policy.parameters(), numpy_model.policy.parameters(), strict=True):
+        assert th.equal(a, b)
+
+
+# ---------------------------------------------------------------------- warm-up, statistics, settings
+
+
+def test_warm_up_actions_are_uniform_per_branch() -> None:
+    # SB3 draws warm-up actions with action_space.sample() (numpy); the loop draws them on the device: the
+    # same distribution (independent uniform per branch), other numbers
+    model = SimpleNamespace(_n_actions=th.tensor([3, 2, 5]))
+    generator = th.Generator()
+    generator.manual_seed(0)
+    state = SimpleNamespace(warmup_generator=generator)
+    draws = th.cat([device_loop._random_actions(model, state, 1000) for _ in range(30)])
+    assert draws.dtype == th.int64 and draws.shape == (30_000, 3)
+    for branch, n in enumerate((3, 2, 5)):
+        counts = th.bincount(draws[:, branch], minlength=n).double()
+        assert counts.numel() == n
+        expected = draws.shape[0] / n
+        chi2 = float(((counts - expected) ** 2 / expected).sum())
+        assert chi2 < 25.0  # far beyond the 0.9999 quantile of chi2 with <= 4 degrees of freedom
+
+
+def test_learning_starts_runs_warm_up_then_policy_actions(tmp_path: Path) -> None:
+    model = BranchingIQN("MlpPolicy", make_env(), **{**TINY, "learning_starts": 80})
+    model.learn(200)
+    assert model.num_timesteps == 200 and model._n_updates > 0
+    actions = model.replay_buffer.actions[: model.replay_buffer.size()]
+    assert int(actions.min()) >= 0 and int(actions.max()) <= 2
+
+
+def test_episode_stats_keep_the_last_window_in_order() -> None:
+    stats = EpisodeStats(4, th.device("cpu"))
+    done = th.tensor([True, False, True])
+    stats.add(done, th.tensor([1.0, 9.0, 2.0]), th.tensor([10, 90, 20]))
+    assert stats.read()[:2] == ([(1.0, 10), (2.0, 20)], 2)
+    assert stats.read()[:2] == ([], 0)
+    # six episodes end in one step: the window keeps the last four, the count all six
+    stats.add(th.ones(6, dtype=th.bool), th.arange(3.0, 9.0), th.arange(30, 90, 10))
+    stats.add(th.tensor([False, True, False]), th.tensor([0.0, 9.0, 0.0]), th.tensor([0, 90, 0]))
+    episodes, n_new, also = stats.read(also=th.tensor([[3, 4], [5, 6]]))
+    assert also.tolist() == [3.0, 4.0, 5.0, 6.0]
+    assert n_new == 7 and episodes == [(6.0, 60), (7.0, 70), (8.0, 80), (9.0, 90)]
+    with pytest.raises(ValueError, match="window"):
+        EpisodeStats(0, th.device("cpu"))
+
+
+def test_episode_stats_match_a_python_reference() -> None:
+    rng = np.random.default_rng(0)
+    stats, reference = EpisodeStats(5, th.device("cpu")), []
+    for step in range(40):
+        n = int(rng.integers(1, 9))
+        done = rng.random(n) < rng.choice([0.0, 0.3, 1.0])
+        returns, lengths = rng.normal(size=n), rng.integers(1, 100, n)
+        stats.add(th.from_numpy(done), th.from_numpy(returns), th.from_numpy(lengths))
+        new = [(float(returns[i]), int(lengths[i])) for i in np.flatnonzero(done)]
+        reference += new
+        if step % 3 == 0:
+            episodes, n_new, _ = stats.read()
+            pending = reference[len(reference) - n_new:] if n_new else []
+            assert episodes == pending[-5:]
+    assert int(stats.count) == len(reference)
+
+
+@pytest.mark.parametrize("kwargs,field", [({"callback_stride": 0}, "callback_stride"),
+                                          ({"callback_stride": 1.5}, "callback_stride"),
+                                          ({"stats_interval": 0}, "stats_interval")])
+def test_bad_settings_name_field_and_value(kwargs: dict, field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        DeviceLoopSettings(**kwargs)
+
+
+def test_callback_stride_and_progress_bar(monkeypatch: pytest.MonkeyPatch) -> None:
+    counts: list[int] = []
+    end = ProgressBarCallback._on_training_end
+
+    def record_then_end(self: ProgressBarCallback) -> None:
+        counts.append(self.pbar.n)
+        end(self)
+
+    monkeypatch.setattr(ProgressBarCallback, "_on_training_end", record_then_end)
+    model = BranchingIQN("MlpPolicy", make_env(), **TINY)
+    configure(model, callback_stride=3)
+    recorder = Recorder()
+    model.learn(120, callback=recorder, progress_bar=True)  # 30 vector steps of 4 books
+    assert recorder.n_calls == 10 and recorder.seen == list(range(12, 121, 12))
+    configure(model, callback_stride=7)  # 30 is no multiple of 7: the bar still reaches the total
+    recorder = Recorder()
+    model.learn(120, callback=recorder, progress_bar=True)
+    assert recorder.n_calls == 4 and recorder.seen == [28, 56, 84, 112]
+    assert counts == [120, 120]
+
+
+class EpisodeWatcher(BaseCallback):
+    """Records ``(num_timesteps, _episode_num)`` at each ``on_step``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[int, int]] = []
+
+    def _on_step(self) -> bool:
+        self.seen.append((self.num_timesteps, self.model._episode_num))
+        return True
+
+
+def test_episode_stats_reach_the_host_only_at_flush_points() -> None:
+    model = BranchingIQN("MlpPolicy", make_env(episode_length=5), **{**TINY, "diagnostics_interval": 10**6})
+    configure(model, stats_interval=40)  # every 10 vector steps of 4 books
+    watcher = EpisodeWatcher()
+    model.learn(200, callback=watcher)
+    # the callback runs before the step's flush: it sees the counts of the flush 10 steps before
+    for timesteps, episodes in watcher.seen:
+        flushed_at = (timesteps - 4) // 40 * 40  # the last flush before this step's bookkeeping
+        assert episodes == 4 * (flushed_at // 4 // 5), (timesteps, episodes)
+    assert model._episode_num == 40 and len(model.ep_info_buffer) == 40  # the end of training flushes
+
+
+def test_logs_are_dumped_with_the_episode_statistics(tmp_path: Path) -> None:
+    from stable_baselines3.common.logger import configure as configure_logger
+
+    model = BranchingIQN("MlpPolicy", make_env(episode_length=5), **{**TINY, "diagnostics_interval": 40})
+    model.set_logger(configure_logger(str(tmp_path), ["csv"]))
+    model.learn(200, log_interval=8)
+    lines = (tmp_path / "progress.csv").read_text().splitlines()
+    header = lines[0].split(",")
+    rows = [dict(zip(header, line.split(","), strict=True)) for line in lines[1:]]
+    assert len(rows) == 5  # 40 episodes, a dump each time the count crosses a multiple of 8 at a flush
+    last = rows[-1]
+    mean_return = np.mean([e["r"] for e in model.ep_info_buffer])
+    assert float(last["rollout/ep_rew_mean"]) == pytest.approx(mean_return)
+    assert float(last["rollout/ep_len_mean"]) == 5.0 and int(last["time/episodes"]) == 40
+
+
+def test_a_callback_can_stop_training_as_in_sb3s_loop() -> None:
+    # SB3 stores nothing of the step at which a callback stopped: same buffer in both loops
+    buffers = []
+    for env_cls in (LOBVecEnv, DeviceLOBVecEnv):
+        model = BranchingIQN("MlpPolicy", make_env(env_cls), **TINY)
+        recorder = Recorder(stop_after=3)
+        model.learn(400, callback=recorder)
+        assert recorder.seen == [4, 8, 12] and model.num_timesteps == 12
+        buffers.append(model.replay_buffer)
+    assert buffers[0].size() == buffers[1].size() >= 8
+    assert th.equal(buffers[0].observations, buffers[1].observations)
+
+
+def test_save_load_evaluate_and_continue(tmp_path: Path) -> None:
+    model = BranchingIQN("MlpPolicy", make_env(), **TINY).learn(80)
+    model.save(tmp_path / "model.zip")
+    loaded = BranchingIQN.load(tmp_path / "model.zip", env=make_env(seed=1))
+    obs = model.env.reset()
+    expected = model.predict(obs, deterministic=True)[0]
+    assert np.array_equal(loaded.predict(obs, deterministic=True)[0], expected)
+    mean, _ = evaluate_policy(loaded, loaded.env, n_eval_episodes=4)
+    assert np.isfinite(mean)
+    loaded.learn(40, reset_num_timesteps=False)
+    assert loaded.num_timesteps == 120
+
+
+# ---------------------------------------------------------------------- CUDA
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cuda_graph", [False, True])
+def test_no_host_sync_inside_a_vector_step_on_cuda(cuda_graph: bool) -> None:
+    env = make_env(n_envs=64, device="cuda", cuda_graph=True)
+    model = BranchingIQN("MlpPolicy", env, **{**TINY, "device": "cuda", "cuda_graph": cuda_graph,
+                                              "diagnostics_interval": 10**9, "buffer_size": 10_000})
+    configure(model, stats_interval=10**9)
+    model.learn(64 * 20)  # warm-up: buffers, graphs (env and gradient steps) captured
+    assert model._n_updates > 0
+    if cuda_graph:
+        assert model._graphed_step.replays > 0
+    model._total_timesteps = 10**9  # no end-of-training flush inside the checked steps
+    callback = model._init_callback(None)
+    freq = TrainFreq(1, TrainFrequencyUnit.STEP)
+    th.cuda.synchronize()
+    th.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(5):
+            device_loop.collect_rollouts(model, env, callback, freq, model.replay_buffer, 0, None)
+            if cuda_graph:  # a graphed gradient step between vector steps: no sync either
+                model.train(gradient_steps=1, batch_size=model.batch_size)
+    finally:
+        th.cuda.set_sync_debug_mode("default")
+    model.train(gradient_steps=1, batch_size=model.batch_size)
+    assert model.num_timesteps == 64 * 25
+
+
+@pytest.mark.gpu
+def test_device_loop_on_cuda_learns_and_logs(tmp_path: Path) -> None:
+    env = make_env(n_envs=256, device="cuda", cuda_graph=True)
+    model = BranchingIQN("MlpPolicy", env, **{**TINY, "device": "cuda", "cuda_graph": True,
+                                              "buffer_size": 50_000, "batch_size": 64},
+                         diagnostics_path=str(tmp_path / "diag.jsonl"), diagnostics_interval=256 * 50)
+    model.learn(256 * 200, log_interval=10)
+    assert model._graphed_step.replays > 0 and model._episode_num == 256 * 200 // 20
+    assert len(model.ep_info_buffer) == 100 and all(e["l"] == 20 for e in model.ep_info_buffer)
+    lines = read_diagnostics(tmp_path / "diag.jsonl")
+    assert len(lines) == 4 and all(np.isfinite(line["loss"]) for line in lines)
+    for line in lines:  # the device-side action counts reached every line
+        assert all(sum(mix) == pytest.approx(1.0, abs=1e-5) for mix in line["action_mix"].values())
