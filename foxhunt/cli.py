@@ -23,6 +23,7 @@ from typing import Any
 
 import torch as th
 
+from foxhunt import presets
 from foxhunt.evaluation import cli as evaluation_cli
 from foxhunt.runs import RunConfig
 
@@ -94,6 +95,10 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     def name(field: str) -> str:  # an option given, or a value of the config file
         return _flag(field) if field in given or config_file is None else f"{config_file}: {field}"
 
+    if config_file is None and str(given.get("device", base.device)).startswith("cuda"):
+        # a GPU run's sizes unless given: thousands of books through the device loop
+        base = dataclasses.replace(base, n_envs=presets.GPU_N_ENVS, steps=presets.GPU_TRAIN_STEPS,
+                                   checkpoint_every=presets.GPU_CHECKPOINT_EVERY)
     config = dataclasses.replace(base, **given)
     if config.data != "synthetic" and not Path(config.data).is_dir():
         raise ValueError(f"{name('data')}={config.data!r} must be 'synthetic' or a folder of LOBSTER files")
@@ -150,7 +155,9 @@ def _common(p: argparse.ArgumentParser, steps: int, n_envs: int, absent: bool = 
     p.add_argument("--steps", type=int, default=default(steps), help=f"environment steps (default: {steps})")
     p.add_argument("--n-envs", type=int, default=default(n_envs),
                    help=f"books stepped together (default: {n_envs})")
-    p.add_argument("--device", default=default("cpu"), help="cpu or cuda (default: cpu)")
+    p.add_argument("--device", default=default("cpu"),
+                   help="cpu or cuda (default: cpu); on cuda, train's sizes default to "
+                        f"{presets.GPU_N_ENVS} books and {presets.GPU_TRAIN_STEPS:,} steps")
     p.add_argument("--seed", type=int, default=default(0), help="random seed (default: 0)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=default(True),
                    help="show a progress bar (default: on)")

@@ -128,6 +128,24 @@ class DeviceLOBVecEnv(LOBVecEnv):
         self._obs_t = obs
         return DeviceStep(obs, reward, done, final_obs, infos, episode_return, episode_length)
 
+    def state_dict(self) -> dict[str, Any]:
+        """:meth:`LOBVecEnv.state_dict` plus the tensor face's current observations.
+
+        :return: a state for :meth:`load_state_dict`.
+        """
+        return {**super().state_dict(), "obs": self._obs_t.cpu().numpy()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Put back a :meth:`state_dict`; both faces then hold the episode statistics.
+
+        :param state: the state.
+        """
+        super().load_state_dict(state)
+        self._ep_return_t = torch.from_numpy(self._episode_return.copy()).to(self.device)
+        self._ep_length_t = torch.from_numpy(self._episode_length.copy()).to(self.device)
+        self._stats_on = "both"
+        self._obs_t = torch.as_tensor(state["obs"], dtype=torch.float32, device=self.device)
+
     def running_episode_stats(self) -> tuple[np.ndarray, np.ndarray]:
         """The running (unfinished) episodes' return and length, read from whichever face holds them (a sync
         when the tensor face does).

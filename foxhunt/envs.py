@@ -147,6 +147,45 @@ class LOBVecEnv(VecEnv):
         obs_np = obs.detach().cpu().numpy().astype(np.float32, copy=True)
         return obs_np, reward_np, done_np, infos
 
+    def state_dict(self) -> dict[str, Any]:
+        """The env's state: the book core's and the running episodes' statistics (for checkpoints).
+
+        :return: a state for :meth:`load_state_dict`.
+        """
+        episode_return, episode_length = self.running_episode_stats()
+        return {
+            "lob": self.lob.state_dict(),
+            "episode_return": episode_return,
+            "episode_length": episode_length,
+            "elapsed": time.time() - self._t_start,
+            "seeds": list(self._seeds),
+            "options": list(self._options),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Put back a :meth:`state_dict` taken from an env of the same market, config and size.
+
+        :param state: the state.
+        :raises ValueError: when the state does not fit the env (the book core names what differs).
+        """
+        if state["episode_return"].shape != (self.num_envs,):
+            raise ValueError(
+                f"the state's env has {state['episode_return'].shape[0]} books, this one {self.num_envs}"
+            )
+        self.lob.load_state_dict(state["lob"])
+        self._episode_return[:] = state["episode_return"]
+        self._episode_length[:] = state["episode_length"]
+        self._t_start = time.time() - state["elapsed"]
+        self._seeds = list(state["seeds"])
+        self._options = list(state["options"])
+
+    def running_episode_stats(self) -> tuple[np.ndarray, np.ndarray]:
+        """The running (unfinished) episodes' return and length.
+
+        :return: ``([N] float64 returns, [N] int64 lengths)``.
+        """
+        return self._episode_return.copy(), self._episode_length.copy()
+
     def close(self) -> None:
         """Nothing to release (no subprocesses)."""
 

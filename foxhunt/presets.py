@@ -25,6 +25,10 @@ VACCINE_BRANCH = "magnitude"
 #: ``foxhunt train``'s sizes: a few minutes on a 2-core laptop CPU.
 CPU_TRAIN_STEPS = 15_000
 CPU_N_ENVS = 8
+#: ``foxhunt train --device cuda``'s sizes: thousands of books through the device loop.
+GPU_TRAIN_STEPS = 2_000_000
+GPU_N_ENVS = 1024
+GPU_CHECKPOINT_EVERY = 500_000
 #: Steps of a generated synthetic market (the training and the evaluation market each).
 SYNTHETIC_MARKET_STEPS = 20_000
 
@@ -41,6 +45,15 @@ MODEL_KWARGS: dict[str, Any] = {
     "exploration_fraction": 0.3,
     "exploration_final_eps": 0.05,
     "diagnostics_interval": 500,
+}
+#: What changes on a GPU: a batch worth a graphed step (replay ratio 0.25 at 1024 books) and a buffer and
+#: intervals that fit thousands of books a step.
+GPU_MODEL_KWARGS: dict[str, Any] = {
+    "batch_size": 256,
+    "buffer_size": 500_000,
+    "learning_starts": 20_000,
+    "target_update_interval": 20_000,
+    "diagnostics_interval": 20_000,
 }
 #: Policy settings of ``foxhunt train``.
 POLICY_KWARGS: dict[str, Any] = {

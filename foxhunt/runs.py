@@ -68,6 +68,9 @@ class RunConfig:
     """Overrides of the policy's arguments (``net_arch``, ``n_ensemble``, ...)."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """Overrides of the env's arguments (``episode_length``, fees, ...)."""
+    device_loop: bool | None = None
+    """Collect through BranchingIQN's device loop (tensors stay on the device, no per-step host sync:
+    :mod:`sb3_her_ext.device_loop`); ``None``: on exactly when the device is CUDA."""
     checkpoint_every: int = 5_000
     """Environment steps between checkpoints (and one when training ends; a default CPU run leaves three);
     0: no checkpoints."""
@@ -88,8 +91,9 @@ class RunConfig:
         for name in ("hindsight", "progress"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"RunConfig.{name}={getattr(self, name)!r} must be a bool")
-        if self.cuda_graph is not None and not isinstance(self.cuda_graph, bool):
-            raise ValueError(f"RunConfig.cuda_graph={self.cuda_graph!r} must be a bool or None")
+        for name in ("cuda_graph", "device_loop"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
+                raise ValueError(f"RunConfig.{name}={getattr(self, name)!r} must be a bool or None")
         for name in ("checkpoint_every", "keep_checkpoints"):
             if getattr(self, name) < 0:
                 raise ValueError(f"RunConfig.{name}={getattr(self, name)} must be >= 0")
@@ -113,9 +117,16 @@ class RunConfig:
             raise ValueError(f"RunConfig.cuda_graph=True needs a CUDA device, got device={self.device!r}")
         return graph
 
+    def resolved_device_loop(self) -> bool:
+        """Whether collection runs through the device loop (``device_loop``, or on exactly on CUDA)."""
+        return th.device(self.device).type == "cuda" if self.device_loop is None else self.device_loop
+
     def resolved_model_kwargs(self) -> dict[str, Any]:
-        """BranchingIQN's keyword arguments: presets, scaled to short runs, then the overrides."""
-        base = presets.MODEL_KWARGS
+        """BranchingIQN's keyword arguments: presets (with a GPU's on CUDA), scaled to short runs, then the
+        overrides."""
+        base = dict(presets.MODEL_KWARGS)
+        if th.device(self.device).type == "cuda":
+            base.update(presets.GPU_MODEL_KWARGS)
         model_kwargs = {
             **base,
             **presets.trading_algorithm_kwargs(),
@@ -189,11 +200,13 @@ def make_env(config: RunConfig, seed: int, split: str) -> Any:
     :param split: ``"train"`` or ``"test"``.
     :return: a :class:`~foxhunt.envs.LOBVecEnv`.
     """
+    from foxhunt.device_env import DeviceLOBVecEnv
     from foxhunt.envs import LOBVecEnv
 
+    env_class = DeviceLOBVecEnv if config.resolved_device_loop() else LOBVecEnv
     env_kwargs = config.resolved_env_kwargs()
     if config.data == "synthetic":
-        return LOBVecEnv(config.n_envs, device=config.device, seed=seed, data="synthetic",
+        return env_class(config.n_envs, device=config.device, seed=seed, data="synthetic",
                          num_steps=config.synthetic_market_steps, **env_kwargs)
     if not Path(config.data).is_dir():
         raise ValueError(f"data={config.data!r} must be 'synthetic' or a folder of LOBSTER files")
@@ -202,7 +215,7 @@ def make_env(config: RunConfig, seed: int, split: str) -> Any:
     market = load_market(config.data, split=split, device=config.device)
     # a short split (the LOBSTER sample's test split has ~300 steps) gets episodes that fit in it
     env_kwargs["episode_length"] = min(env_kwargs["episode_length"], market.num_steps - 1)
-    return LOBVecEnv(config.n_envs, device=config.device, seed=seed, data=market, **env_kwargs)
+    return env_class(config.n_envs, device=config.device, seed=seed, data=market, **env_kwargs)
 
 
 def eval_seed(config: RunConfig) -> int:
@@ -290,7 +303,8 @@ def train(config: RunConfig, callback: Any = None, *, resume_from: str | Path | 
 
     if resume_from is None:
         # config.json records whether the steps were graphed
-        config = dataclasses.replace(config, cuda_graph=config.resolved_cuda_graph())
+        config = dataclasses.replace(config, cuda_graph=config.resolved_cuda_graph(),
+                                     device_loop=config.resolved_device_loop())
         out = new_run_folder(config.out)
         config.save(out / "config.json")
     else:

@@ -19,7 +19,6 @@ state, the GPU sampler's Philox state), that is:
 from __future__ import annotations
 
 import random
-import time
 from typing import Any
 
 import numpy as np
@@ -76,15 +75,7 @@ def env_state(env: Any) -> dict[str, Any]:
     :param env: the training env.
     :return: the state, for :func:`set_env_state`.
     """
-    # LOBVecEnv has no state_dict of its own yet: its episode statistics are read here
-    return {
-        "lob": env.lob.state_dict(),
-        "episode_return": env._episode_return.copy(),
-        "episode_length": env._episode_length.copy(),
-        "elapsed": time.time() - env._t_start,
-        "seeds": list(env._seeds),
-        "options": list(env._options),
-    }
+    return env.state_dict()
 
 
 def set_env_state(env: Any, state: dict[str, Any]) -> None:
@@ -94,16 +85,7 @@ def set_env_state(env: Any, state: dict[str, Any]) -> None:
     :param state: the state.
     :raises ValueError: when the state does not fit the env (the book core names what differs).
     """
-    if state["episode_return"].shape != (env.num_envs,):
-        raise ValueError(
-            f"the checkpoint's env has {state['episode_return'].shape[0]} books, this one {env.num_envs}"
-        )
-    env.lob.load_state_dict(state["lob"])
-    env._episode_return[:] = state["episode_return"]
-    env._episode_length[:] = state["episode_length"]
-    env._t_start = time.time() - state["elapsed"]
-    env._seeds = list(state["seeds"])
-    env._options = list(state["options"])
+    env.load_state_dict(state)
 
 
 def diagnostics_state(model: Any) -> dict[str, Any]:

@@ -168,3 +168,30 @@ def test_run_config_file_round_trip_and_unknown_keys(tmp_path: Path) -> None:
     (tmp_path / "list.json").write_text("[]")
     with pytest.raises(ValueError, match="a run config must be a JSON object, got list"):
         RunConfig.load(tmp_path / "list.json")
+
+
+def test_device_loop_is_on_exactly_on_cuda_unless_set() -> None:
+    assert RunConfig().resolved_device_loop() is False
+    assert RunConfig(device="cuda").resolved_device_loop() is True
+    assert RunConfig(device_loop=True).resolved_device_loop() is True
+    with pytest.raises(ValueError, match="RunConfig.device_loop='yes' must be a bool or None"):
+        RunConfig(device_loop="yes")
+
+
+def test_train_through_the_device_loop_on_the_cpu(tmp_path: Path) -> None:
+    """``device_loop=True`` trains through sb3_her_ext.device_loop (the env is the device face); a crashed
+    run resumes to the uninterrupted run's model."""
+    from foxhunt.device_env import DeviceLOBVecEnv
+    from foxhunt.runs import make_env
+
+    config = small_config(tmp_path / "run", device_loop=True)
+    assert isinstance(make_env(config, 0, split="train"), DeviceLOBVecEnv)
+    out = train(config)
+    assert json.loads((out / "config.json").read_text())["device_loop"] is True
+    assert (out / "model.zip").is_file() and (out / "evaluation.json").is_file()
+
+    crashed = small_config(tmp_path / "crashed", device_loop=True)
+    with pytest.raises(_Crash):
+        train(crashed, callback=_CrashAt(450))
+    resumed = resume(tmp_path / "crashed")
+    assert_same_model(out / "model.zip", resumed / "model.zip")  # on the CPU, bit for bit
