@@ -5,7 +5,7 @@ One command (from the repository root)::
     python -m experiments.simulator_audit --out runs/audit
 
 It measures, on every market it is given (GOOG at 100 and 20 messages a step, the synthetic market with
-the default ``adverse_selection`` and with ``adverse_selection=0``, the market before the audit):
+its default flow and with ``LEGACY_FLOW``, the market before the audit):
 
 (a) adverse selection: how the signed trade flow of a step (buyer- minus seller-initiated executed
     shares, ``exec_ask - exec_bid``) predicts the mid move over the next ``k`` steps (correlation, and the
@@ -40,7 +40,7 @@ from foxenv.config import EnvConfig
 from foxenv.core import BatchedLOB
 from foxenv.data import load_market
 from foxenv.data.market import FLOW_WIDTH, MarketData
-from foxenv.data.synthetic import generate_synthetic
+from foxenv.data.synthetic import LEGACY_FLOW, generate_synthetic
 from foxenv.matching import meet_flow, meet_flow_conservative
 
 HORIZONS = (0, 1, 5, 20)
@@ -299,8 +299,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for events in args.step_events:
         markets[f"GOOG {events} msg/step"] = load_market(args.lobster, step_events=events)
     markets["synthetic (default)"] = generate_synthetic(args.synthetic_steps, seed=args.seed)
-    markets["synthetic adverse_selection=0 (old)"] = generate_synthetic(
-        args.synthetic_steps, seed=args.seed, adverse_selection=0.0
+    markets["synthetic LEGACY_FLOW (before the audit)"] = generate_synthetic(
+        args.synthetic_steps, seed=args.seed, **LEGACY_FLOW
     )
     results: dict[str, Any] = {}
     for name, market in markets.items():

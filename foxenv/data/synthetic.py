@@ -45,9 +45,9 @@ Since the simulator audit (``experiments/simulator_audit.py``, ``experiments/REA
 informative as on GOOG: the aggressive flow of a step leans toward the mid move of the next step
 (``adverse_selection``), and a touch trades only in some steps, mostly on the side the price is moving
 toward (``trade_probability``; GOOG trades a side in 63 % of its 100-message steps). A resting order
-one tick inside the spread therefore fills in 66 % of steps (GOOG 34 %), mostly before the mid moves
-against it, instead of in 98 % whatever the move: its mark-out 20 steps after the fill falls from
-+13.5 ticks to about +1 (GOOG +1.0 after a one-step wait, -0.5 after five; the audit's table).
+one tick inside the spread therefore fills within a step in 57 % of steps (GOOG 34 %), mostly before
+the mid moves against it, instead of in 98 % whatever the move: its mark-out 20 steps after the fill
+falls from +13.5 ticks to +1.5 (GOOG +1.0; the audit's table).
 Only the flow changes: the book and the mid path are the same as before, and
 ``generate_synthetic(..., **LEGACY_FLOW)`` gives the market before the audit bit for bit.
 """
