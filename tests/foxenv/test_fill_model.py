@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 
 from foxenv.config import FILL_MODELS, EnvConfig
 from foxenv.core import BatchedLOB
 from foxenv.matching import meet_flow, meet_flow_conservative
-from tests.foxenv.fake_market import flat_market
+from tests.foxenv.fake_market import flat_market, random_market
 
 SHORT, FLAT, LONG = 0, 1, 2
 SMALL, HALF, FULL = 0, 1, 2
@@ -193,3 +195,56 @@ def test_conservative_never_fills_more_than_optimistic() -> None:
     none = through == 0
     assert torch.equal(careful[none], generous[none])
     assert torch.equal(careful_ahead[none], generous_ahead[none])
+
+
+def _assert_same_steps(first: BatchedLOB, second: BatchedLOB, steps: int = 40) -> int:
+    """Step both envs with the same random actions; their outputs must agree. :return: fills seen."""
+    generator = torch.Generator().manual_seed(4)
+    fills = 0
+    for _ in range(steps):
+        action = torch.randint(0, 3, (first.num_books, 4), generator=generator)
+        out_a, out_b = first.step(action), second.step(action)
+        torch.testing.assert_close(out_a[0], out_b[0].cpu(), rtol=0, atol=1e-6)
+        for key, value in out_a[4].items():
+            other = out_b[4][key].cpu()
+            if value.dtype.is_floating_point:
+                torch.testing.assert_close(value, other, rtol=0, atol=1e-9, msg=key)
+            else:
+                assert torch.equal(value, other), key
+        fills += int((out_a[4]["fees"] != 0).sum())
+        done = out_a[2] | out_a[3]
+        first.reset(mask=done)
+        second.reset(mask=done.to(second.device))
+    return fills
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile on CPU needs g++")
+def test_compiled_step_with_latency_matches_eager() -> None:
+    market = random_market(600, 5, seed=8)
+    cfg = EnvConfig(levels=5, episode_length=20, order_latency=2)
+    eager = BatchedLOB(market, 16, cfg, seed=3)
+    compiled = BatchedLOB(market, 16, cfg, seed=3)
+    compiled.enable_compile()
+    assert _assert_same_steps(eager, compiled) > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("fill_model", "latency"), [("conservative", 2), ("optimistic", 1)])
+def test_cuda_step_matches_cpu_for_the_fill_settings(fill_model: str, latency: int) -> None:
+    market = random_market(600, 5, seed=8)
+    cfg = EnvConfig(levels=5, episode_length=100, fill_model=fill_model, order_latency=latency)
+    cpu = BatchedLOB(market, 32, cfg, device="cpu", seed=0)
+    gpu = BatchedLOB(market, 32, cfg, device="cuda", seed=0)
+    state = cpu.state_dict()
+    state["generator"] = gpu.state_dict()["generator"]
+    gpu.load_state_dict(state)  # same offsets on both devices
+    generator = torch.Generator().manual_seed(2)
+    for _ in range(50):
+        action = torch.randint(0, 3, (32, 4), generator=generator)
+        obs_c, rew_c, _, _, info_c = cpu.step(action)
+        obs_g, rew_g, _, _, info_g = gpu.step(action)
+        assert torch.allclose(obs_c, obs_g.cpu(), atol=1e-4)
+        assert torch.allclose(rew_c, rew_g.cpu(), atol=1e-4)
+        assert torch.allclose(info_c["equity"], info_g["equity"].cpu(), atol=1e-8)
+        assert torch.allclose(info_c["order_queue_ahead"], info_g["order_queue_ahead"].cpu(), atol=1e-8)
