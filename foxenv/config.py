@@ -7,6 +7,9 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
+#: The maker fill models of :attr:`EnvConfig.fill_model` (see :func:`foxenv.matching.meet_flow`).
+FILL_MODELS = ("conservative", "optimistic")
+
 
 def _require_finite(name: str, value: Any) -> None:
     """A real number (not a bool), finite; else a ``ValueError`` naming ``name`` and the value."""
@@ -43,6 +46,14 @@ class EnvConfig:
     :param return_horizons: steps over which mid returns enter the observation; each >= 1.
     :param vol_window: steps of 1-step mid returns in the realized-volatility feature; >= 2.
     :param flow_window: steps summed in the signed trade-flow feature; >= 1.
+    :param fill_model: how a resting LimitMaker order fills (:func:`foxenv.matching.meet_flow`):
+        ``"conservative"`` (default) fills it only from volume the market traded at its price after the
+        queue ahead, or through it (strictly beyond), and no more shares than that volume less the queue
+        ahead; ``"optimistic"`` (the model before the simulator audit) fills the whole order on any trade
+        through its price, whatever the volume.
+    :param order_latency: steps a newly posted LimitMaker order waits before it rests in the book: it
+        meets no flow during them, and joins the queue behind the size visible at its price when it
+        arrives; 0 (default) rests it at once behind the size visible when it is posted; >= 0.
     """
 
     max_position: float = 100.0
@@ -57,6 +68,8 @@ class EnvConfig:
     return_horizons: tuple[int, ...] = (1, 5, 20, 100)
     vol_window: int = 20
     flow_window: int = 10
+    fill_model: str = "conservative"
+    order_latency: int = 0
 
     def __post_init__(self) -> None:
         for name in (
@@ -99,3 +112,7 @@ class EnvConfig:
             raise ValueError(f"vol_window={self.vol_window} must be an integer >= 2")
         if not is_whole(self.flow_window) or self.flow_window < 1:
             raise ValueError(f"flow_window={self.flow_window} must be an integer >= 1")
+        if self.fill_model not in FILL_MODELS:
+            raise ValueError(f"fill_model={self.fill_model!r} must be one of {FILL_MODELS}")
+        if not is_whole(self.order_latency) or self.order_latency < 0:
+            raise ValueError(f"order_latency={self.order_latency!r} must be an integer >= 0")

@@ -11,8 +11,12 @@ Timing of a step (book ``b`` at episode step ``t`` reads market row ``i = offset
 4. The market advances to row ``i + 1``; the resting order meets that row's flow (``exec_*``,
    ``cancel_*`` around ``flow_ref_tick[i + 1]``): cancellations at its price first shrink the queue
    ahead by the ProbQueue split (visible size = size at its price in snapshot ``i``), then executions at
-   its price consume the queue ahead and fill it; any execution at a worse price (a trade through it)
-   fills it completely. Fills are at its limit price with the maker fee (a rebate when negative).
+   its price, then any execution at a worse price (a trade through it), consume the queue ahead and fill
+   it with the rest, never more than that volume (``fill_model="conservative"``, the default;
+   ``"optimistic"`` fills it completely on any trade through). With ``order_latency=k`` a new order meets
+   no flow for ``k`` steps and then joins the queue behind the size visible at its price (pending, its
+   ``order_ahead`` state holds ``-(steps left + 1)``; observations and infos show 0). Fills are at its
+   limit price with the maker fee (a rebate when negative).
 5. If ``halted[i + 1]``, nothing executes in the step (orders still post; their queue does not move).
 6. Equity is marked at the mid of snapshot ``i + 1``, which the new observation shows.
 
@@ -33,7 +37,7 @@ from foxenv.compiled import AcceleratedStep
 from foxenv.config import EnvConfig
 from foxenv.data.market import MarketData
 from foxenv.features import PORTFOLIO_FEATURES, market_feature_dim, portfolio_features
-from foxenv.matching import meet_flow, walk_book
+from foxenv.matching import meet_flow, meet_flow_conservative, walk_book
 from foxenv.rewards import drawdown_hit, step_reward
 from foxenv.spec import ACTION_NVEC, BRANCH_NAMES, MAGNITUDES, check_actions
 from foxenv.state import BOOK_ROWS, COUNTER_ROWS, BookState
@@ -333,7 +337,18 @@ class BatchedLOB(AcceleratedStep):
         own = tables.sides.index_select(0, side_row + (order_side <= 0))  # resting buys queue at the bids
         elsewhere = own[:, :levels] != order_tick[:, None]
         visible = own[:, levels:].masked_fill(elsewhere, 0.0).sum(dim=1)  # = where(at its tick, size, 0)
-        ahead = torch.where(post, visible, state.order_ahead)
+        latency = cfg.order_latency
+        if latency:
+            # A pending order holds -(steps until it rests + 1) in order_ahead; at -1 it rests now, behind the
+            # size visible at its price in this snapshot, and meets this step's flow.
+            ahead = torch.where(post, torch.full_like(visible, -1.0 - latency), state.order_ahead)
+            pending = ahead < -1.5
+            ahead = torch.where(ahead == -1.0, visible, ahead)
+            countdown = ahead + 1.0
+            queue = ahead.clamp_min(0.0)
+        else:
+            ahead = torch.where(post, visible, state.order_ahead)
+            queue = ahead
         remaining = torch.where(post, need, state.order_remaining * keep)
         order_target = torch.where(post, target, state.order_target)
 
@@ -345,18 +360,32 @@ class BatchedLOB(AcceleratedStep):
         executed, cancelled, through = tables.flow.index_select(0, grid).double().unbind(dim=1)
         at_price = column == clamped
         beyond_grid = order_side * (column - clamped) > 0  # the edge column lies at a worse price
-        traded_through = torch.where(beyond_grid, through + executed, through) > 0
-        fill, ahead_after = meet_flow(
-            ahead,
-            remaining,
-            visible,
-            executed * at_price,  # exact: where(at_price, executed, 0) on finite share counts
-            cancelled * at_price,
-            traded_through,
-            cfg.queue_power,
-        )
+        through = torch.where(beyond_grid, through + executed, through)
+        if cfg.fill_model == "optimistic":
+            fill, ahead_after = meet_flow(
+                queue,
+                remaining,
+                visible,
+                executed * at_price,  # exact: where(at_price, executed, 0) on finite share counts
+                cancelled * at_price,
+                through > 0,
+                cfg.queue_power,
+            )
+        else:
+            fill, ahead_after = meet_flow_conservative(
+                queue,
+                remaining,
+                visible,
+                executed * at_price,
+                cancelled * at_price,
+                through,
+                cfg.queue_power,
+            )
         fill = fill * trading  # a halted step executes nothing and leaves the queue as it was
         ahead = torch.where(trading > 0, ahead_after, ahead)
+        if latency:  # a pending order meets no flow; its wait counts down, halted or not
+            fill = fill.masked_fill(pending, 0.0)
+            ahead = torch.where(pending, countdown, ahead)
         left = remaining - fill
         maker_reached = (fill > 0) & (left <= 0)
         alive = left > 0
@@ -405,7 +434,7 @@ class BatchedLOB(AcceleratedStep):
             "unrealized_pnl": unrealized,
             "order_active": alive,
             "order_price": order_price,
-            "order_queue_ahead": state.order_ahead,
+            "order_queue_ahead": state.order_ahead.clamp_min(0.0) if latency else state.order_ahead,
             "order_remaining": state.order_remaining,
             "step": state.step,
         }
@@ -431,7 +460,7 @@ class BatchedLOB(AcceleratedStep):
             mid,
             state.order_side,
             order_price,
-            state.order_ahead,
+            state.order_ahead.clamp_min(0.0) if self.config.order_latency else state.order_ahead,  # 0 pending
             state.order_remaining,
             time_in_trade.double(),
             state.step.double(),

@@ -114,7 +114,8 @@ def meet_flow(
     power: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One market step of flow at a resting order's price: cancellations shrink the queue ahead (ProbQueue),
-    then executions consume the queue ahead and fill the order; a trade through its price fills it all.
+    then executions consume the queue ahead and fill the order; a trade through its price fills it all,
+    whatever its volume (``EnvConfig.fill_model="optimistic"``; the default: :func:`meet_flow_conservative`).
 
     :param ahead: ``[B]`` shares ahead of the order.
     :param remaining: ``[B]`` unfilled size of the order (0 where there is none).
@@ -128,3 +129,33 @@ def meet_flow(
     ahead = probqueue_cancel(ahead, visible, cancelled, power)
     fill = torch.where(traded_through, remaining, torch.minimum((executed - ahead).clamp_min(0.0), remaining))
     return fill, (ahead - executed).clamp_min(0.0)
+
+
+def meet_flow_conservative(
+    ahead: torch.Tensor,
+    remaining: torch.Tensor,
+    visible: torch.Tensor,
+    executed: torch.Tensor,
+    cancelled: torch.Tensor,
+    through: torch.Tensor,
+    power: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One market step of flow at a resting order's price, paying only for volume that really traded:
+    cancellations shrink the queue ahead (ProbQueue), then the volume executed at its price and the volume
+    executed strictly beyond it (a trade through) consume the queue ahead first and fill the order with
+    what is left. The replay does not react to the order, so the recorded marketable flow that emptied its
+    level and went through would have met the queue ahead, then the order; never more than that volume.
+
+    :param ahead: ``[B]`` shares ahead of the order.
+    :param remaining: ``[B]`` unfilled size of the order (0 where there is none).
+    :param visible: ``[B]`` visible size at its price at the start of the step.
+    :param executed: ``[B]`` shares executed at its price during the step.
+    :param cancelled: ``[B]`` shares cancelled at its price during the step.
+    :param through: ``[B]`` shares executed at a worse price (below a bid, above an ask).
+    :param power: ProbQueue exponent.
+    :return: ``(fill, ahead)``: ``[B]`` shares filled (<= ``remaining``) and the new queue ahead.
+    """
+    ahead = probqueue_cancel(ahead, visible, cancelled, power)
+    volume = executed + through
+    fill = torch.minimum((volume - ahead).clamp_min(0.0), remaining)
+    return fill, (ahead - volume).clamp_min(0.0)

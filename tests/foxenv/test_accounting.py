@@ -67,7 +67,7 @@ def test_flip_closes_the_old_trade_and_opens_a_new_one_with_a_pro_rata_fee() -> 
 
 def test_taker_fees_always_cost_and_maker_rebates_pay() -> None:
     market = flat_market(4, BID, ASK, exec_bid={2: {99.99: 1.0}})
-    env = make_env(market, taker_fee_bps=0.3, maker_fee_bps=-0.25)
+    env = make_env(market, taker_fee_bps=0.3, maker_fee_bps=-0.25, fill_model="optimistic")  # full fill
     _, _, _, _, info = act(env, SHORT, SMALL, MARKET, AGGRESSIVE)   # sell: fee still positive
     assert info["fees"].item() == pytest.approx((10 * 100.00 + 15 * 99.99) * 0.3e-4, abs=1e-12)
     _, _, _, _, info = act(env, LONG, SMALL, MAKER, NORMAL)         # buy 50 at 100.00, traded through

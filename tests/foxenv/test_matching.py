@@ -202,7 +202,7 @@ def test_meet_flow_function() -> None:
 
 def test_trade_through_fills_the_resting_order_completely() -> None:
     market = flat_market(3, BID, ASK, exec_bid={1: {99.99: 1.0}})
-    env = make_env(market, maker_fee_bps=0.0)
+    env = make_env(market, maker_fee_bps=0.0, fill_model="optimistic")  # conservative: test_fill_model.py
     _, _, _, _, info = act(env, LONG, SMALL, MAKER, NORMAL)
     assert info["position"].item() == 25.0
     assert not info["order_active"].item()
@@ -211,7 +211,7 @@ def test_trade_through_fills_the_resting_order_completely() -> None:
 
 def test_trade_through_on_the_ask_side() -> None:
     market = flat_market(3, BID, ASK, exec_ask={1: {100.03: 2.0}})
-    env = make_env(market, maker_fee_bps=0.0)
+    env = make_env(market, maker_fee_bps=0.0, fill_model="optimistic")
     _, _, _, _, info = act(env, SHORT, HALF, MAKER, NORMAL)  # sell 50 at 100.02
     assert info["position"].item() == -50.0
     assert info["cash"].item() == pytest.approx(50 * 100.02, abs=1e-9)
@@ -220,7 +220,7 @@ def test_trade_through_on_the_ask_side() -> None:
 def test_new_price_level_has_an_empty_queue_and_fills_on_trade_through() -> None:
     # Aggressive buy at 100.01 (a new level): queue 0; sells at 100.00 trade through it.
     market = flat_market(3, BID, ASK, exec_bid={1: {100.00: 3.0}})
-    env = make_env(market, maker_fee_bps=0.0)
+    env = make_env(market, maker_fee_bps=0.0, fill_model="optimistic")
     _, _, _, _, info = act(env, LONG, SMALL, MAKER, AGGRESSIVE)
     assert info["position"].item() == 25.0
     assert info["cash"].item() == pytest.approx(-25 * 100.01, abs=1e-9)
@@ -263,7 +263,7 @@ def test_resting_order_far_off_the_flow_grid_is_traded_through_at_the_grid_edge(
     bids = [BID, [(99.50, 10.0)], [(99.50, 10.0)]]
     asks = [ASK, [(99.52, 10.0)], [(99.52, 10.0)]]
     market = make_market(bids, asks, exec_bid={2: {99.90: 1.0}})
-    env = make_env(market, maker_fee_bps=0.0)
+    env = make_env(market, maker_fee_bps=0.0, fill_model="optimistic")
     _, _, _, _, info = act(env, LONG, SMALL, MAKER, NORMAL)
     assert info["order_active"].item() and info["position"].item() == 0.0
     _, _, _, _, info = act(env, LONG, SMALL, MAKER, NORMAL)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from foxenv.data import FLOW_WIDTH, MarketData, SyntheticProfile, generate_synthetic, load_market
+from foxenv.data.synthetic import LEGACY_FLOW
 
 STEPS = 20_000
 TENSOR_FIELDS = ("bid_price", "bid_size", "ask_price", "ask_size", "flow_ref_tick", "exec_bid", "exec_ask",
@@ -219,3 +220,45 @@ def test_planted_signal_knobs_are_checked() -> None:
         generate_synthetic(100, signal_strength=-1.0)
     with pytest.raises(ValueError, match="signal_horizon=0"):
         generate_synthetic(100, signal_strength=1.0, signal_horizon=0)
+
+
+def next_move_correlation(market: MarketData) -> float:
+    """Correlation of a step's signed trade flow (buys minus sells) with the mid move of the next step."""
+    flow = market.exec_ask.double().sum(1) - market.exec_bid.double().sum(1)
+    move = market.mid_price().double().diff()
+    x, y = flow[:-1] - flow[:-1].mean(), move - move.mean()
+    return float((x * y).sum() / ((x * x).sum() * (y * y).sum()).sqrt())
+
+
+def test_default_flow_trades_like_goog_and_leans_toward_the_next_move(market: MarketData) -> None:
+    # GOOG (100 messages a step): a side trades in 63 % of steps; the flow predicts the next move (corr
+    # 0.15; experiments/simulator_audit.py). The market before the audit traded both sides every step and
+    # its flow told nothing about the next move.
+    for side in (market.exec_bid, market.exec_ask):
+        assert 0.45 <= float((side.sum(1) > 0).double().mean()) <= 0.75
+    legacy = generate_synthetic(STEPS, seed=0, **LEGACY_FLOW)
+    assert float((legacy.exec_bid.sum(1) > 0).double().mean()) == 1.0
+    assert next_move_correlation(market) > 0.04 > next_move_correlation(legacy)
+    # Only the flow changes: the book and the mid path are those of the legacy market.
+    for name in ("bid_price", "bid_size", "ask_price", "ask_size", "flow_ref_tick", "time"):
+        assert torch.equal(getattr(market, name), getattr(legacy, name)), name
+
+
+def test_legacy_flow_is_the_market_before_the_audit_bit_for_bit() -> None:
+    # Flow totals of generate_synthetic(3000, seed=5) at commit f0785ae (before the audit).
+    legacy = generate_synthetic(3_000, seed=5, **LEGACY_FLOW)
+    before = {"exec_bid": 508022.6277856884, "exec_ask": 543081.8809008494,
+              "cancel_bid": 422191.48546171543, "cancel_ask": 418123.78409833263}
+    for name, total in before.items():
+        assert float(getattr(legacy, name).double().sum()) == pytest.approx(total, rel=1e-12, abs=0.0), name
+
+
+def test_flow_knobs_are_checked() -> None:
+    with pytest.raises(ValueError, match="adverse_selection=-1"):
+        generate_synthetic(100, adverse_selection=-1.0)
+    with pytest.raises(ValueError, match="trade_probability=1.5"):
+        generate_synthetic(100, trade_probability=1.5)
+    a = generate_synthetic(500, seed=1, adverse_selection=2.0, trade_probability=0.5)
+    b = generate_synthetic(500, seed=1, adverse_selection=2.0, trade_probability=0.5)
+    for name in TENSOR_FIELDS:
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
