@@ -143,19 +143,14 @@ def _summer(length: int, vector_width: int) -> Callable[[list[float]], float]:
 
 
 def _torch_pow(base: float, exponent: float) -> float:
-    """``torch.pow(tensor, exponent)`` of one double: PyTorch's special-cased exponents, else libm ``pow``."""
+    """``torch.pow(tensor, exponent)`` of one double for an ``exponent >= 0`` (``EnvConfig.queue_power``):
+    PyTorch's special-cased exponents, else libm ``pow``."""
     if exponent == 2.0:
         return base * base
     if exponent == 3.0:
         return base * base * base
-    if exponent == 0.5:
-        return math.sqrt(base)
-    if exponent == -0.5:
-        return 1.0 / math.sqrt(base)
-    if exponent == -1.0:
-        return 1.0 / base
-    if exponent == -2.0:
-        return 1.0 / (base * base)
+    if exponent == 0.5:  # torch's sqrt kernel (MKL's where present) is not always correctly rounded
+        return torch.tensor([base], dtype=torch.float64).sqrt_().item()
     return math.pow(base, exponent)
 
 
