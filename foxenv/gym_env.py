@@ -91,7 +91,9 @@ class LOBEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         a test, where the compile would cost more than it saves.
     :param lean: step the lean one-book step (default) instead of the eager core when ``compile`` is
         False. Where the lean step cannot reproduce the core (a config field or state it does not know,
-        see :func:`~foxenv.single_book.lean_path_problem`) the env warns and steps the eager core.
+        see :func:`~foxenv.single_book.lean_path_problem`, or a difference in a few steps both take when
+        the env is built, :meth:`~foxenv.single_book.SingleBook.self_check`) the env warns and steps the
+        eager core.
     :param kwargs: :class:`EnvConfig` fields and ``load_market`` options, see :func:`make_core`.
     """
 
@@ -129,7 +131,11 @@ class LOBEnv(gymnasium.Env[np.ndarray, np.ndarray]):
             problem = lean_path_problem(self._core)
             if problem is None:
                 self._book = SingleBook(self._core)
-            else:
+                difference = self._book.self_check()
+                if difference is not None:
+                    self._book = None
+                    problem = f"the lean step differs from the core in {difference}"
+            if problem is not None:
                 warnings.warn(f"LOBEnv steps the eager core: {problem}", stacklevel=2)
         self.compiled = compile
         self.lean = self._book is not None

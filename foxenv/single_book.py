@@ -18,6 +18,7 @@ the core instead (``tests/foxenv/test_single_book.py`` then fails, naming what t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -159,6 +160,7 @@ def _sign(x: float) -> float:
     return 1.0 if x > 0 else (-1.0 if x < 0 else 0.0)
 
 
+@functools.lru_cache(maxsize=8)
 def _find_sum(levels: int) -> Callable[[list[float]], float] | None:
     """The :func:`_summer` that equals ``torch.sum(dim=1)`` on ``[1, levels]`` rows here, or None."""
     generator = np.random.default_rng(0)
@@ -254,6 +256,37 @@ class SingleBook:
     def episode_step(self) -> int:
         """Steps taken in this episode."""
         return self._state["step"]
+
+    def self_check(self, steps: int = 48, seed: int = 0) -> str | None:
+        """Step the core and this lean step side by side from the core's current state for ``steps``
+        random actions (half of them LimitMaker) and report the first output that differs; both end
+        where they started. A guard for a core whose rules changed without this module following.
+
+        :param steps: steps compared (fewer when the episode ends first).
+        :param seed: of the actions.
+        :return: None when every output is equal, else what differed first.
+        """
+        saved = self.core.state_dict()
+        generator = np.random.default_rng(seed)
+        actions = generator.integers(0, 3, size=(steps, 4))
+        actions[generator.random(steps) < 0.5, 2] = 1
+        self.load()
+        problem = None
+        for t, action in enumerate(actions.tolist()):
+            expected = self.core._advance(torch.tensor([action]))
+            obs, reward, terminated, truncated, info = self.step(action)
+            want = {key: value.item() for key, value in expected[4].items()}
+            if not np.array_equal(obs, expected[0][0].numpy()):
+                problem = f"the observation at step {t}"
+            elif (reward, terminated, truncated) != tuple(value.item() for value in expected[1:4]):
+                problem = f"reward or episode end at step {t}"
+            elif list(info.items()) != list(want.items()):
+                problem = f"info at step {t}: {sorted(k for k in want if info.get(k) != want[k])}"
+            if problem is not None or terminated or truncated:
+                break
+        self.core.load_state_dict(saved)
+        self.load()
+        return problem
 
     def walk(self, side: float, wanted: float, limit: float, side_row: int) -> tuple[float, float, float]:
         """:func:`~foxenv.matching.walk_book` of one book on side-table row ``side_row``."""

@@ -228,3 +228,26 @@ def test_unknown_config_field_falls_back_to_the_core(market: MarketData, monkeyp
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert not LOBEnv(data=market, seed=0, episode_length=20, lean=False).lean  # asked for: no warning
+
+
+def test_a_lean_step_that_drifts_from_the_core_is_caught_when_the_env_is_built(
+    market: MarketData, monkeypatch
+) -> None:
+    """A core rule the lean step does not follow shows at construction: the env warns and steps the core."""
+    walk = SingleBook.walk
+
+    def drifting_walk(self, *args):
+        taken, notional, reachable = walk(self, *args)
+        return taken, notional * (1 + 1e-15), reachable
+
+    book = SingleBook(BatchedLOB(market, 1, config=EnvConfig(episode_length=60), seed=0))
+    assert book.self_check() is None
+    monkeypatch.setattr(SingleBook, "walk", drifting_walk)
+    assert "info at step" in book.self_check()
+    with pytest.warns(UserWarning, match="the lean step differs from the core"):
+        env = LOBEnv(data=market, seed=0, episode_length=60)
+    assert not env.lean
+    reference = LOBEnv(data=market, seed=0, episode_length=60, lean=False)
+    np.testing.assert_array_equal(env.reset(seed=1)[0], reference.reset(seed=1)[0])
+    for action in draw_actions(20, seed=0, maker_share=0.0):
+        assert env.step(action)[4] == reference.step(action)[4]
