@@ -30,7 +30,6 @@ from foxenv.config import EnvConfig
 from foxenv.core import BatchedLOB
 from foxenv.features import portfolio_features
 from foxenv.matching import walk_book
-from foxenv.tables import ROW_COLUMNS
 
 #: The :class:`EnvConfig` fields the lean step implements; a new field disables it until ported.
 KNOWN_CONFIG_FIELDS = (
@@ -138,9 +137,25 @@ def torch_sum_order(length: int, vector_width: int) -> str:
     return add("0.0", final)
 
 
-def _summer(length: int, vector_width: int) -> Callable[[list[float]], float]:
-    """A function summing a list of ``length`` floats in :func:`torch_sum_order`."""
-    return eval(f"lambda x: {torch_sum_order(length, vector_width)}")  # noqa: S307 (our own expression)
+class _Summer:
+    """Sums a list of ``length`` floats in :func:`torch_sum_order` (a compiled expression; picklable).
+
+    :param length: elements summed.
+    :param vector_width: doubles per SIMD vector.
+    """
+
+    def __init__(self, length: int, vector_width: int) -> None:
+        self.length = length
+        self.vector_width = vector_width
+        self._sum: Callable[[list[float]], float] = eval(  # noqa: S307 (our own expression)
+            f"lambda x: {torch_sum_order(length, vector_width)}"
+        )
+
+    def __call__(self, values: list[float]) -> float:
+        return self._sum(values)
+
+    def __reduce__(self) -> tuple[type, tuple[int, int]]:
+        return type(self), (self.length, self.vector_width)
 
 
 def _torch_pow(base: float, exponent: float) -> float:
@@ -161,14 +176,14 @@ def _sign(x: float) -> float:
 
 
 @functools.lru_cache(maxsize=8)
-def _find_sum(levels: int) -> Callable[[list[float]], float] | None:
-    """The :func:`_summer` that equals ``torch.sum(dim=1)`` on ``[1, levels]`` rows here, or None."""
+def _find_sum(levels: int) -> _Summer | None:
+    """The :class:`_Summer` that equals ``torch.sum(dim=1)`` on ``[1, levels]`` rows here, or None."""
     generator = np.random.default_rng(0)
     # magnitudes spread over many binades, so a different summation order shows in the result
     trials = generator.standard_normal((64, levels)) * 10.0 ** generator.integers(-8, 9, (64, levels))
     expected = torch.from_numpy(trials).sum(dim=1).tolist()
     for width in _VECTOR_WIDTHS:
-        summer = _summer(levels, width)
+        summer = _Summer(levels, width)
         if all(summer(row) == want for row, want in zip(trials.tolist(), expected, strict=True)):
             return summer
     return None
@@ -315,13 +330,15 @@ class SingleBook:
         cfg = self.config
         s = self._state
         levels = self._levels
+        weights = self._action_code
         position = s["ledger.position"]
         row = s["offset"] + s["step"]
         (
             mid_now, best_bid, best_ask, wide, trading, mid, next_best_bid, next_best_ask,
             column_zero, flow_bid, flow_ask,
         ) = self._rows[row].tolist()
-        code = sum(a * w for a, w in zip(action, self._action_code, strict=True))
+        direction, magnitude, order, urgency = action
+        code = direction * weights[0] + magnitude * weights[1] + order * weights[2] + urgency * weights[3]
         target, slice_of_need, limit_offset, is_maker, improve, aggressive = self._actions[code]
         need = target - position
         side = _sign(need)
@@ -530,5 +547,5 @@ def check_walk(core: BatchedLOB, count: int = 200, seed: int = 0) -> None:
         assert lean == tuple(value.item() for value in core_walk), (side_row, side, wanted, limit)
 
 
-__all__ = ["INFO_KEYS", "KNOWN_CONFIG_FIELDS", "KNOWN_STATE_KEYS", "ROW_COLUMNS", "SingleBook",
-           "check_walk", "lean_path_problem", "torch_sum_order"]
+__all__ = ["INFO_KEYS", "KNOWN_CONFIG_FIELDS", "KNOWN_STATE_KEYS", "SingleBook", "check_walk",
+           "lean_path_problem", "torch_sum_order"]

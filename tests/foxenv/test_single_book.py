@@ -251,3 +251,22 @@ def test_a_lean_step_that_drifts_from_the_core_is_caught_when_the_env_is_built(
     np.testing.assert_array_equal(env.reset(seed=1)[0], reference.reset(seed=1)[0])
     for action in draw_actions(20, seed=0, maker_share=0.0):
         assert env.step(action)[4] == reference.step(action)[4]
+
+
+def test_lean_env_pickles_and_copies_with_its_state(market: MarketData) -> None:
+    import copy
+    import pickle
+
+    env = LOBEnv(data=market, seed=5, episode_length=80)
+    env.reset(seed=5)
+    actions = draw_actions(60, seed=4, maker_share=0.5)
+    for action in actions[:30]:
+        env.step(action)
+    clones = [pickle.loads(pickle.dumps(env)), copy.deepcopy(env)]
+    assert all(clone.lean for clone in clones)
+    for action in actions[30:]:
+        expected = env.step(action)
+        for clone in clones:
+            got = clone.step(action)
+            np.testing.assert_array_equal(got[0], expected[0])
+            assert got[1:] == expected[1:]
