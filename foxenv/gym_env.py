@@ -152,7 +152,8 @@ class LOBEnv(gymnasium.Env[np.ndarray, np.ndarray]):
     @property
     def core(self) -> BatchedLOB:
         """The env's one-book core, holding the book's current state (with the lean step, its state is
-        written into the core on each access; stepping the core directly does not move the env)."""
+        written into the core on each access, and a core stepped, reset or loaded directly hands its state
+        back to the lean step at the env's next step)."""
         if self._book is not None:
             self._book.store()
         return self._core

@@ -9,8 +9,9 @@ two reductions whose order matters (the sums of :func:`~foxenv.matching.walk_boo
 at a price) are summed in the order of PyTorch's CPU sum kernel (:func:`torch_sum_order`), which
 :func:`lean_path_problem` checks against ``torch.sum`` and :func:`~foxenv.matching.walk_book` itself.
 
-The core stays the reference: the state lives here between resets, and :meth:`SingleBook.load` /
-:meth:`SingleBook.store` move it from / to the core through its ``state_dict``. When the core gains
+The core stays the reference: the state lives here while the lean step steps, :meth:`SingleBook.store`
+writes it into the core (through its ``state_dict``), and a step first takes the core's state again
+(:meth:`SingleBook.load`) when the core was stepped, reset or loaded since. When the core gains
 config fields or state this module does not know, :func:`lean_path_problem` says so and the env steps
 the core instead (``tests/foxenv/test_single_book.py`` then fails, naming what to port).
 """
@@ -253,12 +254,14 @@ class SingleBook:
             self.config, tables.tick, tables.portfolio_affine,
         )[:, -1].tolist()
         self._state: dict[str, Any] = {}
+        self._synced: list[torch.Tensor] = []
         self.load()
 
     def load(self) -> None:
         """Take the core's current state (after a reset of the core, or a ``load_state_dict``)."""
         state = self.core.state_dict()
         self._state = {key: state[key].item() for key in KNOWN_STATE_KEYS if key != "generator"}
+        self._synced = self._core_tensors()
 
     def store(self) -> None:
         """Write this state into the core (its generator is left as it is)."""
@@ -266,6 +269,12 @@ class SingleBook:
         for key, value in self._state.items():
             state[key] = torch.tensor([value], dtype=state[key].dtype)
         self.core.load_state_dict(state)
+        self._synced = self._core_tensors()
+
+    def _core_tensors(self) -> list[torch.Tensor]:
+        """The core's state tensors: a core step, reset or load replaces them, so while they are the ones
+        seen at the last :meth:`load` or :meth:`store`, nobody else has moved the core."""
+        return list(self.core._state_tensors().values())
 
     @property
     def episode_step(self) -> int:
@@ -289,6 +298,7 @@ class SingleBook:
         problem = None
         for t, action in enumerate(actions.tolist()):
             expected = self.core._advance(torch.tensor([action]))
+            self._synced = self._core_tensors()  # the lean step goes on from its own state, not the core's
             obs, reward, terminated, truncated, info = self.step(action)
             want = {key: value.item() for key, value in expected[4].items()}
             if not np.array_equal(obs, expected[0][0].numpy()):
@@ -327,6 +337,8 @@ class SingleBook:
         :param action: ``[direction, magnitude, order, urgency]`` Python ints, each in range.
         :return: observation (float32 ``[D]``), reward (the float32 value), terminated, truncated, info.
         """
+        if any(now is not seen for now, seen in zip(self._core_tensors(), self._synced, strict=True)):
+            self.load()  # the core was stepped, reset or loaded directly: it holds the state now
         cfg = self.config
         s = self._state
         levels = self._levels

@@ -270,3 +270,30 @@ def test_lean_env_pickles_and_copies_with_its_state(market: MarketData) -> None:
             got = clone.step(action)
             np.testing.assert_array_equal(got[0], expected[0])
             assert got[1:] == expected[1:]
+
+
+def test_a_core_moved_directly_hands_its_state_to_the_lean_step(market: MarketData) -> None:
+    """A checkpoint loaded into env.core (or the core stepped through it) is where the env goes on from."""
+    config = EnvConfig(episode_length=80)
+    env, reference = LOBEnv(data=market, seed=6, config=config), LOBEnv(data=market, seed=6, config=config)
+    env.reset(seed=6)
+    reference.reset(seed=6)
+    actions = draw_actions(40, seed=2, maker_share=0.5)
+    for action in actions[:10]:
+        reference.step(action)
+        env.step(action)
+    checkpoint = env.core.state_dict()
+    for action in actions[10:20]:
+        env.step(action)
+    env.core.load_state_dict(checkpoint)  # back to step 10
+    for action in actions[10:20]:
+        got, expected = env.step(action), reference.step(action)
+        np.testing.assert_array_equal(got[0], expected[0])
+        assert got[1:] == expected[1:]
+    core_result = env.core.step(torch.from_numpy(actions[20])[None])  # one step through the core itself
+    reference.step(actions[20])
+    assert core_result[4]["step"].item() == 21
+    for action in actions[21:]:
+        got, expected = env.step(action), reference.step(action)
+        np.testing.assert_array_equal(got[0], expected[0])
+        assert got[1:] == expected[1:]
