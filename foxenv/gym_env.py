@@ -68,12 +68,13 @@ class LOBEnv(gymnasium.Env[np.ndarray, np.ndarray]):
 
     A step of the core at one book is bound by per-op overhead (~200 tiny tensor ops), so by default
     (``lean=True``) the env steps a :class:`~foxenv.single_book.SingleBook`: the core's step on Python
-    floats over the core's tables, with the same results bit for bit, several times faster than the eager
-    core and with no compile (rates in ``benchmarks/RESULTS.md``). The state then lives in the lean
-    step; ``env.core`` hands out the core with that state written into it. The env checks the action on
-    numpy and the episode end on a Python counter, so the core skips its own checks (which would copy the
-    action and the step counter out of tensors every step). ``env.compiled`` says whether the step is
-    compiled, ``env.lean`` whether it is the lean one.
+    floats over the core's tables, with the same results bit for bit, faster than the eager core and
+    than ``compile=True`` at one book, with no compile (rates in ``benchmarks/RESULTS.md``). The state
+    then lives in the lean step; ``env.core`` hands out the core with that state written into it, and a
+    core moved directly (stepped, reset, ``load_state_dict``) hands its state back. The env checks the
+    action on numpy and the episode end on a Python counter, so the core skips its own checks (which would
+    copy the action and the step counter out of tensors every step). ``env.compiled`` says whether the
+    step is compiled, ``env.lean`` whether it is the lean one.
 
     :param data: ``"synthetic"``, a LOBSTER folder, a ``(message, orderbook)`` pair, or a :class:`MarketData`.
     :param render_mode: ``None`` or ``"rgb_array"`` (a picture of the book, see :mod:`foxenv.render`).
@@ -85,10 +86,10 @@ class LOBEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         vector (:class:`PackedStep`); ``env.core.step`` itself stays eager. Needs a C++ compiler. The
         env compiles while it is built (seconds; less with a warm inductor cache); a further env in the
         process with the same config and market shape reuses the compiled step, one that differs traces
-        its own (see :meth:`PackedStep.compile`). Steps are several times faster than eager
-        (``benchmarks/RESULTS.md``). Floats may differ from the eager step in the last bits (a fused
-        multiply-add). Off by default: a single-book env is often built for a short run, an env check or
-        a test, where the compile would cost more than it saves.
+        its own (see :meth:`PackedStep.compile`). Steps are several times faster than the eager core's,
+        though not than the default lean step's (``benchmarks/RESULTS.md``). Floats may differ from the
+        eager step in the last bits (a fused multiply-add). Off by default: a single-book env is often
+        built for a short run, an env check or a test, where the compile would cost more than it saves.
     :param lean: step the lean one-book step (default) instead of the eager core when ``compile`` is
         False. Where the lean step cannot reproduce the core (a config field or state it does not know,
         see :func:`~foxenv.single_book.lean_path_problem`, or a difference in a few steps both take when
