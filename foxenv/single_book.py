@@ -1,5 +1,5 @@
 """The lean one-book step: :meth:`BatchedLOB._advance <foxenv.core.BatchedLOB._advance>` at ``B = 1`` on
-Python floats, for :class:`~foxenv.gym_env.LOBEnv`'s default (eager) face.
+Python floats, for :class:`~foxenv.gym_env.LOBEnv`'s default (uncompiled) face.
 
 At one book the eager core's cost is PyTorch's per-op dispatch (~200 tiny tensor ops a step), not its
 arithmetic. :class:`SingleBook` follows the core's step line by line on Python floats, gathering the same
@@ -275,11 +275,6 @@ class SingleBook:
         """The core's state tensors: a core step, reset or load replaces them, so while they are the ones
         seen at the last :meth:`load` or :meth:`store`, nobody else has moved the core."""
         return list(self.core._state_tensors().values())
-
-    @property
-    def episode_step(self) -> int:
-        """Steps taken in this episode."""
-        return self._state["step"]
 
     def self_check(self, steps: int = 48, seed: int = 0) -> str | None:
         """Step the core and this lean step side by side from the core's current state for ``steps``
