@@ -7,7 +7,8 @@ Measures, in one run on one machine:
    synthetic market and on LOBSTER replay. CUDA timings synchronize before and after; every size
    gets warm-up steps first.
 2. The single-book ``gymnasium.Env`` step rate on the CPU: :class:`foxenv.gym_env.LOBEnv` bare and
-   through ``gymnasium.make`` (with Gymnasium's checker wrappers), eager and with ``compile=True``
+   through ``gymnasium.make`` (with Gymnasium's checker wrappers) as a user gets it (the lean one-book
+   step, :mod:`foxenv.single_book`), on the eager core (``lean=False``) and with ``compile=True``
    (``torch.compile`` of the core's step; the compile is timed apart), the bare core at ``B = 1``
    (the env's own overhead is the difference), next to gym-trading-env's ``TradingEnv`` (a
    popular single-asset trading env) on a price series of the same length. These are timed in blocks
@@ -126,10 +127,11 @@ Stepper = tuple[Callable[[int], bool], Callable[[], None]]
 def foxenv_steppers(
     market: MarketData, episode_length: int, actions: np.ndarray, compiled: bool
 ) -> tuple[dict[str, Stepper], dict[str, float]]:
-    """The foxenv single-book contestants: the bare core (``B = 1``), :class:`LOBEnv`, the env through
-    ``gymnasium.make`` (with Gymnasium's checker wrappers), and, when ``compiled``, the core and
-    ``LOBEnv(compile=True)`` with their step compiled. The difference between a core and its env is the
-    env's own overhead (numpy in and out, the info as Python scalars).
+    """The foxenv single-book contestants: the bare core (``B = 1``), :class:`LOBEnv` (by default the
+    lean one-book step), the env through ``gymnasium.make`` (with Gymnasium's checker wrappers: the face a
+    user gets), ``LOBEnv(lean=False)`` (the eager core's step), and, when ``compiled``, the core and
+    ``LOBEnv(compile=True)`` with their step compiled. The difference between the core and
+    ``LOBEnv(lean=False)`` is the env's own overhead (numpy in and out, the info as Python scalars).
 
     :param market: the market.
     :param episode_length: steps per episode.
@@ -169,6 +171,9 @@ def foxenv_steppers(
         "foxenv LOBEnv": env_stepper(LOBEnv(data=market, seed=0, episode_length=episode_length)),
         "foxenv via gymnasium.make": env_stepper(
             gymnasium.make("foxenv/LOB-v0", data=market, seed=0, episode_length=episode_length)
+        ),
+        "foxenv LOBEnv, lean=False": env_stepper(
+            LOBEnv(data=market, seed=0, episode_length=episode_length, lean=False)
         ),
     }
     compile_seconds: dict[str, float] = {}
@@ -293,7 +298,7 @@ def target_for(row: dict[str, Any]) -> float | None:
     """
     if row["kind"] == "vector":
         return TARGETS.get(("vector", row["device"], row["num_books"]))
-    if row.get("env") in ("foxenv LOBEnv", "foxenv LOBEnv, compile=True"):
+    if row.get("env") in ("foxenv LOBEnv", "foxenv via gymnasium.make", "foxenv LOBEnv, compile=True"):
         return TARGETS.get(("single", "cpu", None))
     return None
 

@@ -69,9 +69,11 @@ def test_gymnasium_and_sb3_env_checkers_pass(market: MarketData, render_mode: st
         sb3_check_env(env, warn=False)
 
 
-def test_single_book_env_equals_a_row_of_the_batched_core(market: MarketData) -> None:
+@pytest.mark.parametrize("lean", [True, False], ids=["lean", "eager_core"])
+def test_single_book_env_equals_a_row_of_the_batched_core(market: MarketData, lean: bool) -> None:
     config = EnvConfig(episode_length=60)
-    env = LOBEnv(data=market, seed=11, config=config)
+    env = LOBEnv(data=market, seed=11, config=config, lean=lean)
+    assert env.lean is lean
     core = BatchedLOB(market, 4, config=config, seed=11)
     obs = env.reset(seed=11)[0]
     batch_obs = core.reset(seed=11)
@@ -266,13 +268,14 @@ def test_compile_must_be_a_bool(market: MarketData) -> None:
     with pytest.raises(ValueError, match="compile='yes'"):
         LOBEnv(data=market, compile="yes")
     assert LOBEnv(data=market, episode_length=20).compiled is False
+    assert LOBEnv(data=market, episode_length=20).lean is True  # the default face: the lean step
 
 
 def test_packed_step_unpacks_to_the_eager_env_bit_for_bit(market: MarketData) -> None:
     """PackedStep (what compile=True compiles), run eagerly, gives exactly the eager env's results."""
     from foxenv.gym_env import PackedStep
 
-    eager = LOBEnv(data=market, seed=4, episode_length=25, max_drawdown=50.0)
+    eager = LOBEnv(data=market, seed=4, episode_length=25, max_drawdown=50.0, lean=False)
     packed_env = LOBEnv(data=market, seed=4, episode_length=25, max_drawdown=50.0)
     eager.reset(seed=4)
     packed_env.reset(seed=4)

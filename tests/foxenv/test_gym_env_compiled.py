@@ -41,6 +41,7 @@ def test_compiled_env_follows_the_eager_env() -> None:
     eager = LOBEnv(**options)
     compiled = gymnasium.make(foxenv.ENV_ID, compile=True, **options)
     assert compiled.unwrapped.compiled and not eager.compiled
+    assert eager.lean and not compiled.unwrapped.lean  # the compiled step runs the core, not the lean one
     assert compiled.unwrapped._packed_step is not None  # the step really is compiled
     actions = np.random.default_rng(6).integers(0, 3, size=(70, 4))
     obs_e, _ = eager.reset(seed=9)

@@ -1,0 +1,558 @@
+"""The lean one-book step: :meth:`BatchedLOB._advance <foxenv.core.BatchedLOB._advance>` at ``B = 1`` on
+Python floats, for :class:`~foxenv.gym_env.LOBEnv`'s default (uncompiled) face.
+
+At one book the eager core's cost is PyTorch's per-op dispatch (~200 tiny tensor ops a step), not its
+arithmetic. :class:`SingleBook` follows the core's step line by line on Python floats, gathering the same
+per-market tables (:class:`~foxenv.tables.MarketTables`, read once as numpy), so every value equals the
+core's bit for bit: IEEE ``+ - * /`` round alike on both, ``pow``/``log1p`` go to the same libm, and the
+two reductions whose order matters (the sums of :func:`~foxenv.matching.walk_book` and the visible size
+at a price) are summed in the order of PyTorch's CPU sum kernel (:func:`torch_sum_order`), which
+:func:`lean_path_problem` checks against ``torch.sum`` and :func:`~foxenv.matching.walk_book` itself.
+
+The core stays the reference: the state lives here while the lean step steps, :meth:`SingleBook.store`
+writes it into the core (through its ``state_dict``), and a step first takes the core's state again
+(:meth:`SingleBook.load`) when the core was stepped, reset or loaded since. When the core gains
+config fields or state this module does not know, :func:`lean_path_problem` says so and the env steps
+the core instead (``tests/foxenv/test_single_book.py`` then fails, naming what to port).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from foxenv.config import EnvConfig
+from foxenv.core import BatchedLOB
+from foxenv.features import portfolio_features
+from foxenv.matching import walk_book
+
+#: The :class:`EnvConfig` fields the lean step implements; a new field disables it until ported.
+KNOWN_CONFIG_FIELDS = (
+    "max_position",
+    "episode_length",
+    "levels",
+    "maker_fee_bps",
+    "taker_fee_bps",
+    "reward_scale",
+    "inventory_penalty",
+    "max_drawdown",
+    "queue_power",
+    "return_horizons",
+    "vol_window",
+    "flow_window",
+)
+#: The core's ``state_dict`` keys the lean step carries (its per-book state, plus the generator).
+KNOWN_STATE_KEYS = (
+    "offset",
+    "step",
+    "equity",
+    "peak_equity",
+    "order_side",
+    "order_tick",
+    "order_ahead",
+    "order_remaining",
+    "order_target",
+    "ledger.cash",
+    "ledger.position",
+    "ledger.avg_price",
+    "ledger.realized",
+    "ledger.trade_realized",
+    "ledger.trade_fees",
+    "ledger.entry_mid",
+    "ledger.trade_start",
+    "generator",
+)
+#: The core's info keys, in its order.
+INFO_KEYS = (
+    "mid",
+    "best_bid",
+    "best_ask",
+    "position",
+    "trade_closed",
+    "trade_pnl",
+    "trade_lots",
+    "entry_mid",
+    "equity",
+    "fees",
+    "cash",
+    "realized_pnl",
+    "unrealized_pnl",
+    "order_active",
+    "order_price",
+    "order_queue_ahead",
+    "order_remaining",
+    "step",
+)
+#: The smallest positive double, as ``core._SMALLEST_DOUBLE``.
+_SMALLEST_DOUBLE = 5e-324
+#: Doubles per SIMD vector of PyTorch's CPU kernels, tried in turn by :func:`lean_path_problem`.
+_VECTOR_WIDTHS = (8, 4, 16, 2)
+#: Interleaved accumulators of PyTorch's ``row_sum`` (``ilp_factor``).
+_ILP = 4
+
+
+def torch_sum_order(length: int, vector_width: int) -> str:
+    """The expression PyTorch's CPU ``sum(dim=1)`` of a contiguous ``[1, length]`` float64 row evaluates
+    (``aten/src/ATen/native/cpu/SumKernel.cpp``: ``vectorized_inner_sum`` when ``length >= vector_width``,
+    else ``scalar_inner_sum``; both ``row_sum`` with 4 interleaved accumulators), for rows short enough that
+    its cascade has one level (fewer than 16 accumulator rows).
+
+    :param length: elements summed.
+    :param vector_width: doubles per SIMD vector.
+    :return: a Python expression over ``x[0] .. x[length - 1]``.
+    """
+
+    def add(a: str, b: str) -> str:
+        return f"({a} + {b})"
+
+    def row_sum(items: list[Any], plus: Callable[[Any, Any], Any], zero: Any) -> Any:
+        acc = [zero] * _ILP
+        rows = len(items) // _ILP
+        for r in range(rows):
+            for k in range(_ILP):
+                acc[k] = plus(acc[k], items[r * _ILP + k])
+        for item in items[rows * _ILP:]:
+            acc[0] = plus(acc[0], item)
+        for k in range(1, _ILP):
+            acc[0] = plus(acc[0], acc[k])
+        return acc[0]
+
+    x = [f"x[{i}]" for i in range(length)]
+    if length < vector_width:
+        return add("0.0", row_sum(x, add, "0.0"))
+    vectors = length // vector_width
+    lanes = [x[v * vector_width:(v + 1) * vector_width] for v in range(vectors)]
+    zero = ["0.0"] * vector_width
+    total = row_sum(lanes, lambda a, b: [add(p, q) for p, q in zip(a, b, strict=True)], zero)
+    final = "0.0"
+    for item in x[vectors * vector_width:]:
+        final = add(final, item)
+    for lane in total:
+        final = add(final, lane)
+    return add("0.0", final)
+
+
+class _Summer:
+    """Sums a list of ``length`` floats in :func:`torch_sum_order` (a compiled expression; picklable).
+
+    :param length: elements summed.
+    :param vector_width: doubles per SIMD vector.
+    """
+
+    def __init__(self, length: int, vector_width: int) -> None:
+        self.length = length
+        self.vector_width = vector_width
+        self._sum: Callable[[list[float]], float] = eval(  # noqa: S307 (our own expression)
+            f"lambda x: {torch_sum_order(length, vector_width)}"
+        )
+
+    def __call__(self, values: list[float]) -> float:
+        return self._sum(values)
+
+    def __reduce__(self) -> tuple[type, tuple[int, int]]:
+        return type(self), (self.length, self.vector_width)
+
+
+def _torch_pow(base: float, exponent: float) -> float:
+    """``torch.pow(tensor, exponent)`` of one double for an ``exponent >= 0`` (``EnvConfig.queue_power``):
+    PyTorch's special-cased exponents, else libm ``pow``."""
+    if exponent == 2.0:
+        return base * base
+    if exponent == 3.0:
+        return base * base * base
+    if exponent == 0.5:  # torch's sqrt kernel (MKL's where present) is not always correctly rounded
+        return torch.tensor([base], dtype=torch.float64).sqrt_().item()
+    return math.pow(base, exponent)
+
+
+def _sign(x: float) -> float:
+    """``torch.sign`` of a double (0.0 for both zeros)."""
+    return 1.0 if x > 0 else (-1.0 if x < 0 else 0.0)
+
+
+@functools.lru_cache(maxsize=8)
+def _find_sum(levels: int) -> _Summer | None:
+    """The :class:`_Summer` that equals ``torch.sum(dim=1)`` on ``[1, levels]`` rows here, or None."""
+    generator = np.random.default_rng(0)
+    # magnitudes spread over many binades, so a different summation order shows in the result
+    trials = generator.standard_normal((64, levels)) * 10.0 ** generator.integers(-8, 9, (64, levels))
+    expected = torch.from_numpy(trials).sum(dim=1).tolist()
+    for width in _VECTOR_WIDTHS:
+        summer = _Summer(levels, width)
+        if all(summer(row) == want for row, want in zip(trials.tolist(), expected, strict=True)):
+            return summer
+    return None
+
+
+def lean_path_problem(core: BatchedLOB) -> str | None:
+    """Why :class:`SingleBook` cannot step ``core`` exactly, or None when it can.
+
+    :param core: a one-book CPU core.
+    :return: a reason, or None.
+    """
+    if type(core) is not BatchedLOB:
+        return f"core type {type(core).__name__} is not BatchedLOB"
+    if core.num_books != 1 or core.device.type != "cpu":
+        return f"num_books={core.num_books} device={core.device}: the lean step is one book on the CPU"
+    fields = tuple(field.name for field in dataclasses.fields(EnvConfig))
+    if fields != KNOWN_CONFIG_FIELDS:
+        return f"EnvConfig fields {sorted(set(fields) ^ set(KNOWN_CONFIG_FIELDS))} are new to the lean step"
+    keys = tuple(core.state_dict())
+    if set(keys) != set(KNOWN_STATE_KEYS):
+        return f"core state keys {sorted(set(keys) ^ set(KNOWN_STATE_KEYS))} are new to the lean step"
+    scale, bias = core._tables.portfolio_affine
+    if bias[:-1].any() or bias[-1] != 1.0:
+        return "the portfolio feature bias is not (0, ..., 0, 1)"
+    if _find_sum(core._tables.levels) is None:
+        return f"no summation order matches torch.sum over {core._tables.levels} levels on this CPU"
+    return None
+
+
+class SingleBook:
+    """The state and step of a one-book core on Python floats (see the module docstring).
+
+    :param core: a one-book CPU :class:`BatchedLOB`, for which :func:`lean_path_problem` is None. Its
+        tables are read once; its state is read by :meth:`load` and written by :meth:`store`.
+    """
+
+    def __init__(self, core: BatchedLOB) -> None:
+        problem = lean_path_problem(core)
+        if problem is not None:
+            raise ValueError(f"core cannot be stepped by SingleBook: {problem}")
+        self.core = core
+        self.config: EnvConfig = core.config
+        tables = core._tables
+        self._levels = tables.levels
+        summer = _find_sum(tables.levels)
+        assert summer is not None
+        self._sum = summer
+        self._rows = tables.rows.numpy()
+        self._sides = tables.sides.numpy()
+        self._flow = tables.flow.double().numpy()
+        self._next_features = tables.next_features.numpy()
+        self._actions = tables.actions.tolist()
+        self._action_code = tables.action_code.tolist()
+        self._flow_width = tables.flow_width
+        self._tick = tables.tick
+        self._taker_rate = tables.taker_rate
+        self._maker_rate = tables.maker_rate
+        scale, _ = tables.portfolio_affine
+        self._scale = scale.tolist()
+        self._n_market = core.n_market_features
+        self._obs_dim = core.observation_dim
+        # The time-left feature (the one with a bias) of every step, from the core's own feature function.
+        steps = torch.arange(self.config.episode_length + 1, dtype=torch.float64)
+        zero = torch.zeros_like(steps)
+        self._time_left = portfolio_features(
+            zero, zero, torch.ones_like(steps), zero, zero, zero, zero, zero, steps,
+            self.config, tables.tick, tables.portfolio_affine,
+        )[:, -1].tolist()
+        self._state: dict[str, Any] = {}
+        self._synced: list[torch.Tensor] = []
+        self.load()
+
+    def load(self) -> None:
+        """Take the core's current state (after a reset of the core, or a ``load_state_dict``)."""
+        state = self.core.state_dict()
+        self._state = {key: state[key].item() for key in KNOWN_STATE_KEYS if key != "generator"}
+        self._synced = self._core_tensors()
+
+    def store(self) -> None:
+        """Write this state into the core (its generator is left as it is)."""
+        state = self.core.state_dict()
+        for key, value in self._state.items():
+            state[key] = torch.tensor([value], dtype=state[key].dtype)
+        self.core.load_state_dict(state)
+        self._synced = self._core_tensors()
+
+    def _core_tensors(self) -> list[torch.Tensor]:
+        """The core's state tensors: a core step, reset or load replaces them, so while they are the ones
+        seen at the last :meth:`load` or :meth:`store`, nobody else has moved the core."""
+        return list(self.core._state_tensors().values())
+
+    def self_check(self, steps: int = 48, seed: int = 0) -> str | None:
+        """Step the core and this lean step side by side from the core's current state for ``steps``
+        random actions (half of them LimitMaker) and report the first output that differs; both end
+        where they started. A guard for a core whose rules changed without this module following.
+
+        :param steps: steps compared (fewer when the episode ends first).
+        :param seed: of the actions.
+        :return: None when every output is equal, else what differed first.
+        """
+        saved = self.core.state_dict()
+        generator = np.random.default_rng(seed)
+        actions = generator.integers(0, 3, size=(steps, 4))
+        actions[generator.random(steps) < 0.5, 2] = 1
+        self.load()
+        problem = None
+        for t, action in enumerate(actions.tolist()):
+            expected = self.core._advance(torch.tensor([action]))
+            self._synced = self._core_tensors()  # the lean step goes on from its own state, not the core's
+            obs, reward, terminated, truncated, info = self.step(action)
+            want = {key: value.item() for key, value in expected[4].items()}
+            if not np.array_equal(obs, expected[0][0].numpy()):
+                problem = f"the observation at step {t}"
+            elif (reward, terminated, truncated) != tuple(value.item() for value in expected[1:4]):
+                problem = f"reward or episode end at step {t}"
+            elif list(info.items()) != list(want.items()):
+                problem = f"info at step {t}: {sorted(k for k in want if info.get(k) != want[k])}"
+            if problem is not None or terminated or truncated:
+                break
+        self.core.load_state_dict(saved)
+        self.load()
+        return problem
+
+    def walk(self, side: float, wanted: float, limit: float, side_row: int) -> tuple[float, float, float]:
+        """:func:`~foxenv.matching.walk_book` of one book on side-table row ``side_row``."""
+        levels = self._levels
+        book = self._sides[side_row].tolist()
+        ticks, sizes = book[:levels], book[levels:]
+        sizes = [size * (side * (tick - limit) <= 0) for tick, size in zip(ticks, sizes, strict=True)]
+        cumulative = []
+        running = 0.0
+        for size in sizes:
+            running += size
+            cumulative.append(running)
+        taken = [
+            min(max(wanted - (total - size), 0.0), size)
+            for total, size in zip(cumulative, sizes, strict=True)
+        ]
+        notional = [amount * tick for amount, tick in zip(taken, ticks, strict=True)]
+        return self._sum(taken), self._sum(notional), cumulative[-1]
+
+    def step(self, action: list[int]) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        """One step of the core's ``_advance`` on a checked action.
+
+        :param action: ``[direction, magnitude, order, urgency]`` Python ints, each in range.
+        :return: observation (float32 ``[D]``), reward (the float32 value), terminated, truncated, info.
+        """
+        if any(now is not seen for now, seen in zip(self._core_tensors(), self._synced, strict=True)):
+            self.load()  # the core was stepped, reset or loaded directly: it holds the state now
+        cfg = self.config
+        s = self._state
+        levels = self._levels
+        weights = self._action_code
+        position = s["ledger.position"]
+        row = s["offset"] + s["step"]
+        (
+            mid_now, best_bid, best_ask, wide, trading, mid, next_best_bid, next_best_ask,
+            column_zero, flow_bid, flow_ask,
+        ) = self._rows[row].tolist()
+        direction, magnitude, order, urgency = action
+        code = direction * weights[0] + magnitude * weights[1] + order * weights[2] + urgency * weights[3]
+        target, slice_of_need, limit_offset, is_maker, improve, aggressive = self._actions[code]
+        need = target - position
+        side = _sign(need)
+        need = abs(need)
+        buy = side > 0
+        side_row = row * 2
+
+        # Marketable orders (walk_book only where it is used: its results are masked out otherwise).
+        wanted = need * slice_of_need * trading
+        marketable = wanted > 0
+        if marketable:
+            limit = (best_ask if buy else best_bid) + side * limit_offset
+            taken, notional, reachable = self.walk(side, wanted, limit, side_row + buy)
+            taker_reached = wanted == need and reachable >= wanted
+        else:
+            taken = notional = 0.0
+            taker_reached = False
+
+        # The resting order.
+        is_maker = is_maker > 0
+        keep = is_maker and s["order_target"] == target and s["order_side"] != 0
+        post = is_maker and side != 0 and not keep
+        order_side = side if post else s["order_side"] * keep
+        order_tick = (best_bid if buy else best_ask) + side * (improve + aggressive * wide) if post else (
+            s["order_tick"]
+        )
+        own = self._sides[side_row + (order_side <= 0)].tolist()
+        at_tick = zip(own[:levels], own[levels:], strict=True)
+        visible = self._sum([size * (tick == order_tick) for tick, size in at_tick])  # one level at most
+        ahead = visible if post else s["order_ahead"]
+        remaining = need if post else s["order_remaining"] * keep
+        order_target = target if post else s["order_target"]
+
+        width = self._flow_width
+        column = order_tick - column_zero
+        clamped = min(max(column, 0.0), float(width - 1))
+        grid = int((flow_ask if order_side < 0 else flow_bid) + clamped)
+        executed, cancelled, through = self._flow[grid].tolist()
+        at_price = column == clamped
+        beyond_grid = order_side * (column - clamped) > 0
+        traded_through = (through + executed if beyond_grid else through) > 0
+        # matching.meet_flow: probqueue_cancel, then executions
+        executed = executed * at_price
+        cancelled = cancelled * at_price
+        power = cfg.queue_power
+        weight_ahead = _torch_pow(ahead, power)
+        total = weight_ahead + _torch_pow(max(visible - ahead, 0.0), power)
+        share = weight_ahead / max(total, _SMALLEST_DOUBLE)
+        queue = max(ahead - cancelled * share, 0.0)
+        fill = remaining if traded_through else min(max(executed - queue, 0.0), remaining)
+        ahead_after = max(queue - executed, 0.0)
+
+        fill = fill * trading
+        ahead = ahead_after if trading > 0 else ahead
+        left = remaining - fill
+        maker_reached = fill > 0 and left <= 0
+        alive = left > 0
+        still_resting = _sign(left)
+        s["order_side"] = order_side * still_resting
+        s["order_tick"] = order_tick * still_resting
+        s["order_ahead"] = ahead * still_resting
+        s["order_target"] = order_target * still_resting
+        s["order_remaining"] = left
+
+        # One fill: the marketable order's or the resting order's.
+        if marketable:
+            quantity = side * taken
+            notional = notional * self._tick
+            fees = notional * self._taker_rate
+            reached = taker_reached
+        else:
+            quantity = order_side * fill
+            notional = fill * order_tick * self._tick
+            fees = notional * self._maker_rate
+            reached = maker_reached
+        price = notional / max(abs(quantity), _SMALLEST_DOUBLE)
+        closed, pnl, lots, closed_entry_mid = self._apply_fill(
+            quantity, price, fees, mid_now, target, reached
+        )
+
+        s["step"] = step = s["step"] + 1
+        position = s["ledger.position"]
+        equity = s["ledger.cash"] + position * mid
+        reward = equity - s["equity"]
+        if cfg.reward_scale != 1.0:
+            reward = reward * cfg.reward_scale
+        if cfg.inventory_penalty > 0:
+            ratio = position / cfg.max_position
+            reward = reward - ratio * ratio * cfg.inventory_penalty
+        s["equity"] = equity
+        s["peak_equity"] = peak = max(s["peak_equity"], equity)
+        terminated = cfg.max_drawdown is not None and peak - equity >= cfg.max_drawdown
+        truncated = step >= cfg.episode_length
+        unrealized = position * (mid - s["ledger.avg_price"])
+        resting_side = s["order_side"]
+        order_price = s["order_tick"] * self._tick
+
+        obs = np.empty(self._obs_dim, dtype=np.float32)
+        n_market = self._n_market
+        obs[:n_market] = self._next_features[row]
+        scale = self._scale
+        time_in_trade = (step - s["ledger.trade_start"]) * (position != 0)
+        obs[n_market:] = (
+            position * scale[0],
+            unrealized / mid * scale[1],
+            resting_side * scale[2],
+            (order_price - mid) * abs(resting_side) * scale[3],
+            math.log1p(s["order_ahead"]) * scale[4],
+            left * scale[5],
+            float(time_in_trade) * scale[6],
+            self._time_left[step],
+        )
+        info = {
+            "mid": mid,
+            "best_bid": next_best_bid,
+            "best_ask": next_best_ask,
+            "position": position,
+            "trade_closed": closed,
+            "trade_pnl": pnl,
+            "trade_lots": lots,
+            "entry_mid": closed_entry_mid if closed else s["ledger.entry_mid"],
+            "equity": equity,
+            "fees": fees,
+            "cash": s["ledger.cash"],
+            "realized_pnl": s["ledger.realized"],
+            "unrealized_pnl": unrealized,
+            "order_active": alive,
+            "order_price": order_price,
+            "order_queue_ahead": s["order_ahead"],
+            "order_remaining": left,
+            "step": step,
+        }
+        return obs, float(np.float32(reward)), terminated, truncated, info
+
+    def _apply_fill(
+        self, quantity: float, price: float, fee: float, mid: float, target: float, reached: bool
+    ) -> tuple[bool, float, float, float]:
+        """:meth:`Ledger.apply_fill <foxenv.accounting.Ledger.apply_fill>` of one book.
+
+        :return: closed, pnl, lots, entry_mid of the closed trade (zeros where none closed).
+        """
+        s = self._state
+        old = s["ledger.position"]
+        avg_price = s["ledger.avg_price"]
+        new = target if reached else old + quantity
+        size = abs(quantity)
+        old_abs = abs(old)
+        opening = old * quantity >= 0
+        closed_lots = 0.0 if opening else min(size, old_abs)
+        realized_now = closed_lots * (price - avg_price) * _sign(old)
+        flat = new == 0
+        flip = old * new < 0
+        closes = old != 0 and (flat or flip)
+        starts = quantity != 0 and (old == 0 or flip)
+        fee_old_trade = fee * closed_lots / size if flip else fee
+        trade_realized = s["ledger.trade_realized"] + realized_now
+        trade_fees = s["ledger.trade_fees"] + fee_old_trade
+        if closes:
+            result = True, trade_realized - trade_fees, old_abs, s["ledger.entry_mid"]
+        else:
+            result = False, 0.0, 0.0, 0.0
+
+        cost = quantity * price
+        if flip:
+            avg = price
+        elif opening:
+            avg = (old * avg_price + cost) / (new + flat)
+        else:
+            avg = avg_price
+        s["ledger.avg_price"] = 0.0 if flat else avg
+        s["ledger.trade_realized"] = 0.0 if closes else trade_realized
+        s["ledger.trade_fees"] = fee - fee_old_trade if closes else trade_fees
+        if starts:
+            s["ledger.entry_mid"] = mid
+            s["ledger.trade_start"] = s["step"]
+        elif flat:
+            s["ledger.entry_mid"] = 0.0
+        s["ledger.cash"] = s["ledger.cash"] - cost - fee
+        s["ledger.realized"] = s["ledger.realized"] + realized_now - fee
+        s["ledger.position"] = new
+        return result
+
+
+def check_walk(core: BatchedLOB, count: int = 200, seed: int = 0) -> None:
+    """Assert :meth:`SingleBook.walk` equals :func:`~foxenv.matching.walk_book` on ``count`` random
+    rows of the core's side table (a self-test for the tests).
+
+    :param core: a one-book CPU core.
+    :param count: rows tried.
+    :param seed: of the draws.
+    """
+    book = SingleBook(core)
+    generator = np.random.default_rng(seed)
+    levels = book._levels
+    for _ in range(count):
+        side_row = int(generator.integers(0, book._sides.shape[0]))
+        side = float(generator.choice([-1.0, 1.0]))
+        wanted = float(generator.uniform(0, 2) * book._sides[side_row, levels:].sum() + 1e-3) / 3.0
+        limit = float(book._sides[side_row, int(generator.integers(0, levels))] + generator.integers(-2, 3))
+        lean = book.walk(side, wanted, limit, side_row)
+        row = torch.from_numpy(book._sides[side_row:side_row + 1])
+        core_walk = walk_book(
+            row[:, :levels], row[:, levels:], torch.tensor([side], dtype=torch.float64),
+            torch.tensor([wanted], dtype=torch.float64), torch.tensor([limit], dtype=torch.float64),
+        )
+        assert lean == tuple(value.item() for value in core_walk), (side_row, side, wanted, limit)
+
+
+__all__ = ["INFO_KEYS", "KNOWN_CONFIG_FIELDS", "KNOWN_STATE_KEYS", "SingleBook", "check_walk",
+           "lean_path_problem", "torch_sum_order"]
