@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -149,6 +150,19 @@ class TrainingDiagnostics:
         actions = np.asarray(actions).reshape(-1, len(self.action_dims))
         for b, n in enumerate(self.action_dims):
             self._action_counts[b] += np.bincount(actions[:, b].astype(np.int64), minlength=n)[:n]
+
+    def add_action_counts(self, counts: Sequence[Any]) -> None:
+        """Add counts of actions taken, per branch (e.g. counted on the device and read at a flush).
+
+        :param counts: one array per branch, of length its number of actions.
+        """
+        if len(counts) != len(self.action_dims):
+            raise ValueError(f"counts has {len(counts)} branches: expected {len(self.action_dims)}")
+        for b, n in enumerate(self.action_dims):
+            branch = np.asarray(counts[b], dtype=np.int64).reshape(-1)
+            if branch.shape[0] != n:
+                raise ValueError(f"counts[{b}] has {branch.shape[0]} actions: expected {n}")
+            self._action_counts[b] += branch
 
     def flush(self, step: int, logger: Logger | None = None, **extra: Any) -> dict[str, Any]:
         """Read the accumulators (the one host sync), write one JSONL line and the logger scalars, reset.
