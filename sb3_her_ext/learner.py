@@ -303,15 +303,17 @@ class Learner:
         return DistributionalLoss(per_sample, l_q, l_c51, td_abs)
 
     def _guarded_state(self) -> list[th.Tensor]:
-        """Everything a gradient step changes besides gradients: parameters, optimizer state, PopArt and
-        GradVac buffers."""
+        """Everything a gradient step changes besides gradients: both networks' parameters, optimizer state,
+        PopArt and GradVac buffers."""
         optimizer_state = [
             value for per_param in self.policy.optimizer.state.values() for value in per_param.values()
             if isinstance(value, th.Tensor)
         ]
         popart = self.policy.popart
         buffers = [*(popart.buffers() if popart is not None else ()), *self.vaccine.buffers()]
-        return [p.data for p in self.q_net.parameters()] + optimizer_state + [b.data for b in buffers]
+        # PopArt rescales the output layers of both networks
+        params = [*self.q_net.parameters(), *self.q_net_target.parameters()]
+        return [p.data for p in params] + optimizer_state + [b.data for b in buffers]
 
     def _rand(self, *shape: int) -> th.Tensor:
         """Uniform ``[0, 1)`` quantile fractions from the model's generator (a graphed step's static draws,
