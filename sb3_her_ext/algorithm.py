@@ -245,7 +245,7 @@ class BranchingIQN(OffPolicyAlgorithm):
                               ("max_grad_norm", max_grad_norm), ("vaccine_beta", vaccine_beta),
                               ("ensemble_bonus", ensemble_bonus), ("per_alpha", per_alpha)):
             check_real(field, number)
-        if seed is not None and not is_whole(seed):
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer)):
             raise ValueError(f"seed={seed!r} must be an integer or None")
         for field, value, least in (("verbose", verbose, 0), ("stats_window_size", stats_window_size, 1)):
             if not is_whole(value) or value < least:
@@ -286,6 +286,13 @@ class BranchingIQN(OffPolicyAlgorithm):
                                     ("gradient_steps", gradient_steps, -1)):
             if not is_whole(value) or value < least:
                 raise ValueError(f"{field}={value!r} must be an integer >= {least}")
+        # whole floats (1e6) are accepted where an integer is needed, and passed on as ints
+        buffer_size, batch_size = int(buffer_size), int(batch_size)
+        learning_starts, gradient_steps = int(learning_starts), int(gradient_steps)
+        target_update_interval, diagnostics_interval = int(target_update_interval), int(diagnostics_interval)
+        vaccine_interval = int(vaccine_interval)
+        if seed is not None:
+            seed = int(seed)
         if buffer_size < batch_size:
             raise ValueError(f"buffer_size={buffer_size} must be >= batch_size={batch_size}")
         frequency = train_freq[0] if isinstance(train_freq, tuple) and len(train_freq) == 2 else train_freq
