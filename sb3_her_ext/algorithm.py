@@ -13,7 +13,9 @@ Exploration is per branch (see :mod:`sb3_her_ext.exploration`).
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
+import pathlib
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -29,6 +31,7 @@ from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedul
 from stable_baselines3.common.utils import LinearSchedule, polyak_update, safe_mean
 from stable_baselines3.common.vec_env import VecEnv, unwrap_vec_normalize
 
+from sb3_her_ext import checksum
 from sb3_her_ext.branches import branch_action_dims, branch_index, default_branch_names
 from sb3_her_ext.diagnostics import TrainingDiagnostics
 from sb3_her_ext.exploration import (
@@ -702,6 +705,57 @@ class BranchingIQN(OffPolicyAlgorithm):
         bad = [name for name, ok in zip(names, finite, strict=True) if not ok]
         if bad:
             raise NonFiniteError(f"the model holds non-finite values in {len(bad)} tensors: {bad[:5]}")
+
+    # ------------------------------------------------------------------ replay buffer files
+
+    @staticmethod
+    def _replay_file(path: str | pathlib.Path, reading: bool) -> pathlib.Path:
+        """The file SB3 writes or reads for ``path`` (it adds ``.pkl`` to a path without a suffix)."""
+        path = pathlib.Path(path)
+        if reading:
+            return path if path.exists() else pathlib.Path(f"{path}.pkl")
+        return path if path.suffix else pathlib.Path(f"{path}.pkl")
+
+    def save_replay_buffer(self, path: str | pathlib.Path | io.BufferedIOBase) -> None:
+        """SB3's ``save_replay_buffer``, plus the file's SHA-256 in a sidecar ``<file>.sha256``
+        (:mod:`sb3_her_ext.checksum`; not for an open file object).
+
+        :param path: the pickle to write (``.pkl`` is added to a path without a suffix), or an open file.
+        """
+        super().save_replay_buffer(path)
+        if isinstance(path, str | pathlib.Path):
+            checksum.write_checksum(self._replay_file(path, reading=False))
+
+    def load_replay_buffer(self, path: str | pathlib.Path | io.BufferedIOBase,
+                           truncate_last_traj: bool = True) -> None:
+        """SB3's ``load_replay_buffer``, verified: the file against its sidecar checksum (a file without
+        one, e.g. saved before checksums, loads with a warning), and the loaded contents (no non-finite
+        observation, reward or priority, no action outside its branch). On an error the model keeps its
+        current buffer.
+
+        :param path: the pickle (or an open file: no checksum check).
+        :param truncate_last_traj: SB3's argument (``HerReplayBuffer`` only).
+        :raises ChecksumError: the file's bytes differ from its checksum (the message names the file).
+        :raises NonFiniteError: the loaded buffer holds values no push writes (the message names the file).
+        """
+        name = "the given file object"
+        if isinstance(path, str | pathlib.Path):
+            file = self._replay_file(path, reading=True)
+            name = str(file)
+            if checksum.verify_checksum(file, missing_ok=True) is None:
+                warnings.warn(f"{file} has no checksum file {checksum.sidecar(file)}: loaded unverified",
+                              stacklevel=2)
+        previous = self.replay_buffer
+        super().load_replay_buffer(path, truncate_last_traj)
+        buffer = self.replay_buffer
+        if isinstance(buffer, PrioritizedHindsightReplayBuffer):
+            bad = buffer.invalid_fields()
+        else:  # SB3's numpy buffer
+            bad = [field for field in ("observations", "next_observations", "rewards")
+                   if not np.isfinite(getattr(buffer, field)).all()]
+        if bad:
+            self.replay_buffer = previous
+            raise NonFiniteError(f"replay buffer file {name} holds invalid values in {bad}: not loaded")
 
     def set_env(self, env: GymEnv, force_reset: bool = True) -> None:
         """SB3's ``set_env``, refusing ``VecNormalize`` (see :func:`reject_vec_normalize`)."""
