@@ -75,6 +75,7 @@ class NanGuard:
         #: gradient steps checked so far (counted on the device: a CUDA graph replay increments it too)
         self.steps = th.zeros((), dtype=th.int64, device=self.device)
         self._backup: list[th.Tensor] = []
+        self._retired: list[list[th.Tensor]] = []
 
     # ------------------------------------------------------------------ reading the flags
 
@@ -192,6 +193,8 @@ class NanGuard:
         # is left out: a skipped step still advances it
         state = [t for t in tensors if t.device.type == self.device.type]
         if [(b.shape, b.dtype) for b in self._backup] != [(t.shape, t.dtype) for t in state]:
+            # the old copies stay alive: a captured CUDA graph may still write to them
+            self._retired.append(self._backup)
             self._backup = [th.empty_like(t) for t in state]
         for backup, tensor in zip(self._backup, state, strict=True):
             backup.copy_(tensor)
