@@ -717,18 +717,18 @@ class BranchingIQN(OffPolicyAlgorithm):
         return path if path.suffix else pathlib.Path(f"{path}.pkl")
 
     def save_replay_buffer(self, path: str | pathlib.Path | io.BufferedIOBase) -> None:
-        """SB3's ``save_replay_buffer``, plus the file's SHA-256 in a sidecar ``<file>.sha256``
-        (:mod:`sb3_her_ext.checksum`; not for an open file object).
+        """SB3's ``save_replay_buffer``, sealed with the file's SHA-256 in a trailer after the pickle
+        (:mod:`sb3_her_ext.checksum`: SB3's loaders still read the file; not for an open file object).
 
         :param path: the pickle to write (``.pkl`` is added to a path without a suffix), or an open file.
         """
         super().save_replay_buffer(path)
         if isinstance(path, str | pathlib.Path):
-            checksum.write_checksum(self._replay_file(path, reading=False))
+            checksum.append_trailer(self._replay_file(path, reading=False))
 
     def load_replay_buffer(self, path: str | pathlib.Path | io.BufferedIOBase,
                            truncate_last_traj: bool = True) -> None:
-        """SB3's ``load_replay_buffer``, verified: the file against its sidecar checksum (a file without
+        """SB3's ``load_replay_buffer``, verified: the file against the SHA-256 it carries (a file without
         one, e.g. saved before checksums, loads with a warning), and the loaded contents (no non-finite
         observation, reward or priority, no action outside its branch). On an error the model keeps its
         current buffer.
@@ -742,8 +742,8 @@ class BranchingIQN(OffPolicyAlgorithm):
         if isinstance(path, str | pathlib.Path):
             file = self._replay_file(path, reading=True)
             name = str(file)
-            if checksum.verify_checksum(file, missing_ok=True) is None:
-                warnings.warn(f"{file} has no checksum file {checksum.sidecar(file)}: loaded unverified",
+            if checksum.verify_trailer(file) is None:
+                warnings.warn(f"{file} carries no SHA-256 (saved before checksums?): loaded unverified",
                               stacklevel=2)
         previous = self.replay_buffer
         super().load_replay_buffer(path, truncate_last_traj)

@@ -1,81 +1,87 @@
-"""SHA-256 sidecar files: how ``BranchingIQN.save_replay_buffer`` records a file's bytes and
-``load_replay_buffer`` verifies them.
+"""A SHA-256 inside a file: how ``BranchingIQN.save_replay_buffer`` seals a replay buffer pickle and
+``load_replay_buffer`` verifies it.
 
-A checked file ``F`` has a sidecar ``F.sha256`` in ``sha256sum``'s format (``<hex>  <name>``), so
-``sha256sum -c F.sha256`` checks it too. A replay buffer pickle with a flipped byte would otherwise load
-silently (with non-finite rows).
+The checksum is a trailer appended after the pickle: ``b"\\nSB3_HER_EXT_SHA256 <64 hex digits>\\n"``, the
+SHA-256 of every byte before it. ``pickle.load`` stops at the pickle's end, so SB3's own loaders (and any
+pickle reader) still read a sealed file; no second file has to travel with it. A replay buffer pickle with a
+flipped byte would otherwise load silently (with non-finite rows); :func:`verify_trailer` refuses it,
+naming the file.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 
-__all__ = ["SUFFIX", "ChecksumError", "sha256_file", "sidecar", "verify_checksum", "write_checksum"]
+__all__ = ["TRAILER_MAGIC", "ChecksumError", "append_trailer", "sha256_prefix", "verify_trailer"]
 
-#: Suffix of a checksum sidecar file.
-SUFFIX = ".sha256"
+#: The trailer's first bytes; the trailer is this, 64 hex digits and a newline.
+TRAILER_MAGIC = b"\nSB3_HER_EXT_SHA256 "
+_TRAILER_LENGTH = len(TRAILER_MAGIC) + 64 + 1
+_HEX = re.compile(rb"[0-9a-f]{64}\n")
 
 
 class ChecksumError(ValueError):
-    """A file's bytes differ from its recorded SHA-256, or the record is missing (the message names it)."""
+    """A file's bytes differ from the SHA-256 it carries (the message names the file)."""
 
 
-def sha256_file(path: str | Path) -> str:
-    """The SHA-256 of a file's bytes, in hex.
+def sha256_prefix(path: str | Path, length: int | None = None) -> str:
+    """The SHA-256 of a file's first ``length`` bytes (all: None), in hex.
 
     :param path: the file.
+    :param length: how many bytes to hash.
     :return: 64 hex digits.
     """
     digest = hashlib.sha256()
+    left = length
     with Path(path).open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
+        while left is None or left > 0:
+            block = handle.read(1 << 20 if left is None else min(1 << 20, left))
+            if not block:
+                break
             digest.update(block)
+            if left is not None:
+                left -= len(block)
     return digest.hexdigest()
 
 
-def sidecar(path: str | Path) -> Path:
-    """The checksum file of ``path`` (``path`` + ``.sha256``)."""
-    path = Path(path)
-    return path.with_name(path.name + SUFFIX)
+def append_trailer(path: str | Path) -> str:
+    """Append the SHA-256 trailer of ``path``'s bytes to it.
 
-
-def write_checksum(path: str | Path) -> Path:
-    """Record ``path``'s SHA-256 in its sidecar file (written to a temporary name, then renamed).
-
-    :param path: the file.
-    :return: the sidecar.
+    :param path: the file (e.g. a pickle just written).
+    :return: the SHA-256 recorded.
     """
-    path = Path(path)
-    record = sidecar(path)
-    partial = record.with_name(record.name + ".tmp")
-    partial.write_text(f"{sha256_file(path)}  {path.name}\n")
-    partial.replace(record)
-    return record
+    digest = sha256_prefix(path)
+    with Path(path).open("ab") as handle:
+        handle.write(TRAILER_MAGIC + digest.encode() + b"\n")
+    return digest
 
 
-def verify_checksum(path: str | Path, missing_ok: bool = False) -> str | None:
-    """Check ``path`` against its sidecar file.
+def verify_trailer(path: str | Path) -> str | None:
+    """Check ``path``'s bytes against the trailer it ends with.
 
     :param path: the file.
-    :param missing_ok: return None when there is no sidecar (else raise).
-    :return: its SHA-256 (None without a sidecar when ``missing_ok``).
-    :raises ChecksumError: when the sidecar is missing (unless ``missing_ok``) or malformed, or the bytes
-        differ.
+    :return: the SHA-256, or None when the file carries no trailer (e.g. written before they existed).
+    :raises ChecksumError: when the bytes differ from the trailer's SHA-256, or the trailer is malformed.
     :raises FileNotFoundError: when ``path`` is missing.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
-    record = sidecar(path)
-    if not record.is_file():
-        if missing_ok:
-            return None
-        raise ChecksumError(f"{path} has no checksum file {record}")
-    fields = record.read_text().split()
-    if len(fields) != 2 or len(fields[0]) != 64:
-        raise ChecksumError(f"{record} is not a '<sha256>  <name>' line")
-    digest = sha256_file(path)
-    if digest != fields[0]:
-        raise ChecksumError(f"{path} is corrupted: SHA-256 {digest} where {record} says {fields[0]}")
+    size = path.stat().st_size
+    if size < _TRAILER_LENGTH:
+        return None
+    with path.open("rb") as handle:
+        handle.seek(size - _TRAILER_LENGTH)
+        trailer = handle.read(_TRAILER_LENGTH)
+    if not trailer.startswith(TRAILER_MAGIC):
+        return None
+    recorded = trailer[len(TRAILER_MAGIC):]
+    if not _HEX.fullmatch(recorded):
+        raise ChecksumError(f"{path} is corrupted: its SHA-256 trailer {recorded!r} is malformed")
+    expected = recorded[:64].decode()
+    digest = sha256_prefix(path, size - _TRAILER_LENGTH)
+    if digest != expected:
+        raise ChecksumError(f"{path} is corrupted: SHA-256 {digest} where the file records {expected}")
     return digest

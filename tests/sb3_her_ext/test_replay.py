@@ -583,12 +583,16 @@ def _tiny_iqn():
 
 
 def test_branching_iqn_buffer_files_carry_a_checksum(tmp_path):
-    from sb3_her_ext.checksum import ChecksumError, sha256_file, sidecar
+    from sb3_her_ext.checksum import TRAILER_MAGIC, ChecksumError, sha256_prefix
 
     model = _tiny_iqn()
     model.save_replay_buffer(tmp_path / "buffer")  # SB3 adds .pkl
     path = tmp_path / "buffer.pkl"
-    assert sidecar(path).read_text() == f"{sha256_file(path)}  buffer.pkl\n"
+    data = path.read_bytes()
+    body, trailer = data[: -len(TRAILER_MAGIC) - 65], data[-len(TRAILER_MAGIC) - 65 :]
+    assert trailer == TRAILER_MAGIC + sha256_prefix(path, len(body)).encode() + b"\n"
+    assert pickle.loads(body).size() == pickle.loads(data).size()  # plain pickle readers ignore the trailer
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["buffer.pkl"]  # no second file
     before = model.replay_buffer
     model.load_replay_buffer(tmp_path / "buffer")
     assert model.replay_buffer is not before and model.replay_buffer.size() == before.size() > 0
@@ -598,9 +602,12 @@ def test_branching_iqn_buffer_files_carry_a_checksum(tmp_path):
     data[len(data) // 2] ^= 0x10
     path.write_bytes(bytes(data))
     kept = model.replay_buffer
-    with pytest.raises(ChecksumError, match=r"buffer.pkl is corrupted: SHA-256 [0-9a-f]{64} where .*sha256"):
+    with pytest.raises(ChecksumError, match=r"buffer.pkl is corrupted: SHA-256 [0-9a-f]{64} where the file"):
         model.load_replay_buffer(path)
     assert model.replay_buffer is kept  # nothing loaded
+    path.write_bytes(data[:-3] + b"xy\n")  # a flipped byte in the trailer itself
+    with pytest.raises(ChecksumError, match=r"buffer.pkl is corrupted: its SHA-256 trailer .* is malformed"):
+        model.load_replay_buffer(path)
 
 
 def test_branching_iqn_refuses_a_buffer_file_with_non_finite_rows(tmp_path):
@@ -628,11 +635,9 @@ def test_branching_iqn_refuses_a_buffer_file_with_non_finite_rows(tmp_path):
 
 
 def test_a_buffer_file_without_a_checksum_loads_with_a_warning(tmp_path):
-    from sb3_her_ext.checksum import sidecar
-
     model = _tiny_iqn()
-    model.save_replay_buffer(tmp_path / "old.pkl")
-    sidecar(tmp_path / "old.pkl").unlink()
-    with pytest.warns(UserWarning, match="old.pkl has no checksum file .*old.pkl.sha256: loaded unverified"):
+    stable_baselines3_save = super(type(model), model).save_replay_buffer
+    stable_baselines3_save(tmp_path / "old.pkl")  # as SB3 writes it: no trailer
+    with pytest.warns(UserWarning, match=r"old.pkl carries no SHA-256 \(saved before checksums\?\)"):
         model.load_replay_buffer(tmp_path / "old.pkl")
     assert model.replay_buffer.size() > 0
