@@ -10,7 +10,9 @@ work on device tensors. Per vector step, with no host sync and no Python loop ov
    :func:`~sb3_her_ext.exploration.select_actions`), without the copy to the host;
 2. env step: :meth:`~sb3_her_ext.device_env.DeviceVecEnv.step_tensors` (same-step autoreset);
 3. replay push of the transition and the info tensors through the buffer's tensor path (``add`` with a
-   dict of tensors; hindsight tracking and injection happen there);
+   dict of tensors; hindsight tracking and injection happen there), after the model's NaN guard checked
+   the rewards and observations (:mod:`sb3_her_ext.guard`: on a GPU it records a failure on the device
+   and the flush below raises it);
 4. SB3's bookkeeping: ``num_timesteps``, callbacks, progress, ``_on_step`` (target update, schedules,
    diagnostics at their interval).
 

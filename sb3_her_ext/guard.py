@@ -21,6 +21,11 @@ them at the next sync point: a diagnostics line, a device-loop flush, the end of
 * every gradient step is undone: the guard snapshots the step's state before it and restores it with
   ``torch.where`` after it (exact; the same arithmetic and random draws as without the guard), so nothing
   learned after the failure counts, and the data stored after it is never learned from.
+
+Limits of the masked mode: the optimizer state a step creates (its first step) cannot be restored, and an
+optimizer's step count kept on the host (a non-fused, non-capturable optimizer) still advances; the
+default fused Adam keeps it on the device. The restore costs a few multi-tensor copies per step (inside the
+graph with ``cuda_graph=True``).
 """
 
 from __future__ import annotations
@@ -196,8 +201,8 @@ class NanGuard:
             # the old copies stay alive: a captured CUDA graph may still write to them
             self._retired.append(self._backup)
             self._backup = [th.empty_like(t) for t in state]
-        for backup, tensor in zip(self._backup, state, strict=True):
-            backup.copy_(tensor)
+        if state:
+            th._foreach_copy_(self._backup, state)  # one multi-tensor launch where the device has one
         return state
 
     def commit(self, state: list[th.Tensor], loss: th.Tensor, grad_norm: th.Tensor) -> None:
