@@ -24,8 +24,8 @@ them at the next sync point: a diagnostics line, a device-loop flush, the end of
 
 Limits of the masked mode: the optimizer state a step creates (its first step) cannot be restored, and an
 optimizer's step count kept on the host (a non-fused, non-capturable optimizer) still advances; the
-default fused Adam keeps it on the device. The restore costs a few multi-tensor copies per step (inside the
-graph with ``cuda_graph=True``).
+default fused Adam keeps it on the device. Its cost per step: one multi-tensor copy (the snapshot) and a
+``torch.where`` per state tensor (the restore), all inside the graph with ``cuda_graph=True``.
 """
 
 from __future__ import annotations
