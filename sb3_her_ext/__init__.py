@@ -9,7 +9,8 @@ Modules: ``algorithm`` (the SB3 algorithm: arguments, acting, schedules, saving)
 gradient step), ``policy`` (the SB3 policy), ``networks`` (the branching Q-network), ``fused`` (its
 hand-written training passes), ``losses``, ``popart``, ``vaccine`` (GradVac), ``graphed_step`` (the step
 as a CUDA graph), ``exploration``, ``replay`` and ``hindsight`` (the device replay buffer), ``diagnostics``,
-``branches`` (branch counts, names, keyed arguments) and ``validation`` (small checks). The package is
+``branches`` (branch counts, names, keyed arguments), ``guard`` (the NaN guard), ``checksum`` (the SHA-256
+of replay buffer files) and ``validation`` (small checks). The package is
 generic: trading defaults arrive as arguments (see ``foxhunt.presets``).
 """
 
@@ -17,6 +18,7 @@ import warnings
 from typing import Any
 
 from sb3_her_ext.algorithm import BranchingIQN
+from sb3_her_ext.guard import NonFiniteError
 from sb3_her_ext.policy import BranchingIQNPolicy, MlpPolicy
 from sb3_her_ext.replay import HindsightConfig, PrioritizedHindsightReplayBuffer
 
@@ -25,6 +27,7 @@ __all__ = [
     "BranchingIQNPolicy",
     "HindsightConfig",
     "MlpPolicy",
+    "NonFiniteError",
     "PrioritizedHindsightReplayBuffer",
 ]
 

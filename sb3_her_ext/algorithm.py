@@ -13,7 +13,9 @@ Exploration is per branch (see :mod:`sb3_her_ext.exploration`).
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
+import pathlib
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -27,8 +29,9 @@ from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedule
 from stable_baselines3.common.utils import LinearSchedule, polyak_update, safe_mean
-from stable_baselines3.common.vec_env import VecEnv
+from stable_baselines3.common.vec_env import VecEnv, unwrap_vec_normalize
 
+from sb3_her_ext import checksum
 from sb3_her_ext.branches import branch_action_dims, branch_index, default_branch_names
 from sb3_her_ext.diagnostics import TrainingDiagnostics
 from sb3_her_ext.exploration import (
@@ -39,22 +42,53 @@ from sb3_her_ext.exploration import (
     select_actions,
 )
 from sb3_her_ext.graphed_step import GraphedTrainStep
+from sb3_her_ext.guard import NanGuard, NonFiniteError
 from sb3_her_ext.learner import DistributionalLoss, Learner
 from sb3_her_ext.policy import BranchingIQNPolicy
 from sb3_her_ext.replay import HindsightConfig, PrioritizedHindsightReplayBuffer
 from sb3_her_ext.vaccine import GradVac
-from sb3_her_ext.validation import is_whole
+from sb3_her_ext.validation import check_learning_rate, check_real, is_whole
 
 SelfBranchingIQN = TypeVar("SelfBranchingIQN", bound="BranchingIQN")
 
 
 def _pair(value: float | Sequence[float], field: str) -> tuple[float, float]:
     """A ``(start, end)`` pair from a number (constant) or a pair."""
-    if isinstance(value, int | float):
-        return float(value), float(value)
-    if isinstance(value, Sequence) and len(value) == 2:
-        return float(value[0]), float(value[1])
-    raise ValueError(f"{field}={value!r} must be a number or a (start, end) pair")
+    if isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2:
+        return check_real(f"{field}[0]", value[0]), check_real(f"{field}[1]", value[1])
+    if isinstance(value, str | bool) or not isinstance(value, int | float):
+        raise ValueError(f"{field}={value!r} must be a number or a (start, end) pair")
+    return check_real(field, value), check_real(field, value)
+
+
+#: progress_remaining values at which a callable learning rate is checked at construction
+_SCHEDULE_CHECKPOINTS: tuple[float, ...] = (1.0, 0.5, 0.0)
+
+
+def check_learning_rate_schedule(learning_rate: Any) -> None:
+    """A ValueError naming ``learning_rate`` unless it is a finite number > 0, or a callable whose values at
+    progress 1, 0.5 and 0 are (each update checks its own value too).
+
+    :param learning_rate: the ``learning_rate`` argument.
+    """
+    if not callable(learning_rate):
+        check_learning_rate("learning_rate", learning_rate)
+        return
+    for progress in _SCHEDULE_CHECKPOINTS:
+        check_learning_rate("learning_rate", learning_rate(progress), progress)
+
+
+def reject_vec_normalize(env: Any) -> None:
+    """A ValueError when ``env`` is (or wraps) SB3's ``VecNormalize``, which BranchingIQN does not support.
+
+    :param env: the env given to the model (None: nothing to check).
+    """
+    if env is not None and not isinstance(env, str) and unwrap_vec_normalize(env) is not None:
+        raise ValueError(
+            "env is wrapped in VecNormalize, which BranchingIQN does not support (its replay buffer lives on "
+            "the device and stores observations as the env gives them): normalise inside the env instead "
+            "(PopArt already normalises the returns), or pass the env without VecNormalize"
+        )
 
 
 def resolve_hindsight(hindsight: bool | str | Mapping[str, Any] | HindsightConfig, env: VecEnv | None) -> (
@@ -150,6 +184,11 @@ class BranchingIQN(OffPolicyAlgorithm):
         optimizer is made capturable (its learning rate a tensor, so schedules still apply); the first few
         steps of each kind run eagerly while its graph is prepared. Same random draws and same arithmetic as
         the eager step.
+    :param nan_guard: the NaN guard (:mod:`sb3_her_ext.guard`): a non-finite reward or observation is
+        refused before it is stored, and a non-finite target, loss or gradient stops training without
+        applying that step, with a :class:`~sb3_her_ext.guard.NonFiniteError`. On the CPU it raises at once;
+        on a GPU it raises at the next sync point (a diagnostics line, the end of ``learn``,
+        :meth:`check_finite`).
     :param _init_setup_model: whether to build the networks on creation.
     """
 
@@ -199,8 +238,26 @@ class BranchingIQN(OffPolicyAlgorithm):
         diagnostics_interval: int = 1000,
         compile_loss: bool = False,
         cuda_graph: bool = False,
+        nan_guard: bool = True,
         _init_setup_model: bool = True,
     ) -> None:
+        check_learning_rate_schedule(learning_rate)
+        for field, number in (("c51_alpha", c51_alpha), ("exploration_initial_eps", exploration_initial_eps),
+                              ("exploration_final_eps", exploration_final_eps),
+                              ("exploration_fraction", exploration_fraction), ("gamma", gamma), ("tau", tau),
+                              ("max_grad_norm", max_grad_norm), ("vaccine_beta", vaccine_beta),
+                              ("ensemble_bonus", ensemble_bonus), ("per_alpha", per_alpha)):
+            check_real(field, number)
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer)):
+            raise ValueError(f"seed={seed!r} must be an integer or None")
+        for field, value, least in (("verbose", verbose, 0), ("stats_window_size", stats_window_size, 1)):
+            if not is_whole(value) or value < least:
+                raise ValueError(f"{field}={value!r} must be an integer >= {least}")
+        if not isinstance(nan_guard, bool):
+            raise ValueError(f"nan_guard={nan_guard!r} must be a bool")
+        if not isinstance(optimize_memory_usage, bool):
+            raise ValueError(f"optimize_memory_usage={optimize_memory_usage!r} must be a bool")
+        reject_vec_normalize(env)
         if not 0.0 <= c51_alpha <= 1.0:
             raise ValueError(f"c51_alpha={c51_alpha} must lie in [0, 1]")
         for field, value in (("exploration_initial_eps", exploration_initial_eps),
@@ -232,6 +289,15 @@ class BranchingIQN(OffPolicyAlgorithm):
                                     ("gradient_steps", gradient_steps, -1)):
             if not is_whole(value) or value < least:
                 raise ValueError(f"{field}={value!r} must be an integer >= {least}")
+        # whole floats (1e6) are accepted where an integer is needed, and passed on as ints
+        buffer_size, batch_size = int(buffer_size), int(batch_size)
+        learning_starts, gradient_steps = int(learning_starts), int(gradient_steps)
+        target_update_interval, diagnostics_interval = int(target_update_interval), int(diagnostics_interval)
+        vaccine_interval = int(vaccine_interval)
+        if seed is not None:
+            seed = int(seed)
+        if buffer_size < batch_size:
+            raise ValueError(f"buffer_size={buffer_size} must be >= batch_size={batch_size}")
         frequency = train_freq[0] if isinstance(train_freq, tuple) and len(train_freq) == 2 else train_freq
         if not is_whole(frequency) or frequency < 1:
             raise ValueError(f"train_freq={train_freq!r} must be an integer >= 1 or (integer >= 1, unit)")
@@ -286,6 +352,7 @@ class BranchingIQN(OffPolicyAlgorithm):
         self.diagnostics_interval = diagnostics_interval
         self.compile_loss = compile_loss
         self.cuda_graph = cuda_graph
+        self.nan_guard = nan_guard
         if cuda_graph and self.device.type != "cuda":
             raise ValueError(f"cuda_graph=True needs a CUDA device, got device={self.device}")
         self.exploration_rate = 0.0
@@ -384,6 +451,9 @@ class BranchingIQN(OffPolicyAlgorithm):
         self.diagnostics = TrainingDiagnostics(
             self.diagnostics_path, self.action_dims, self.branch_names, self.device
         )
+        if not hasattr(self, "nan_guard"):  # a model saved before the argument existed
+            self.nan_guard = True
+        self.guard = NanGuard(self.device) if self.nan_guard else None
         self._diagnostics_clock = time.time()
         self.learner = Learner(
             self.policy,
@@ -399,6 +469,7 @@ class BranchingIQN(OffPolicyAlgorithm):
             device=self.device,
             compile_loss=self.compile_loss,
             cuda_graph=self.cuda_graph,
+            guard=self.guard,
         )
         assert n_branches == self.q_net.n_branches, "policy and action space disagree on the branches"
 
@@ -408,6 +479,7 @@ class BranchingIQN(OffPolicyAlgorithm):
             "learner",
             "vaccine",
             "diagnostics",
+            "guard",
             "_generator",
             "_n_actions",
             "_valid_actions",
@@ -514,6 +586,13 @@ class BranchingIQN(OffPolicyAlgorithm):
         dones: np.ndarray,
         infos: list[dict[str, Any]],
     ) -> None:
+        if self.guard is not None:  # host arrays: the check is free; nothing is stored when it fails
+            final = np.array(new_obs, copy=True)  # each env's next obs as stored: its terminal obs at an end
+            for i in np.flatnonzero(dones):
+                if infos[i].get("terminal_observation") is not None:
+                    final[i] = infos[i]["terminal_observation"]
+            observations = [o for o in (self._last_obs, new_obs, final) if o is not None]
+            self.guard.check_env_arrays(self.num_timesteps, observations, reward)
         self.diagnostics.add_actions(buffer_action)
         super()._store_transition(replay_buffer, buffer_action, new_obs, reward, dones, infos)
 
@@ -557,7 +636,13 @@ class BranchingIQN(OffPolicyAlgorithm):
         return self.learner.loss(batch, update_popart, values)
 
     def _update_learning_rate(self, optimizers: list[th.optim.Optimizer] | th.optim.Optimizer) -> None:
-        """SB3's schedule; with ``cuda_graph`` the rate is a tensor updated in place (the graph reads it)."""
+        """SB3's schedule; with ``cuda_graph`` the rate is a tensor updated in place (the graph reads it).
+
+        Every value is checked (a host number: free): a schedule that gives a non-finite or non-positive
+        rate stops training with a ValueError naming ``learning_rate`` before any step uses it.
+        """
+        progress = self._current_progress_remaining
+        check_learning_rate("learning_rate", self.lr_schedule(progress), progress)
         if not self.cuda_graph:
             super()._update_learning_rate(optimizers)
             return
@@ -601,7 +686,81 @@ class BranchingIQN(OffPolicyAlgorithm):
         if record["loss"] == record["loss"]:  # not NaN: at least one gradient step in the interval
             self.logger.record("train/loss", record["loss"])
         self._last_diagnostics_step = self.num_timesteps
+        if self.guard is not None:  # a sync point: the line (with its non-finite loss) is written first
+            self.guard.raise_if_tripped()
         return record
+
+    def check_finite(self) -> None:
+        """Raise :class:`~sb3_her_ext.guard.NonFiniteError` if the NaN guard recorded a failure, or if a
+        parameter or a PopArt statistic is not finite (reads the device: call it at sync points, e.g. before
+        a checkpoint).
+        """
+        if self.guard is not None:
+            self.guard.raise_if_tripped()
+        tensors = {f"parameter {name}": p for name, p in self.policy.named_parameters()}
+        buffers = self.policy.named_buffers()
+        tensors.update({f"buffer {name}": b for name, b in buffers if b.is_floating_point()})
+        names = list(tensors)
+        finite = th.stack([th.isfinite(t).all() for t in tensors.values()]).tolist() if names else []
+        bad = [name for name, ok in zip(names, finite, strict=True) if not ok]
+        if bad:
+            raise NonFiniteError(f"the model holds non-finite values in {len(bad)} tensors: {bad[:5]}")
+
+    # ------------------------------------------------------------------ replay buffer files
+
+    @staticmethod
+    def _replay_file(path: str | pathlib.Path, reading: bool) -> pathlib.Path:
+        """The file SB3 writes or reads for ``path`` (it adds ``.pkl`` to a path without a suffix)."""
+        path = pathlib.Path(path)
+        if reading:
+            return path if path.exists() else pathlib.Path(f"{path}.pkl")
+        return path if path.suffix else pathlib.Path(f"{path}.pkl")
+
+    def save_replay_buffer(self, path: str | pathlib.Path | io.BufferedIOBase) -> None:
+        """SB3's ``save_replay_buffer``, sealed with the file's SHA-256 in a trailer after the pickle
+        (:mod:`sb3_her_ext.checksum`: SB3's loaders still read the file; not for an open file object).
+
+        :param path: the pickle to write (``.pkl`` is added to a path without a suffix), or an open file.
+        """
+        super().save_replay_buffer(path)
+        if isinstance(path, str | pathlib.Path):
+            checksum.append_trailer(self._replay_file(path, reading=False))
+
+    def load_replay_buffer(self, path: str | pathlib.Path | io.BufferedIOBase,
+                           truncate_last_traj: bool = True) -> None:
+        """SB3's ``load_replay_buffer``, verified: the file against the SHA-256 it carries (a file without
+        one, e.g. saved before checksums, loads with a warning), and the loaded contents (no non-finite
+        observation, reward or priority, no action outside its branch). On an error the model keeps its
+        current buffer.
+
+        :param path: the pickle (or an open file: no checksum check).
+        :param truncate_last_traj: SB3's argument (``HerReplayBuffer`` only).
+        :raises ChecksumError: the file's bytes differ from its checksum (the message names the file).
+        :raises NonFiniteError: the loaded buffer holds values no push writes (the message names the file).
+        """
+        name = "the given file object"
+        if isinstance(path, str | pathlib.Path):
+            file = self._replay_file(path, reading=True)
+            name = str(file)
+            if checksum.verify_trailer(file) is None:
+                warnings.warn(f"{file} carries no SHA-256 (saved before checksums?): loaded unverified",
+                              stacklevel=2)
+        previous = self.replay_buffer
+        super().load_replay_buffer(path, truncate_last_traj)
+        buffer = self.replay_buffer
+        if isinstance(buffer, PrioritizedHindsightReplayBuffer):
+            bad = buffer.invalid_fields()
+        else:  # SB3's numpy buffer
+            bad = [field for field in ("observations", "next_observations", "rewards")
+                   if not np.isfinite(getattr(buffer, field)).all()]
+        if bad:
+            self.replay_buffer = previous
+            raise NonFiniteError(f"replay buffer file {name} holds invalid values in {bad}: not loaded")
+
+    def set_env(self, env: GymEnv, force_reset: bool = True) -> None:
+        """SB3's ``set_env``, refusing ``VecNormalize`` (see :func:`reject_vec_normalize`)."""
+        reject_vec_normalize(env)
+        super().set_env(env, force_reset)
 
     def learn(
         self: SelfBranchingIQN,
@@ -628,7 +787,7 @@ class BranchingIQN(OffPolicyAlgorithm):
             0 if reset_num_timesteps else self.num_timesteps,
             getattr(self.replay_buffer, "hindsight_counts", None),
         )
-        return super().learn(
+        model = super().learn(
             total_timesteps=total_timesteps,
             callback=callback,
             log_interval=log_interval,
@@ -636,3 +795,6 @@ class BranchingIQN(OffPolicyAlgorithm):
             reset_num_timesteps=reset_num_timesteps,
             progress_bar=progress_bar,
         )
+        if self.guard is not None:  # the end of learn is a sync point
+            self.guard.raise_if_tripped()
+        return model

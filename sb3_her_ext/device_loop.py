@@ -10,7 +10,9 @@ work on device tensors. Per vector step, with no host sync and no Python loop ov
    :func:`~sb3_her_ext.exploration.select_actions`), without the copy to the host;
 2. env step: :meth:`~sb3_her_ext.device_env.DeviceVecEnv.step_tensors` (same-step autoreset);
 3. replay push of the transition and the info tensors through the buffer's tensor path (``add`` with a
-   dict of tensors; hindsight tracking and injection happen there);
+   dict of tensors; hindsight tracking and injection happen there), after the model's NaN guard checked
+   the rewards and observations (:mod:`sb3_her_ext.guard`: on a GPU it records a failure on the device
+   and the flush below raises it);
 4. SB3's bookkeeping: ``num_timesteps``, callbacks, progress, ``_on_step`` (target update, schedules,
    diagnostics at their interval).
 
@@ -275,9 +277,11 @@ def _flush(model: Any, state: _LoopState, log_interval: int | None) -> tuple[int
     before = model._episode_num
     model._episode_num = before + n_new
     state.action_counts.zero_()
-    for b, n in enumerate(model.action_dims):
-        model.diagnostics._action_counts[b] += counts[b, :n]
+    model.diagnostics.add_action_counts([counts[b, :n] for b, n in enumerate(model.action_dims)])
     state.last_stats_step = model.num_timesteps
+    guard = getattr(model, "guard", None)
+    if guard is not None:  # a sync point: the NaN guard's flags (see sb3_her_ext.guard)
+        guard.raise_if_tripped()
     due = bool(log_interval) and model._episode_num // log_interval > before // log_interval
     return n_new, due
 
@@ -344,9 +348,14 @@ def collect_rollouts(
                 return RolloutReturn(num_collected_steps * n_envs, num_collected_episodes + episodes,
                                      continue_training=False)
         state.stats.add(step.done, step.episode_return, step.episode_length)
-        # 3. replay push (the transition's next obs is the one before any reset)
+        # 3. replay push (the transition's next obs is the one before any reset); the NaN guard checks the
+        #    rows first (CPU: raises; GPU: records the failure and pushes zeros in place of NaN/inf)
         state.action_counts += (actions[:, :, None] == branch_values).sum(dim=0)
-        replay_buffer.add(obs, step.final_obs, actions, step.reward, step.done, step.infos)
+        final_obs, reward = step.final_obs, step.reward
+        guard = getattr(model, "guard", None)
+        if guard is not None:
+            (obs, final_obs), reward = guard.check_env_tensors(model.num_timesteps, (obs, final_obs), reward)
+        replay_buffer.add(obs, final_obs, actions, reward, step.done, step.infos)
         obs = step.obs
         # 4. SB3's bookkeeping; the episode statistics reach the host only at flush points
         model._update_current_progress_remaining(model.num_timesteps, model._total_timesteps)

@@ -11,6 +11,11 @@ Keys of every line (see :data:`DIAGNOSTICS_KEYS`): ``step``, ``time``, ``fps``, 
 ``popart_mu``, ``popart_sigma``, ``per`` (``size``, ``max_priority``, ``mean_weight``, ``beta``),
 ``hindsight`` (``backward``, ``forward``, ``relabel`` counts in the interval, ``threshold``,
 ``priority_boost``), ``vaccine`` (``cos``, ``corrections``), ``iqr_bonus``, ``ep_rew_mean``.
+
+Non-finite numbers in a line: a mean with nothing to average in the interval (no gradient step, no vaccine
+step, no action selection) is ``null``; a value that is itself non-finite (a NaN loss) is written as the
+string ``"nan"``, ``"inf"`` or ``"-inf"``, so that it is never mistaken for a missing value
+(:func:`read_diagnostics` turns those strings back into floats). The returned record holds NaN for both.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +156,19 @@ class TrainingDiagnostics:
         for b, n in enumerate(self.action_dims):
             self._action_counts[b] += np.bincount(actions[:, b].astype(np.int64), minlength=n)[:n]
 
+    def add_action_counts(self, counts: Sequence[Any]) -> None:
+        """Add counts of actions taken, per branch (e.g. counted on the device and read at a flush).
+
+        :param counts: one array per branch, of length its number of actions.
+        """
+        if len(counts) != len(self.action_dims):
+            raise ValueError(f"counts has {len(counts)} branches: expected {len(self.action_dims)}")
+        for b, n in enumerate(self.action_dims):
+            branch = np.asarray(counts[b], dtype=np.int64).reshape(-1)
+            if branch.shape[0] != n:
+                raise ValueError(f"counts[{b}] has {branch.shape[0]} actions: expected {n}")
+            self._action_counts[b] += branch
+
     def flush(self, step: int, logger: Logger | None = None, **extra: Any) -> dict[str, Any]:
         """Read the accumulators (the one host sync), write one JSONL line and the logger scalars, reset.
 
@@ -166,8 +185,13 @@ class TrainingDiagnostics:
         n_select = int(self._select_count)
         train_sums = dict(zip(self._TRAIN_KEYS, self._train_sums.tolist(), strict=True))
 
-        def train_mean(key: str, count: int) -> float:
-            return train_sums[key] / count if count > 0 else math.nan
+        missing: set[tuple[str, ...]] = set()  # the paths of means over nothing: null in the line
+
+        def train_mean(key: str, count: int, path: tuple[str, ...] | None = None) -> float:
+            if count > 0:
+                return train_sums[key] / count
+            missing.add(path or (key,))
+            return math.nan
 
         totals = {k: int(v) for k, v in (extra.get("hindsight_totals") or {}).items()}
         hindsight: dict[str, Any] = {
@@ -194,18 +218,21 @@ class TrainingDiagnostics:
             "ens_std": float(self._select_sums["ens_std"]) / n_select if n_select else math.nan,
             "popart_mu": extra.get("popart_mu"),
             "popart_sigma": extra.get("popart_sigma"),
-            "per": {**(extra.get("per") or {}), "mean_weight": train_mean("mean_weight", n_train)},
+            "per": {**(extra.get("per") or {}),
+                    "mean_weight": train_mean("mean_weight", n_train, ("per", "mean_weight"))},
             "hindsight": hindsight,
             "vaccine": {
-                "cos": train_mean("vaccine_cos", n_vaccine),
+                "cos": train_mean("vaccine_cos", n_vaccine, ("vaccine", "cos")),
                 "corrections": n_corrections,
             },
             "iqr_bonus": extra.get("iqr_bonus"),
             "ep_rew_mean": extra.get("ep_rew_mean"),
         }
+        if not n_select:
+            missing.update({("iqr_mean",), ("ens_std",)})
         if self.path is not None:
             with self.path.open("a", encoding="utf-8") as handle:
-                handle.write(json.dumps(_json_safe(record)) + "\n")
+                handle.write(json.dumps(_json_safe(record, frozenset(missing))) + "\n")
         if logger is not None:
             for key, value in flatten_scalars(record).items():
                 if key not in ("step", "time"):
@@ -235,14 +262,34 @@ def flatten_scalars(record: dict[str, Any], prefix: str = "") -> dict[str, float
     return flat
 
 
-def _json_safe(value: Any) -> Any:
-    """Replace non-finite floats by ``None`` so the line is strict JSON."""
+#: how a non-finite value is written (strict JSON has no NaN or infinity)
+_NON_FINITE_TEXT: dict[str, float] = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def _json_safe(
+    value: Any, missing: frozenset[tuple[str, ...]] = frozenset(), path: tuple[str, ...] = ()
+) -> Any:
+    """Strict JSON: a non-finite float at one of the ``missing`` paths (a mean over nothing) becomes
+    ``None``, any other one the string ``"nan"``, ``"inf"`` or ``"-inf"``."""
     if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
+        return {k: _json_safe(v, missing, (*path, str(k))) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
+        return [_json_safe(v, missing, (*path, str(i))) for i, v in enumerate(value)]
     if isinstance(value, float) and not math.isfinite(value):
-        return None
+        if path in missing:
+            return None
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return value
+
+
+def _from_json(value: Any) -> Any:
+    """Undo :func:`_json_safe`'s strings for non-finite floats."""
+    if isinstance(value, dict):
+        return {k: _from_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_from_json(v) for v in value]
+    if isinstance(value, str) and value in _NON_FINITE_TEXT:
+        return _NON_FINITE_TEXT[value]
     return value
 
 
@@ -250,7 +297,7 @@ def read_diagnostics(path: str | Path) -> list[dict[str, Any]]:
     """Read a diagnostics JSONL file.
 
     :param path: the file written by :class:`TrainingDiagnostics`.
-    :return: one dict per line.
+    :return: one dict per line (non-finite values as floats, missing means as None).
     """
     with Path(path).open(encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+        return [_from_json(json.loads(line)) for line in handle if line.strip()]

@@ -30,6 +30,7 @@ from torch import nn
 
 from sb3_her_ext.diagnostics import TrainingDiagnostics
 from sb3_her_ext.graphed_step import GraphedTrainStep, StaticBatch, StepOutputs
+from sb3_her_ext.guard import NanGuard
 from sb3_her_ext.losses import c51_cross_entropy, c51_project, quantile_huber_loss
 from sb3_her_ext.policy import BranchingIQNPolicy
 from sb3_her_ext.vaccine import GradVac, assign_flat_grad, flat_grad
@@ -103,6 +104,8 @@ class Learner:
     :param device: the model's device.
     :param compile_loss: the quantile-Huber loss through ``torch.compile``.
     :param cuda_graph: run steps 2–7 as CUDA graph replays (the optimizer must be capturable).
+    :param guard: the NaN guard (:mod:`sb3_her_ext.guard`): a step with a non-finite target, loss or gradient
+        changes nothing (None: no guard).
     """
 
     def __init__(
@@ -121,8 +124,10 @@ class Learner:
         device: th.device,
         compile_loss: bool = False,
         cuda_graph: bool = False,
+        guard: NanGuard | None = None,
     ) -> None:
         self.policy = policy
+        self.guard = guard
         #: the online and target networks the step trains and reads (the policy's)
         self.q_net: nn.Module = policy.q_net
         self.q_net_target: nn.Module = policy.q_net_target
@@ -189,6 +194,10 @@ class Learner:
         """
         params = list(self.q_net.parameters())
         optimizer = self.policy.optimizer
+        guard = self.guard
+        masked = guard is not None and not guard.immediate
+        # the guard's masked mode (GPU): the state this step changes, to restore if it meets a NaN or inf
+        state = guard.snapshot(self._guarded_state()) if masked and guard is not None else None
         # 2.-4. double-Q target, PopArt update, IQN + C51 loss of the taken actions, weighted
         result = self.loss(batch, update_popart=True)
         loss = (result.per_sample * weights).mean()
@@ -200,8 +209,12 @@ class Learner:
         if vaccine_batch is not None:
             cos, corrected = self.vaccinate(params, vaccine_batch)
         # 7. clip, optimizer step
-        th.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+        grad_norm = th.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+        if guard is not None and guard.immediate:
+            guard.check_step(loss, grad_norm)  # raises before the optimizer changes anything
         optimizer.step()
+        if state is not None and guard is not None:
+            guard.commit(state, loss, grad_norm)
         assert result.td_abs is not None
         # Detached outputs: a graph's static outputs live as long as the graph, and an output that kept its
         # autograd graph would keep the parameters' AccumulateGrad nodes (and the capture stream) alive.
@@ -256,6 +269,8 @@ class Learner:
             next_probs = th.softmax(next_logits, dim=-1).mean(dim=1)  # [B, atoms]
 
         # 3. PopArt update from y, then y (and the C51 target) in the normalised space
+        if update_popart and self.guard is not None:
+            self.guard.check_targets(y)  # on the CPU: raises before PopArt's statistics change
         if update_popart and popart is not None:
             popart.update(y)  # output-preserving: rescales the online output layers
 
@@ -286,6 +301,19 @@ class Learner:
         td = y_norm.mean(dim=-1)[:, :, None] - z_taken.detach().mean(dim=-1)  # [E, B, NB]
         td_abs = td.abs().mean(dim=0)  # [B, NB]
         return DistributionalLoss(per_sample, l_q, l_c51, td_abs)
+
+    def _guarded_state(self) -> list[th.Tensor]:
+        """Everything a gradient step changes besides gradients: both networks' parameters, optimizer state,
+        PopArt and GradVac buffers."""
+        optimizer_state = [
+            value for per_param in self.policy.optimizer.state.values() for value in per_param.values()
+            if isinstance(value, th.Tensor)
+        ]
+        popart = self.policy.popart
+        buffers = [*(popart.buffers() if popart is not None else ()), *self.vaccine.buffers()]
+        # PopArt rescales the output layers of both networks
+        params = [*self.q_net.parameters(), *self.q_net_target.parameters()]
+        return [p.data for p in params] + optimizer_state + [b.data for b in buffers]
 
     def _rand(self, *shape: int) -> th.Tensor:
         """Uniform ``[0, 1)`` quantile fractions from the model's generator (a graphed step's static draws,

@@ -247,7 +247,9 @@ def c51_project(
     position = ((shifted - v_min) / delta_z).clamp(0.0, n_atoms - 1.0)
     if next_probs.device.type != "cpu":
         return _project_by_shares(next_probs, position)
-    lower = position.floor().clamp(max=n_atoms - 2)  # so lower + 1 is always a valid atom
+    # so lower + 1 is always a valid atom; a NaN position (a NaN reward) indexes atom 0 and stays NaN
+    # through upper_weight, for the NaN guard to see, instead of an out-of-bounds index
+    lower = position.nan_to_num(0.0).floor().clamp(max=n_atoms - 2)
     upper_weight = position - lower  # 1 when the atom sits exactly on the last support point
     lower_index = lower.long().expand(next_probs.shape)
     projected = th.zeros_like(next_probs)

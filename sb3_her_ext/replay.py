@@ -578,6 +578,29 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
         weights = torch.ones(batch_size, dtype=torch.float32, device=dev)
         return self._gather(indices, weights)
 
+    # ----------------------------------------------------------------------------------- checks
+    def invalid_fields(self) -> list[str]:
+        """The storage fields holding a value no push writes: non-finite observations, rewards, priorities
+        (the sum tree) or max priority, actions outside their branch, a head or size outside the ring (one
+        host read; e.g. after loading a file).
+
+        :return: the names of the bad fields (SB3's names); empty when the buffer is sound.
+        """
+        if not getattr(self, "_allocated", False):
+            return []
+        checks = {
+            name: torch.isfinite(getattr(self, name)).all()
+            for name in ("observations", "next_observations", "rewards", "dones", "tree",
+                         "max_priority_tensor")
+        }
+        sizes = torch.as_tensor(self.branch_sizes, dtype=torch.int64, device=self.device)
+        actions = self.actions.reshape(-1, self.n_branches)
+        checks["actions"] = ((actions >= 0) & (actions < sizes)).all()
+        head_size = self.head_size
+        checks["head_size"] = ((head_size >= 0) & (head_size <= self.buffer_size)).all()
+        ok = torch.stack(list(checks.values())).tolist()
+        return [name for name, good in zip(checks, ok, strict=True) if not good]
+
     # ----------------------------------------------------------------------------------- pickling
     def __getstate__(self) -> dict[str, Any]:
         """Pickle with every tensor on the CPU (the device is restored on load when available)."""

@@ -28,3 +28,34 @@ def check_positive(name: str, value: Any) -> None:
     """
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
         raise ValueError(f"{name}={value!r} must be a positive int")
+
+
+def check_real(name: str, value: Any) -> float:
+    """``value`` as a float, or a ValueError naming ``name``: a real number, finite (bools and strings
+    refused).
+
+    :param name: the argument's name, quoted in the error.
+    :param value: the value to check.
+    :return: ``float(value)``.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name}={value!r} must be a number, not a {type(value).__name__}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name}={value!r} must be finite")
+    return float(value)
+
+
+def check_learning_rate(name: str, value: Any, progress: float | None = None) -> float:
+    """A learning rate (one value of a schedule): a finite number > 0, else a ValueError naming ``name``.
+
+    :param name: the argument's name, quoted in the error.
+    :param value: the rate.
+    :param progress: the progress remaining the schedule was evaluated at (None: a constant).
+    :return: ``float(value)``.
+    """
+    where = "" if progress is None else f" (the schedule's value at progress_remaining={progress:g})"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name}={value!r}{where} must be a number, not a {type(value).__name__}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name}={value!r}{where} must be finite and > 0")
+    return float(value)

@@ -103,3 +103,33 @@ def test_restart_starts_a_new_interval(tmp_path: Path) -> None:
     assert record["fps"] > 0  # 40 steps since the restart, not 40 - 100
     assert record["hindsight"]["backward"] == 2
     assert record["hindsight"]["forward"] == 0
+
+
+def test_a_non_finite_value_is_written_as_a_string_and_a_missing_mean_as_null(tmp_path: Path) -> None:
+    path = tmp_path / "diag.jsonl"
+    diag = TrainingDiagnostics(path, [3, 2], ["direction", "magnitude"])
+    nan, inf = th.tensor(float("nan")), th.tensor(float("inf"))
+    diag.add_train_step(nan, th.tensor(1.0), nan, th.tensor(1.0))
+    record = diag.flush(100, popart_mu=-math.inf)
+    assert math.isnan(record["loss"]) and math.isnan(record["l_q"]) and record["l_c51"] == 1.0
+    diag.add_train_step(th.tensor(2.0), inf, inf, th.tensor(1.0))
+    diag.flush(200)
+    raw = [json.loads(line) for line in path.read_text().splitlines()]
+    assert raw[0]["loss"] == "nan" and raw[0]["l_q"] == "nan" and raw[0]["popart_mu"] == "-inf"
+    assert raw[0]["vaccine"]["cos"] is None and raw[0]["iqr_mean"] is None  # nothing to average: null
+    assert raw[1]["l_c51"] == "inf" and raw[1]["l_q"] == 2.0
+    lines = read_diagnostics(path)
+    assert math.isnan(lines[0]["loss"]) and lines[0]["popart_mu"] == -math.inf
+    assert lines[1]["loss"] == math.inf and lines[0]["vaccine"]["cos"] is None
+
+
+def test_add_action_counts() -> None:
+    diag = TrainingDiagnostics(None, [3, 2], ["direction", "magnitude"])
+    diag.add_action_counts([np.array([1, 0, 3]), [2, 2]])
+    diag.add_actions(np.array([[0, 1]]))
+    record = diag.flush(10)
+    assert record["action_mix"] == {"direction": [0.4, 0.0, 0.6], "magnitude": [0.4, 0.6]}
+    with pytest.raises(ValueError, match="counts has 1 branches: expected 2"):
+        diag.add_action_counts([[1, 2, 3]])
+    with pytest.raises(ValueError, match=r"counts\[1\] has 3 actions: expected 2"):
+        diag.add_action_counts([[1, 2, 3], [1, 2, 3]])

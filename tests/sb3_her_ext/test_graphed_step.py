@@ -90,3 +90,31 @@ def test_graphed_model_saves_and_loads(tmp_path: Path) -> None:
     with pytest.warns(UserWarning, match="cuda_graph=True needs a CUDA device"):  # a CPU load steps eagerly
         on_cpu = BranchingIQN.load(tmp_path / "model", device="cpu")
     assert not on_cpu.cuda_graph and on_cpu._graphed_step is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cuda_graph", [True, False])
+def test_nan_guard_on_the_gpu_undoes_the_steps_and_raises_at_the_sync_point(tmp_path: Path,
+                                                                            cuda_graph: bool) -> None:
+    """The guard's masked mode inside graph replays (and eager GPU steps): a step that meets a NaN target
+    changes no parameter, optimizer state or PopArt statistic; the error comes at the diagnostics line."""
+    from sb3_her_ext.guard import NonFiniteError
+
+    model, _ = _lob_run(tmp_path, cuda_graph=cuda_graph, steps=300)
+    assert model.guard is not None and not model.guard.immediate
+    before = {k: v.clone() for k, v in model.policy.state_dict().items()}
+    optimizer = [v.clone() for s in model.policy.optimizer.state.values() for v in s.values()
+                 if isinstance(v, th.Tensor) and v.is_cuda]
+    buffer = model.replay_buffer
+    buffer.rewards[: buffer.size()] = float("nan")
+    model.train(12, model.batch_size)  # plain and vaccine steps, replays when graphed
+    if cuda_graph:
+        assert model._graphed_step.replays > 0
+    after = model.policy.state_dict()
+    for key, value in before.items():
+        assert th.equal(value, after[key]), key
+    now = [v for s in model.policy.optimizer.state.values() for v in s.values()
+           if isinstance(v, th.Tensor) and v.is_cuda]
+    assert all(th.equal(a, b) for a, b in zip(optimizer, now, strict=True))
+    with pytest.raises(NonFiniteError, match="non-finite loss at gradient step"):
+        model.log_diagnostics()

@@ -557,3 +557,87 @@ def test_cuda_tree_is_refreshed_lazily_before_sampling_and_pickling(monkeypatch)
     assert torch.equal(actual.indices.cpu(), expected.indices)
     torch.testing.assert_close(actual.weights.cpu(), expected.weights, rtol=2e-7, atol=0.0)
     torch.testing.assert_close(cuda.tree.cpu(), cpu.tree, rtol=2e-7, atol=0.0)
+
+
+# ---------------------------------------------------------------------- BranchingIQN's buffer files
+def _tiny_iqn():
+    import gymnasium as gym
+
+    from sb3_her_ext import BranchingIQN
+
+    class TinyEnv(gym.Env):
+        observation_space = OBS_SPACE
+        action_space = spaces.MultiDiscrete([3, 2])
+
+        def reset(self, *, seed=None, options=None):
+            return np.zeros(3, np.float32), {}
+
+        def step(self, action):
+            return np.ones(3, np.float32), 1.0, False, False, {}
+
+    policy = dict(net_arch=[8], n_ensemble=2, n_cos=4, n_quantiles=4, n_quantiles_target=4,
+                  n_quantiles_act=4, n_atoms=11)
+    model = BranchingIQN("MlpPolicy", TinyEnv(), buffer_size=32, batch_size=4, learning_starts=100,
+                         policy_kwargs=policy, device="cpu", hindsight=False, seed=0)
+    return model.learn(10)
+
+
+def test_branching_iqn_buffer_files_carry_a_checksum(tmp_path):
+    from sb3_her_ext.checksum import TRAILER_MAGIC, ChecksumError, sha256_prefix
+
+    model = _tiny_iqn()
+    model.save_replay_buffer(tmp_path / "buffer")  # SB3 adds .pkl
+    path = tmp_path / "buffer.pkl"
+    data = path.read_bytes()
+    body, trailer = data[: -len(TRAILER_MAGIC) - 65], data[-len(TRAILER_MAGIC) - 65 :]
+    assert trailer == TRAILER_MAGIC + sha256_prefix(path, len(body)).encode() + b"\n"
+    assert pickle.loads(body).size() == pickle.loads(data).size()  # plain pickle readers ignore the trailer
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["buffer.pkl"]  # no second file
+    before = model.replay_buffer
+    model.load_replay_buffer(tmp_path / "buffer")
+    assert model.replay_buffer is not before and model.replay_buffer.size() == before.size() > 0
+    assert torch.equal(model.replay_buffer.observations, before.observations)
+
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    path.write_bytes(bytes(data))
+    kept = model.replay_buffer
+    with pytest.raises(ChecksumError, match=r"buffer.pkl is corrupted: SHA-256 [0-9a-f]{64} where the file"):
+        model.load_replay_buffer(path)
+    assert model.replay_buffer is kept  # nothing loaded
+    path.write_bytes(data[:-3] + b"xy\n")  # a flipped byte in the trailer itself
+    with pytest.raises(ChecksumError, match=r"buffer.pkl is corrupted: its SHA-256 trailer .* is malformed"):
+        model.load_replay_buffer(path)
+
+
+def test_branching_iqn_refuses_a_buffer_file_with_non_finite_rows(tmp_path):
+    from sb3_her_ext.guard import NonFiniteError
+
+    model = _tiny_iqn()
+    kept = model.replay_buffer
+    bad = pickle.loads(pickle.dumps(kept))
+    bad.rewards[3] = float("nan")
+    bad.observations[1, 0] = float("inf")
+    model.replay_buffer = bad
+    model.save_replay_buffer(tmp_path / "bad.pkl")  # a valid checksum of invalid contents
+    model.replay_buffer = kept
+    message = r"bad.pkl holds invalid values in \['observations', 'rewards'\]: not loaded"
+    with pytest.raises(NonFiniteError, match=message):
+        model.load_replay_buffer(tmp_path / "bad.pkl")
+    assert model.replay_buffer is kept
+    bad.actions[0, 1] = 7  # a branch of 2 actions
+    bad.rewards[3] = bad.observations[1, 0] = 0.0
+    model.replay_buffer = bad
+    model.save_replay_buffer(tmp_path / "bad.pkl")
+    model.replay_buffer = kept
+    with pytest.raises(NonFiniteError, match=r"holds invalid values in \['actions'\]"):
+        model.load_replay_buffer(tmp_path / "bad.pkl")
+
+
+def test_a_buffer_file_without_a_checksum_loads_with_a_warning(tmp_path):
+    model = _tiny_iqn()
+    stable_baselines3_save = super(type(model), model).save_replay_buffer
+    stable_baselines3_save(tmp_path / "old.pkl")  # as SB3 writes it: no trailer
+    with pytest.warns(UserWarning, match=r"old.pkl carries no SHA-256 \(saved before checksums\?\)"):
+        model.load_replay_buffer(tmp_path / "old.pkl")
+    assert model.replay_buffer.size() > 0

@@ -1,0 +1,222 @@
+"""The NaN guard (``BranchingIQN(nan_guard=True)``): nothing non-finite is stored or learned.
+
+Two checks, both cheap:
+
+* **env data** (:meth:`NanGuard.check_env_arrays` on SB3's host path, :meth:`NanGuard.check_env_tensors` on
+  the device loop): a non-finite reward or observation from an env is refused before it reaches the replay
+  buffer, with an error naming the env index and the step;
+* **the gradient step** (:meth:`NanGuard.check_targets`, :meth:`NanGuard.check_step`, or the masked pair
+  :meth:`NanGuard.snapshot` / :meth:`NanGuard.commit`): a non-finite target, loss or gradient norm stops
+  training, and the step that met it changes nothing (parameters, optimizer state, PopArt statistics,
+  GradVac's state).
+
+Where a host read is free (``immediate``: the CPU), each check raises :class:`NonFiniteError` at once,
+before anything is written. On a GPU a read would sync every step, so the checks are tensor ops that record
+the first failure (its kind, step and env) in device flags, and :meth:`NanGuard.raise_if_tripped` reads
+them at the next sync point: a diagnostics line, a device-loop flush, the end of ``learn`` and
+``BranchingIQN.check_finite``. Between the failure and that point:
+
+* the env rows of a failing step, and of every later step, are pushed with each non-finite value
+  replaced by 0 (the push cannot skip rows without a sync), so the buffer never holds a non-finite value;
+* every gradient step is undone: the guard snapshots the step's state before it and restores it with
+  ``torch.where`` after it (exact; the same arithmetic and random draws as without the guard), so nothing
+  learned after the failure counts, and the data stored after it is never learned from.
+
+Limits of the masked mode: the optimizer state a step creates (its first step) cannot be restored, and an
+optimizer's step count kept on the host (a non-fused, non-capturable optimizer) still advances; the
+default fused Adam keeps it on the device. Its cost per step: one multi-tensor copy (the snapshot) and a
+``torch.where`` per state tensor (the restore), all inside the graph with ``cuda_graph=True``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import torch as th
+
+__all__ = ["NanGuard", "NonFiniteError"]
+
+#: failure kinds recorded in the device flag (0: none)
+_KINDS: dict[int, str] = {
+    1: "reward",
+    2: "observation",
+    3: "target (reward + discounted next value)",
+    4: "loss",
+    5: "gradient",
+}
+_REWARD, _OBSERVATION, _TARGET, _LOSS, _GRADIENT = 1, 2, 3, 4, 5
+_ENV_KINDS = (_REWARD, _OBSERVATION)
+
+
+class NonFiniteError(ValueError, FloatingPointError):
+    """A NaN or inf in training data or in a gradient step; training stopped, the last good state kept."""
+
+
+def _first_bad(values: np.ndarray) -> tuple[int, Any] | None:
+    """``(env, value)`` of the first env whose row of ``values`` holds a non-finite value, else None."""
+    rows = np.asarray(values, dtype=np.float64).reshape(len(values), -1)
+    bad = ~np.isfinite(rows).all(axis=1)
+    if not bad.any():
+        return None
+    env = int(np.argmax(bad))
+    row = rows[env]
+    return env, float(row[~np.isfinite(row)][0])
+
+
+class NanGuard:
+    """Device flags of the first non-finite value met in training, and the checks that set them.
+
+    :param device: the model's device.
+    :param immediate: raise at once (a host read per check); default: on the CPU only.
+    """
+
+    def __init__(self, device: th.device | str, immediate: bool | None = None) -> None:
+        self.device = th.device(device)
+        self.immediate = self.device.type == "cpu" if immediate is None else bool(immediate)
+        #: ``[kind, step, env]`` of the first failure (kind 0: none yet)
+        self.first = th.zeros(3, dtype=th.int64, device=self.device)
+        #: gradient steps checked so far (counted on the device: a CUDA graph replay increments it too)
+        self.steps = th.zeros((), dtype=th.int64, device=self.device)
+        self._backup: list[th.Tensor] = []
+        self._retired: list[list[th.Tensor]] = []
+
+    # ------------------------------------------------------------------ reading the flags
+
+    @property
+    def tripped(self) -> th.Tensor:
+        """0-dim bool tensor: a failure has been recorded (no sync)."""
+        return self.first[0] != 0
+
+    def raise_if_tripped(self) -> None:
+        """Read the flags (a sync) and raise :class:`NonFiniteError` describing the first failure."""
+        kind, step, env = (int(v) for v in self.first.tolist())
+        if kind != 0:
+            raise NonFiniteError(self._message(kind, step, env))
+
+    @staticmethod
+    def _message(kind: int, step: int, env: int, value: Any = None) -> str:
+        what = _KINDS[kind]
+        shown = "" if value is None else f" {value!r}"
+        if kind in _ENV_KINDS:
+            return (f"non-finite {what}{shown} from env {env} at step {step} (num_timesteps): the step was "
+                    "not learned from and nothing non-finite was stored; fix the env or its data")
+        return (f"non-finite {what} at gradient step {step}: that step and any later ones were not "
+                "applied (parameters, optimizer and PopArt statistics are the last good ones); lower the "
+                "learning rate or check the rewards' scale")
+
+    def _record(self, bad: th.Tensor, kind: int, step: th.Tensor | int, env: th.Tensor | int) -> None:
+        """Record ``(kind, step, env)`` where ``bad`` and nothing was recorded before (no sync)."""
+        # th.full for host ints: a fill kernel, not a host-to-device copy (which would sync)
+        entry = th.stack([v.to(th.int64).reshape(()) if isinstance(v, th.Tensor)
+                          else th.full((), v, dtype=th.int64, device=self.device) for v in (kind, step, env)])
+        self.first.copy_(th.where(bad & (self.first[0] == 0), entry, self.first))
+
+    # ------------------------------------------------------------------ env data
+
+    def check_env_arrays(self, step: int, observations: Sequence[Any], rewards: Any) -> None:
+        """SB3's host path: raise :class:`NonFiniteError` for a non-finite reward or observation.
+
+        :param step: ``num_timesteps`` of the step.
+        :param observations: ``[n_envs, ...]`` arrays to check (next observations, terminal observations).
+        :param rewards: ``[n_envs]`` rewards.
+        """
+        found = _first_bad(np.asarray(rewards).reshape(-1, 1))
+        if found is not None:
+            raise NonFiniteError(self._message(_REWARD, step, found[0], found[1]))
+        for obs in observations:
+            found = _first_bad(np.asarray(obs))
+            if found is not None:
+                raise NonFiniteError(self._message(_OBSERVATION, step, found[0], found[1]))
+
+    def check_env_tensors(self, step: int, observations: Sequence[th.Tensor], rewards: th.Tensor) -> (
+        tuple[list[th.Tensor], th.Tensor]
+    ):
+        """The device loop's path: check before the push.
+
+        Immediate: raise :class:`NonFiniteError` (nothing is pushed). Else record the first bad
+        ``(step, env)`` on the device and return the tensors with every non-finite value replaced by 0
+        (:meth:`raise_if_tripped` reports it at the next sync point; the guard undoes every later gradient
+        step).
+
+        :param step: ``num_timesteps`` of the step.
+        :param observations: ``[n_envs, D]`` tensors to check.
+        :param rewards: ``[n_envs]`` rewards.
+        :return: ``(observations, rewards)`` safe to push.
+        """
+        reward_ok = th.isfinite(rewards).reshape(rewards.shape[0])
+        obs_ok = [th.isfinite(obs).reshape(obs.shape[0], -1).all(dim=1) for obs in observations]
+        if self.immediate:
+            if not bool(reward_ok.all()):
+                env = int((~reward_ok).nonzero()[0])
+                raise NonFiniteError(self._message(_REWARD, step, env, float(rewards.reshape(-1)[env])))
+            for ok in obs_ok:
+                if not bool(ok.all()):
+                    raise NonFiniteError(self._message(_OBSERVATION, step, int((~ok).nonzero()[0])))
+            return list(observations), rewards
+        all_obs_ok = th.stack(obs_ok).all(dim=0) if obs_ok else th.ones_like(reward_ok)
+        for ok, kind in ((reward_ok, _REWARD), (all_obs_ok, _OBSERVATION)):
+            self._record(~ok.all(), kind, step, (~ok).to(th.int64).argmax())
+        zero = th.zeros((), dtype=rewards.dtype, device=rewards.device)
+        safe_obs = [th.where(th.isfinite(obs), obs, th.zeros((), dtype=obs.dtype, device=obs.device))
+                    for obs in observations]
+        return safe_obs, th.where(th.isfinite(rewards), rewards, zero)
+
+    # ------------------------------------------------------------------ the gradient step
+
+    def check_targets(self, targets: th.Tensor) -> None:
+        """Immediate only: raise before PopArt's update when the step's targets are non-finite.
+
+        :param targets: the de-normalised targets ``y``.
+        """
+        if self.immediate and not bool(th.isfinite(targets).all()):
+            raise NonFiniteError(self._message(_TARGET, int(self.steps) + 1, 0))
+
+    def check_step(self, loss: th.Tensor, grad_norm: th.Tensor) -> None:
+        """Immediate only: raise before the optimizer step for a non-finite loss or gradient norm.
+
+        :param loss: the step's loss.
+        :param grad_norm: the gradients' total norm (``clip_grad_norm_``'s result).
+        """
+        if not self.immediate:
+            return
+        step = int(self.steps) + 1
+        if not bool(th.isfinite(loss)):
+            raise NonFiniteError(self._message(_LOSS, step, 0))
+        if not bool(th.isfinite(grad_norm)):
+            raise NonFiniteError(self._message(_GRADIENT, step, 0))
+        self.steps += 1
+
+    def snapshot(self, tensors: Iterable[th.Tensor]) -> list[th.Tensor]:
+        """Masked mode: copy the state a step changes (no sync; the copies are reused step after step).
+
+        :param tensors: parameters, optimizer state, PopArt and GradVac buffers (on the guard's device).
+        :return: the tensors, in the order :meth:`commit` expects them.
+        """
+        # device types, not devices ("cuda" != "cuda:0"); a host tensor (a non-fused optimizer's step count)
+        # is left out: a skipped step still advances it
+        state = [t for t in tensors if t.device.type == self.device.type]
+        if [(b.shape, b.dtype) for b in self._backup] != [(t.shape, t.dtype) for t in state]:
+            # the old copies stay alive: a captured CUDA graph may still write to them
+            self._retired.append(self._backup)
+            self._backup = [th.empty_like(t) for t in state]
+        if state:
+            th._foreach_copy_(self._backup, state)  # one multi-tensor launch where the device has one
+        return state
+
+    def commit(self, state: list[th.Tensor], loss: th.Tensor, grad_norm: th.Tensor) -> None:
+        """Masked mode: keep the step's changes to ``state`` only if its loss and gradient norm are finite
+        and no failure was recorded before; else restore the snapshot and record the failure (no sync).
+
+        :param state: :meth:`snapshot`'s result, now changed by the step.
+        :param loss: the step's loss.
+        :param grad_norm: the gradients' total norm.
+        """
+        self.steps += 1
+        loss_ok, grad_ok = th.isfinite(loss).reshape(()), th.isfinite(grad_norm).reshape(())
+        self._record(~loss_ok, _LOSS, self.steps, 0)
+        self._record(loss_ok & ~grad_ok, _GRADIENT, self.steps, 0)
+        keep = ~self.tripped
+        for tensor, backup in zip(state, self._backup, strict=True):
+            tensor.copy_(th.where(keep, tensor, backup))

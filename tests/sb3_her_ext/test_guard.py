@@ -1,0 +1,228 @@
+"""The NaN guard: NaN/inf injected into rewards, observations, the loss and the learning rate give clear
+errors, and nothing non-finite is stored or learned (buffer contents and parameters checked). Both of the
+guard's modes run here on the CPU: immediate (the CPU default) and masked (the GPU's, forced)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch as th
+from stable_baselines3.common.vec_env import DummyVecEnv
+
+from foxhunt.device_env import DeviceLOBVecEnv
+from sb3_her_ext import BranchingIQN
+from sb3_her_ext.device_env import DeviceStep
+from sb3_her_ext.diagnostics import read_diagnostics
+from sb3_her_ext.guard import NanGuard, NonFiniteError
+
+TINY_POLICY = dict(net_arch=[16], n_ensemble=2, n_cos=8, n_quantiles=4, n_quantiles_target=4,
+                   n_quantiles_act=4, n_atoms=11)
+TINY = dict(learning_starts=8, batch_size=8, buffer_size=1000, train_freq=1, policy_kwargs=TINY_POLICY,
+            seed=0, device="cpu", hindsight=False, vaccine_interval=2, learning_rate=1e-3)
+
+
+class BadEnv(gym.Env):
+    """A tiny env whose ``bad_at``-th step returns a NaN/inf in the reward or the observation."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    action_space = gym.spaces.MultiDiscrete([3, 2])
+
+    def __init__(self, bad_at: int | None = None, field: str = "reward", value: float = np.nan,
+                 episode: int = 10) -> None:
+        self.t, self.bad_at, self.field, self.value, self.episode = 0, bad_at, field, value, episode
+        self.rng = np.random.default_rng(0)
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
+        self.t += 1
+        obs = self.rng.uniform(-1, 1, 3).astype(np.float32)
+        reward = float(self.rng.uniform(-1, 1))
+        if self.t == self.bad_at:
+            if self.field == "reward":
+                reward = self.value
+            else:
+                obs[1] = self.value
+        return obs, reward, self.t % self.episode == 0, False, {}
+
+
+def assert_buffer_finite(model: BranchingIQN) -> None:
+    buffer = model.replay_buffer
+    n = buffer.size()
+    for name in ("observations", "next_observations", "rewards"):
+        values = getattr(buffer, name)[:n]
+        assert th.isfinite(values).all(), name
+
+
+def params_of(model: BranchingIQN) -> dict[str, th.Tensor]:
+    return {k: v.detach().clone() for k, v in model.policy.state_dict().items()}
+
+
+def assert_same(before: dict[str, th.Tensor], after: dict[str, th.Tensor]) -> None:
+    assert before.keys() == after.keys()
+    for key in before:
+        assert th.equal(before[key], after[key]), key
+
+
+# ---------------------------------------------------------------------- env data, SB3's host path
+@pytest.mark.parametrize(("field", "value", "shown"), [("reward", np.nan, "reward nan"),
+                                                     ("reward", np.inf, "reward inf"),
+                                                     ("observation", np.nan, "observation nan"),
+                                                     ("observation", -np.inf, "observation -inf")])
+def test_non_finite_env_data_is_refused_before_the_buffer(field: str, value: float, shown: str) -> None:
+    env = DummyVecEnv([lambda: BadEnv(), lambda: BadEnv(bad_at=15, field=field, value=value)])
+    model = BranchingIQN("MlpPolicy", env, **TINY)
+    with pytest.raises(NonFiniteError, match=rf"non-finite {shown} from env 1 at step 30 \(num_timesteps\)"):
+        model.learn(60)
+    assert model.replay_buffer.size() == 14 * 2  # the bad step's rows were not stored
+    assert_buffer_finite(model)
+    model.check_finite()  # the model learned nothing non-finite
+
+
+def test_non_finite_terminal_observation_names_its_env() -> None:
+    # the bad observation is the last of an episode: it reaches the buffer only as a terminal observation
+    env = DummyVecEnv([lambda: BadEnv(), lambda: BadEnv(), lambda: BadEnv(bad_at=10, field="observation")])
+    model = BranchingIQN("MlpPolicy", env, **TINY)
+    with pytest.raises(NonFiniteError, match="observation nan from env 2 at step 30"):
+        model.learn(60)
+    assert_buffer_finite(model)
+
+
+def test_the_guard_can_be_turned_off() -> None:
+    env = DummyVecEnv([lambda: BadEnv(bad_at=3, field="observation")])
+    model = BranchingIQN("MlpPolicy", env, **{**TINY, "learning_starts": 100}, nan_guard=False)
+    model.learn(5)  # stored as SB3 would
+    assert model.guard is None and not th.isfinite(model.replay_buffer.observations[:5]).all()
+    with pytest.raises(ValueError, match="nan_guard=1 must be a bool"):
+        BranchingIQN("MlpPolicy", env, **TINY, nan_guard=1)
+
+
+# ---------------------------------------------------------------------- the gradient step
+def trained_model(**kwargs) -> BranchingIQN:
+    env = DummyVecEnv([lambda: BadEnv(), lambda: BadEnv()])
+    model = BranchingIQN("MlpPolicy", env, **{**TINY, **kwargs})
+    model.learn(40)
+    return model
+
+
+def poison_buffer(model: BranchingIQN) -> None:
+    """A NaN reward in every stored row (as a corrupt buffer would hold): the next targets are NaN."""
+    buffer = model.replay_buffer
+    buffer.rewards[: buffer.size()] = float("nan")
+
+
+def test_a_non_finite_target_stops_training_and_changes_nothing_on_the_cpu() -> None:
+    model = trained_model()
+    poison_buffer(model)
+    before = params_of(model)
+    optimizer_before = copy.deepcopy(model.policy.optimizer.state_dict())
+    with pytest.raises(NonFiniteError, match="non-finite target .* at gradient step"):
+        model.train(1, model.batch_size)
+    assert_same(before, params_of(model))  # PopArt's statistics are in the policy's state dict
+    after = model.policy.optimizer.state_dict()
+    for key, state in optimizer_before["state"].items():
+        for name, value in state.items():
+            assert th.equal(value, after["state"][key][name]), name
+
+
+def test_masked_mode_restores_the_step_and_raises_at_the_next_sync_point(tmp_path: Path) -> None:
+    """The GPU's mode, forced on the CPU: no raise inside the step; the step (and the later ones) undone;
+    the error at the diagnostics line, which shows the NaN loss as "nan"."""
+    model = trained_model(diagnostics_path=str(tmp_path / "d.jsonl"), diagnostics_interval=10_000)
+    model.guard = model.learner.guard = NanGuard("cpu", immediate=False)
+    good = params_of(model)
+    vaccine = model.vaccine.target_cos.clone()
+    poison_buffer(model)
+    model.train(4, model.batch_size)  # masked: no error yet (a vaccine step among them)
+    assert_same(good, params_of(model))
+    assert th.equal(vaccine, model.vaccine.target_cos)
+    assert bool(model.guard.tripped)
+    with pytest.raises(NonFiniteError, match="non-finite loss at gradient step 1:"):
+        model.log_diagnostics()
+    line = json.loads((tmp_path / "d.jsonl").read_text().splitlines()[-1])
+    assert line["loss"] == "nan" and line["l_q"] == "nan"
+    assert np.isnan(read_diagnostics(tmp_path / "d.jsonl")[-1]["loss"])
+    with pytest.raises(NonFiniteError):
+        model.check_finite()
+
+
+def test_masked_mode_gives_the_same_parameters_as_no_guard() -> None:
+    """The guard changes no arithmetic and no random draw: masked, immediate and off train alike."""
+    results = []
+    for guard in ("off", "immediate", "masked"):
+        env = DummyVecEnv([lambda: BadEnv(), lambda: BadEnv()])
+        model = BranchingIQN("MlpPolicy", env, **TINY, nan_guard=guard != "off")
+        if guard == "masked":
+            model.guard = model.learner.guard = NanGuard("cpu", immediate=False)
+        model.learn(60)
+        results.append(params_of(model))
+    assert_same(results[0], results[1])
+    assert_same(results[0], results[2])
+
+
+def test_an_inf_learning_rate_is_refused() -> None:
+    env = DummyVecEnv([lambda: BadEnv()])
+    for bad in (float("inf"), float("nan"), 0.0, -1e-3):
+        with pytest.raises(ValueError, match=rf"learning_rate={bad!r} must be finite and > 0"):
+            BranchingIQN("MlpPolicy", env, **{**TINY, "learning_rate": bad})
+
+
+def test_a_schedule_that_turns_nan_stops_training_before_the_update() -> None:
+    env = DummyVecEnv([lambda: BadEnv(), lambda: BadEnv()])
+
+    def schedule(progress: float) -> float:  # fine at 1, 0.5 and 0, NaN in between
+        return float("nan") if 0.6 < progress < 0.8 else 1e-3
+
+    model = BranchingIQN("MlpPolicy", env, **{**TINY, "learning_rate": schedule})
+    message = r"learning_rate=nan \(the schedule's value at progress_remaining=0\.7"
+    with pytest.raises(ValueError, match=message):
+        model.learn(100)
+    model.check_finite()
+    assert_buffer_finite(model)
+
+
+# ---------------------------------------------------------------------- the device loop
+class BadDeviceEnv(DeviceLOBVecEnv):
+    """A device env whose ``bad_at``-th vector step gives env 2 a NaN reward or an inf observation."""
+
+    bad_at = 6
+    field = "reward"
+
+    def step_tensors(self, actions: th.Tensor) -> DeviceStep:
+        step = super().step_tensors(actions)
+        self.n_steps = getattr(self, "n_steps", 0) + 1
+        if self.n_steps != self.bad_at:
+            return step
+        if self.field == "reward":
+            reward = step.reward.clone()
+            reward[2] = float("nan")
+            return step._replace(reward=reward)
+        final = step.final_obs.clone()
+        final[2, 0] = float("inf")
+        return step._replace(final_obs=final)
+
+
+@pytest.mark.parametrize("field", ["reward", "observation"])
+@pytest.mark.parametrize("mode", ["immediate", "masked"])
+def test_device_loop_refuses_non_finite_rows(field: str, mode: str) -> None:
+    env = BadDeviceEnv(4, device="cpu", seed=0, data="synthetic", num_steps=1500, episode_length=20)
+    env.field = field
+    model = BranchingIQN("MlpPolicy", env, **{**TINY, "hindsight": "auto", "diagnostics_interval": 40})
+    if mode == "masked":
+        model.guard = model.learner.guard = NanGuard("cpu", immediate=False)
+    with pytest.raises(NonFiniteError, match=f"non-finite {field}.* from env 2 at step 24"):
+        model.learn(200)
+    assert_buffer_finite(model)
+    if mode == "immediate":
+        assert model.replay_buffer.size() >= 5 * 4  # the rows before the bad step were stored
+        model.check_finite()
+    else:  # the failure stays recorded: check_finite reports it again
+        with pytest.raises(NonFiniteError, match="from env 2 at step 24"):
+            model.check_finite()
+    assert model.num_timesteps <= 40  # raised at the first sync point (the diagnostics line at 40)
