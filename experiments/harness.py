@@ -13,6 +13,7 @@ import json
 import math
 import platform
 import subprocess
+import textwrap
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -466,7 +467,7 @@ def bar_chart(rows: Mapping[str, Mapping[str, Any]], path: Path, title: str) -> 
         ax.set_xticks(x, names, rotation=35, ha="right", fontsize=8)
         ax.set_ylabel(label)
         ax.grid(axis="y", alpha=0.3)
-    fig.suptitle(title + "  (grey: baselines; dots: seeds)", fontsize=9)
+    fig.suptitle(textwrap.fill(title + "  (grey: baselines; dots: seeds; bars: mean ± std)", 120), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -494,9 +495,10 @@ def curve_chart(curves: Mapping[str, Sequence[Sequence[tuple[int, float]]]], pat
             ax.plot(steps, mean, color=color, lw=1.8, label=name)
     ax.set_xlabel("environment steps")
     ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=9)
+    ax.set_title(textwrap.fill(title, 100), fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

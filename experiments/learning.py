@@ -58,7 +58,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--eval-envs", type=int, default=16, help="held-out books (LOBSTER: 0 = whole split)")
     parser.add_argument("--eval-steps", type=int, default=None, help="held-out vector steps (1 episode)")
     parser.add_argument("--eval-seed", type=int, default=1000)
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 suits small nets)")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     if args.seeds < 1:
