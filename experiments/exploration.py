@@ -94,7 +94,7 @@ def plot(epochs: Sequence[Sequence[dict[str, Any]]], marks: Sequence[int], path:
     names = {"direction": ("short", "flat", "long"), "magnitude": ("Quarter", "Half", "Full"),
              "order": ("Market", "LimitMaker", "IoC"), "urgency": ("1/3", "2/3", "all")}
     width = 0.8 / max(len(epochs), 1)
-    labels = [f"{b}\n{v}" for b in names for v in names[b]]
+    labels = [f"{b[:3]}\n{v}" for b in names for v in names[b]]
     x = np.arange(len(labels))
     for i, run in enumerate(epochs):
         values = [share for b in names for share in run[-1]["action_mix"][b]]
@@ -102,8 +102,9 @@ def plot(epochs: Sequence[Sequence[dict[str, Any]]], marks: Sequence[int], path:
     for branch, index, _, floor in MIX_FLOORS:
         j = list(names).index(branch) * 3 + index
         bx.hlines(floor, j - 0.45, j + 0.45, color="k", lw=1.5)
-    bx.set_xticks(x, labels, fontsize=7)
-    bx.set_ylabel("share of book-steps (greedy, after training); black: floors")
+    bx.set_xticks(x, labels, fontsize=7, rotation=45)
+    bx.set_ylabel("share of book-steps (greedy, after training)")
+    bx.set_title("final greedy action mix; black bars: the criteria's floors", fontsize=8)
     bx.grid(axis="y", alpha=0.3)
     bx.legend(fontsize=8)
     fig.suptitle(title, fontsize=9)
