@@ -26,6 +26,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 
 from foxenv import spec
 from foxhunt.runs import RunConfig
+from sb3_her_ext.algorithm import BranchingIQN  # its import sets CUBLAS_WORKSPACE_CONFIG before CUDA work
 
 #: Each BranchingIQN plan feature and the overrides that switch it off: ``(model kwargs, policy kwargs)``.
 FEATURES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
@@ -258,8 +259,6 @@ def build_model(spec_: AgentSpec, env: Any, budget: Budget, seed: int, diagnosti
     config = budget.run_config(seed)
     model_kwargs = config.resolved_model_kwargs()
     if spec_.kind == "iqn":
-        from sb3_her_ext.algorithm import BranchingIQN
-
         kwargs = {**model_kwargs, **spec_.model_kwargs}
         hindsight = kwargs.pop("hindsight", True)
         return BranchingIQN("MlpPolicy", env, seed=seed, device=budget.device, hindsight=hindsight,
