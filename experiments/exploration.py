@@ -140,6 +140,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     from foxhunt.evaluation import evaluate
 
     args = parse_args(argv)
+    origin = harness.provenance()  # the code as it was when the run started
     torch.set_num_threads(args.threads)
     harness.agent_spec(args.agent)
     setup = harness.MarketSetup(args.data, args.signal_strength, args.signal_horizon, args.market_steps)
@@ -181,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     plot(epochs, marks, out / "exploration.png", title)
     command = "python -m experiments.exploration " + " ".join(argv if argv is not None else sys.argv[1:])
     payload = {"experiment": "exploration", "command": command, "args": vars(args),
-               "provenance": harness.provenance(), "market": setup.describe(),
+               "provenance": origin, "market": setup.describe(),
                "verdicts": [{"criterion": c, "pass": p, "numbers": n} for c, p, n in verdicts],
                "epoch_steps": marks, "graph_captures": captures,
                "epochs": [[{k: e[k] for k in ("sharpe", "pnl", "trades", "action_mix")} for e in run]

@@ -144,6 +144,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Run both arms over the seeds, check the criteria, write the JSON and the figure."""
     args = parse_args(argv)
+    origin = harness.provenance()  # the code as it was when the run started
     torch.set_num_threads(args.threads)
     setup = harness.MarketSetup(args.data, args.signal_strength, args.signal_horizon, args.market_steps)
     budget = harness.Budget(steps=args.steps, n_envs=args.n_envs, device=args.device)
@@ -184,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for label, passed, numbers in verdicts:
         print(f"{'PASS' if passed else 'FAIL'}  {label}: {numbers}")
     payload = {"experiment": "hindsight", "command": command, "args": vars(args),
-               "provenance": harness.provenance(), "market": setup.describe(),
+               "provenance": origin, "market": setup.describe(),
                "criteria": {"injections": crit1, "l_q": crit2},
                "verdicts": [{"criterion": c, "pass": p, "numbers": n} for c, p, n in verdicts],
                "curves": {"on": curves_on, "off": curves_off}}

@@ -93,6 +93,7 @@ def budget_of(args: argparse.Namespace) -> harness.Budget:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Run the experiment; return what ``results.json`` holds."""
     args = parse_args(argv)
+    origin = harness.provenance()  # the code as it was when the run started
     if args.threads:
         torch.set_num_threads(args.threads)
     agents = agent_list(args)
@@ -131,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "experiment": "learning",
         "command": command,
         "args": vars(args),
-        "provenance": harness.provenance(),
+        "provenance": origin,
         "market": setup.describe(),
         "agents": {a: vars(harness.agent_spec(a)) for a in agents},
         "summary": rows,
