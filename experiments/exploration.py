@@ -128,7 +128,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=20_000)
     parser.add_argument("--n-envs", type=int, default=8)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--eval-envs", type=int, default=16)
+    parser.add_argument("--eval-envs", type=int, default=None,
+                        help="held-out books (default: synthetic 16, LOBSTER the test split walked once)")
     parser.add_argument("--eval-steps", type=int, default=None)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-progress", action="store_true")
@@ -150,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     market = setup.train_market(args.device)
     env_kwargs = budget.run_config(0).resolved_env_kwargs()
     env_kwargs.pop("market_seed", None)
-    eval_envs = None if (not setup.synthetic and args.eval_envs == 0) else args.eval_envs
+    eval_envs = args.eval_envs or None
 
     epochs: list[list[dict[str, Any]]] = []
     captures: list[int] = []

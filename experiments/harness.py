@@ -124,6 +124,8 @@ class MarketSetup:
     :param market_steps: synthetic: steps of each generated market.
     :param train_market_seed: synthetic: the training market's seed.
     :param eval_market_seed: synthetic: the held-out market's seed (must differ).
+    :param step_events: LOBSTER: messages per step (``None``: ``load_market``'s default).
+    :param levels: book levels of the market (``None``: the default); the env's ``levels`` must match.
     """
 
     data: str = "synthetic"
@@ -132,12 +134,16 @@ class MarketSetup:
     market_steps: int = 20_000
     train_market_seed: int = 0
     eval_market_seed: int = 1
+    step_events: int | None = None
+    levels: int | None = None
 
     def __post_init__(self) -> None:
         if self.synthetic and self.train_market_seed == self.eval_market_seed:
             raise ValueError(f"eval_market_seed={self.eval_market_seed} equals the training market's seed")
         if not self.synthetic and not Path(self.data).is_dir():
             raise ValueError(f"data={self.data!r} must be 'synthetic' or a LOBSTER folder")
+        if self.synthetic and self.step_events is not None:
+            raise ValueError(f"step_events={self.step_events}: only a LOBSTER market has messages per step")
         if not self.synthetic and self.signal_strength:
             raise ValueError(f"signal_strength={self.signal_strength}: a planted signal needs synthetic data")
 
@@ -153,9 +159,10 @@ class MarketSetup:
 
     def market_kwargs(self) -> dict[str, Any]:
         """:func:`foxhunt.evaluation.build_market`'s options (synthetic: steps and signal)."""
+        common = {} if self.levels is None else {"levels": self.levels}
         if not self.synthetic:
-            return {}
-        return {"num_steps": self.market_steps, "signal_strength": self.signal_strength,
+            return common if self.step_events is None else {**common, "step_events": self.step_events}
+        return {**common, "num_steps": self.market_steps, "signal_strength": self.signal_strength,
                 "signal_horizon": self.signal_horizon}
 
     def train_market(self, device: str) -> Any:
@@ -188,6 +195,7 @@ class Budget:
     :param overrides: common overrides of the presets (``learning_rate``, ``batch_size``, ``buffer_size``,
         ``train_freq``, ``gradient_steps``, ``learning_starts``, ...), applied to every agent.
     :param net_arch: hidden layers (BranchingIQN: of each branch; DQN / QR-DQN: of the Q-network).
+    :param env_overrides: env settings over the presets (``episode_length``, ``levels``, fees, ...).
     """
 
     steps: int = 20_000
@@ -195,12 +203,14 @@ class Budget:
     device: str = "cpu"
     overrides: dict[str, Any] = field(default_factory=dict)
     net_arch: list[int] | None = None
+    env_overrides: dict[str, Any] = field(default_factory=dict)
 
     def run_config(self, seed: int) -> RunConfig:
         """The :class:`RunConfig` whose resolved presets every agent starts from."""
         policy = {"net_arch": list(self.net_arch)} if self.net_arch else {}
         return RunConfig(steps=self.steps, n_envs=self.n_envs, device=self.device, seed=seed,
-                         model_kwargs=dict(self.overrides), policy_kwargs=policy)
+                         model_kwargs=dict(self.overrides), policy_kwargs=policy,
+                         env_kwargs=dict(self.env_overrides))
 
 
 #: Arguments BranchingIQN shares with SB3 DQN / QR-DQN (same name, same meaning).

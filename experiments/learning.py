@@ -37,6 +37,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--signal-strength", type=float, default=0.0, help="synthetic: planted signal")
     parser.add_argument("--signal-horizon", type=int, default=1, help="synthetic: planted signal's horizon")
     parser.add_argument("--market-steps", type=int, default=20_000, help="synthetic: steps of each market")
+    parser.add_argument("--step-events", type=int, default=None, help="LOBSTER: messages per step")
+    parser.add_argument("--levels", type=int, default=None, help="book levels (market and env)")
+    parser.add_argument("--episode-length", type=int, default=None, help="env steps per episode")
     parser.add_argument("--train-market-seed", type=int, default=0)
     parser.add_argument("--eval-market-seed", type=int, default=1)
     parser.add_argument("--agents", default=",".join(harness.DEFAULT_AGENTS),
@@ -55,7 +58,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--train-freq", type=int, default=None, help="vector steps between gradient steps")
     parser.add_argument("--gradient-steps", type=int, default=None, help="gradient steps per update")
     parser.add_argument("--target-update-interval", type=int, default=None)
-    parser.add_argument("--eval-envs", type=int, default=16, help="held-out books (LOBSTER: 0 = whole split)")
+    parser.add_argument("--eval-envs", type=int, default=None,
+                        help="held-out books (default: synthetic 16, LOBSTER the test split walked once)")
     parser.add_argument("--eval-steps", type=int, default=None, help="held-out vector steps (1 episode)")
     parser.add_argument("--eval-seed", type=int, default=1000)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 suits small nets)")
@@ -86,8 +90,9 @@ def budget_of(args: argparse.Namespace) -> harness.Budget:
                                                      "target_update_interval")
                  if getattr(args, key) is not None}
     net_arch = [int(w) for w in args.net_arch.split(",")] if args.net_arch else None
+    env = {key: getattr(args, key) for key in ("levels", "episode_length") if getattr(args, key) is not None}
     return harness.Budget(steps=args.steps, n_envs=args.n_envs, device=args.device, overrides=overrides,
-                          net_arch=net_arch)
+                          net_arch=net_arch, env_overrides=env)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -99,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     agents = agent_list(args)
     seeds = list(range(args.seeds))
     setup = harness.MarketSetup(args.data, args.signal_strength, args.signal_horizon, args.market_steps,
-                                args.train_market_seed, args.eval_market_seed)
+                                args.train_market_seed, args.eval_market_seed, args.step_events, args.levels)
     budget = budget_of(args)
     out = Path(args.out or Path("runs") / "experiments" / args.name)
     out.mkdir(parents=True, exist_ok=True)
@@ -115,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         runs.append(harness.train_agent(agent, seed, market, setup, budget, out, progress=False))
     del market
 
-    eval_envs = None if (not setup.synthetic and args.eval_envs == 0) else args.eval_envs
+    eval_envs = args.eval_envs or None
     settings = harness.EvalSettings(eval_envs, args.eval_steps, args.eval_seed)
     models = {harness.run_key(r.agent, r.seed): r.model for r in runs}
     evaluation = harness.evaluate_models(models, setup, budget, settings, progress=progress)
