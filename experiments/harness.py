@@ -178,8 +178,8 @@ class MarketSetup:
             return f"LOBSTER {self.data}: train split -> test split"
         signal = (f"planted signal strength {self.signal_strength}, horizon {self.signal_horizon}"
                   if self.planted else "no planted signal")
-        return (f"synthetic ({signal}), {self.market_steps} steps: train market seed {self.train_market_seed}"
-                f" -> held-out market seed {self.eval_market_seed}")
+        return (f"synthetic ({signal}), markets of {self.market_steps} steps: train market seed "
+                f"{self.train_market_seed} -> held-out market seed {self.eval_market_seed}")
 
 
 # ------------------------------------------------------------------------------------------------ training
