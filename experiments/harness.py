@@ -236,7 +236,7 @@ class CurveCallback(BaseCallback):
         self.every = max(int(total_steps) // max(points, 1), 1)
         self.next = self.every
         self.curve: list[tuple[int, float]] = []
-        self.graphs: set[int] = set()
+        self.graphs: list[Any] = []  # the graph objects themselves: an id() could be reused after a free
         self.marks = [round(total_steps * (k + 1) / checkpoints) for k in range(checkpoints)]
         self.at_checkpoint = at_checkpoint
         self.done = 0
@@ -245,7 +245,8 @@ class CurveCallback(BaseCallback):
         for name in ("_graphed_step", "_graphed_vaccine_step"):
             graphed = getattr(self.model, name, None)
             if graphed is not None and graphed.graph is not None:
-                self.graphs.add(id(graphed.graph))
+                if not any(graph is graphed.graph for graph in self.graphs):
+                    self.graphs.append(graphed.graph)
         if self.num_timesteps >= self.next:
             self.next += self.every
             episodes = [info["r"] for info in self.model.ep_info_buffer]
