@@ -141,8 +141,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     from foxhunt.evaluation import evaluate
 
     args = parse_args(argv)
-    origin = harness.provenance()  # the code as it was when the run started
     torch.set_num_threads(args.threads)
+    origin = harness.provenance()  # the code as it was when the run started
     harness.agent_spec(args.agent)
     setup = harness.MarketSetup(args.data, args.signal_strength, args.signal_horizon, args.market_steps)
     budget = harness.Budget(steps=args.steps, n_envs=args.n_envs, device=args.device)

@@ -152,8 +152,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Run both arms over the seeds, check the criteria, write the JSON and the figure."""
     args = parse_args(argv)
-    origin = harness.provenance()  # the code as it was when the run started
     torch.set_num_threads(args.threads)
+    origin = harness.provenance()  # the code as it was when the run started
     setup = harness.MarketSetup(args.data, args.signal_strength, args.signal_horizon, args.market_steps)
     budget = harness.Budget(steps=args.steps, n_envs=args.n_envs, device=args.device)
     out = Path(args.out)

@@ -98,9 +98,9 @@ def budget_of(args: argparse.Namespace) -> harness.Budget:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Run the experiment; return what ``results.json`` holds."""
     args = parse_args(argv)
-    origin = harness.provenance()  # the code as it was when the run started
     if args.threads:
         torch.set_num_threads(args.threads)
+    origin = harness.provenance()  # the code as it was when the run started
     agents = agent_list(args)
     seeds = list(range(args.seeds))
     setup = harness.MarketSetup(args.data, args.signal_strength, args.signal_horizon, args.market_steps,
