@@ -392,12 +392,16 @@ TABLE_METRICS: tuple[tuple[str, str, str], ...] = (
     ("pnl", "PnL after fees", "{:,.0f}"),
     ("sharpe", "Sharpe / step", "{:.3f}"),
     ("trades", "closed trades", "{:,.0f}"),
+    ("maker_share", "maker share", "{:.2f}"),
 )
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (0 for one value)."""
+    """Mean and sample standard deviation (0 for one value) of the finite values (NaN when none)."""
     array = np.asarray(values, dtype=float)
+    array = array[np.isfinite(array)]
+    if array.size == 0:
+        return math.nan, math.nan
     return float(array.mean()), float(array.std(ddof=1)) if array.size > 1 else 0.0
 
 
@@ -412,7 +416,7 @@ def summarise(evaluation: Any, agents: Sequence[str], seeds: Sequence[int]) -> d
     for group, keys in groups.items():
         row: dict[str, Any] = {"n": len(keys)}
         for metric, _, _ in TABLE_METRICS:
-            values = [float(results[k].metrics[metric]) for k in keys]
+            values = [float(results[k].metrics.get(metric, math.nan)) for k in keys]
             row[metric] = {"mean": mean_std(values)[0], "std": mean_std(values)[1], "values": values}
         if oracle is not None:
             shares = [float(results[k].metrics["pnl"]) / oracle if oracle else math.nan for k in keys]
@@ -435,8 +439,12 @@ def markdown_table(rows: Mapping[str, Mapping[str, Any]], times: Mapping[str, fl
         cells = [name, "baseline" if row["baseline"] else str(row["n"])]
         for metric, _, fmt in TABLE_METRICS:
             value = row[metric]
-            cells.append(fmt.format(value["mean"]) if row["n"] == 1
-                         else f"{fmt.format(value['mean'])} ± {fmt.format(value['std'])}")
+            if not math.isfinite(value["mean"]):
+                cells.append("–")  # e.g. the maker share of a policy that never trades
+            elif row["n"] == 1:
+                cells.append(fmt.format(value["mean"]))
+            else:
+                cells.append(f"{fmt.format(value['mean'])} ± {fmt.format(value['std'])}")
         if oracle:
             share = row.get("oracle_share")
             if share is None:

@@ -45,6 +45,7 @@ def test_summary_shares_of_the_oracle() -> None:
     assert rows["oracle"]["baseline"] and rows["oracle"]["oracle_share"]["mean"] == 1.0
     table = harness.markdown_table(rows)
     assert "| a | 2 | 40 ± 14 |" in table and "40.0 ± 14.1 %" in table
+    assert "| – |" in table  # no maker share recorded
 
 
 def test_hindsight_criteria_numbers() -> None:
