@@ -342,7 +342,37 @@ def train_agent(name: str, seed: int, market: Any, setup: MarketSetup, budget: B
         model.log_diagnostics()  # the last, partial interval
     seconds = time.time() - start
     model.save(folder / "model.zip")
+    write_json(folder / "run.json", {"agent": name, "seed": seed, "seconds": seconds, "curve": callback.curve,
+                                     "graph_captures": len(callback.graphs), "steps": budget.steps})
     return TrainedRun(name, seed, model, callback.curve, seconds, folder, len(callback.graphs))
+
+
+def load_run(name: str, seed: int, out: Path, device: str, steps: int) -> TrainedRun | None:
+    """A run :func:`train_agent` already finished in ``out`` with the same budget, or None.
+
+    :param name: the agent.
+    :param seed: the seed.
+    :param out: the experiment folder (``<agent>/seed<k>/model.zip`` and ``run.json``).
+    :param device: where to load the model.
+    :param steps: the step budget the run must have had.
+    """
+    folder = out / name / f"seed{seed}"
+    if not (folder / "model.zip").is_file() or not (folder / "run.json").is_file():
+        return None
+    record = json.loads((folder / "run.json").read_text())
+    if int(record.get("steps", -1)) != int(steps):
+        return None
+    kind = agent_spec(name).kind
+    if kind == "iqn":
+        cls: Any = BranchingIQN
+    elif kind == "dqn":
+        from stable_baselines3 import DQN as cls
+    else:
+        from sb3_contrib import QRDQN as cls
+    model = cls.load(folder / "model.zip", device=device)
+    curve = [tuple(point) for point in record["curve"]]
+    captures = int(record["graph_captures"])
+    return TrainedRun(name, seed, model, curve, float(record["seconds"]), folder, captures)
 
 
 # ------------------------------------------------------------------------------------------------ scoring

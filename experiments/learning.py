@@ -63,6 +63,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--eval-steps", type=int, default=None, help="held-out vector steps (1 episode)")
     parser.add_argument("--eval-seed", type=int, default=1000)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 suits small nets)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="load runs already finished in the output folder instead of training them again")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     if args.seeds < 1:
@@ -117,7 +119,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     bar = tqdm([(a, s) for a in agents for s in seeds], desc="training", disable=not progress)
     for agent, seed in bar:
         bar.set_postfix_str(f"{agent} seed {seed}")
-        runs.append(harness.train_agent(agent, seed, market, setup, budget, out, progress=False))
+        done = harness.load_run(agent, seed, out, args.device, args.steps) if args.reuse else None
+        runs.append(done or harness.train_agent(agent, seed, market, setup, budget, out, progress=False))
     del market
 
     eval_envs = args.eval_envs or None
