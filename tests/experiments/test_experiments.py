@@ -86,6 +86,7 @@ def test_learning_end_to_end_tiny(tmp_path: Path) -> None:
     threads = torch.get_num_threads()  # main() sets its own thread count; the session keeps its own
     try:
         payload = main(["--out", str(out), *TINY])
+        again = main(["--out", str(out), *TINY, "--reuse"])  # loads the two runs instead of training
     finally:
         torch.set_num_threads(threads)
     for name in ("results.json", "results.md", "bars.png", "curves.png"):
@@ -98,3 +99,5 @@ def test_learning_end_to_end_tiny(tmp_path: Path) -> None:
     assert payload["evaluation"]["setup"]["market_seed"] == 1
     assert payload["evaluation"]["setup"]["train_market_seed"] == 0
     assert "| iqn_lean | 1 |" in (out / "results.md").read_text()
+    assert json.dumps(again["summary"]) == json.dumps(payload["summary"])  # NaN-safe equality
+    assert again["train_seconds"] == payload["train_seconds"]
