@@ -492,25 +492,44 @@ def markdown_table(rows: Mapping[str, Mapping[str, Any]], times: Mapping[str, fl
 # ------------------------------------------------------------------------------------------------ plots
 
 
+def _extent(value: Mapping[str, Any]) -> list[float]:
+    """The seed values and the ends of the error bar of one bar."""
+    return [*value["values"], value["mean"] + value["std"], value["mean"] - value["std"]]
+
+
 def bar_chart(rows: Mapping[str, Mapping[str, Any]], path: Path, title: str) -> Path:
-    """PnL and per-step Sharpe per policy: bars at the seed mean, a dot per seed, error bar = std."""
+    """PnL and per-step Sharpe per policy: bars at the seed mean, a dot per seed, error bar = std. The random
+    baseline, far below the rest, is drawn off scale with its value written in when it would flatten them."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     names = list(rows)
-    fig, axes = plt.subplots(1, 2, figsize=(max(8.0, 1.0 * len(names) + 4), 4.5))
+    wide = len(names) > 8
+    fig, axes = plt.subplots(2 if wide else 1, 1 if wide else 2,
+                             figsize=(min(16.0, 0.6 * len(names) + 4), 9 if wide else 4.5))
     panels = (("pnl", "PnL after fees (currency)"), ("sharpe", "Sharpe per step"))
     for ax, (metric, label) in zip(axes, panels, strict=True):
-        means = [rows[n][metric]["mean"] for n in names]
-        stds = [rows[n][metric]["std"] for n in names]
+        means = np.array([rows[n][metric]["mean"] for n in names], dtype=float)
+        stds = np.array([rows[n][metric]["std"] for n in names], dtype=float)
         colors = ["0.6" if rows[n]["baseline"] else "C0" for n in names]
         x = np.arange(len(names))
         ax.bar(x, means, yerr=stds, color=colors, capsize=3)
         for i, n in enumerate(names):
             values = rows[n][metric]["values"]
             ax.scatter(np.full(len(values), i), values, color="k", s=10, zorder=3)
+        others = [v for n in names if n != "random" for v in _extent(rows[n][metric]) if math.isfinite(v)]
+        if "random" in rows and others:
+            low, high = min(min(others), 0.0), max(max(others), 0.0)
+            pad = 0.1 * (high - low or 1.0)
+            value = rows["random"][metric]["mean"]
+            if value < low - 2 * pad or value > high + 2 * pad:
+                ax.set_ylim(low - pad, high + pad)
+                j = names.index("random")
+                ax.annotate(f"{value:,.3g}\n(off scale)", (j, low - pad if value < low else high + pad),
+                            xytext=(0, 12 if value < low else -24), textcoords="offset points", ha="center",
+                            fontsize=7)
         ax.axhline(0.0, color="k", lw=0.6)
         ax.set_xticks(x, names, rotation=35, ha="right", fontsize=8)
         ax.set_ylabel(label)
