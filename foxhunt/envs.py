@@ -9,6 +9,7 @@ The batched info tensors of the last step are also kept in :attr:`LOBVecEnv.last
 tensors plus ``TimeLimit.truncated``), the form the replay buffer's tensor path takes. Actions follow
 :func:`foxenv.spec.check_actions`, the rules of every foxenv face. SB3's ``VecNormalize`` wraps it like any
 ``VecEnv`` (``last_info_tensors`` stays unnormalised).
+:class:`FlatActionVecEnv` shows the four-branch action as one ``Discrete(81)`` for SB3 DQN and QR-DQN.
 """
 
 from __future__ import annotations
@@ -21,7 +22,13 @@ import gymnasium as gym
 import numpy as np
 import torch
 from stable_baselines3.common.monitor import Monitor
-from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
+from stable_baselines3.common.vec_env.base_vec_env import (
+    VecEnv,
+    VecEnvIndices,
+    VecEnvObs,
+    VecEnvStepReturn,
+    VecEnvWrapper,
+)
 
 from foxenv import spec
 from foxenv.config import EnvConfig, is_whole
@@ -266,3 +273,86 @@ class LOBVecEnv(VecEnv):
         :return: one ``None`` per env.
         """
         return [None for _ in range(self.num_envs)]
+
+
+#: Weights of the flattened action code ``27 d + 9 m + 3 o + u`` (the decoding of
+#: :class:`foxhunt.evaluation.baselines.ModelPolicy`): direction, magnitude, order, urgency.
+FLAT_ACTION_WEIGHTS: tuple[int, ...] = (27, 9, 3, 1)
+
+
+def _flat_weights() -> np.ndarray:
+    nvec = np.asarray(spec.ACTION_NVEC, dtype=np.int64)
+    weights = np.cumprod(np.concatenate([nvec[1:], [1]])[::-1])[::-1]
+    if tuple(int(w) for w in weights) != FLAT_ACTION_WEIGHTS:  # foxenv's action changed shape
+        raise ValueError(f"foxenv.spec.ACTION_NVEC={tuple(spec.ACTION_NVEC)} does not fit the 81 flat codes")
+    return weights
+
+
+def flatten_actions(actions: np.ndarray) -> np.ndarray:
+    """Branch actions ``[..., 4]`` to flat codes ``27 d + 9 m + 3 o + u`` ``[...]`` (int64).
+
+    :param actions: integer actions, each branch in ``[0, 3)``.
+    :return: the codes, in ``[0, 81)``.
+    """
+    actions = np.asarray(actions, dtype=np.int64)
+    if actions.shape[-1:] != (len(FLAT_ACTION_WEIGHTS),):
+        raise ValueError(f"actions has shape {actions.shape}; its last axis must hold the 4 branches")
+    return actions @ _flat_weights()
+
+
+def unflatten_actions(codes: np.ndarray) -> np.ndarray:
+    """Flat codes ``[...]`` in ``[0, 81)`` to branch actions ``[..., 4]`` (int64): the inverse of
+    :func:`flatten_actions`.
+
+    :param codes: integer codes.
+    :return: ``(direction, magnitude, order, urgency)`` per code.
+    :raises ValueError: naming ``codes`` when one lies outside ``[0, 81)`` or is not an integer.
+    """
+    raw = np.asarray(codes)
+    if raw.dtype.kind not in "iu" and not (raw.dtype.kind == "f" and np.all(raw == np.round(raw))):
+        raise ValueError(f"codes={codes!r} must be integers")
+    codes = raw.astype(np.int64)
+    n = int(np.prod(spec.ACTION_NVEC))
+    if codes.size and (codes.min() < 0 or codes.max() >= n):
+        raise ValueError(f"codes hold values outside [0, {n}): min {codes.min()}, max {codes.max()}")
+    nvec = np.asarray(spec.ACTION_NVEC, dtype=np.int64)
+    return (codes[..., None] // _flat_weights()) % nvec
+
+
+class FlatActionVecEnv(VecEnvWrapper):
+    """foxenv's ``MultiDiscrete([3, 3, 3, 3])`` action as one ``Discrete(81)``, for SB3 DQN and
+    sb3-contrib QR-DQN (which take a single discrete action).
+
+    Code ``27 d + 9 m + 3 o + u`` (direction, magnitude, order, urgency), the code
+    :class:`foxhunt.evaluation.baselines.ModelPolicy` decodes, so a model trained here is evaluated as is.
+    Observations, rewards, dones and infos pass through unchanged; attributes (``n_market_features``,
+    ``last_info_tensors``, ...) are read from the wrapped env.
+
+    :param venv: a :class:`LOBVecEnv` (or any VecEnv with foxenv's four-branch action).
+    """
+
+    def __init__(self, venv: VecEnv) -> None:
+        nvec = tuple(int(n) for n in getattr(venv.action_space, "nvec", ()))
+        if nvec != tuple(spec.ACTION_NVEC):
+            raise ValueError(f"venv.action_space={venv.action_space} must be MultiDiscrete{spec.ACTION_NVEC}")
+        super().__init__(venv, action_space=gym.spaces.Discrete(int(np.prod(nvec))))
+
+    def reset(self) -> VecEnvObs:
+        """Reset the wrapped env."""
+        return self.venv.reset()
+
+    def step_async(self, actions: np.ndarray) -> None:
+        """Decode ``[num_envs]`` flat codes to ``[num_envs, 4]`` branch actions and pass them on.
+
+        :param actions: the codes (numpy, a list, or a torch tensor), one per env.
+        """
+        if isinstance(actions, torch.Tensor):
+            actions = actions.detach().cpu().numpy()
+        codes = np.asarray(actions).reshape(-1)
+        if codes.shape[0] != self.num_envs:
+            raise ValueError(f"actions has {codes.shape[0]} codes for {self.num_envs} envs")
+        self.venv.step_async(unflatten_actions(codes))
+
+    def step_wait(self) -> VecEnvStepReturn:
+        """The wrapped env's step."""
+        return self.venv.step_wait()

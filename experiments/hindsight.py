@@ -1,0 +1,212 @@
+"""Hindsight replay's kill criteria (issue 16), from the training diagnostics of paired runs.
+
+    python -m experiments.hindsight --steps 20000 --n-envs 8 --seeds 3
+
+For each seed, BranchingIQN with foxhunt's presets trains twice on the same market with the same seed:
+hindsight on (``iqn``) and off (``iqn-no_hindsight``). From each run's ``diagnostics.jsonl``:
+
+1. *injections*: within the first 10k environment steps the hindsight-on runs inject transitions
+   (``backward + forward + relabel`` counts, which the buffer only makes on trade-close steps) > 0, in
+   every seed;
+2. *l_q no worse*: the IQN loss trajectory with hindsight is not worse than without: per seed the mean
+   ``l_q`` over the intervals both runs logged; a one-sided paired t-test over seeds (H1: with hindsight
+   higher) and a one-sided Wilcoxon signed-rank test over every (seed, interval) pair; the same over the
+   last third of the intervals; PASS when no test finds it higher at the 5 % level.
+
+Prints PASS/FAIL per criterion with the numbers; writes ``hindsight.json`` and ``hindsight.png`` into
+``--out`` (default ``runs/experiments/hindsight``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from experiments import harness
+
+#: Criterion 1's window: environment steps within which hindsight must have injected.
+INJECTION_WINDOW = 10_000
+#: Significance level of "worse" in criterion 2.
+ALPHA = 0.05
+ON, OFF = "iqn", "iqn-no_hindsight"
+
+
+def read_diagnostics(path: Path) -> list[dict[str, Any]]:
+    """The lines of a ``diagnostics.jsonl``."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def injections(lines: Sequence[dict[str, Any]], window: int = INJECTION_WINDOW) -> int:
+    """Hindsight injections (backward + forward + relabel) logged at steps <= ``window``."""
+    return int(sum(sum(int(line["hindsight"].get(k) or 0) for k in ("backward", "forward", "relabel"))
+                   for line in lines if line.get("hindsight") and line["step"] <= window))
+
+
+def lq_curve(lines: Sequence[dict[str, Any]]) -> dict[int, float]:
+    """``{step: l_q}`` of the intervals that had gradient steps."""
+    return {int(line["step"]): float(line["l_q"]) for line in lines if line.get("l_q") is not None}
+
+
+def _paired(on: Sequence[dict[int, float]], off: Sequence[dict[int, float]], tail: float) -> dict[str, Any]:
+    """Per-seed means over the last ``tail`` share of the intervals both runs logged, and the tests."""
+    from scipy import stats
+
+    seed_means_on, seed_means_off, diffs = [], [], []
+    for curve_on, curve_off in zip(on, off, strict=True):
+        steps = sorted(set(curve_on) & set(curve_off))
+        steps = steps[len(steps) - max(1, round(tail * len(steps))):] if steps else []
+        a = np.array([curve_on[s] for s in steps])
+        b = np.array([curve_off[s] for s in steps])
+        seed_means_on.append(float(a.mean()) if steps else float("nan"))
+        seed_means_off.append(float(b.mean()) if steps else float("nan"))
+        diffs.extend((a - b).tolist())
+    result: dict[str, Any] = {
+        "mean_lq_on": seed_means_on, "mean_lq_off": seed_means_off,
+        "mean_difference": float(np.mean(np.subtract(seed_means_on, seed_means_off))),
+        "intervals_paired": len(diffs),
+    }
+    if len(seed_means_on) >= 2:
+        result["t_test_p_on_higher"] = float(
+            stats.ttest_rel(seed_means_on, seed_means_off, alternative="greater").pvalue)
+    if len(diffs) >= 2 and any(d != 0 for d in diffs):
+        result["wilcoxon_p_on_higher"] = float(stats.wilcoxon(diffs, alternative="greater").pvalue)
+    p_values = [result[k] for k in ("t_test_p_on_higher", "wilcoxon_p_on_higher") if k in result]
+    # with too few pairs for a test, "no worse" falls back to the sign of the mean difference
+    result["pass"] = all(p >= ALPHA for p in p_values) if p_values else bool(result["mean_difference"] <= 0)
+    return result
+
+
+def compare_lq(on: Sequence[dict[int, float]], off: Sequence[dict[int, float]]) -> dict[str, Any]:
+    """Criterion 2's numbers from paired per-seed ``l_q`` curves: over the whole trajectory and over its
+    last third (where a worse end can hide behind a better start); it passes when neither is worse."""
+    whole = _paired(on, off, 1.0)
+    late = _paired(on, off, 1 / 3)
+    return {**whole, "last_third": late, "pass": whole["pass"] and late["pass"]}
+
+
+def plot(curves_on: Sequence[dict[int, float]], curves_off: Sequence[dict[int, float]],
+         counts: Sequence[list[tuple[int, int]]], path: Path, title: str) -> Path:
+    """l_q with and without hindsight (a thin line per seed, the mean thick) and cumulative injections."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for curves, label, color in ((curves_on, "hindsight on", "C0"), (curves_off, "hindsight off", "C3")):
+        for curve in curves:
+            ax.plot(list(curve), list(curve.values()), color=color, lw=0.6, alpha=0.4)
+        steps = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+        if steps:
+            ax.plot(steps, [np.mean([curve[s] for curve in curves]) for s in steps], color=color,
+                    lw=2, label=f"{label} (mean of {len(curves)} seeds)")
+    ax.set_yscale("log")
+    ax.set_xlabel("environment steps")
+    ax.set_ylabel("l_q (IQN quantile-Huber loss, PopArt-normalised)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    for i, run in enumerate(counts):
+        if run:
+            steps, values = zip(*run, strict=True)
+            bx.plot(steps, np.cumsum(values), label=f"seed {i}")
+    bx.axvline(INJECTION_WINDOW, color="k", ls="--", lw=0.8, label=f"{INJECTION_WINDOW} steps")
+    bx.set_xlabel("environment steps")
+    bx.set_ylabel("cumulative hindsight injections")
+    bx.legend(fontsize=8)
+    bx.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line."""
+    parser = argparse.ArgumentParser(prog="python -m experiments.hindsight",
+                                     description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--out", default="runs/experiments/hindsight")
+    parser.add_argument("--data", default="synthetic", help="'synthetic' or a LOBSTER folder (train split)")
+    parser.add_argument("--signal-strength", type=float, default=0.0)
+    parser.add_argument("--signal-horizon", type=int, default=1)
+    parser.add_argument("--market-steps", type=int, default=20_000)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=20_000, help="env steps (>= 10k: criterion 1)")
+    parser.add_argument("--n-envs", type=int, default=8)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--reuse", action="store_true",
+                        help="read the diagnostics of runs already in --out instead of training them again")
+    parser.add_argument("--no-progress", action="store_true")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Run both arms over the seeds, check the criteria, write the JSON and the figure."""
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    origin = harness.provenance()  # the code as it was when the run started
+    setup = harness.MarketSetup(args.data, args.signal_strength, args.signal_horizon, args.market_steps)
+    budget = harness.Budget(steps=args.steps, n_envs=args.n_envs, device=args.device)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    market = setup.train_market(args.device)
+    seeds = list(range(args.seeds))
+    lines: dict[str, list[list[dict[str, Any]]]] = {ON: [], OFF: []}
+    for agent, seed in tqdm([(a, s) for s in seeds for a in (ON, OFF)], desc="training",
+                            disable=args.no_progress):
+        path = out / agent / f"seed{seed}" / "diagnostics.jsonl"
+        if not (args.reuse and path.is_file()):
+            path = harness.train_agent(agent, seed, market, setup, budget, out).folder / "diagnostics.jsonl"
+        lines[agent].append(read_diagnostics(path))
+
+    injected = [injections(run) for run in lines[ON]]
+    crit1 = {"injections_within_10k": injected, "pass": all(n > 0 for n in injected),
+             "window_steps": INJECTION_WINDOW, "covered": args.steps >= INJECTION_WINDOW}
+    crit1["pass"] = crit1["pass"] and crit1["covered"]
+    curves_on = [lq_curve(run) for run in lines[ON]]
+    curves_off = [lq_curve(run) for run in lines[OFF]]
+    crit2 = compare_lq(curves_on, curves_off)
+    late = crit2["last_third"]
+    counts = [[(int(line["step"]), sum(int(line["hindsight"].get(k) or 0) for k in ("backward", "forward",
+                                                                                      "relabel")))
+               for line in run if line.get("hindsight")] for run in lines[ON]]
+    title = (f"hindsight kill criteria: {setup.describe()}; {args.steps} steps x {args.n_envs} books, "
+             f"{len(seeds)} seeds")
+    plot(curves_on, curves_off, counts, out / "hindsight.png", title)
+
+    command = "python -m experiments.hindsight " + " ".join(argv if argv is not None else sys.argv[1:])
+    verdicts = [
+        (f"1. injections > 0 within {INJECTION_WINDOW} steps (every seed)", crit1["pass"],
+         f"injections per seed {injected}" + ("" if crit1["covered"] else f"; only {args.steps} steps ran")),
+        ("2. l_q with hindsight no worse than without", crit2["pass"],
+         f"mean l_q on {np.round(crit2['mean_lq_on'], 4).tolist()} vs off "
+         f"{np.round(crit2['mean_lq_off'], 4).tolist()}; mean difference {crit2['mean_difference']:+.4f}; "
+         f"paired t p(on higher)={crit2.get('t_test_p_on_higher', float('nan')):.3f}, Wilcoxon over "
+         f"{crit2['intervals_paired']} intervals p={crit2.get('wilcoxon_p_on_higher', float('nan')):.3f}; "
+         f"last third: mean difference {late['mean_difference']:+.4f}, paired t p="
+         f"{late.get('t_test_p_on_higher', float('nan')):.3f}, Wilcoxon over {late['intervals_paired']} "
+         f"intervals p={late.get('wilcoxon_p_on_higher', float('nan')):.3f}"),
+    ]
+    for label, passed, numbers in verdicts:
+        print(f"{'PASS' if passed else 'FAIL'}  {label}: {numbers}")
+    payload = {"experiment": "hindsight", "command": command, "args": vars(args),
+               "provenance": origin, "market": setup.describe(),
+               "criteria": {"injections": crit1, "l_q": crit2},
+               "verdicts": [{"criterion": c, "pass": p, "numbers": n} for c, p, n in verdicts],
+               "curves": {"on": curves_on, "off": curves_off}}
+    harness.write_json(out / "hindsight.json", payload)
+    print(f"written: {out}/hindsight.json, hindsight.png")
+    return payload
+
+
+if __name__ == "__main__":
+    main()
