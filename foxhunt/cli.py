@@ -135,8 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a uniformly random policy on the vector env and print foxenv.metrics.",
     )
     _common(rollout_parser, 2000, 16)
-    sub.add_parser("tune", help="Optuna study over BranchingIQN (not built yet)",
-                   description="Not built yet: its issue is open.")
+    from tuning.cli import add_parser as add_tune_parser
+
+    add_tune_parser(sub)
     return parser
 
 
@@ -147,7 +148,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     :return: the exit status.
     """
     args = build_parser().parse_args(argv)
-    if args.command in ("evaluate", "tune"):
+    if args.command == "tune":
+        from tuning.cli import run as run_tune
+
+        return run_tune(args)
+    if args.command == "evaluate":
         print(f"foxhunt {args.command}: not built yet", file=sys.stderr)
         return 2
     if args.threads < 1:
