@@ -38,6 +38,9 @@ from tuning.space import Param
 PRUNERS: tuple[str, ...] = ("median", "hyperband", "none")
 SAMPLERS: tuple[str, ...] = ("tpe", "random")
 
+#: Parameters shown in parallel_coordinate.png (the most important ones).
+PARALLEL_PARAMS = 8
+
 # renamed in optuna 4.9; the old name stays as a deprecated alias until 6.0
 RetryCallback = (
     getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)
@@ -228,10 +231,18 @@ def write_plots(study: optuna.Study, out: str | Path) -> list[Path]:
     from optuna.visualization import matplotlib as ovm
 
     written = []
+    top = None  # the parallel coordinates of every parameter are unreadable: the most important ones
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            warnings.simplefilter("ignore", UserWarning)  # "too few trials": the ranking is still usable
+            top = list(optuna.importance.get_param_importances(study))[:PARALLEL_PARAMS]
+    except Exception:  # fewer than two completed trials, or no parameter varies
+        top = None
     plots = {
         "optimization_history": ovm.plot_optimization_history,
         "param_importances": ovm.plot_param_importances,
-        "parallel_coordinate": ovm.plot_parallel_coordinate,
+        "parallel_coordinate": lambda s: ovm.plot_parallel_coordinate(s, params=top),
     }
     for name, plot in plots.items():
         try:

@@ -1,0 +1,169 @@
+"""Studies end to end on real training runs: SQLite, resume, pruning, raising trials, bad inputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from foxhunt.cli import main
+from foxhunt.runs import RunConfig
+from tuning.evaluation import held_out_metrics
+from tuning.space import load_space
+from tuning.study import StudySettings, make_storage, open_study, tune
+
+
+def _tune(tiny_files: tuple[Path, Path], out: Path, *extra: str) -> int:
+    config, space = tiny_files
+    return main(
+        [
+            "tune",
+            "--config",
+            str(config),
+            "--space",
+            str(space),
+            "--out",
+            str(out),
+            "--no-progress",
+            "--n-startup-trials",
+            "1",
+            "--n-evaluations",
+            "1",
+            *extra,
+        ]
+    )
+
+
+def test_tiny_study_completes_and_resume_adds_trials(
+    tiny_files: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "study"
+    assert _tune(tiny_files, out, "--n-trials", "2", "--pruner", "none") == 0
+    printed = capsys.readouterr().out
+    assert printed.count("trial 0 COMPLETE sharpe=") == 1 and printed.count("trial 1 COMPLETE") == 1
+    storage = f"sqlite:///{out / 'study.db'}"
+    study = optuna.load_study(study_name="foxhunt", storage=storage)
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
+    best = RunConfig.load(out / "best_config.json")
+    assert best.out is None and best.steps == 200 and best.hindsight is False
+    assert best.policy_kwargs["net_arch"] == [study.best_params["net_width"]] * 2
+    assert best.model_kwargs["learning_rate"] == study.best_params["learning_rate"]
+    for name in ("optimization_history", "param_importances", "parallel_coordinate"):
+        assert (out / f"{name}.png").stat().st_size > 1000
+    for trial in study.trials:  # each trial's run folder, its value from its evaluation.json
+        run = out / "trials" / f"{trial.number:05d}"
+        assert json.loads((run / "evaluation.json").read_text())["sharpe"] == trial.value
+
+    with pytest.raises(ValueError, match="'foxhunt' already exists.*--resume"):
+        _tune(tiny_files, out, "--n-trials", "1")
+    with pytest.raises(ValueError, match="metric='sharpe', not metric='pnl'"):
+        _tune(tiny_files, out, "--n-trials", "1", "--resume", "--metric", "pnl")
+    assert _tune(tiny_files, out, "--n-trials", "1", "--resume", "--pruner", "none") == 0
+    study = optuna.load_study(study_name="foxhunt", storage=storage)
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 3
+
+
+def test_pruner_stops_a_clearly_worse_trial(tiny_files: tuple[Path, Path], tmp_path: Path) -> None:
+    """Trial 1 is made clearly worse (its held-out Sharpe minus 100): the median pruner stops it early."""
+    base = RunConfig.load(tiny_files[0])
+    space = load_space(tiny_files[1])
+    settings = StudySettings(
+        out=tmp_path,
+        n_trials=3,
+        n_startup_trials=1,
+        n_evaluations=2,
+        progress=False,
+        pruner="median",
+        sampler="random",
+        resume=True,
+    )
+    study = open_study(
+        "foxhunt",
+        make_storage(settings.storage_url()),
+        "sharpe",
+        True,
+        optuna.samplers.RandomSampler(),
+        optuna.pruners.NopPruner(),
+    )
+    good = {"net_width": 8, "learning_rate": 3e-4, "gamma": 0.95}
+    study.enqueue_trial(good)
+    study.enqueue_trial({**good, "learning_rate": 1e-3})  # the worse one
+    study.enqueue_trial(good)
+
+    def evaluate(model, env, num_steps):
+        metrics = dict(held_out_metrics(model, env, num_steps))
+        if model.learning_rate == 1e-3:
+            metrics["sharpe"] -= 100.0
+        return metrics
+
+    study = tune(base, space, settings, evaluate=evaluate)
+    states = [t.state for t in study.trials]
+    assert states == [TrialState.COMPLETE, TrialState.PRUNED, TrialState.COMPLETE]
+    pruned = study.trials[1]
+    assert list(pruned.intermediate_values) == [1]  # stopped at its first evaluation point
+    assert not (tmp_path / "trials" / "00001" / "model.zip").exists()
+    assert all(list(t.intermediate_values) == [1, 2] for t in (study.trials[0], study.trials[2]))
+
+
+def test_a_raising_trial_fails_is_not_retried_and_the_worker_goes_on(
+    tiny_files: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config, _ = tiny_files
+    space = tmp_path / "bad.yaml"
+    space.write_text("net_width: 8\nhindsight: false\nbatch_size: {type: categorical, choices: [0, -1]}\n")
+    assert (
+        main(
+            [
+                "tune",
+                "--config",
+                str(config),
+                "--space",
+                str(space),
+                "--out",
+                str(tmp_path / "s"),
+                "--n-trials",
+                "2",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    printed = capsys.readouterr().out
+    assert "trial 0 FAIL (ValueError: batch_size=" in printed and "trial 1 FAIL" in printed
+    study = optuna.load_study(study_name="foxhunt", storage=f"sqlite:///{tmp_path / 's' / 'study.db'}")
+    assert [t.state for t in study.trials] == [TrialState.FAIL] * 2  # no WAITING re-run was queued
+    assert not (tmp_path / "s" / "best_config.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--metric", "profit"], "metric='profit'"),
+        (["--storage", "nosuchdb://x/y"], "storage='nosuchdb://x/y'"),
+        (["--storage", "study.db"], "storage='study.db'"),
+        (
+            ["--storage", "postgresql://nobody@127.0.0.1:1/none"],
+            "storage='postgresql://nobody@127.0.0.1:1/none'",
+        ),
+        (["--pruner", "mean"], "pruner='mean'"),
+        (["--sampler", "cmaes"], "sampler='cmaes'"),
+        (["--data", "/no/such/folder"], "--data='/no/such/folder'"),
+        (["--device", "tpu"], "--device='tpu'"),
+        (["--n-trials", "0"], "n_trials=0"),
+    ],
+)
+def test_bad_input_names_the_value(tmp_path: Path, args: list[str], named: str) -> None:
+    with pytest.raises(ValueError) as error:
+        main(["tune", "--out", str(tmp_path / "s"), "--no-progress", *args])
+    assert named in str(error.value)
+    assert not (tmp_path / "s" / "trials").exists()
+
+
+def test_unknown_space_parameter_is_named(tmp_path: Path) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text("learning_rate: {type: float, low: 1.0e-4, high: 1.0e-3}\nwarp_factor: 9\n")
+    with pytest.raises(ValueError, match="warp_factor"):
+        main(["tune", "--space", str(space), "--out", str(tmp_path / "s")])
