@@ -68,11 +68,11 @@ def postgres_url() -> Iterator[str]:
     initdb = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
     found = initdb[-1] if initdb else shutil.which("initdb")
     try:
-        import psycopg2
+        import psycopg  # SQLAlchemy 2.1's driver of postgresql:// URLs
     except ImportError:
-        psycopg2 = None
-    if found is None or psycopg2 is None:
-        what = "PostgreSQL server binaries (initdb)" if found is None else "psycopg2"
+        psycopg = None
+    if found is None or psycopg is None:
+        what = "PostgreSQL server binaries (initdb)" if found is None else "psycopg (the test extra)"
         if os.environ.get("CI"):
             pytest.fail(f"{what} missing in CI (.ci/run installs them)")
         pytest.skip(f"{what} not installed")
@@ -118,11 +118,10 @@ def postgres_url() -> Iterator[str]:
             ],
             **run,
         )
-        connection = psycopg2.connect(host="127.0.0.1", port=port, user="postgres", dbname="postgres")
-        connection.autocommit = True
-        with connection.cursor() as cursor:
-            cursor.execute("CREATE DATABASE foxhunt_test")
-        connection.close()
+        with psycopg.connect(
+            host="127.0.0.1", port=port, user="postgres", dbname="postgres", autocommit=True
+        ) as connection:
+            connection.execute("CREATE DATABASE foxhunt_test")
         url = f"postgresql://postgres@127.0.0.1:{port}/foxhunt_test"
         import optuna
 
