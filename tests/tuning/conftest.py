@@ -43,6 +43,16 @@ hindsight: false
 """
 
 
+@pytest.fixture(autouse=True)
+def restore_torch_threads() -> Iterator[None]:
+    """A trial sets the torch thread count (``RunConfig.threads``); put it back afterwards."""
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def tiny_files(tmp_path: Path) -> tuple[Path, Path]:
     """``(base config JSON, space YAML)`` of a tiny study."""
