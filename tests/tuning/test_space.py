@@ -96,3 +96,18 @@ def test_bad_space_file_names_the_value(tmp_path: Path, text: str, named: str) -
 def test_missing_space_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="nope.yaml"):
         load_space(tmp_path / "nope.yaml")
+
+
+def test_samplers_pruners_and_the_retry_callback() -> None:
+    from tuning.study import RetryCallback, make_pruner, make_sampler
+
+    assert isinstance(make_sampler("tpe", 0), optuna.samplers.TPESampler)
+    assert isinstance(make_sampler("random", 0), optuna.samplers.RandomSampler)
+    assert isinstance(make_pruner("median"), optuna.pruners.MedianPruner)
+    assert isinstance(make_pruner("hyperband"), optuna.pruners.HyperbandPruner)
+    assert isinstance(make_pruner("none"), optuna.pruners.NopPruner)
+    assert RetryCallback.__name__ in ("RetryHeartbeatStaleTrialCallback", "RetryFailedTrialCallback")
+    with pytest.raises(ValueError, match="sampler='grid'"):
+        make_sampler("grid", 0)
+    with pytest.raises(ValueError, match="pruner='sha'"):
+        make_pruner("sha")
