@@ -120,7 +120,19 @@ def make_storage(
                 engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else None,
             )
     except Exception as error:  # SQLAlchemy raises ArgumentError, NoSuchModuleError, OperationalError, ...
-        raise ValueError(f"storage={url!r} cannot be opened: {type(error).__name__}: {error}") from None
+        shown = shown_url(url)
+        message = str(error).replace(url, shown)
+        raise ValueError(f"storage={shown!r} cannot be opened: {type(error).__name__}: {message}") from None
+
+
+def shown_url(url: str) -> str:
+    """``url`` with its password masked (``***``), for messages and logs."""
+    try:
+        import sqlalchemy
+
+        return sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not parseable: nothing to hide
+        return url
 
 
 def open_study(

@@ -167,3 +167,10 @@ def test_unknown_space_parameter_is_named(tmp_path: Path) -> None:
     space.write_text("learning_rate: {type: float, low: 1.0e-4, high: 1.0e-3}\nwarp_factor: 9\n")
     with pytest.raises(ValueError, match="warp_factor"):
         main(["tune", "--space", str(space), "--out", str(tmp_path / "s")])
+
+
+def test_storage_errors_hide_the_password() -> None:
+    with pytest.raises(ValueError) as error:
+        make_storage("postgresql://bob:secret@127.0.0.1:1/none")
+    assert "storage='postgresql://bob:***@127.0.0.1:1/none'" in str(error.value)
+    assert "secret" not in str(error.value)
