@@ -1,6 +1,6 @@
 """A study's objective: a trial's RunConfig, trained by :func:`foxhunt.runs.train`, scored on held-out data.
 
-While the agent trains, :class:`TrialEvalCallback` scores the greedy policy on the held-out env at
+While the agent trains, :class:`TrialEvalCallback` scores the greedy policy on the held-out data at
 ``n_evaluations`` evenly spaced points and reports each value to Optuna (``trial.report``, step =
 evaluation point ``1..n``); when the pruner says so it raises :class:`optuna.TrialPruned`, which stops
 training and marks the trial PRUNED. The trial's value is the chosen metric of the run's
@@ -22,39 +22,54 @@ from typing import Any
 import optuna
 from stable_baselines3.common.callbacks import BaseCallback
 
-from foxhunt.runs import RunConfig, eval_seed, make_env, train
+from foxhunt.runs import RunConfig, train
 from tuning.evaluation import held_out_metrics
 from tuning.space import Param, suggest, to_run_config
 
-#: Metric names of ``--metric`` and the key of each in the evaluation's metrics dict (all maximised).
-METRICS: dict[str, str] = {
-    "sharpe": "sharpe",
-    "pnl": "total_pnl",
-    "mean_episode_reward": "mean_episode_reward",
+#: ``--metric`` names and the keys that hold each in an evaluation's metrics (the first present is used;
+#: ``total_pnl`` is the name of the PnL before the evaluation recorder). All are maximised.
+METRICS: dict[str, tuple[str, ...]] = {
+    "sharpe": ("sharpe",),
+    "pnl": ("pnl", "total_pnl"),
+    "mean_episode_reward": ("mean_episode_reward",),
 }
 
-Evaluate = Callable[[Any, Any, int], Mapping[str, Any]]
+#: ``(model, config) -> metrics``: the held-out scoring (:func:`tuning.evaluation.held_out_metrics`).
+Evaluate = Callable[[Any, RunConfig], Mapping[str, Any]]
 
 
-def metric_key(metric: str) -> str:
-    """The metrics-dict key of a ``--metric`` name.
+def check_metric(metric: str) -> str:
+    """``metric`` if it is a name of :data:`METRICS`, else ``ValueError`` naming it.
 
     :param metric: ``"sharpe"``, ``"pnl"`` (PnL after fees) or ``"mean_episode_reward"``.
-    :return: the key in :func:`~tuning.evaluation.held_out_metrics`'s dict.
+    :return: the metric.
     """
     if metric not in METRICS:
         raise ValueError(f"metric={metric!r} is not a known metric; choose one of {sorted(METRICS)}")
-    return METRICS[metric]
+    return metric
+
+
+def metric_value(metrics: Mapping[str, Any], metric: str) -> float | None:
+    """The value of ``metric`` in an evaluation's metrics, or ``None`` when they do not hold it.
+
+    :param metrics: an evaluation's metrics (``evaluation.json``, or :func:`held_out_metrics`).
+    :param metric: a name of :data:`METRICS`.
+    :return: the value.
+    """
+    for key in METRICS[check_metric(metric)]:
+        if key in metrics and metrics[key] is not None:
+            return float(metrics[key])
+    return None
 
 
 class TrialEvalCallback(BaseCallback):
     """Scores the greedy policy on held-out data at evaluation points; reports to Optuna and prunes.
 
     :param trial: the Optuna trial.
-    :param config: the trial's run config (its held-out env and ``eval_steps``).
+    :param config: the trial's run config (its held-out data and ``eval_steps``).
     :param metric: a name of :data:`METRICS`.
     :param n_evaluations: evaluation points during training (the end of training is not one of them).
-    :param evaluate: ``(model, env, num_steps) -> metrics``.
+    :param evaluate: the held-out scoring.
     """
 
     def __init__(
@@ -68,35 +83,33 @@ class TrialEvalCallback(BaseCallback):
         super().__init__()
         self.trial = trial
         self.config = config
-        self.key = metric_key(metric)
+        self.metric = check_metric(metric)
         self.n_evaluations = n_evaluations
         self.evaluate = evaluate
         self.evaluations = 0
-        self.every = 1
-        self.env: Any = None
-
-    def _on_training_start(self) -> None:
-        self.env = make_env(self.config, eval_seed(self.config), split="test")
-        calls = max(self.config.steps // self.config.n_envs, 1)
-        self.every = max(calls // (self.n_evaluations + 1), 1)
+        self.every = max(max(config.steps // config.n_envs, 1) // (n_evaluations + 1), 1)
 
     def _on_step(self) -> bool:
         if self.evaluations >= self.n_evaluations or self.n_calls % self.every:
             return True
         self.evaluations += 1
-        value = float(self.evaluate(self.model, self.env, self.config.eval_steps)[self.key])
+        value = metric_value(self.evaluate(self.model, self.config), self.metric)
+        if value is None:
+            raise ValueError(f"metric={self.metric!r}: the evaluation reports none of {METRICS[self.metric]}")
         if math.isfinite(value):  # a NaN (no finished episode yet, say) is no evidence either way
             self.trial.report(value, self.evaluations)
         if self.trial.should_prune():
             raise optuna.TrialPruned(
                 f"pruned at evaluation {self.evaluations}/{self.n_evaluations} "
-                f"(step {self.num_timesteps}): {self.key}={value:.6g}"
+                f"(step {self.num_timesteps}): {self.metric}={value:.6g}"
             )
         return True
 
-    def _on_training_end(self) -> None:
-        if self.env is not None:
-            self.env.close()
+
+def trial_overrides() -> dict[str, Any]:
+    """RunConfig values every trial gets: no progress bar, and no checkpoints where runs write them."""
+    fields = {f.name for f in dataclasses.fields(RunConfig)}
+    return {"progress": False, **({"checkpoint_every": 0} if "checkpoint_every" in fields else {})}
 
 
 @dataclasses.dataclass
@@ -106,7 +119,7 @@ class Objective:
     :param base: the study's base config (data, steps, device, seed, overrides); trials override it.
     :param space: the search space (:func:`tuning.space.load_space`).
     :param metric: a name of :data:`METRICS`.
-    :param trials_dir: run folders go to ``trials_dir/<trial number>``.
+    :param trials_dir: run folders go to ``trials_dir/<trial number>``, their output to ``<number>.log``.
     :param n_evaluations: evaluation points reported to the pruner during each trial.
     :param evaluate: the held-out scoring of intermediate evaluations.
     """
@@ -119,7 +132,7 @@ class Objective:
     evaluate: Evaluate = held_out_metrics
 
     def __post_init__(self) -> None:
-        metric_key(self.metric)
+        check_metric(self.metric)
         if (
             isinstance(self.n_evaluations, bool)
             or not isinstance(self.n_evaluations, int)
@@ -131,23 +144,27 @@ class Objective:
         """The trial's run config (its parameters over the base; its own run folder; no progress bar)."""
         values = suggest(trial, self.space)
         out = Path(self.trials_dir) / f"{trial.number:05d}"
-        return dataclasses.replace(to_run_config(self.base, values), out=str(out), progress=False)
+        return dataclasses.replace(to_run_config(self.base, values), out=str(out), **trial_overrides())
 
     def __call__(self, trial: optuna.Trial) -> float:
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
         config = self.config(trial)
         trial.set_user_attr("run_config", config.to_dict())
         callback = TrialEvalCallback(trial, config, self.metric, self.n_evaluations, self.evaluate)
-        out = Path(config.out)
-        out.mkdir(parents=True, exist_ok=True)
+        Path(self.trials_dir).mkdir(parents=True, exist_ok=True)
         try:
-            # train prints its evaluation summary: it goes to the trial's log, the study prints one line
-            with open(out / "train.log", "w") as log, contextlib.redirect_stdout(log):
+            # train prints its evaluation: it goes to the trial's log, the study prints one line per trial
+            with (
+                open(Path(self.trials_dir) / f"{trial.number:05d}.log", "w") as log,
+                contextlib.redirect_stdout(log),
+            ):
                 run = train(config, callback=callback)
+            value = metric_value(json.loads((run / "evaluation.json").read_text()), self.metric)
+            if value is None:  # a metric the run's report leaves out: the same evaluation, here
+                value = metric_value(self.evaluate(callback.model, config), self.metric)
         except optuna.TrialPruned:
             raise
         except Exception as error:
             trial.set_user_attr("error", f"{type(error).__name__}: {error}")
             raise
-        summary = json.loads((run / "evaluation.json").read_text())
-        return float(summary[metric_key(self.metric)])
+        return math.nan if value is None else value

@@ -9,8 +9,10 @@ JSON, a mapping ``name -> spec``) overrides entries by name; a spec is one of::
     gamma: 0.99          # a constant: fixed, not searched
     net_width: null      # not searched: the preset (foxhunt.presets) applies
 
-A name that is not in :data:`DEFAULT_SPACE` raises ``ValueError`` naming it. :func:`to_run_config` turns a
-trial's parameter values into a :class:`~foxhunt.runs.RunConfig` (overrides of the presets).
+A name that is not in :data:`DEFAULT_SPACE` raises ``ValueError`` naming it. The hindsight fields
+(``hindsight_threshold``, ``hindsight_priority_boost``, ``hindsight_lookahead``) are searched only where
+``RunConfig.hindsight`` takes a dict of ``HindsightConfig`` fields (:func:`hindsight_fields_supported`).
+:func:`to_run_config` turns a trial's values into a :class:`~foxhunt.runs.RunConfig` (preset overrides).
 """
 
 from __future__ import annotations
@@ -195,6 +197,9 @@ def load_space(path: str | Path | None = None) -> dict[str, Param | Any]:
     :return: the space, ``name -> Param`` (searched), a constant (fixed) or ``None`` (preset).
     """
     space = dict(DEFAULT_SPACE)
+    hindsight_names = [f"hindsight_{field}" for field in HINDSIGHT_FIELDS]
+    if not hindsight_fields_supported():
+        space.update(dict.fromkeys(hindsight_names))
     if path is None:
         return space
     path = Path(path)
@@ -224,7 +229,22 @@ def load_space(path: str | Path | None = None) -> dict[str, Param | Any]:
         )
     for name, spec in entries.items():
         space[name] = parse_param(name, spec)
+    given = [name for name in hindsight_names if space[name] is not None]
+    if given and not hindsight_fields_supported():
+        raise ValueError(
+            f"space file {str(path)!r}: {given} need RunConfig.hindsight to take HindsightConfig "
+            "fields, and this foxhunt.runs takes only a bool; set them to null"
+        )
     return space
+
+
+def hindsight_fields_supported() -> bool:
+    """Whether ``RunConfig.hindsight`` takes a dict of ``HindsightConfig`` fields (else only a bool)."""
+    try:
+        RunConfig(hindsight={"threshold": 1.5})
+    except (ValueError, TypeError):
+        return False
+    return True
 
 
 def suggest(trial: optuna.Trial, space: Mapping[str, Param | Any]) -> dict[str, Any]:

@@ -11,7 +11,7 @@ worker goes on with the next trial. A trial whose final metric is NaN is marked 
 Study folder (``out``)::
 
     study.db            the SQLite storage (unless --storage names another)
-    trials/<number>/    each trial's run folder (foxhunt.runs), with train.log
+    trials/<number>/    each trial's run folder (foxhunt.runs); trials/<number>.log its printed output
     best_config.json    the best trial's RunConfig (foxhunt train --config best_config.json)
     *.png               optimization history, parameter importances, parallel coordinates
 """
@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 
 from foxhunt.runs import RunConfig
 from tuning.evaluation import held_out_metrics
-from tuning.objective import METRICS, Evaluate, Objective, metric_key
+from tuning.objective import METRICS, Evaluate, Objective, check_metric
 from tuning.space import Param
 
 PRUNERS: tuple[str, ...] = ("median", "hyperband", "none")
@@ -314,7 +314,7 @@ class StudySettings:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        metric_key(self.metric)
+        check_metric(self.metric)
         if self.pruner not in PRUNERS:
             raise ValueError(f"pruner={self.pruner!r} is not a known pruner; choose one of {list(PRUNERS)}")
         if self.sampler not in SAMPLERS:
@@ -362,7 +362,7 @@ def tune(
     sampler = make_sampler(settings.sampler, settings.sampler_seed, settings.n_startup_trials)
     pruner = make_pruner(settings.pruner, settings.n_startup_trials, settings.n_evaluations)
     attrs = {
-        "metric_key": METRICS[settings.metric],
+        "metric_keys": list(METRICS[settings.metric]),
         "sampler": settings.sampler,
         "pruner": settings.pruner,
         "n_evaluations": settings.n_evaluations,

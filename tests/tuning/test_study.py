@@ -9,11 +9,17 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from foxhunt.cli import main
+from foxhunt.cli import build_parser
 from foxhunt.runs import RunConfig
+from tuning.cli import run
 from tuning.evaluation import held_out_metrics
 from tuning.space import load_space
 from tuning.study import StudySettings, make_storage, open_study, tune
+
+
+def main(argv: list[str]) -> int:
+    """``foxhunt ARGV`` with ``tune``'s errors raised (``foxhunt.cli.main`` may print them instead)."""
+    return run(build_parser().parse_args(argv))
 
 
 def _tune(tiny_files: tuple[Path, Path], out: Path, *extra: str) -> int:
@@ -93,8 +99,8 @@ def test_pruner_stops_a_clearly_worse_trial(tiny_files: tuple[Path, Path], tmp_p
     study.enqueue_trial({**good, "learning_rate": 1e-3})  # the worse one
     study.enqueue_trial(good)
 
-    def evaluate(model, env, num_steps):
-        metrics = dict(held_out_metrics(model, env, num_steps))
+    def evaluate(model, config):
+        metrics = dict(held_out_metrics(model, config))
         if model.learning_rate == 1e-3:
             metrics["sharpe"] -= 100.0
         return metrics
