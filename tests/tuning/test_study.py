@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -10,10 +11,10 @@ import pytest
 from optuna.trial import TrialState
 
 from foxhunt.cli import build_parser
-from foxhunt.runs import RunConfig
+from foxhunt.runs import RunConfig, train
 from tuning.cli import run
 from tuning.evaluation import held_out_metrics
-from tuning.space import load_space
+from tuning.space import DEFAULT_SPACE, Param
 from tuning.study import StudySettings, make_storage, open_study, tune
 
 
@@ -73,9 +74,15 @@ def test_tiny_study_completes_and_resume_adds_trials(
 
 
 def test_pruner_stops_a_clearly_worse_trial(tiny_files: tuple[Path, Path], tmp_path: Path) -> None:
-    """Trial 1 is made clearly worse (its held-out Sharpe minus 100): the median pruner stops it early."""
+    """Trial 1 is made clearly worse (its held-out Sharpe minus 100): the median pruner stops it early.
+
+    Every knob but the learning rate is fixed, so trials 0 and 2 are the same run.
+    """
     base = RunConfig.load(tiny_files[0])
-    space = load_space(tiny_files[1])
+    space = {name: None for name in DEFAULT_SPACE}
+    space.update(
+        net_width=8, batch_size=16, hindsight=False, learning_rate=Param("float", 1e-4, 1e-2, log=True)
+    )
     settings = StudySettings(
         out=tmp_path,
         n_trials=3,
@@ -94,10 +101,8 @@ def test_pruner_stops_a_clearly_worse_trial(tiny_files: tuple[Path, Path], tmp_p
         optuna.samplers.RandomSampler(),
         optuna.pruners.NopPruner(),
     )
-    good = {"net_width": 8, "learning_rate": 3e-4, "gamma": 0.95}
-    study.enqueue_trial(good)
-    study.enqueue_trial({**good, "learning_rate": 1e-3})  # the worse one
-    study.enqueue_trial(good)
+    for learning_rate in (3e-4, 1e-3, 3e-4):  # the second is the worse one
+        study.enqueue_trial({"learning_rate": learning_rate})
 
     def evaluate(model, config):
         metrics = dict(held_out_metrics(model, config))
@@ -180,3 +185,15 @@ def test_storage_errors_hide_the_password() -> None:
         make_storage("postgresql://bob:secret@127.0.0.1:1/none")
     assert "storage='postgresql://bob:***@127.0.0.1:1/none'" in str(error.value)
     assert "secret" not in str(error.value)
+
+
+def test_a_trial_is_the_run_that_best_config_reproduces(
+    tiny_files: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Evaluations during training leave its random streams alone: ``train(best_config)`` scores the same."""
+    assert _tune(tiny_files, tmp_path / "s", "--n-trials", "1", "--pruner", "none") == 0
+    study = optuna.load_study(study_name="foxhunt", storage=f"sqlite:///{tmp_path / 's' / 'study.db'}")
+    assert len(study.trials[0].intermediate_values) == 1
+    config = RunConfig.load(tmp_path / "s" / "best_config.json")
+    run = train(dataclasses.replace(config, out=str(tmp_path / "again"), progress=False))
+    assert json.loads((run / "evaluation.json").read_text())["sharpe"] == study.best_value
