@@ -124,3 +124,12 @@ def test_hindsight_fields_need_a_run_config_that_takes_them(tmp_path: Path) -> N
     else:
         with pytest.raises(ValueError, match="hindsight_threshold"):
             load_space(path)
+
+
+def test_cli_names_match_the_study_modules() -> None:
+    import tuning.cli
+    import tuning.objective
+    import tuning.study
+
+    assert tuning.cli.METRICS == tuple(tuning.objective.METRICS)
+    assert tuning.cli.PRUNERS == tuning.study.PRUNERS and tuning.cli.SAMPLERS == tuning.study.SAMPLERS
