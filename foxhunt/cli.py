@@ -3,8 +3,8 @@
 ``foxhunt train`` with no arguments trains BranchingIQN on the built-in synthetic market (a few minutes
 on a laptop CPU) and writes a run folder (see :mod:`foxhunt.runs`). ``foxhunt rollout`` scores a
 uniformly random policy. ``foxhunt evaluate`` scores a saved model beside baselines
-(:mod:`foxhunt.evaluation.cli`). ``tune`` is being built (its issue): it exits with a clear "not yet"
-message. ``foxhunt train --config FILE`` starts from a :class:`~foxhunt.runs.RunConfig` JSON (the
+(:mod:`foxhunt.evaluation.cli`). ``foxhunt tune`` runs an Optuna study (:mod:`tuning.cli`).
+``foxhunt train --config FILE`` starts from a :class:`~foxhunt.runs.RunConfig` JSON (the
 options given on the command line override it); ``foxhunt train --resume RUN_DIR`` continues a run from
 its newest checkpoint.
 
@@ -223,8 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a uniformly random policy on the vector env and print foxenv.metrics.",
     )
     _common(rollout_parser, 2000, 16)
-    sub.add_parser("tune", help="Optuna study over BranchingIQN (not built yet)",
-                   description="Not built yet: its issue is open.")
+    from tuning.cli import add_parser as add_tune_parser
+
+    add_tune_parser(sub)
     return parser
 
 
@@ -237,8 +238,9 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "evaluate":
         return evaluation_cli.run(args)
     if args.command == "tune":
-        print(f"foxhunt {args.command}: not built yet", file=sys.stderr)
-        return 2
+        from tuning.cli import run as run_tune
+
+        return run_tune(args)
     threads = getattr(args, "threads", None)
     if threads is not None:
         if threads < 1:

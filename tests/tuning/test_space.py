@@ -1,0 +1,135 @@
+"""The search space: defaults, file overrides, bad files, and how values land in a RunConfig."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import optuna
+import pytest
+
+from foxhunt import presets
+from foxhunt.runs import RunConfig
+from tuning.space import DEFAULT_SPACE, Param, hindsight_fields_supported, load_space, suggest, to_run_config
+
+
+def test_every_default_knob_reaches_the_algorithm() -> None:
+    """A sample of the full default space becomes BranchingIQN, policy and hindsight arguments."""
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
+    study.enqueue_trial({"hindsight": True})
+    trial = study.ask()
+    values = suggest(trial, load_space())
+    config = to_run_config(RunConfig(), values)
+    model = config.resolved_model_kwargs()
+    for name in (
+        "learning_rate",
+        "gamma",
+        "batch_size",
+        "train_freq",
+        "gradient_steps",
+        "target_update_interval",
+        "exploration_fraction",
+        "exploration_final_eps",
+        "ensemble_bonus",
+        "c51_alpha",
+        "vaccine_interval",
+    ):
+        assert model[name] == values[name], name
+    assert model["exploration_mults"] == {b: values[f"exploration_mult_{b}"] for b in presets.BRANCH_NAMES}
+    assert model["boltzmann_branches"] == [b for b in presets.BRANCH_NAMES if values[f"boltzmann_{b}"]]
+    assert model["iqr_bonus"] == [values["iqr_bonus_start"], values["iqr_bonus_end"]]
+    policy = config.resolved_policy_kwargs()
+    assert policy["popart"] is values["popart"]
+    assert policy["net_arch"] == [values["net_width"]] * len(presets.POLICY_KWARGS["net_arch"])
+    if hindsight_fields_supported():
+        assert config.hindsight == {
+            f: values[f"hindsight_{f}"] for f in ("threshold", "priority_boost", "lookahead")
+        }
+    else:  # RunConfig.hindsight takes only a bool: its fields are not searched
+        assert config.hindsight is True and not any(name.startswith("hindsight_") for name in values)
+    assert RunConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+
+
+def test_hindsight_fields_are_searched_only_with_hindsight_on() -> None:
+    study = optuna.create_study()
+    study.enqueue_trial({"hindsight": False})
+    values = suggest(study.ask(), load_space())
+    assert not any(name.startswith("hindsight_") for name in values)
+    assert to_run_config(RunConfig(), values).hindsight is False
+
+
+def test_space_file_overrides_fixes_and_drops(tmp_path: Path) -> None:
+    path = tmp_path / "space.yaml"
+    path.write_text(
+        "learning_rate: {type: float, low: 1.0e-4, high: 1.0e-3, log: true}\n"
+        "gamma: 0.97\nnet_width: null\ntarget_update_interval: {type: int, low: 100, high: 500, step: 100}\n"
+    )
+    space = load_space(path)
+    assert space["learning_rate"] == Param("float", 1e-4, 1e-3, log=True)
+    assert space["gamma"] == 0.97
+    assert space["batch_size"] == DEFAULT_SPACE["batch_size"]
+    values = suggest(optuna.create_study().ask(), space)
+    assert values["gamma"] == 0.97 and "net_width" not in values
+    assert values["target_update_interval"] in (100, 200, 300, 400, 500)
+    json_path = tmp_path / "space.json"
+    json_path.write_text(json.dumps({"batch_size": {"type": "categorical", "choices": [16, 32]}}))
+    assert load_space(json_path)["batch_size"] == Param("categorical", choices=(16, 32))
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("learning_rat: {type: float, low: 0.1, high: 0.2}\n", "learning_rat"),
+        ("gamma: {type: floaty, low: 0.9, high: 0.99}\n", "floaty"),
+        ("gamma: {type: float, low: 0.99, high: 0.9}\n", "low=0.99"),
+        ("gamma: {type: float, low: 0.9, high: 0.99, lo: 1}\n", "lo"),
+        ("learning_rate: {type: float, low: 0, high: 0.1, log: true}\n", "low=0"),
+        ("batch_size: {type: categorical, choices: []}\n", "choices=[]"),
+        ("- a list\n", "mapping"),
+    ],
+)
+def test_bad_space_file_names_the_value(tmp_path: Path, text: str, named: str) -> None:
+    path = tmp_path / "space.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=re.escape(named)):
+        load_space(path)
+
+
+def test_missing_space_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="nope.yaml"):
+        load_space(tmp_path / "nope.yaml")
+
+
+def test_samplers_pruners_and_the_retry_callback() -> None:
+    from tuning.study import RetryCallback, make_pruner, make_sampler
+
+    assert isinstance(make_sampler("tpe", 0), optuna.samplers.TPESampler)
+    assert isinstance(make_sampler("random", 0), optuna.samplers.RandomSampler)
+    assert isinstance(make_pruner("median"), optuna.pruners.MedianPruner)
+    assert isinstance(make_pruner("hyperband"), optuna.pruners.HyperbandPruner)
+    assert isinstance(make_pruner("none"), optuna.pruners.NopPruner)
+    assert RetryCallback.__name__ in ("RetryHeartbeatStaleTrialCallback", "RetryFailedTrialCallback")
+    with pytest.raises(ValueError, match="sampler='grid'"):
+        make_sampler("grid", 0)
+    with pytest.raises(ValueError, match="pruner='sha'"):
+        make_pruner("sha")
+
+
+def test_hindsight_fields_need_a_run_config_that_takes_them(tmp_path: Path) -> None:
+    path = tmp_path / "space.yaml"
+    path.write_text("hindsight_threshold: {type: float, low: 1.0, high: 2.0}\n")
+    if hindsight_fields_supported():
+        assert load_space(path)["hindsight_threshold"] == Param("float", 1.0, 2.0)
+    else:
+        with pytest.raises(ValueError, match="hindsight_threshold"):
+            load_space(path)
+
+
+def test_cli_names_match_the_study_modules() -> None:
+    import tuning.cli
+    import tuning.objective
+    import tuning.study
+
+    assert tuning.cli.METRICS == tuple(tuning.objective.METRICS)
+    assert tuning.cli.PRUNERS == tuning.study.PRUNERS and tuning.cli.SAMPLERS == tuning.study.SAMPLERS

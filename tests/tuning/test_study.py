@@ -1,0 +1,199 @@
+"""Studies end to end on real training runs: SQLite, resume, pruning, raising trials, bad inputs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from foxhunt.cli import build_parser
+from foxhunt.runs import RunConfig, train
+from tuning.cli import run
+from tuning.evaluation import held_out_metrics
+from tuning.space import DEFAULT_SPACE, Param
+from tuning.study import StudySettings, make_storage, open_study, tune
+
+
+def main(argv: list[str]) -> int:
+    """``foxhunt ARGV`` with ``tune``'s errors raised (``foxhunt.cli.main`` may print them instead)."""
+    return run(build_parser().parse_args(argv))
+
+
+def _tune(tiny_files: tuple[Path, Path], out: Path, *extra: str) -> int:
+    config, space = tiny_files
+    return main(
+        [
+            "tune",
+            "--config",
+            str(config),
+            "--space",
+            str(space),
+            "--out",
+            str(out),
+            "--no-progress",
+            "--n-startup-trials",
+            "1",
+            "--n-evaluations",
+            "1",
+            *extra,
+        ]
+    )
+
+
+def test_tiny_study_completes_and_resume_adds_trials(
+    tiny_files: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "study"
+    assert _tune(tiny_files, out, "--n-trials", "2", "--pruner", "none") == 0
+    printed = capsys.readouterr().out
+    assert printed.count("trial 0 COMPLETE sharpe=") == 1 and printed.count("trial 1 COMPLETE") == 1
+    storage = f"sqlite:///{out / 'study.db'}"
+    study = optuna.load_study(study_name="foxhunt", storage=storage)
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
+    best = RunConfig.load(out / "best_config.json")
+    assert best.out is None and best.steps == 200 and best.hindsight is False
+    assert best.policy_kwargs["net_arch"] == [study.best_params["net_width"]] * 2
+    assert best.model_kwargs["learning_rate"] == study.best_params["learning_rate"]
+    for name in ("optimization_history", "param_importances", "parallel_coordinate"):
+        assert (out / f"{name}.png").stat().st_size > 1000
+    for trial in study.trials:  # each trial's run folder, its value from its evaluation.json
+        run = out / "trials" / f"{trial.number:05d}"
+        assert json.loads((run / "evaluation.json").read_text())["sharpe"] == trial.value
+
+    with pytest.raises(ValueError, match="'foxhunt' already exists.*--resume"):
+        _tune(tiny_files, out, "--n-trials", "1")
+    with pytest.raises(ValueError, match="metric='sharpe', not metric='pnl'"):
+        _tune(tiny_files, out, "--n-trials", "1", "--resume", "--metric", "pnl")
+    assert _tune(tiny_files, out, "--n-trials", "1", "--resume", "--pruner", "none") == 0
+    study = optuna.load_study(study_name="foxhunt", storage=storage)
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 3
+
+
+def test_pruner_stops_a_clearly_worse_trial(tiny_files: tuple[Path, Path], tmp_path: Path) -> None:
+    """Trial 1 is made clearly worse (its held-out Sharpe minus 100): the median pruner stops it early.
+
+    Every knob but the learning rate is fixed, so trials 0 and 2 are the same run.
+    """
+    base = RunConfig.load(tiny_files[0])
+    space = {name: None for name in DEFAULT_SPACE}
+    space.update(
+        net_width=8, batch_size=16, hindsight=False, learning_rate=Param("float", 1e-4, 1e-2, log=True)
+    )
+    settings = StudySettings(
+        out=tmp_path,
+        n_trials=3,
+        n_startup_trials=1,
+        n_evaluations=2,
+        progress=False,
+        pruner="median",
+        sampler="random",
+        resume=True,
+    )
+    study = open_study(
+        "foxhunt",
+        make_storage(settings.storage_url()),
+        "sharpe",
+        True,
+        optuna.samplers.RandomSampler(),
+        optuna.pruners.NopPruner(),
+    )
+    for learning_rate in (3e-4, 1e-3, 3e-4):  # the second is the worse one
+        study.enqueue_trial({"learning_rate": learning_rate})
+
+    def evaluate(model, config):
+        metrics = dict(held_out_metrics(model, config))
+        if model.learning_rate == 1e-3:
+            metrics["sharpe"] -= 100.0
+        return metrics
+
+    study = tune(base, space, settings, evaluate=evaluate)
+    states = [t.state for t in study.trials]
+    assert states == [TrialState.COMPLETE, TrialState.PRUNED, TrialState.COMPLETE]
+    pruned = study.trials[1]
+    assert list(pruned.intermediate_values) == [1]  # stopped at its first evaluation point
+    assert not (tmp_path / "trials" / "00001" / "model.zip").exists()
+    assert all(list(t.intermediate_values) == [1, 2] for t in (study.trials[0], study.trials[2]))
+
+
+def test_a_raising_trial_fails_is_not_retried_and_the_worker_goes_on(
+    tiny_files: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config, _ = tiny_files
+    space = tmp_path / "bad.yaml"
+    space.write_text("net_width: 8\nhindsight: false\nbatch_size: {type: categorical, choices: [0, -1]}\n")
+    assert (
+        main(
+            [
+                "tune",
+                "--config",
+                str(config),
+                "--space",
+                str(space),
+                "--out",
+                str(tmp_path / "s"),
+                "--n-trials",
+                "2",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    printed = capsys.readouterr().out
+    assert "trial 0 FAIL (ValueError: batch_size=" in printed and "trial 1 FAIL" in printed
+    study = optuna.load_study(study_name="foxhunt", storage=f"sqlite:///{tmp_path / 's' / 'study.db'}")
+    assert [t.state for t in study.trials] == [TrialState.FAIL] * 2  # no WAITING re-run was queued
+    assert not (tmp_path / "s" / "best_config.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--metric", "profit"], "metric='profit'"),
+        (["--storage", "nosuchdb://x/y"], "storage='nosuchdb://x/y'"),
+        (["--storage", "study.db"], "storage='study.db'"),
+        (
+            ["--storage", "postgresql://nobody@127.0.0.1:1/none"],
+            "storage='postgresql://nobody@127.0.0.1:1/none'",
+        ),
+        (["--pruner", "mean"], "pruner='mean'"),
+        (["--sampler", "cmaes"], "sampler='cmaes'"),
+        (["--data", "/no/such/folder"], "--data='/no/such/folder'"),
+        (["--device", "tpu"], "--device='tpu'"),
+        (["--n-trials", "0"], "n_trials=0"),
+    ],
+)
+def test_bad_input_names_the_value(tmp_path: Path, args: list[str], named: str) -> None:
+    with pytest.raises(ValueError) as error:
+        main(["tune", "--out", str(tmp_path / "s"), "--no-progress", *args])
+    assert named in str(error.value)
+    assert not (tmp_path / "s" / "trials").exists()
+
+
+def test_unknown_space_parameter_is_named(tmp_path: Path) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text("learning_rate: {type: float, low: 1.0e-4, high: 1.0e-3}\nwarp_factor: 9\n")
+    with pytest.raises(ValueError, match="warp_factor"):
+        main(["tune", "--space", str(space), "--out", str(tmp_path / "s")])
+
+
+def test_storage_errors_hide_the_password() -> None:
+    with pytest.raises(ValueError) as error:
+        make_storage("postgresql://bob:secret@127.0.0.1:1/none")
+    assert "storage='postgresql://bob:***@127.0.0.1:1/none'" in str(error.value)
+    assert "secret" not in str(error.value)
+
+
+def test_a_trial_is_the_run_that_best_config_reproduces(
+    tiny_files: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Evaluations during training leave its random streams alone: ``train(best_config)`` scores the same."""
+    assert _tune(tiny_files, tmp_path / "s", "--n-trials", "1", "--pruner", "none") == 0
+    study = optuna.load_study(study_name="foxhunt", storage=f"sqlite:///{tmp_path / 's' / 'study.db'}")
+    assert len(study.trials[0].intermediate_values) == 1
+    config = RunConfig.load(tmp_path / "s" / "best_config.json")
+    run = train(dataclasses.replace(config, out=str(tmp_path / "again"), progress=False))
+    assert json.loads((run / "evaluation.json").read_text())["sharpe"] == study.best_value

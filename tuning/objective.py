@@ -1,0 +1,170 @@
+"""A study's objective: a trial's RunConfig, trained by :func:`foxhunt.runs.train`, scored on held-out data.
+
+While the agent trains, :class:`TrialEvalCallback` scores the greedy policy on the held-out data at
+``n_evaluations`` evenly spaced points and reports each value to Optuna (``trial.report``, step =
+evaluation point ``1..n``); when the pruner says so it raises :class:`optuna.TrialPruned`, which stops
+training and marks the trial PRUNED. The trial's value is the chosen metric of the run's
+``evaluation.json`` (the same held-out evaluation that ``foxhunt train`` reports).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import socket
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import optuna
+from stable_baselines3.common.callbacks import BaseCallback
+
+from foxhunt.runs import RunConfig, train
+from tuning.evaluation import held_out_metrics
+from tuning.space import Param, suggest, to_run_config
+
+#: ``--metric`` names and the keys that hold each in an evaluation's metrics (the first present is used;
+#: ``total_pnl`` is the name of the PnL before the evaluation recorder). All are maximised.
+METRICS: dict[str, tuple[str, ...]] = {
+    "sharpe": ("sharpe",),
+    "pnl": ("pnl", "total_pnl"),
+    "mean_episode_reward": ("mean_episode_reward",),
+}
+
+#: ``(model, config) -> metrics``: the held-out scoring (:func:`tuning.evaluation.held_out_metrics`).
+Evaluate = Callable[[Any, RunConfig], Mapping[str, Any]]
+
+
+def check_metric(metric: str) -> str:
+    """``metric`` if it is a name of :data:`METRICS`, else ``ValueError`` naming it.
+
+    :param metric: ``"sharpe"``, ``"pnl"`` (PnL after fees) or ``"mean_episode_reward"``.
+    :return: the metric.
+    """
+    if metric not in METRICS:
+        raise ValueError(f"metric={metric!r} is not a known metric; choose one of {sorted(METRICS)}")
+    return metric
+
+
+def metric_value(metrics: Mapping[str, Any], metric: str) -> float | None:
+    """The value of ``metric`` in an evaluation's metrics, or ``None`` when they do not hold it.
+
+    :param metrics: an evaluation's metrics (``evaluation.json``, or :func:`held_out_metrics`).
+    :param metric: a name of :data:`METRICS`.
+    :return: the value.
+    """
+    for key in METRICS[check_metric(metric)]:
+        if key in metrics and metrics[key] is not None:
+            return float(metrics[key])
+    return None
+
+
+class TrialEvalCallback(BaseCallback):
+    """Scores the greedy policy on held-out data at evaluation points; reports to Optuna and prunes.
+
+    :param trial: the Optuna trial.
+    :param config: the trial's run config (its held-out data and ``eval_steps``).
+    :param metric: a name of :data:`METRICS`.
+    :param n_evaluations: evaluation points during training (the end of training is not one of them).
+    :param evaluate: the held-out scoring.
+    """
+
+    def __init__(
+        self,
+        trial: optuna.Trial,
+        config: RunConfig,
+        metric: str,
+        n_evaluations: int,
+        evaluate: Evaluate = held_out_metrics,
+    ) -> None:
+        super().__init__()
+        self.trial = trial
+        self.config = config
+        self.metric = check_metric(metric)
+        self.n_evaluations = n_evaluations
+        self.evaluate = evaluate
+        self.evaluations = 0
+        self.every = max(max(config.steps // config.n_envs, 1) // (n_evaluations + 1), 1)
+
+    def _on_step(self) -> bool:
+        if self.evaluations >= self.n_evaluations or self.n_calls % self.every:
+            return True
+        self.evaluations += 1
+        value = metric_value(self.evaluate(self.model, self.config), self.metric)
+        if value is None:
+            raise ValueError(f"metric={self.metric!r}: the evaluation reports none of {METRICS[self.metric]}")
+        if math.isfinite(value):  # a NaN (no finished episode yet, say) is no evidence either way
+            self.trial.report(value, self.evaluations)
+        if self.trial.should_prune():
+            raise optuna.TrialPruned(
+                f"pruned at evaluation {self.evaluations}/{self.n_evaluations} "
+                f"(step {self.num_timesteps}): {self.metric}={value:.6g}"
+            )
+        return True
+
+
+def trial_overrides() -> dict[str, Any]:
+    """RunConfig values every trial gets: no progress bar, and no checkpoints where runs write them."""
+    fields = {f.name for f in dataclasses.fields(RunConfig)}
+    return {"progress": False, **({"checkpoint_every": 0} if "checkpoint_every" in fields else {})}
+
+
+@dataclasses.dataclass
+class Objective:
+    """``objective(trial) -> float``: one training run of the trial's config, scored on held-out data.
+
+    :param base: the study's base config (data, steps, device, seed, overrides); trials override it.
+    :param space: the search space (:func:`tuning.space.load_space`).
+    :param metric: a name of :data:`METRICS`.
+    :param trials_dir: run folders go to ``trials_dir/<trial number>``, their output to ``<number>.log``.
+    :param n_evaluations: evaluation points reported to the pruner during each trial.
+    :param evaluate: the held-out scoring of intermediate evaluations.
+    """
+
+    base: RunConfig
+    space: Mapping[str, Param | Any]
+    metric: str
+    trials_dir: Path
+    n_evaluations: int = 4
+    evaluate: Evaluate = held_out_metrics
+
+    def __post_init__(self) -> None:
+        check_metric(self.metric)
+        if (
+            isinstance(self.n_evaluations, bool)
+            or not isinstance(self.n_evaluations, int)
+            or self.n_evaluations < 1
+        ):
+            raise ValueError(f"n_evaluations={self.n_evaluations!r} must be an integer >= 1")
+
+    def config(self, trial: optuna.Trial) -> RunConfig:
+        """The trial's run config (its parameters over the base; its own run folder; no progress bar)."""
+        values = suggest(trial, self.space)
+        out = Path(self.trials_dir) / f"{trial.number:05d}"
+        return dataclasses.replace(to_run_config(self.base, values), out=str(out), **trial_overrides())
+
+    def __call__(self, trial: optuna.Trial) -> float:
+        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
+        config = self.config(trial)
+        trial.set_user_attr("run_config", config.to_dict())
+        callback = TrialEvalCallback(trial, config, self.metric, self.n_evaluations, self.evaluate)
+        Path(self.trials_dir).mkdir(parents=True, exist_ok=True)
+        try:
+            # train prints its evaluation: it goes to the trial's log, the study prints one line per trial
+            with (
+                open(Path(self.trials_dir) / f"{trial.number:05d}.log", "w") as log,
+                contextlib.redirect_stdout(log),
+            ):
+                run = train(config, callback=callback)
+            value = metric_value(json.loads((run / "evaluation.json").read_text()), self.metric)
+            if value is None:  # a metric the run's report leaves out: the same evaluation, here
+                value = metric_value(self.evaluate(callback.model, config), self.metric)
+        except optuna.TrialPruned:
+            raise
+        except Exception as error:
+            trial.set_user_attr("error", f"{type(error).__name__}: {error}")
+            raise
+        return math.nan if value is None else value

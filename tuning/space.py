@@ -1,0 +1,330 @@
+"""The search space of a study: BranchingIQN's and the run's knobs, declared in one place.
+
+:data:`DEFAULT_SPACE` names every tunable parameter with its default distribution. A space file (YAML or
+JSON, a mapping ``name -> spec``) overrides entries by name; a spec is one of::
+
+    learning_rate: {type: float, low: 1.0e-5, high: 1.0e-3, log: true}
+    target_update_interval: {type: int, low: 500, high: 5000, step: 500}
+    batch_size: {type: categorical, choices: [32, 64, 128]}
+    gamma: 0.99          # a constant: fixed, not searched
+    net_width: null      # not searched: the preset (foxhunt.presets) applies
+
+A name that is not in :data:`DEFAULT_SPACE` raises ``ValueError`` naming it. The hindsight fields
+(``hindsight_threshold``, ``hindsight_priority_boost``, ``hindsight_lookahead``) are searched only where
+``RunConfig.hindsight`` takes a dict of ``HindsightConfig`` fields (:func:`hindsight_fields_supported`).
+:func:`to_run_config` turns a trial's values into a :class:`~foxhunt.runs.RunConfig` (preset overrides).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from foxhunt import presets
+from foxhunt.runs import RunConfig
+
+#: Hindsight fields that the space tunes (``HindsightConfig`` fields, prefixed ``hindsight_``).
+HINDSIGHT_FIELDS: tuple[str, ...] = ("threshold", "priority_boost", "lookahead")
+
+_SPEC_KEYS = {"type", "low", "high", "log", "step", "choices"}
+_TYPES = ("float", "int", "categorical")
+
+
+@dataclass(frozen=True)
+class Param:
+    """One searched parameter: an Optuna distribution by its ``suggest_*`` arguments.
+
+    :param type: ``"float"``, ``"int"`` or ``"categorical"``.
+    :param low: lowest value (float and int).
+    :param high: highest value (float and int).
+    :param log: sample on a log scale (float and int).
+    :param step: grid step (float and int; ``None``: continuous float, step 1 for int).
+    :param choices: the values of a categorical parameter.
+    """
+
+    type: str
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    step: float | None = None
+    choices: tuple[Any, ...] | None = None
+
+    def suggest(self, trial: optuna.Trial, name: str) -> Any:
+        """The trial's value of this parameter.
+
+        :param trial: the Optuna trial.
+        :param name: the parameter's name.
+        :return: the suggested value.
+        """
+        if self.type == "float":
+            return trial.suggest_float(name, self.low, self.high, log=self.log, step=self.step)
+        if self.type == "int":
+            return trial.suggest_int(
+                name, int(self.low), int(self.high), log=self.log, step=int(self.step or 1)
+            )
+        return trial.suggest_categorical(name, list(self.choices))
+
+
+def _float(low: float, high: float, log: bool = False) -> Param:
+    return Param("float", low, high, log=log)
+
+
+def _int(low: int, high: int, log: bool = False) -> Param:
+    return Param("int", low, high, log=log)
+
+
+def _choice(*choices: Any) -> Param:
+    return Param("categorical", choices=tuple(choices))
+
+
+#: Every tunable parameter and its default distribution (a constant value fixes a parameter).
+DEFAULT_SPACE: dict[str, Param | Any] = {
+    # BranchingIQN (DQN's names)
+    "learning_rate": _float(1e-5, 3e-3, log=True),
+    "gamma": _choice(0.9, 0.95, 0.98, 0.99, 0.995),
+    "batch_size": _choice(32, 64, 128, 256),
+    "train_freq": _choice(1, 2, 4, 8),
+    "gradient_steps": _choice(1, 2, 4),
+    "target_update_interval": _int(250, 10_000, log=True),
+    "exploration_fraction": _float(0.05, 0.5),
+    "exploration_final_eps": _float(0.01, 0.2, log=True),
+    # per-branch ε multipliers and Boltzmann exploration (foxenv's branches)
+    **{f"exploration_mult_{name}": _float(0.5, 3.0) for name in presets.BRANCH_NAMES},
+    **{f"boltzmann_{name}": _choice(False, True) for name in presets.BRANCH_NAMES},
+    # optimism bonuses: iqr_bonus anneals linearly from start to end over training
+    "iqr_bonus_start": _float(0.0, 1.0),
+    "iqr_bonus_end": _float(0.0, 0.2),
+    "ensemble_bonus": _float(0.0, 1.0),
+    "c51_alpha": _float(0.0, 1.0),
+    "vaccine_interval": _choice(0, 1, 5, 20),
+    # policy
+    "popart": _choice(True, False),
+    "net_width": _choice(32, 64, 128, 256),
+    # hindsight replay; its fields are searched only in trials with hindsight on
+    "hindsight": _choice(True, False),
+    "hindsight_threshold": _float(1.0, 3.0),
+    "hindsight_priority_boost": _float(1.0, 10.0, log=True),
+    "hindsight_lookahead": _int(10, 200, log=True),
+}
+
+#: Parameters that are plain BranchingIQN arguments of the same name.
+_MODEL_PARAMS = (
+    "learning_rate",
+    "gamma",
+    "batch_size",
+    "train_freq",
+    "gradient_steps",
+    "target_update_interval",
+    "exploration_fraction",
+    "exploration_final_eps",
+    "ensemble_bonus",
+    "c51_alpha",
+    "vaccine_interval",
+)
+
+
+def parse_param(name: str, spec: Any) -> Param | Any:
+    """One entry of a space file: a spec mapping becomes a :class:`Param`; a constant or ``None`` stays.
+
+    :param name: the parameter's name (quoted in errors).
+    :param spec: a mapping with ``type`` and its bounds or choices, a constant, or ``None``.
+    :return: the parameter, or the constant.
+    """
+    if not isinstance(spec, Mapping):
+        if isinstance(spec, list | dict):
+            raise ValueError(f"space parameter {name!r}: {spec!r} must be a spec mapping or a constant")
+        return spec
+    unknown = sorted(set(spec) - _SPEC_KEYS)
+    if unknown:
+        raise ValueError(
+            f"space parameter {name!r}: unknown spec keys {unknown}; known keys are {sorted(_SPEC_KEYS)}"
+        )
+    kind = spec.get("type")
+    if kind not in _TYPES:
+        raise ValueError(f"space parameter {name!r}: type={kind!r} must be one of {list(_TYPES)}")
+    if kind == "categorical":
+        choices = spec.get("choices")
+        if not isinstance(choices, list) or not choices:
+            raise ValueError(f"space parameter {name!r}: choices={choices!r} must be a non-empty list")
+        extra = sorted(set(spec) - {"type", "choices"})
+        if extra:
+            raise ValueError(f"space parameter {name!r}: a categorical takes only choices, not {extra}")
+        return Param("categorical", choices=tuple(choices))
+    if "choices" in spec:
+        raise ValueError(f"space parameter {name!r}: choices belong to type categorical, not {kind}")
+    low, high = spec.get("low"), spec.get("high")
+    for field, value in (("low", low), ("high", high)):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"space parameter {name!r}: {field}={value!r} must be a number")
+    if not low < high:
+        raise ValueError(f"space parameter {name!r}: low={low} must be < high={high}")
+    log = spec.get("log", False)
+    if not isinstance(log, bool):
+        raise ValueError(f"space parameter {name!r}: log={log!r} must be true or false")
+    if log and low <= 0:
+        raise ValueError(f"space parameter {name!r}: log=true needs low > 0, got low={low}")
+    step = spec.get("step")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int | float) or step <= 0):
+        raise ValueError(f"space parameter {name!r}: step={step!r} must be a number > 0")
+    if log and step is not None:
+        raise ValueError(f"space parameter {name!r}: log and step cannot be combined")
+    if kind == "int":
+        for field, value in (("low", low), ("high", high), ("step", step)):
+            if value is not None and int(value) != value:
+                raise ValueError(
+                    f"space parameter {name!r}: {field}={value!r} must be an integer for type int"
+                )
+    return Param(
+        kind,
+        float(low) if kind == "float" else int(low),
+        float(high) if kind == "float" else int(high),
+        log=log,
+        step=step,
+    )
+
+
+def load_space(path: str | Path | None = None) -> dict[str, Param | Any]:
+    """The default space with a YAML or JSON file's entries replacing those of the same name.
+
+    :param path: a ``.yaml``/``.yml``/``.json`` file holding a mapping ``name -> spec``; ``None``: the
+        default space.
+    :return: the space, ``name -> Param`` (searched), a constant (fixed) or ``None`` (preset).
+    """
+    space = dict(DEFAULT_SPACE)
+    hindsight_names = [f"hindsight_{field}" for field in HINDSIGHT_FIELDS]
+    if not hindsight_fields_supported():
+        space.update(dict.fromkeys(hindsight_names))
+    if path is None:
+        return space
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"space file {str(path)!r} does not exist")
+    text = path.read_text()
+    try:
+        if path.suffix.lower() == ".json":
+            entries = json.loads(text)
+        else:
+            import yaml
+
+            entries = yaml.safe_load(text)
+    except Exception as error:  # yaml and json raise their own error classes
+        raise ValueError(f"space file {str(path)!r} is not valid YAML/JSON: {error}") from None
+    if entries is None:
+        entries = {}
+    if not isinstance(entries, dict):
+        raise ValueError(
+            f"space file {str(path)!r} must hold a mapping name -> spec, got {type(entries).__name__}"
+        )
+    unknown = sorted(set(entries) - set(DEFAULT_SPACE))
+    if unknown:
+        raise ValueError(
+            f"space file {str(path)!r}: unknown parameter(s) {unknown}; known parameters are "
+            f"{sorted(DEFAULT_SPACE)}"
+        )
+    for name, spec in entries.items():
+        space[name] = parse_param(name, spec)
+    given = [name for name in hindsight_names if space[name] is not None]
+    if given and not hindsight_fields_supported():
+        raise ValueError(
+            f"space file {str(path)!r}: {given} need RunConfig.hindsight to take HindsightConfig "
+            "fields, and this foxhunt.runs takes only a bool; set them to null"
+        )
+    return space
+
+
+def hindsight_fields_supported() -> bool:
+    """Whether ``RunConfig.hindsight`` takes a dict of ``HindsightConfig`` fields (else only a bool)."""
+    try:
+        RunConfig(hindsight={"threshold": 1.5})
+    except (ValueError, TypeError):
+        return False
+    return True
+
+
+def suggest(trial: optuna.Trial, space: Mapping[str, Param | Any]) -> dict[str, Any]:
+    """The trial's values of every parameter of ``space`` (constants included; ``None`` left out).
+
+    The hindsight fields are suggested only when hindsight is on in this trial.
+
+    :param trial: the Optuna trial.
+    :param space: a space from :func:`load_space`.
+    :return: ``name -> value``.
+    """
+    hindsight_names = {f"hindsight_{field}" for field in HINDSIGHT_FIELDS}
+    values: dict[str, Any] = {}
+    for name, spec in space.items():
+        if name in hindsight_names:
+            continue
+        if isinstance(spec, Param):
+            values[name] = spec.suggest(trial, name)
+        elif spec is not None:
+            values[name] = spec
+    if values.get("hindsight", True) is not False:
+        for name in sorted(hindsight_names):
+            spec = space.get(name)
+            if isinstance(spec, Param):
+                values[name] = spec.suggest(trial, name)
+            elif spec is not None:
+                values[name] = spec
+    return values
+
+
+def to_run_config(base: RunConfig, values: Mapping[str, Any]) -> RunConfig:
+    """``base`` with a trial's parameter values applied as preset overrides.
+
+    :param base: the study's base config (data, steps, device, seed, and any overrides of its own).
+    :param values: ``name -> value`` from :func:`suggest` (names of :data:`DEFAULT_SPACE`).
+    :return: the trial's run config.
+    """
+    unknown = sorted(set(values) - set(DEFAULT_SPACE))
+    if unknown:
+        raise ValueError(
+            f"unknown space parameter(s) {unknown}; known parameters are {sorted(DEFAULT_SPACE)}"
+        )
+    model = dict(base.model_kwargs)
+    policy = dict(base.policy_kwargs)
+    hindsight: Any = base.hindsight
+    for name in _MODEL_PARAMS:
+        if name in values:
+            model[name] = values[name]
+    mults = {
+        b: values[f"exploration_mult_{b}"] for b in presets.BRANCH_NAMES if f"exploration_mult_{b}" in values
+    }
+    if mults:
+        model["exploration_mults"] = {
+            **presets.EXPLORATION_MULTS,
+            **model.get("exploration_mults", {}),
+            **mults,
+        }
+    flags = {b: values[f"boltzmann_{b}"] for b in presets.BRANCH_NAMES if f"boltzmann_{b}" in values}
+    if flags:
+        current = model.get("boltzmann_branches", list(presets.BOLTZMANN_BRANCHES))
+        model["boltzmann_branches"] = [b for b in presets.BRANCH_NAMES if flags.get(b, b in current)]
+    if "iqr_bonus_start" in values or "iqr_bonus_end" in values:
+        start, end = (
+            model.get("iqr_bonus", (0.3, 0.05))
+            if not isinstance(model.get("iqr_bonus"), int | float)
+            else (model["iqr_bonus"], model["iqr_bonus"])
+        )
+        model["iqr_bonus"] = [
+            float(values.get("iqr_bonus_start", start)),
+            float(values.get("iqr_bonus_end", end)),
+        ]
+    if "popart" in values:
+        policy["popart"] = bool(values["popart"])
+    if "net_width" in values:
+        depth = len(policy.get("net_arch", presets.POLICY_KWARGS["net_arch"]))
+        policy["net_arch"] = [int(values["net_width"])] * depth
+    if "hindsight" in values:
+        hindsight = bool(values["hindsight"])
+    fields = {f: values[f"hindsight_{f}"] for f in HINDSIGHT_FIELDS if f"hindsight_{f}" in values}
+    if hindsight is not False and fields:
+        # RunConfig.hindsight goes to BranchingIQN(hindsight=...), which takes HindsightConfig fields
+        hindsight = {**(hindsight if isinstance(hindsight, dict) else {}), **fields}
+    return dataclasses.replace(base, model_kwargs=model, policy_kwargs=policy, hindsight=hindsight)
