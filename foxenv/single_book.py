@@ -46,6 +46,8 @@ KNOWN_CONFIG_FIELDS = (
     "return_horizons",
     "vol_window",
     "flow_window",
+    "fill_model",
+    "order_latency",
 )
 #: The core's ``state_dict`` keys the lean step carries (its per-book state, plus the generator).
 KNOWN_STATE_KEYS = (
@@ -375,7 +377,20 @@ class SingleBook:
         own = self._sides[side_row + (order_side <= 0)].tolist()
         at_tick = zip(own[:levels], own[levels:], strict=True)
         visible = self._sum([size * (tick == order_tick) for tick, size in at_tick])  # one level at most
-        ahead = visible if post else s["order_ahead"]
+        latency = cfg.order_latency
+        if latency:
+            # a pending order holds -(steps until it rests + 1); at -1 it rests now behind the visible size
+            ahead = -1.0 - latency if post else s["order_ahead"]
+            pending = ahead < -1.5
+            if ahead == -1.0:
+                ahead = visible
+            countdown = ahead + 1.0
+            queue = max(ahead, 0.0)
+        else:
+            ahead = visible if post else s["order_ahead"]
+            pending = False
+            countdown = 0.0
+            queue = ahead
         remaining = need if post else s["order_remaining"] * keep
         order_target = target if post else s["order_target"]
 
@@ -386,20 +401,28 @@ class SingleBook:
         executed, cancelled, through = self._flow[grid].tolist()
         at_price = column == clamped
         beyond_grid = order_side * (column - clamped) > 0
-        traded_through = (through + executed if beyond_grid else through) > 0
-        # matching.meet_flow: probqueue_cancel, then executions
+        through = through + executed if beyond_grid else through
+        # matching.probqueue_cancel, then matching.meet_flow (optimistic) or meet_flow_conservative
         executed = executed * at_price
         cancelled = cancelled * at_price
         power = cfg.queue_power
-        weight_ahead = _torch_pow(ahead, power)
-        total = weight_ahead + _torch_pow(max(visible - ahead, 0.0), power)
+        weight_ahead = _torch_pow(queue, power)
+        total = weight_ahead + _torch_pow(max(visible - queue, 0.0), power)
         share = weight_ahead / max(total, _SMALLEST_DOUBLE)
-        queue = max(ahead - cancelled * share, 0.0)
-        fill = remaining if traded_through else min(max(executed - queue, 0.0), remaining)
-        ahead_after = max(queue - executed, 0.0)
+        queue = max(queue - cancelled * share, 0.0)
+        if cfg.fill_model == "optimistic":
+            fill = remaining if through > 0 else min(max(executed - queue, 0.0), remaining)
+            ahead_after = max(queue - executed, 0.0)
+        else:
+            volume = executed + through
+            fill = min(max(volume - queue, 0.0), remaining)
+            ahead_after = max(queue - volume, 0.0)
 
         fill = fill * trading
         ahead = ahead_after if trading > 0 else ahead
+        if pending:  # a pending order meets no flow; its wait counts down, halted or not
+            fill = 0.0
+            ahead = countdown
         left = remaining - fill
         maker_reached = fill > 0 and left <= 0
         alive = left > 0
@@ -441,6 +464,7 @@ class SingleBook:
         truncated = step >= cfg.episode_length
         unrealized = position * (mid - s["ledger.avg_price"])
         resting_side = s["order_side"]
+        queue_shown = max(s["order_ahead"], 0.0) if latency else s["order_ahead"]  # 0 while pending
         order_price = s["order_tick"] * self._tick
 
         obs = np.empty(self._obs_dim, dtype=np.float32)
@@ -453,7 +477,7 @@ class SingleBook:
             unrealized / mid * scale[1],
             resting_side * scale[2],
             (order_price - mid) * abs(resting_side) * scale[3],
-            math.log1p(s["order_ahead"]) * scale[4],
+            math.log1p(queue_shown) * scale[4],
             left * scale[5],
             float(time_in_trade) * scale[6],
             self._time_left[step],
@@ -474,7 +498,7 @@ class SingleBook:
             "unrealized_pnl": unrealized,
             "order_active": alive,
             "order_price": order_price,
-            "order_queue_ahead": s["order_ahead"],
+            "order_queue_ahead": queue_shown,
             "order_remaining": left,
             "step": step,
         }

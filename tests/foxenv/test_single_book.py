@@ -105,6 +105,11 @@ CONFIGS = {
     "power_0_drawdown": {"queue_power": 0.0, "max_drawdown": 3.0},
     "power_3_levels_4": {"queue_power": 3.0, "levels": 4, "max_position": 7.0, "return_horizons": (2, 7)},
     "power_1_rebate": {"queue_power": 1.0, "maker_fee_bps": -1.5, "taker_fee_bps": 0.0, "max_drawdown": 40.0},
+    "optimistic": {"fill_model": "optimistic"},
+    "optimistic_power_0.5_fees": {"fill_model": "optimistic", "queue_power": 0.5, "maker_fee_bps": 0.3},
+    "latency_1": {"order_latency": 1},
+    "latency_1_optimistic": {"order_latency": 1, "fill_model": "optimistic", "queue_power": 1.5},
+    "latency_3_levels_4": {"order_latency": 3, "levels": 4, "max_position": 7.0, "max_drawdown": 40.0},
 }
 
 
@@ -181,6 +186,10 @@ def test_the_lean_step_knows_the_core(market: MarketData) -> None:
     foxenv/single_book.py (and its KNOWN_* lists), then these equality tests tell whether it is right."""
     core = BatchedLOB(market, 1, config=EnvConfig(episode_length=20), seed=0)
     assert lean_path_problem(core) is None
+    assert (core.config.fill_model, core.config.order_latency) == ("conservative", 0)  # the default
+    for name in ("optimistic", "latency_1", "latency_1_optimistic"):
+        config = EnvConfig(episode_length=20, **CONFIGS[name])
+        assert lean_path_problem(BatchedLOB(market, 1, config=config, seed=0)) is None, name
     info = core.step(torch.zeros(1, 4, dtype=torch.int64))[4]
     assert tuple(info) == single_book.INFO_KEYS
 
@@ -217,7 +226,8 @@ def test_env_core_carries_the_lean_state_and_stepping_resumes(market: MarketData
 
 
 def test_unknown_config_field_falls_back_to_the_core(market: MarketData, monkeypatch) -> None:
-    monkeypatch.setattr(single_book, "KNOWN_CONFIG_FIELDS", single_book.KNOWN_CONFIG_FIELDS[:-1])
+    known = tuple(name for name in single_book.KNOWN_CONFIG_FIELDS if name != "flow_window")
+    monkeypatch.setattr(single_book, "KNOWN_CONFIG_FIELDS", known)
     with pytest.warns(UserWarning, match="flow_window"):
         env = LOBEnv(data=market, seed=0, episode_length=20)
     assert not env.lean
