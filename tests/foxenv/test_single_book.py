@@ -60,7 +60,8 @@ def follow_core(
     assert env.lean
     core = BatchedLOB(data, 1, config=config, seed=seed)
     np.testing.assert_array_equal(env.reset(seed=seed)[0], core.reset(seed=seed)[0].numpy())
-    covered = {"taker_fills": 0, "maker_fills": 0, "closed": 0, "terminated": 0, "truncated": 0, "kept": 0}
+    covered = {"taker_fills": 0, "maker_fills": 0, "closed": 0, "terminated": 0, "truncated": 0, "kept": 0,
+               "pending": 0}
     position = 0.0
     for t, action in enumerate(actions):
         obs, reward, terminated, truncated, info = env.step(action)
@@ -83,6 +84,7 @@ def follow_core(
         position = info["position"]
         covered["closed"] += info["trade_closed"]
         covered["kept"] += action[2] == 1 and info["order_active"]
+        covered["pending"] += core.state_dict()["order_ahead"].item() < 0  # an order_latency wait
         covered["terminated"] += terminated
         covered["truncated"] += truncated
         if reseed_every and (t + 1) % reseed_every == 0:
@@ -125,13 +127,15 @@ def test_lean_env_equals_the_core_on_a_random_market(
     assert covered["truncated"] + covered["terminated"] > 0
     if maker_share:
         assert covered["maker_fills"] > 0 and covered["kept"] > 0
+        assert (covered["pending"] > 0) == (config.order_latency > 0)
     if config.max_drawdown is not None and config.max_drawdown < 10:
         assert covered["terminated"] > 0
 
 
-def test_lean_env_equals_the_core_on_the_synthetic_market_with_reseeds() -> None:
+@pytest.mark.parametrize("fills", [{}, {"fill_model": "optimistic", "order_latency": 2}])
+def test_lean_env_equals_the_core_on_the_synthetic_market_with_reseeds(fills: dict) -> None:
     data = make_core("synthetic", 1, num_steps=3000).market
-    config = EnvConfig(episode_length=400, max_drawdown=200.0)
+    config = EnvConfig(episode_length=400, max_drawdown=200.0, **fills)
     covered = follow_core(data, config, seed=1, actions=draw_actions(3000, seed=2, maker_share=0.5),
                           reseed_every=700)
     assert covered["maker_fills"] > 0 and covered["taker_fills"] > 0 and covered["closed"] > 0
