@@ -70,7 +70,8 @@ def test_observation_is_market_row_then_portfolio_block() -> None:
 
 def test_portfolio_features_by_hand() -> None:
     market = make_market([BID] * 4, [ASK] * 4, exec_bid={1: {99.99: 1.0}})
-    env = make_env(market, max_position=100.0, maker_fee_bps=0.0)
+    # a whole fill on a one-lot trade-through is the optimistic rule (test_fill_model covers the default's)
+    env = make_env(market, max_position=100.0, maker_fee_bps=0.0, fill_model="optimistic")
     n = env.n_market_features
     names = {name: n + i for i, name in enumerate(PORTFOLIO_FEATURES)}
     obs, _, _, _, _ = act(env, LONG, SMALL, MAKER, NORMAL)  # bought 25 at 100.00 (traded through)
