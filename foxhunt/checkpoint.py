@@ -134,6 +134,8 @@ def write_checkpoint(run_dir: str | Path, model: Any, diagnostics_path: str | Pa
     :param diagnostics_path: the run's diagnostics file; its size now is the offset a resume truncates to.
     :return: the checkpoint folder.
     """
+    if hasattr(model, "check_finite"):
+        model.check_finite()  # a run whose NaN guard tripped on the device never writes a checkpoint
     root = Path(run_dir) / CHECKPOINTS_DIR
     root.mkdir(parents=True, exist_ok=True)
     step = int(model.num_timesteps)
