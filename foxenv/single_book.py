@@ -31,6 +31,7 @@ from foxenv.config import EnvConfig
 from foxenv.core import BatchedLOB
 from foxenv.features import portfolio_features
 from foxenv.matching import walk_book
+from foxenv.spec import INFO_KEYS
 
 #: The :class:`EnvConfig` fields the lean step implements; a new field disables it until ported.
 KNOWN_CONFIG_FIELDS = (
@@ -69,27 +70,6 @@ KNOWN_STATE_KEYS = (
     "ledger.entry_mid",
     "ledger.trade_start",
     "generator",
-)
-#: The core's info keys, in its order.
-INFO_KEYS = (
-    "mid",
-    "best_bid",
-    "best_ask",
-    "position",
-    "trade_closed",
-    "trade_pnl",
-    "trade_lots",
-    "entry_mid",
-    "equity",
-    "fees",
-    "cash",
-    "realized_pnl",
-    "unrealized_pnl",
-    "order_active",
-    "order_price",
-    "order_queue_ahead",
-    "order_remaining",
-    "step",
 )
 #: The smallest positive double, as ``core._SMALLEST_DOUBLE``.
 _SMALLEST_DOUBLE = 5e-324

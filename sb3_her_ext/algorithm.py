@@ -36,11 +36,9 @@ from sb3_her_ext.arguments import check_arguments, reject_vec_normalize
 from sb3_her_ext.branches import branch_action_dims, branch_index, default_branch_names
 from sb3_her_ext.diagnostics import TrainingDiagnostics
 from sb3_her_ext.exploration import (
-    branch_epsilons,
     linear_anneal,
     resolve_boltzmann_branches,
     resolve_exploration_mults,
-    select_actions,
 )
 from sb3_her_ext.graphed_step import GraphedTrainStep
 from sb3_her_ext.guard import NanGuard, NonFiniteError
@@ -447,15 +445,10 @@ class BranchingIQN(OffPolicyAlgorithm):
         if deterministic:
             return self.policy.predict(observation, state, episode_start, deterministic=True)
         self.policy.set_training_mode(False)
+        from sb3_her_ext.device_loop import explore
+
         obs_tensor, vectorized = self.policy.obs_to_tensor(observation)
-        with th.no_grad():
-            q, iqr, ens_std = self.policy.action_stats(obs_tensor)
-            eps = branch_epsilons(self.exploration_rate, self._mults)
-            actions = select_actions(
-                q, iqr, ens_std, self._n_actions, eps, self._boltzmann,
-                self.iqr_bonus, self.ensemble_bonus, self._generator,
-            )
-            self.diagnostics.add_selection(iqr, ens_std, self._valid_actions)
+        actions = explore(self, obs_tensor)  # the device loop's selection, then one copy to the host
         actions_np = actions.cpu().numpy().reshape((-1, *self.action_space.shape))
         if not vectorized:
             actions_np = actions_np.squeeze(axis=0)
