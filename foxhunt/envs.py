@@ -319,6 +319,10 @@ def unflatten_actions(codes: np.ndarray) -> np.ndarray:
     return (codes[..., None] // _flat_weights()) % nvec
 
 
+#: The one branch of :class:`FlatActionVecEnv`'s ``Discrete(81)`` action.
+FLAT_BRANCH_NAMES: tuple[str, ...] = ("action",)
+
+
 class FlatActionVecEnv(VecEnvWrapper):
     """foxenv's ``MultiDiscrete([3, 3, 3, 3])`` action as one ``Discrete(81)``, for SB3 DQN and
     sb3-contrib QR-DQN (which take a single discrete action).
@@ -356,3 +360,9 @@ class FlatActionVecEnv(VecEnvWrapper):
     def step_wait(self) -> VecEnvStepReturn:
         """The wrapped env's step."""
         return self.venv.step_wait()
+
+    def get_attr(self, attr_name: str, indices: Any = None) -> list[Any]:
+        """The wrapped env's attribute, except ``branch_names``: this face has one branch, ``("action",)``."""
+        if attr_name == "branch_names":
+            return [FLAT_BRANCH_NAMES for _ in self._get_indices(indices)]
+        return self.venv.get_attr(attr_name, indices)

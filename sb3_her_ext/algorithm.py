@@ -514,6 +514,8 @@ class BranchingIQN(OffPolicyAlgorithm):
         """
         self.policy.set_training_mode(True)
         self._update_learning_rate(self.policy.optimizer)
+        if self.policy.observation_normalizer_pending:
+            self._fit_observation_normalizer()
         for _ in range(gradient_steps):
             self._n_gradient_steps += 1
             self.learner.train_step(
@@ -521,6 +523,15 @@ class BranchingIQN(OffPolicyAlgorithm):
             )
         self._n_updates += gradient_steps
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
+
+    def _fit_observation_normalizer(self) -> None:
+        """Fit the policy's observation standardisation to the replay buffer's rows, once, before the first
+        gradient step (one device sync; the rows then are the ``learning_starts`` exploration data)."""
+        rows = self.replay_buffer.size()
+        if rows < 2:
+            raise ValueError(f"the replay buffer holds {rows} rows: normalize_observations needs >= 2 to fit "
+                             "(raise learning_starts)")
+        self.policy.fit_observation_normalizer(self.replay_buffer.observations[:rows])
 
     def _distributional_loss(
         self, batch: Any, update_popart: bool, values: bool = True

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch as th
 from torch import nn
@@ -107,6 +108,10 @@ class BranchingQNetwork(nn.Module):
     :param shared_tau_embedding: one ``tau`` embedding ``Linear(n_cos, H)`` shared by all branches (each
         branch still multiplies it into its own features and has its own output layer); False gives every
         branch its own embedding (4x the cost of the largest matmul for 4 branches).
+    :param normalize_observations: standardise each observation feature, ``(x - mean) / std``, with
+        statistics fitted once by :meth:`fit_observation_normalizer` (identity until then). Raw features of
+        very different scales (prices in ticks, log sizes, an imbalance in [-1, 1]) otherwise saturate the
+        ``tanh`` bottleneck and drown the small ones.
     """
 
     def __init__(
@@ -121,6 +126,7 @@ class BranchingQNetwork(nn.Module):
         n_atoms: int = 51,
         activation_fn: type[nn.Module] = nn.ReLU,
         shared_tau_embedding: bool = True,
+        normalize_observations: bool = False,
     ) -> None:
         super().__init__()
         for name, value in (
@@ -200,6 +206,54 @@ class BranchingQNetwork(nn.Module):
             "iqn_output_mask", iqn_output_mask.reshape(n_branches, 1, -1).float(), persistent=False
         )  # [NB, 1, E * A], matching iqn_out's (ensemble, action) output layout
         self.popart: PopArt | None = None
+        self.normalize_observations = bool(normalize_observations)
+        if self.normalize_observations:
+            self.register_buffer("obs_shift", th.zeros(self.obs_dim))
+            self.register_buffer("obs_scale", th.ones(self.obs_dim))
+            self.register_buffer("obs_normalizer_fitted", th.zeros((), dtype=th.bool))
+        #: host copy of ``obs_normalizer_fitted`` (read without a device sync)
+        self.observation_normalizer_fitted = not self.normalize_observations
+
+    def fit_observation_normalizer(self, observations: th.Tensor, min_std: float = 1e-6) -> None:
+        """Fit the input standardisation to ``observations`` (mean and standard deviation per feature).
+
+        A feature whose standard deviation is below ``min_std`` (constant in the data) is only shifted.
+
+        :param observations: ``[N, D]`` observations, ``N >= 2``.
+        :param min_std: smallest standard deviation that is divided by.
+        """
+        if not self.normalize_observations:
+            raise ValueError("normalize_observations=False: this network has no observation normalizer")
+        if observations.dim() != 2 or observations.shape[1] != self.obs_dim or observations.shape[0] < 2:
+            shape = tuple(observations.shape)
+            raise ValueError(f"observations.shape={shape} must be [N >= 2, {self.obs_dim}]")
+        data = observations.detach().to(device=self.obs_shift.device, dtype=th.float64)
+        mean, std = data.mean(dim=0), data.std(dim=0, unbiased=False)
+        self.set_observation_normalizer(mean, th.where(std > min_std, 1.0 / std, th.ones_like(std)))
+
+    def set_observation_normalizer(self, shift: th.Tensor, scale: th.Tensor) -> None:
+        """Set the standardisation ``(x - shift) * scale`` (in place: CUDA graphs that read it stay valid).
+
+        :param shift: ``[D]``.
+        :param scale: ``[D]``.
+        """
+        with th.no_grad():
+            self.obs_shift.copy_(shift)
+            self.obs_scale.copy_(scale)
+            self.obs_normalizer_fitted.fill_(True)
+        self.observation_normalizer_fitted = True
+
+    def _load_from_state_dict(
+        self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any
+    ) -> None:
+        if self.normalize_observations and prefix + "obs_shift" not in state_dict:
+            # a network saved before the normalizer existed: keep it as it was trained (identity, fitted)
+            state_dict[prefix + "obs_shift"] = th.zeros(self.obs_dim)
+            state_dict[prefix + "obs_scale"] = th.ones(self.obs_dim)
+            state_dict[prefix + "obs_normalizer_fitted"] = th.ones((), dtype=th.bool)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        if self.normalize_observations:
+            self.observation_normalizer_fitted = bool(self.obs_normalizer_fitted)
 
     def attach_popart(self, popart: PopArt | None) -> None:
         """Use ``popart`` to de-normalise ``action_stats`` (kept as a plain reference, not a submodule).
@@ -216,6 +270,8 @@ class BranchingQNetwork(nn.Module):
         """
         if obs.dim() != 2 or obs.shape[1] != self.obs_dim:
             raise ValueError(f"obs.shape={tuple(obs.shape)} must be [B, {self.obs_dim}]")
+        if self.normalize_observations:
+            obs = (obs - self.obs_shift) * self.obs_scale
         market = obs[:, : self.n_market_features]
         portfolio = obs[:, self.n_market_features :]
         x = self.bottleneck(market)  # [NB, B, W]

@@ -137,6 +137,9 @@ class BranchingIQNPolicy(BasePolicy):
     :param normalize_images: kept for SB3 compatibility (observations are flat vectors; unused).
     :param shared_tau_embedding: share the ``tau`` embedding layer across branches (see
         :class:`BranchingQNetwork`); False gives each branch its own.
+    :param normalize_observations: standardise every observation feature with a mean and standard
+        deviation fitted once, on the replay buffer's rows when training starts (see
+        :meth:`BranchingQNetwork.fit_observation_normalizer`); False feeds the raw observations.
     """
 
     q_net: BranchingQNetwork
@@ -167,6 +170,7 @@ class BranchingIQNPolicy(BasePolicy):
         optimizer_kwargs: dict[str, Any] | None = None,
         normalize_images: bool = False,
         shared_tau_embedding: bool = True,
+        normalize_observations: bool = True,
     ) -> None:
         if not isinstance(observation_space, spaces.Box):
             raise ValueError(f"observation_space={observation_space} is not supported (Box only)")
@@ -223,6 +227,7 @@ class BranchingIQNPolicy(BasePolicy):
             n_atoms=n_atoms,
             activation_fn=activation_fn,
             shared_tau_embedding=shared_tau_embedding,
+            normalize_observations=bool(normalize_observations),
         )
         self._build(lr_schedule)
 
@@ -325,9 +330,23 @@ class BranchingIQNPolicy(BasePolicy):
                 optimizer_class=self.optimizer_class,
                 optimizer_kwargs=self.optimizer_kwargs,
                 shared_tau_embedding=self.net_args["shared_tau_embedding"],
+                normalize_observations=self.net_args["normalize_observations"],
             )
         )
         return data
+
+    @property
+    def observation_normalizer_pending(self) -> bool:
+        """Whether the networks standardise observations but have not been fitted yet (host flag, no sync)."""
+        return not self.q_net.observation_normalizer_fitted
+
+    def fit_observation_normalizer(self, observations: th.Tensor) -> None:
+        """Fit the online network's observation standardisation and copy it to the target network.
+
+        :param observations: ``[N, D]`` observations (the replay buffer's rows when training starts).
+        """
+        self.q_net.fit_observation_normalizer(self._flat_obs(observations))
+        self.q_net_target.set_observation_normalizer(self.q_net.obs_shift, self.q_net.obs_scale)
 
     def set_training_mode(self, mode: bool) -> None:
         """Put the online network in training (True) or evaluation (False) mode; the target stays in eval.
