@@ -614,15 +614,14 @@ def _as_json(value: Any) -> Any:
     return json.loads(json.dumps(value))
 
 
-def load_run(name: str, seed: int, out: Path, device: str, steps: int, budget: Budget | None = None) -> (
-    TrainedRun | None
+def finished_record(name: str, seed: int, out: Path, steps: int, budget: Budget | None = None) -> (
+    dict[str, Any] | None
 ):
-    """A run :func:`train_agent` already finished in ``out`` with the same budget, or None.
+    """The ``run.json`` of a run :func:`train_agent` finished in ``out`` with the same budget, or None.
 
     :param name: the agent.
     :param seed: the seed.
     :param out: the experiment folder (``<agent>/seed<k>/model.zip`` and ``run.json``).
-    :param device: where to load the model.
     :param steps: the step budget the run must have had.
     :param budget: when given, the run must also have had its loop (a record without one was SB3's loop),
         and, where recorded, its books, env overrides and the agent's current recipe (a custom agent
@@ -638,10 +637,20 @@ def load_run(name: str, seed: int, out: Path, device: str, steps: int, budget: B
         expected = {"loop": budget.loop_of(name), "n_envs": budget.n_envs,
                     "env_overrides": _as_json(budget.env_overrides), "spec": _as_json(vars(agent_spec(name)))}
         recorded = {"loop": LOOP_SB3, **record}
-        if "spec" in recorded and "base" not in recorded["spec"]:
-            recorded["spec"] = {**recorded["spec"], "base": None}  # recorded before custom agents existed
         if any(key in recorded and recorded[key] != value for key, value in expected.items()):
             return None
+    return record
+
+
+def load_run(name: str, seed: int, out: Path, device: str, steps: int, budget: Budget | None = None) -> (
+    TrainedRun | None
+):
+    """A run :func:`train_agent` already finished in ``out`` with the same budget (see
+    :func:`finished_record`), loaded on ``device``, or None."""
+    record = finished_record(name, seed, out, steps, budget)
+    if record is None:
+        return None
+    folder = out / name / f"seed{seed}"
     kind = agent_spec(name).kind
     if kind == "iqn":
         cls: Any = BranchingIQN

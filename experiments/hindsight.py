@@ -145,7 +145,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     _common.add_market_arguments(parser)
     _common.add_budget_arguments(parser)
     parser.add_argument("--reuse", action="store_true",
-                        help="read the diagnostics of runs already in --out instead of training them again")
+                        help="read the diagnostics of runs already finished in --out with the same budget, "
+                             "loop and recipe instead of training them again")
     parser.add_argument("--no-progress", action="store_true")
     return _common.check_args(parser, parser.parse_args(argv))
 
@@ -170,7 +171,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for agent, seed in tqdm([(a, s) for s in seeds for a in (on, off)], desc="training",
                             disable=args.no_progress):
         path = out / agent / f"seed{seed}" / "diagnostics.jsonl"
-        if not (args.reuse and path.is_file()):
+        done = harness.finished_record(agent, seed, out, args.steps, budget) if args.reuse else None
+        if done is None or not path.is_file():
             path = harness.train_agent(agent, seed, market, setup, budget, out).folder / "diagnostics.jsonl"
         lines[agent].append(read_diagnostics(path))
 

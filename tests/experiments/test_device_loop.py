@@ -115,6 +115,29 @@ def test_exploration_epochs_under_the_device_loop(tmp_path: Path) -> None:
     assert all(mark >= 400 * (k + 1) // EPOCHS for k, mark in enumerate(marks))
 
 
+@pytest.mark.slow
+def test_hindsight_arms_under_the_device_loop(tmp_path: Path) -> None:
+    """A custom agent's two hindsight arms train through the device loop; --reuse reads their diagnostics
+    again, unless the loop changed."""
+    from experiments.hindsight import main
+
+    out = tmp_path / "hindsight"
+    argv = ["--out", str(out), "--agent", "iqn_s", "--agent-kwargs", 'iqn_s={"policy": {"net_arch": [32]}}',
+            "--seeds", "1", "--steps", "300", "--n-envs", "2", "--market-steps", "2000", "--episode-length",
+            "40", "--device-loop", "on", "--no-progress"]
+    payload = main(argv)
+    assert payload["arms"] == {"on": "iqn_s", "off": "iqn_s-no_hindsight"}
+    assert payload["loops"] == {"iqn_s": "device", "iqn_s-no_hindsight": "device"}
+    assert payload["agents"]["iqn_s-no_hindsight"]["model_kwargs"]["hindsight"] is False
+    diagnostics = out / "iqn_s" / "seed0" / "diagnostics.jsonl"
+    written = diagnostics.stat().st_mtime_ns
+    again = main([*argv, "--reuse"])
+    assert diagnostics.stat().st_mtime_ns == written and again["curves"] == payload["curves"]
+    main([*argv[:-3], "--device-loop", "off", "--no-progress", "--reuse"])
+    assert diagnostics.stat().st_mtime_ns != written
+    assert json.loads((out / "iqn_s" / "seed0" / "run.json").read_text())["loop"] == "sb3"
+
+
 @pytest.mark.gpu
 @pytest.mark.slow
 def test_learning_device_loop_on_cuda(tmp_path: Path) -> None:
