@@ -570,7 +570,11 @@ class TrainedRun:
 def train_agent(name: str, seed: int, market: Any, setup: MarketSetup, budget: Budget, out: Path,
                 progress: bool = False, checkpoints: int = 0,
                 at_checkpoint: Callable[[Any, int], None] | None = None) -> TrainedRun:
-    """Train agent ``name`` with ``seed`` on ``market``; its folder gets ``diagnostics.jsonl`` and the model.
+    """Train agent ``name`` with ``seed`` on ``market``; its folder gets ``diagnostics.jsonl``, the model and
+    ``run.json`` (seconds, curve, graph captures, steps, books, the loop, the agent's recipe, env overrides).
+
+    A BranchingIQN agent collects through the device loop when ``budget.loop_of(name)`` says so (a
+    ValueError when the model cannot: :func:`sb3_her_ext.device_loop.supports`), else SB3's loop.
 
     :param checkpoints: call ``at_checkpoint(model, k)`` at this many equal fractions of the budget (one
         ``learn`` call, so exploration and learning-rate schedules run as in a plain run).

@@ -87,8 +87,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.threads:
         torch.set_num_threads(args.threads)
     origin = harness.provenance()  # the code as it was when the run started
-    _common.define_agents(args)
+    custom = _common.define_agents(args)
     agents = agent_list(args)
+    idle = [name for name in custom if name not in agents]
+    if idle:
+        print(f"defined by --agent-kwargs but not in --agents (not trained): {', '.join(idle)}")
     seeds = list(range(args.seeds))
     setup = _common.market_setup(args)
     budget = _common.budget_of(args)
