@@ -13,12 +13,16 @@ policy on the same held-out windows. Criteria, required of every seed:
 
 Prints PASS/FAIL per criterion with the numbers; writes ``exploration.json`` and ``exploration.png`` into
 ``--out`` (default ``runs/experiments/exploration``).
+
+The market, budget, held-out evaluation, ``--device-loop``, ``--env-cuda-graph``, ``--env-kwargs`` and
+``--agent-kwargs`` options are those of ``experiments.learning`` (``experiments/_common.py``): ``--agent``
+may name a custom agent; ``exploration.json`` records its recipe and the loop that trained it. Under the
+device loop an evaluation epoch runs at the first callback stride at or past its mark (its step recorded).
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,7 +31,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from experiments import harness
+from experiments import _common, harness
 
 #: Evaluation epochs per run.
 EPOCHS = 5
@@ -119,21 +123,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m experiments.exploration",
                                      description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--out", default="runs/experiments/exploration")
-    parser.add_argument("--agent", default="iqn", help="agent name as in experiments.learning")
-    parser.add_argument("--data", default="synthetic")
-    parser.add_argument("--signal-strength", type=float, default=0.0)
-    parser.add_argument("--signal-horizon", type=int, default=1)
-    parser.add_argument("--market-steps", type=int, default=20_000)
-    parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=20_000)
-    parser.add_argument("--n-envs", type=int, default=8)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--eval-envs", type=int, default=None,
-                        help="held-out books (default: synthetic 16, LOBSTER the test split walked once)")
-    parser.add_argument("--eval-steps", type=int, default=None)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--agent", default="iqn", help="agent name as in experiments.learning (custom too)")
+    _common.add_market_arguments(parser)
+    _common.add_budget_arguments(parser)
+    _common.add_eval_arguments(parser)
     parser.add_argument("--no-progress", action="store_true")
-    return parser.parse_args(argv)
+    return _common.check_args(parser, parser.parse_args(argv))
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -143,15 +138,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     origin = harness.provenance()  # the code as it was when the run started
+    _common.define_agents(args)
     harness.agent_spec(args.agent)
-    setup = harness.MarketSetup(args.data, args.signal_strength, args.signal_horizon, args.market_steps)
-    budget = harness.Budget(steps=args.steps, n_envs=args.n_envs, device=args.device)
+    setup = _common.market_setup(args)
+    budget = _common.budget_of(args)
+    settings = _common.eval_settings(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     market = setup.train_market(args.device)
     env_kwargs = budget.run_config(0).resolved_env_kwargs()
     env_kwargs.pop("market_seed", None)
-    eval_envs = args.eval_envs or None
+    loop = budget.loop_of(args.agent)
+    print(f"{setup.describe()}\n{args.agent} x seeds {list(range(args.seeds))}; {args.steps} steps x "
+          f"{args.n_envs} books on {args.device} ({loop} loop); output {out}")
 
     epochs: list[list[dict[str, Any]]] = []
     captures: list[int] = []
@@ -163,9 +162,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         def at_epoch(model: Any, k: int, scores: list[dict[str, Any]] = scores, marks: list[int] = marks) -> (
             None
         ):
-            result = evaluate(model, setup.data, n_envs=eval_envs, steps=args.eval_steps, seed=1000,
-                              market_seed=setup.eval_market_seed, split="test", env_kwargs=env_kwargs,
-                              market_kwargs=setup.market_kwargs(), device=args.device, name="policy")
+            result = evaluate(model, setup.data, n_envs=settings.n_envs, steps=settings.steps,
+                              seed=settings.seed, market_seed=setup.eval_market_seed, split="test",
+                              env_kwargs=env_kwargs, market_kwargs=setup.market_kwargs(), device=args.device,
+                              name="policy")
             scores.append(result.metrics)
             marks.append(int(model.num_timesteps))
 
@@ -179,11 +179,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for label, passed, numbers in verdicts:
         print(f"{'n/a ' if passed is None else 'PASS' if passed else 'FAIL'}  {label}: {numbers}")
     title = (f"exploration criteria, {args.agent}: {setup.describe()}; {args.steps} steps x {args.n_envs} "
-             f"books, {args.seeds} seeds")
+             f"books, {args.seeds} seeds, {loop} loop")
     plot(epochs, marks, out / "exploration.png", title)
-    command = "python -m experiments.exploration " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = _common.command_line("exploration", argv)
     payload = {"experiment": "exploration", "command": command, "args": vars(args),
                "provenance": origin, "market": setup.describe(),
+               "agent": vars(harness.agent_spec(args.agent)), "env_overrides": budget.env_overrides,
+               "loop": loop,
                "verdicts": [{"criterion": c, "pass": p, "numbers": n} for c, p, n in verdicts],
                "epoch_steps": marks, "graph_captures": captures,
                "epochs": [[{k: e[k] for k in ("sharpe", "pnl", "trades", "action_mix")} for e in run]

@@ -2,16 +2,23 @@
 
 An *agent* is a named recipe (:class:`AgentSpec`): BranchingIQN with foxhunt's presets plus overrides, or
 SB3 DQN / sb3-contrib QR-DQN on :class:`~foxhunt.envs.FlatActionVecEnv` with the same network widths,
-batch, buffer, learning rate, replay ratio and step budget. Every agent trains on the same training market
-and is scored with :func:`foxhunt.evaluation.evaluate_policies` on a held-out one (another synthetic market
-seed, or a LOBSTER folder's test split).
+batch, buffer, learning rate, replay ratio and step budget; custom agents (:func:`define_agent`) are a
+known agent with more overrides. Every agent trains on the same training market and is scored with
+:func:`foxhunt.evaluation.evaluate_policies` on a held-out one (another synthetic market seed, or a LOBSTER
+folder's test split).
+
+BranchingIQN agents collect through the device loop (:mod:`sb3_her_ext.device_loop`, on a
+:class:`~foxhunt.device_env.DeviceLOBVecEnv`) when :attr:`Budget.device_loop` resolves on (by default on
+CUDA), DQN / QR-DQN through SB3's loop; each run records which (``run.json``'s ``loop``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import platform
+import re
 import subprocess
 import textwrap
 import time
@@ -25,6 +32,7 @@ import torch
 from stable_baselines3.common.callbacks import BaseCallback
 
 from foxenv import spec
+from foxenv.config import EnvConfig
 from foxhunt.runs import RunConfig
 from sb3_her_ext.algorithm import BranchingIQN  # its import sets CUBLAS_WORKSPACE_CONFIG before CUDA work
 
@@ -56,12 +64,14 @@ class AgentSpec:
     :param kind: ``"iqn"`` (BranchingIQN), ``"dqn"`` or ``"qrdqn"`` (over the 81 flat actions).
     :param model_kwargs: overrides of the model's arguments (BranchingIQN: also ``hindsight``).
     :param policy_kwargs: overrides of the policy's arguments.
+    :param base: a custom agent's base agent (``--agent-kwargs``); None for the built-in ones.
     """
 
     name: str
     kind: str
     model_kwargs: dict[str, Any] = field(default_factory=dict)
     policy_kwargs: dict[str, Any] = field(default_factory=dict)
+    base: str | None = None
 
 
 def _merge(features: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -84,6 +94,17 @@ def agent_spec(name: str) -> AgentSpec:
     :return: its spec.
     :raises ValueError: naming the agent when the name is unknown.
     """
+    if name in _CUSTOM:
+        return _CUSTOM[name]
+    builtin = _builtin_spec(name)
+    if builtin is not None:
+        return builtin
+    known = ", ".join([*DEFAULT_AGENTS, *ablation_agents(), *addback_agents(), *_CUSTOM])
+    raise ValueError(f"agents holds {name!r}; known agents are {known}")
+
+
+def _builtin_spec(name: str) -> AgentSpec | None:
+    """The recipe of a built-in agent name, or None."""
     if name in ("dqn", "qrdqn"):
         return AgentSpec(name, name)
     if name == "iqn":
@@ -97,8 +118,7 @@ def agent_spec(name: str) -> AgentSpec:
         model, policy = _merge([f for f in LEAN_OFF if f != name[len("iqn_lean+"):]])
         model.setdefault("hindsight", True)
         return AgentSpec(name, "iqn", model, policy)
-    known = ", ".join([*DEFAULT_AGENTS, *ablation_agents(), *addback_agents()])
-    raise ValueError(f"agents holds {name!r}; known agents are {known}")
+    return None
 
 
 def ablation_agents() -> list[str]:
@@ -109,6 +129,170 @@ def ablation_agents() -> list[str]:
 def addback_agents() -> list[str]:
     """``iqn_lean+<feature>``: the lean configuration with one feature back on."""
     return [f"iqn_lean+{feature}" for feature in LEAN_OFF]
+
+
+# ------------------------------------------------------------------------------------------- custom agents
+
+#: Agents defined on the command line (``--agent-kwargs NAME=JSON``), by name; :func:`agent_spec` reads it.
+_CUSTOM: dict[str, AgentSpec] = {}
+#: Keys of a custom agent's JSON definition.
+DEFINITION_KEYS = ("base", "model", "policy")
+#: Agent names: what a folder name and a table row can hold ("/" separates a run's agent from its seed).
+_NAME = re.compile(r"[A-Za-z0-9_.+\-]+")
+#: Arguments the harness itself sets (the env, the seed, the device, ...), not an agent's to choose.
+_RESERVED_MODEL = {"self", "policy", "env", "seed", "device", "policy_kwargs", "diagnostics_path",
+                   "tensorboard_log", "_init_setup_model"}
+_RESERVED_POLICY = {"self", "observation_space", "action_space", "lr_schedule", "n_market_features",
+                    "branch_names"}
+#: Arguments that take a Python class, which JSON cannot give.
+_CLASS_VALUED = {"activation_fn", "optimizer_class", "features_extractor_class", "replay_buffer_class"}
+
+
+def _classes(kind: str) -> tuple[type, type]:
+    """The algorithm and policy classes of an agent kind."""
+    if kind == "iqn":
+        return BranchingIQN, BranchingIQN.policy_aliases["MlpPolicy"]
+    if kind == "dqn":
+        from stable_baselines3 import DQN
+
+        return DQN, DQN.policy_aliases["MlpPolicy"]
+    from sb3_contrib import QRDQN
+
+    return QRDQN, QRDQN.policy_aliases["MlpPolicy"]
+
+
+def _check_keys(where: str, given: Mapping[str, Any], cls: type, reserved: set[str]) -> None:
+    """A ValueError naming ``where.key`` for a key ``cls`` does not take (or that the harness sets)."""
+    import inspect
+
+    accepted = set(inspect.signature(cls.__init__).parameters) - reserved - _CLASS_VALUED
+    for key in given:
+        if key in _CLASS_VALUED:
+            raise ValueError(f"{where}.{key}: takes a Python class, which a JSON definition cannot give")
+        if key not in accepted:
+            raise ValueError(f"{where}.{key} is not an argument of {cls.__name__} that an agent may set; "
+                             f"known: {', '.join(sorted(accepted))}")
+
+
+def define_agent(name: str, definition: Mapping[str, Any] | str) -> AgentSpec:
+    """Define (register) a custom agent: a known agent (``base``) with model and policy overrides on top.
+
+    ``definition`` (a mapping or its JSON text): ``{"base": "iqn_lean", "model": {...}, "policy": {...}}``.
+    ``base`` (default ``"iqn"``) is any agent :func:`agent_spec` knows, custom ones defined before included;
+    ``model`` and ``policy`` replace the base's entries of the same name (a whole value each: a dict value
+    such as ``exploration_mults`` is replaced, not merged), on top of foxhunt's presets as every agent.
+    Their keys must be arguments of the base's algorithm (BranchingIQN, SB3 DQN or sb3-contrib QR-DQN)
+    and of its policy; the values are checked when the model is built.
+
+    :param name: the new agent's name (letters, digits, ``_ . + -``; not a built-in agent nor a baseline).
+    :param definition: its definition.
+    :return: its spec, which :func:`agent_spec` returns from now on.
+    :raises ValueError: naming the agent and the bad field.
+    """
+    from foxhunt.evaluation.baselines import BASELINES
+
+    where = f"agent-kwargs {name}"
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ValueError(f"agent-kwargs name {name!r} must be letters, digits, '_', '.', '+' or '-'")
+    if name in BASELINES or _builtin_spec(name) is not None:
+        raise ValueError(f"{where}: {name!r} is a built-in agent or baseline; give the new one another name")
+    if name in _CUSTOM:
+        raise ValueError(f"{where}: {name!r} is defined twice")
+    if isinstance(definition, str):
+        try:
+            definition = json.loads(definition)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{where}: not valid JSON ({error})") from None
+    if not isinstance(definition, Mapping):
+        raise ValueError(f"{where}={definition!r} must be a JSON object with keys {DEFINITION_KEYS}")
+    for key in definition:
+        if key not in DEFINITION_KEYS:
+            raise ValueError(f"{where}: unknown key {key!r}; the keys are {', '.join(DEFINITION_KEYS)}")
+    base_name = definition.get("base", "iqn")
+    if not isinstance(base_name, str):
+        raise ValueError(f"{where}.base={base_name!r} must be an agent name")
+    if base_name == name:
+        raise ValueError(f"{where}.base={base_name!r} is the agent itself")
+    try:
+        base = agent_spec(base_name)
+    except ValueError as error:
+        raise ValueError(f"{where}.base: {error}") from None
+    parts = {}
+    for part in ("model", "policy"):
+        value = definition.get(part, {})
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{where}.{part}={value!r} must be a JSON object of arguments")
+        parts[part] = dict(value)
+    algorithm, policy = _classes(base.kind)
+    _check_keys(f"{where}.model", parts["model"], algorithm, _RESERVED_MODEL)
+    _check_keys(f"{where}.policy", parts["policy"], policy, _RESERVED_POLICY)
+    spec_ = AgentSpec(name, base.kind, {**base.model_kwargs, **parts["model"]},
+                      {**base.policy_kwargs, **parts["policy"]}, base=base_name)
+    _CUSTOM[name] = spec_
+    return spec_
+
+
+def parse_agent_kwargs(text: str) -> AgentSpec:
+    """Define a custom agent from one ``--agent-kwargs`` value, ``NAME=JSON`` (see :func:`define_agent`).
+
+    :param text: e.g. ``'iqn_x={"base": "iqn_lean", "model": {"learning_rate": 1e-4}}'``.
+    :return: the agent's spec.
+    :raises ValueError: naming the bad part.
+    """
+    name, sep, definition = text.partition("=")
+    if not sep or not name.strip():
+        raise ValueError(f"agent-kwargs={text!r} must be NAME=JSON, e.g. "
+                         "'iqn_x={\"base\": \"iqn_lean\", \"model\": {\"learning_rate\": 1e-4}}'")
+    return define_agent(name.strip(), definition)
+
+
+def custom_agents() -> dict[str, AgentSpec]:
+    """The custom agents defined so far, by name."""
+    return dict(_CUSTOM)
+
+
+def clear_custom_agents() -> None:
+    """Forget every custom agent (each command defines its own)."""
+    _CUSTOM.clear()
+
+
+def hindsight_arms(name: str) -> tuple[str, str]:
+    """The two arms of a hindsight comparison of BranchingIQN agent ``name``: ``(hindsight on, off)``.
+
+    ``iqn`` gives ``("iqn", "iqn-no_hindsight")``. Another agent is one arm itself (the one its own
+    ``hindsight`` setting makes it); the other is ``<name>+hindsight`` or ``<name>-no_hindsight``, a built-in
+    agent where one has that name (``iqn_lean+hindsight``), else defined here as a custom agent.
+
+    :param name: a BranchingIQN agent.
+    :return: the names of the arms.
+    :raises ValueError: when ``name`` is not a BranchingIQN agent.
+    """
+    spec_ = agent_spec(name)
+    if spec_.kind != "iqn":
+        raise ValueError(f"agent={name!r} is a {spec_.kind} agent; hindsight is BranchingIQN's")
+    on = bool(spec_.model_kwargs.get("hindsight", True))
+    other = f"{name}-no_hindsight" if on else f"{name}+hindsight"
+    if _builtin_spec(other) is None and other not in _CUSTOM:
+        _CUSTOM[other] = AgentSpec(other, "iqn", {**spec_.model_kwargs, "hindsight": not on},
+                                   dict(spec_.policy_kwargs), base=name)
+    return (name, other) if on else (other, name)
+
+
+def check_env_overrides(env_overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """The env overrides as a dict, every key an :class:`~foxenv.config.EnvConfig` field.
+
+    :param env_overrides: e.g. ``{"reward_scale": 0.01}``.
+    :return: a copy.
+    :raises ValueError: naming a key that is not an env setting (markets are set by their own options).
+    """
+    if not isinstance(env_overrides, Mapping):
+        raise ValueError(f"env-kwargs={env_overrides!r} must be a JSON object of env settings")
+    fields = [f.name for f in dataclasses.fields(EnvConfig)]
+    for key in env_overrides:
+        if key not in fields:
+            raise ValueError(f"env-kwargs.{key} is not an env setting (foxenv.config.EnvConfig); known: "
+                             f"{', '.join(fields)} (markets have their own options)")
+    return dict(env_overrides)
 
 
 # ------------------------------------------------------------------------------------------------ markets
@@ -195,7 +379,12 @@ class Budget:
     :param overrides: common overrides of the presets (``learning_rate``, ``batch_size``, ``buffer_size``,
         ``train_freq``, ``gradient_steps``, ``learning_starts``, ...), applied to every agent.
     :param net_arch: hidden layers (BranchingIQN: of each branch; DQN / QR-DQN: of the Q-network).
-    :param env_overrides: env settings over the presets (``episode_length``, ``levels``, fees, ...).
+    :param env_overrides: env settings over the presets (``episode_length``, ``levels``, fees,
+        ``reward_scale``, ...; :class:`~foxenv.config.EnvConfig` fields), for training and evaluation alike.
+    :param device_loop: BranchingIQN agents collect through the device loop on a
+        :class:`~foxhunt.device_env.DeviceLOBVecEnv` (:mod:`sb3_her_ext.device_loop`); ``None``: on exactly
+        on CUDA (as :attr:`RunConfig.device_loop`). SB3 DQN / QR-DQN always run SB3's loop.
+    :param env_cuda_graph: the device loop's env step (with its autoreset) as a CUDA graph (CUDA only).
     """
 
     steps: int = 20_000
@@ -204,13 +393,36 @@ class Budget:
     overrides: dict[str, Any] = field(default_factory=dict)
     net_arch: list[int] | None = None
     env_overrides: dict[str, Any] = field(default_factory=dict)
+    device_loop: bool | None = None
+    env_cuda_graph: bool = False
+
+    def __post_init__(self) -> None:
+        self.env_overrides = check_env_overrides(self.env_overrides)
+        if self.device_loop is not None and not isinstance(self.device_loop, bool):
+            raise ValueError(f"device_loop={self.device_loop!r} must be a bool or None")
+        on_cuda = torch.device(self.device).type == "cuda"
+        if self.env_cuda_graph and not (on_cuda and self.resolved_device_loop()):
+            raise ValueError(f"env_cuda_graph=True needs the device loop on a CUDA device (device="
+                             f"{self.device!r}, device_loop={self.device_loop})")
 
     def run_config(self, seed: int) -> RunConfig:
         """The :class:`RunConfig` whose resolved presets every agent starts from."""
         policy = {"net_arch": list(self.net_arch)} if self.net_arch else {}
         return RunConfig(steps=self.steps, n_envs=self.n_envs, device=self.device, seed=seed,
                          model_kwargs=dict(self.overrides), policy_kwargs=policy,
-                         env_kwargs=dict(self.env_overrides))
+                         env_kwargs=dict(self.env_overrides), device_loop=self.device_loop)
+
+    def resolved_device_loop(self) -> bool:
+        """Whether BranchingIQN agents train through the device loop (``device_loop``, or on CUDA)."""
+        return RunConfig(device=self.device, device_loop=self.device_loop).resolved_device_loop()
+
+    def loop_of(self, agent: str) -> str:
+        """The collection loop agent ``agent`` trains with: ``"device"`` or ``"sb3"``."""
+        return LOOP_DEVICE if agent_spec(agent).kind == "iqn" and self.resolved_device_loop() else LOOP_SB3
+
+
+#: The two training loops a run can record: BranchingIQN's device loop, SB3's numpy loop.
+LOOP_DEVICE, LOOP_SB3 = "device", "sb3"
 
 
 #: Arguments BranchingIQN shares with SB3 DQN / QR-DQN (same name, same meaning).
@@ -223,6 +435,11 @@ class CurveCallback(BaseCallback):
     """Records ``(env steps, mean episode reward of the last episodes)`` about ``points`` times a run, calls
     ``at_checkpoint(model, k)`` at each of ``checkpoints`` equal fractions of the budget, and counts the
     CUDA graphs a graphed BranchingIQN captured (more than one per step kind is a recapture).
+
+    Under the device loop ``on_step`` runs every ``callback_stride`` vector steps and ``ep_info_buffer`` is
+    filled at the loop's flushes (:func:`configure_device_loop` sets both from the point spacing), so a
+    point may lag its step by up to a quarter of the spacing; checkpoints fall on the first stride at or
+    past their mark.
 
     :param total_steps: the run's step budget.
     :param points: how many curve points to record.
@@ -266,14 +483,17 @@ class CurveCallback(BaseCallback):
 
 
 def build_model(spec_: AgentSpec, env: Any, budget: Budget, seed: int, diagnostics_path: str | None) -> Any:
-    """An untrained model of ``spec_`` on the training ``env`` (a :class:`~foxhunt.envs.LOBVecEnv`)."""
+    """An untrained model of ``spec_`` on the training ``env`` (a :class:`~foxhunt.envs.LOBVecEnv`, or its
+    :class:`~foxhunt.device_env.DeviceLOBVecEnv` for the device loop; DQN / QR-DQN wrap it in
+    :class:`~foxhunt.envs.FlatActionVecEnv`)."""
     config = budget.run_config(seed)
     model_kwargs = config.resolved_model_kwargs()
     if spec_.kind == "iqn":
         kwargs = {**model_kwargs, **spec_.model_kwargs}
         hindsight = kwargs.pop("hindsight", True)
+        cuda_graph = kwargs.pop("cuda_graph", config.resolved_cuda_graph())
         return BranchingIQN("MlpPolicy", env, seed=seed, device=budget.device, hindsight=hindsight,
-                            cuda_graph=config.resolved_cuda_graph(),
+                            cuda_graph=cuda_graph,
                             policy_kwargs={**config.resolved_policy_kwargs(), **spec_.policy_kwargs},
                             diagnostics_path=diagnostics_path, **kwargs)
     from foxhunt.envs import FlatActionVecEnv
@@ -294,20 +514,48 @@ def build_model(spec_: AgentSpec, env: Any, budget: Budget, seed: int, diagnosti
     raise ValueError(f"kind={spec_.kind!r} must be 'iqn', 'dqn' or 'qrdqn'")
 
 
-def make_train_env(market: Any, setup: MarketSetup, budget: Budget, seed: int) -> Any:
-    """The training :class:`~foxhunt.envs.LOBVecEnv` over the already built training ``market``."""
+def make_train_env(market: Any, setup: MarketSetup, budget: Budget, seed: int, loop: str = LOOP_SB3) -> Any:
+    """The training env over the already built training ``market``.
+
+    :param loop: ``"sb3"``: a :class:`~foxhunt.envs.LOBVecEnv`; ``"device"``: a
+        :class:`~foxhunt.device_env.DeviceLOBVecEnv` (the same books and episodes, plus the tensor face the
+        device loop steps), its step CUDA-graphed when ``budget.env_cuda_graph``.
+    """
+    from foxhunt.device_env import DeviceLOBVecEnv
     from foxhunt.envs import LOBVecEnv
 
     env_kwargs = budget.run_config(seed).resolved_env_kwargs()
     env_kwargs.pop("market_seed", None)
     # a short split gets episodes that fit in it (as foxhunt.runs.make_env does)
     env_kwargs["episode_length"] = min(int(env_kwargs["episode_length"]), int(market.num_steps) - 1)
+    if loop == LOOP_DEVICE:
+        return DeviceLOBVecEnv(budget.n_envs, device=budget.device, seed=seed, data=market,
+                               cuda_graph=budget.env_cuda_graph, **env_kwargs)
+    if loop != LOOP_SB3:
+        raise ValueError(f"loop={loop!r} must be {LOOP_DEVICE!r} or {LOOP_SB3!r}")
     return LOBVecEnv(budget.n_envs, device=budget.device, seed=seed, data=market, **env_kwargs)
+
+
+def configure_device_loop(model: Any, callback: CurveCallback, n_envs: int) -> None:
+    """Device-loop settings that give ``callback`` fresh curve points without a host sync every step:
+    episode statistics read four times per curve point, callbacks every quarter of that (at least every
+    vector step of ``n_envs`` books).
+
+    :param model: a BranchingIQN that will collect through the device loop.
+    :param callback: the run's curve callback (its point spacing ``every``, in env steps).
+    :param n_envs: books per vector step.
+    """
+    from sb3_her_ext import device_loop
+
+    stats_interval = max(callback.every // 4, 1)
+    device_loop.configure(model, callback_stride=max(stats_interval // (4 * n_envs), 1),
+                          stats_interval=stats_interval)
 
 
 @dataclass
 class TrainedRun:
-    """One trained agent: the model, its learning curve, its training time and its folder."""
+    """One trained agent: the model, its learning curve, its training time, its folder and the loop that
+    collected its experience (``"device"`` or ``"sb3"``)."""
 
     agent: str
     seed: int
@@ -316,12 +564,17 @@ class TrainedRun:
     seconds: float
     folder: Path
     graph_captures: int = 0
+    loop: str = LOOP_SB3
 
 
 def train_agent(name: str, seed: int, market: Any, setup: MarketSetup, budget: Budget, out: Path,
                 progress: bool = False, checkpoints: int = 0,
                 at_checkpoint: Callable[[Any, int], None] | None = None) -> TrainedRun:
-    """Train agent ``name`` with ``seed`` on ``market``; its folder gets ``diagnostics.jsonl`` and the model.
+    """Train agent ``name`` with ``seed`` on ``market``; its folder gets ``diagnostics.jsonl``, the model and
+    ``run.json`` (seconds, curve, graph captures, steps, books, the loop, the agent's recipe, env overrides).
+
+    A BranchingIQN agent collects through the device loop when ``budget.loop_of(name)`` says so (a
+    ValueError when the model cannot: :func:`sb3_her_ext.device_loop.supports`), else SB3's loop.
 
     :param checkpoints: call ``at_checkpoint(model, k)`` at this many equal fractions of the budget (one
         ``learn`` call, so exploration and learning-rate schedules run as in a plain run).
@@ -333,9 +586,20 @@ def train_agent(name: str, seed: int, market: Any, setup: MarketSetup, budget: B
     diagnostics = folder / "diagnostics.jsonl"
     diagnostics.unlink(missing_ok=True)
     torch.manual_seed(seed)
-    env = make_train_env(market, setup, budget, seed)
+    requested = budget.loop_of(name)
+    env = make_train_env(market, setup, budget, seed, requested)
     model = build_model(spec_, env, budget, seed, str(diagnostics) if spec_.kind == "iqn" else None)
     callback = CurveCallback(budget.steps, checkpoints=checkpoints, at_checkpoint=at_checkpoint)
+    loop = LOOP_SB3
+    if requested == LOOP_DEVICE:
+        from sb3_her_ext import device_loop
+
+        if not device_loop.supports(model, model.env, model.train_freq, model.action_noise):
+            raise ValueError(f"device_loop: agent {name!r} cannot collect through the device loop "
+                             f"(sb3_her_ext.device_loop.supports is False: train_freq={model.train_freq}); "
+                             "run it with --device-loop off")
+        configure_device_loop(model, callback, budget.n_envs)
+        loop = LOOP_DEVICE
     start = time.time()
     model.learn(budget.steps, callback=callback, progress_bar=progress)
     if hasattr(model, "log_diagnostics"):
@@ -343,18 +607,29 @@ def train_agent(name: str, seed: int, market: Any, setup: MarketSetup, budget: B
     seconds = time.time() - start
     model.save(folder / "model.zip")
     write_json(folder / "run.json", {"agent": name, "seed": seed, "seconds": seconds, "curve": callback.curve,
-                                     "graph_captures": len(callback.graphs), "steps": budget.steps})
-    return TrainedRun(name, seed, model, callback.curve, seconds, folder, len(callback.graphs))
+                                     "graph_captures": len(callback.graphs), "steps": budget.steps,
+                                     "loop": loop, "n_envs": budget.n_envs, "spec": vars(spec_),
+                                     "env_overrides": budget.env_overrides})
+    return TrainedRun(name, seed, model, callback.curve, seconds, folder, len(callback.graphs), loop)
 
 
-def load_run(name: str, seed: int, out: Path, device: str, steps: int) -> TrainedRun | None:
-    """A run :func:`train_agent` already finished in ``out`` with the same budget, or None.
+def _as_json(value: Any) -> Any:
+    """``value`` as it reads back from JSON (tuples become lists), to compare with a record."""
+    return json.loads(json.dumps(value))
+
+
+def finished_record(name: str, seed: int, out: Path, steps: int, budget: Budget | None = None) -> (
+    dict[str, Any] | None
+):
+    """The ``run.json`` of a run :func:`train_agent` finished in ``out`` with the same budget, or None.
 
     :param name: the agent.
     :param seed: the seed.
     :param out: the experiment folder (``<agent>/seed<k>/model.zip`` and ``run.json``).
-    :param device: where to load the model.
     :param steps: the step budget the run must have had.
+    :param budget: when given, the run must also have had its loop (a record without one was SB3's loop),
+        and, where recorded, its books, env overrides and the agent's current recipe (a custom agent
+        redefined under the same name trains again).
     """
     folder = out / name / f"seed{seed}"
     if not (folder / "model.zip").is_file() or not (folder / "run.json").is_file():
@@ -362,6 +637,24 @@ def load_run(name: str, seed: int, out: Path, device: str, steps: int) -> Traine
     record = json.loads((folder / "run.json").read_text())
     if int(record.get("steps", -1)) != int(steps):
         return None
+    if budget is not None:
+        expected = {"loop": budget.loop_of(name), "n_envs": budget.n_envs,
+                    "env_overrides": _as_json(budget.env_overrides), "spec": _as_json(vars(agent_spec(name)))}
+        recorded = {"loop": LOOP_SB3, **record}
+        if any(key in recorded and recorded[key] != value for key, value in expected.items()):
+            return None
+    return record
+
+
+def load_run(name: str, seed: int, out: Path, device: str, steps: int, budget: Budget | None = None) -> (
+    TrainedRun | None
+):
+    """A run :func:`train_agent` already finished in ``out`` with the same budget (see
+    :func:`finished_record`), loaded on ``device``, or None."""
+    record = finished_record(name, seed, out, steps, budget)
+    if record is None:
+        return None
+    folder = out / name / f"seed{seed}"
     kind = agent_spec(name).kind
     if kind == "iqn":
         cls: Any = BranchingIQN
@@ -372,7 +665,8 @@ def load_run(name: str, seed: int, out: Path, device: str, steps: int) -> Traine
     model = cls.load(folder / "model.zip", device=device)
     curve = [tuple(point) for point in record["curve"]]
     captures = int(record["graph_captures"])
-    return TrainedRun(name, seed, model, curve, float(record["seconds"]), folder, captures)
+    return TrainedRun(name, seed, model, curve, float(record["seconds"]), folder, captures,
+                      str(record.get("loop", LOOP_SB3)))
 
 
 # ------------------------------------------------------------------------------------------------ scoring

@@ -15,13 +15,18 @@ hindsight on (``iqn``) and off (``iqn-no_hindsight``). From each run's ``diagnos
 
 Prints PASS/FAIL per criterion with the numbers; writes ``hindsight.json`` and ``hindsight.png`` into
 ``--out`` (default ``runs/experiments/hindsight``).
+
+``--agent NAME`` compares another BranchingIQN agent (a custom one from ``--agent-kwargs NAME=JSON``
+too) with hindsight on and off: the arms are ``NAME`` and ``NAME-no_hindsight`` (or ``NAME+hindsight``
+and ``NAME`` when ``NAME`` has hindsight off). The market, budget, ``--device-loop``, ``--env-cuda-graph``,
+``--env-kwargs`` and ``--agent-kwargs`` options are those of ``experiments.learning``
+(``experiments/_common.py``); ``hindsight.json`` records the arms, their recipes and loops.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,12 +35,13 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from experiments import harness
+from experiments import _common, harness
 
 #: Criterion 1's window: environment steps within which hindsight must have injected.
 INJECTION_WINDOW = 10_000
 #: Significance level of "worse" in criterion 2.
 ALPHA = 0.05
+#: The default arms (``--agent iqn``): :func:`experiments.harness.hindsight_arms` gives any agent's.
 ON, OFF = "iqn", "iqn-no_hindsight"
 
 
@@ -134,19 +140,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m experiments.hindsight",
                                      description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--out", default="runs/experiments/hindsight")
-    parser.add_argument("--data", default="synthetic", help="'synthetic' or a LOBSTER folder (train split)")
-    parser.add_argument("--signal-strength", type=float, default=0.0)
-    parser.add_argument("--signal-horizon", type=int, default=1)
-    parser.add_argument("--market-steps", type=int, default=20_000)
-    parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=20_000, help="env steps (>= 10k: criterion 1)")
-    parser.add_argument("--n-envs", type=int, default=8)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--agent", default=ON,
+                        help="the BranchingIQN agent compared with hindsight on and off (custom ones too)")
+    _common.add_market_arguments(parser)
+    _common.add_budget_arguments(parser)
     parser.add_argument("--reuse", action="store_true",
-                        help="read the diagnostics of runs already in --out instead of training them again")
+                        help="read the diagnostics of runs already finished in --out with the same budget, "
+                             "loop and recipe instead of training them again")
     parser.add_argument("--no-progress", action="store_true")
-    return parser.parse_args(argv)
+    return _common.check_args(parser, parser.parse_args(argv))
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -154,36 +156,42 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     origin = harness.provenance()  # the code as it was when the run started
-    setup = harness.MarketSetup(args.data, args.signal_strength, args.signal_horizon, args.market_steps)
-    budget = harness.Budget(steps=args.steps, n_envs=args.n_envs, device=args.device)
+    _common.define_agents(args)
+    on, off = harness.hindsight_arms(args.agent)
+    setup = _common.market_setup(args)
+    budget = _common.budget_of(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     market = setup.train_market(args.device)
     seeds = list(range(args.seeds))
-    lines: dict[str, list[list[dict[str, Any]]]] = {ON: [], OFF: []}
-    for agent, seed in tqdm([(a, s) for s in seeds for a in (ON, OFF)], desc="training",
+    loops = {arm: budget.loop_of(arm) for arm in (on, off)}
+    print(f"{setup.describe()}\narms {on} (hindsight on) / {off} (off) x seeds {seeds}; {args.steps} steps x "
+          f"{args.n_envs} books on {args.device} (loops: {loops}); output {out}")
+    lines: dict[str, list[list[dict[str, Any]]]] = {on: [], off: []}
+    for agent, seed in tqdm([(a, s) for s in seeds for a in (on, off)], desc="training",
                             disable=args.no_progress):
         path = out / agent / f"seed{seed}" / "diagnostics.jsonl"
-        if not (args.reuse and path.is_file()):
+        done = harness.finished_record(agent, seed, out, args.steps, budget) if args.reuse else None
+        if done is None or not path.is_file():
             path = harness.train_agent(agent, seed, market, setup, budget, out).folder / "diagnostics.jsonl"
         lines[agent].append(read_diagnostics(path))
 
-    injected = [injections(run) for run in lines[ON]]
+    injected = [injections(run) for run in lines[on]]
     crit1 = {"injections_within_10k": injected, "pass": all(n > 0 for n in injected),
              "window_steps": INJECTION_WINDOW, "covered": args.steps >= INJECTION_WINDOW}
     crit1["pass"] = crit1["pass"] and crit1["covered"]
-    curves_on = [lq_curve(run) for run in lines[ON]]
-    curves_off = [lq_curve(run) for run in lines[OFF]]
+    curves_on = [lq_curve(run) for run in lines[on]]
+    curves_off = [lq_curve(run) for run in lines[off]]
     crit2 = compare_lq(curves_on, curves_off)
     late = crit2["last_third"]
     counts = [[(int(line["step"]), sum(int(line["hindsight"].get(k) or 0) for k in ("backward", "forward",
                                                                                       "relabel")))
-               for line in run if line.get("hindsight")] for run in lines[ON]]
-    title = (f"hindsight kill criteria: {setup.describe()}; {args.steps} steps x {args.n_envs} books, "
-             f"{len(seeds)} seeds")
+               for line in run if line.get("hindsight")] for run in lines[on]]
+    title = (f"hindsight kill criteria, {on} vs {off}: {setup.describe()}; {args.steps} steps x "
+             f"{args.n_envs} books, {len(seeds)} seeds, {_common.loop_summary(loops)} loop")
     plot(curves_on, curves_off, counts, out / "hindsight.png", title)
 
-    command = "python -m experiments.hindsight " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = _common.command_line("hindsight", argv)
     verdicts = [
         (f"1. injections > 0 within {INJECTION_WINDOW} steps (every seed)", crit1["pass"],
          f"injections per seed {injected}" + ("" if crit1["covered"] else f"; only {args.steps} steps ran")),
@@ -200,6 +208,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print(f"{'PASS' if passed else 'FAIL'}  {label}: {numbers}")
     payload = {"experiment": "hindsight", "command": command, "args": vars(args),
                "provenance": origin, "market": setup.describe(),
+               "arms": {"on": on, "off": off}, "agents": {a: vars(harness.agent_spec(a)) for a in (on, off)},
+               "env_overrides": budget.env_overrides, "loops": loops,
                "criteria": {"injections": crit1, "l_q": crit2},
                "verdicts": [{"criterion": c, "pass": p, "numbers": n} for c, p, n in verdicts],
                "curves": {"on": curves_on, "off": curves_off}}
