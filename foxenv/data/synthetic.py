@@ -25,10 +25,11 @@ seconds per step                            mean 15.8, median 13.3
 The default profile (seed 0, 50,000 steps, same machine) gives: L1 spread percentiles
 1/5/10/25/50/75/90/95/99 % = 10 / 13 / 16 / 21 / 27 / 36 / 47 / 55 / 72 ticks (mean 29.9); level gaps
 10/25/50/75/90 % = 1 / 2 / 3 / 5 / 9 ticks (mean 4.0); level sizes 10/25/50/75/90/99 % = 2 / 25 / 100 /
-100 / 200 / 1100; mid change per step std 13.9 ticks, mean abs 10.6; autocorrelation of the abs change
-0.13 / 0.12 / 0.08 at lags 1 / 10 / 50; executed volume 361 shares per step; cancelled volume at the
-previous book's levels 1..10, relative to levels 1-3, 44 / 33 / 23 / 17 / 13 / 11 / 9 / 6-9 / 5-6 / 4 %
-(GOOG: 46 / 35 / 19 / 16 / 13 / 11 / 10 / 8 / 7 / 7 %); the mid ranged over 551.66 to 636.71 USD.
+100 / 200 / 1100; mid change per step std 14.0 ticks, mean abs 10.6; autocorrelation of the abs change
+0.13 / 0.12 / 0.08 at lags 1 / 10 / 50; executed volume 437 shares per step (342 without the metaorders
+below, 361 before the simulator audit); cancelled volume at the previous book's levels 1..10, relative to
+levels 1-3, 44 / 33 / 23 / 17 / 13 / 11 / 9 / 6-9 / 5-6 / 4 % (GOOG: 46 / 35 / 19 / 16 / 13 / 11 / 10 / 8
+/ 7 / 7 %); the mid ranged over 556.16 to 635.19 USD.
 
 Everything is drawn on CPU from one ``torch.Generator`` seeded with ``seed`` and moved to
 ``device`` at the end, so a seed gives the same timeline on every device. The generator is
@@ -44,12 +45,29 @@ cancellations hit the levels near the touch most.
 Since the simulator audit (``experiments/simulator_audit.py``, ``experiments/README.md``) the flow is
 informative as on GOOG: the aggressive flow of a step leans toward the mid move of the next step
 (``adverse_selection``), and a touch trades only in some steps, mostly on the side the price is moving
-toward (``trade_probability``; GOOG trades a side in 63 % of its 100-message steps). A resting order
-one tick inside the spread therefore fills within a step in 57 % of steps (GOOG 34 %), mostly before
-the mid moves against it, instead of in 98 % whatever the move: its mark-out 20 steps after the fill
-falls from +13.5 ticks to +1.5 (GOOG +1.0; the audit's table).
-Only the flow changes: the book and the mid path are the same as before, and
+toward (``trade_probability``; GOOG trades a side in 63 % of its 100-message steps). In the audit's
+market a resting order one tick inside the spread fills within a step in 57 % of steps (GOOG 34 %),
+mostly before the mid moves against it, instead of in 98 % whatever the move: its mark-out 20 steps after
+the fill falls from +13.5 ticks to +1.5 (GOOG +1.0; the audit's table).
 ``generate_synthetic(..., **LEGACY_FLOW)`` gives the market before the audit bit for bit.
+
+The audit's flow still predicted the next move far less than GOOG's (correlation of a step's signed
+flow with the next step's mid move 0.03, GOOG 0.15) and had no memory (flow autocorrelation 0.03, GOOG
+0.12), because most of it executes the levels the price moves past within its own step. So the market
+carries persistent metaorders: a latent order-flow imbalance ``z_t``, a stationary AR(1) series
+(``flow_persistence``), trades ``flow_volume * |z_t|`` shares at the touch on its side and pushes the
+mid of the next step by ``flow_impact`` of its noise (the mid change keeps its variance; as ``z``
+persists, a metaorder keeps pushing, less and less, over the following steps; the price does not revert). The metaorders trade
+only in the steps where that touch trades at all, which the price moving their way makes likely: trading
+whatever the move, their fills gave resting orders at and inside the spread the half spread back
+(mark-outs +3 to +5 ticks). At the defaults (seed 0, 50,000 steps; ``experiments/simulator_audit.py``)
+the flow predicts the next move with correlation 0.156 and its autocorrelation is 0.118 (GOOG 0.148 /
+0.121; the audit's market 0.031 / 0.026); the mid change's own autocorrelation is 0.065 (GOOG 0.061,
+audit 0.017). A resting order one tick inside the spread, filled within one / five steps, marks out at
++0.9 / +0.9 ticks (GOOG +1.0 / -0.5, audit +1.5 / +1.6), one at the touch at -0.5 / -0.6 (GOOG +0.6 /
+-0.7); orders 1-3 ticks behind the touch filled within a step pay more than on GOOG (-2.1 / -1.9 ticks
+against +0.8 / +2.3, audit -1.0 / -1.1), where the large moves that reach them partly revert.
+``generate_synthetic(..., **AUDIT_FLOW)`` gives the audit's market, without metaorders, bit for bit.
 """
 
 from __future__ import annotations
