@@ -51,22 +51,23 @@ mostly before the mid moves against it, instead of in 98 % whatever the move: it
 the fill falls from +13.5 ticks to +1.5 (GOOG +1.0; the audit's table).
 ``generate_synthetic(..., **LEGACY_FLOW)`` gives the market before the audit bit for bit.
 
-The audit's flow still predicted the next move far less than GOOG's (correlation of a step's signed
-flow with the next step's mid move 0.03, GOOG 0.15) and had no memory (flow autocorrelation 0.03, GOOG
-0.12), because most of it executes the levels the price moves past within its own step. So the market
-carries persistent metaorders: a latent order-flow imbalance ``z_t``, a stationary AR(1) series
-(``flow_persistence``), trades ``flow_volume * |z_t|`` shares at the touch on its side and pushes the
-mid of the next step by ``flow_impact`` of its noise (the mid change keeps its variance; as ``z``
-persists, a metaorder keeps pushing, less and less, over the following steps; the price does not revert). The metaorders trade
-only in the steps where that touch trades at all, which the price moving their way makes likely: trading
-whatever the move, their fills gave resting orders at and inside the spread the half spread back
-(mark-outs +3 to +5 ticks). At the defaults (seed 0, 50,000 steps; ``experiments/simulator_audit.py``)
-the flow predicts the next move with correlation 0.156 and its autocorrelation is 0.118 (GOOG 0.148 /
-0.121; the audit's market 0.031 / 0.026); the mid change's own autocorrelation is 0.065 (GOOG 0.061,
-audit 0.017). A resting order one tick inside the spread, filled within one / five steps, marks out at
-+0.9 / +0.9 ticks (GOOG +1.0 / -0.5, audit +1.5 / +1.6), one at the touch at -0.5 / -0.6 (GOOG +0.6 /
--0.7); orders 1-3 ticks behind the touch filled within a step pay more than on GOOG (-2.1 / -1.9 ticks
-against +0.8 / +2.3, audit -1.0 / -1.1), where the large moves that reach them partly revert.
+The audit's flow still predicted the next move far less than GOOG's (correlation of a step's signed flow
+with the next step's mid move 0.03, GOOG 0.15) and had no memory (flow autocorrelation 0.03, GOOG 0.12),
+because most of it executes the levels the price moves past within its own step. So the market carries
+persistent metaorders: a latent order-flow imbalance ``z_t``, a stationary AR(1) series
+(``flow_persistence``), trades ``flow_volume * |z_t|`` shares at the touch on its side and pushes the mid
+of the next step by ``flow_impact`` of its noise (the mid change keeps its variance; as ``z`` persists, a
+metaorder keeps pushing, less and less, over the following steps; the price does not revert). The
+metaorders trade only in the steps where that touch trades at all, which the price moving their way makes
+likely: trading whatever the move, their fills gave resting orders at and inside the spread the half
+spread back (mark-outs +3 to +5 ticks). At the defaults (seed 0, 50,000 steps;
+``experiments/simulator_audit.py``) the flow predicts the next move with correlation 0.156 and its
+autocorrelation is 0.118 (GOOG 0.148 / 0.121; the audit's market 0.031 / 0.026); the mid change's own
+autocorrelation is 0.065 (GOOG 0.061, audit 0.017). A resting order one tick inside the spread, filled
+within one / five steps, marks out at +0.9 / +0.9 ticks (GOOG +1.0 / -0.5, audit +1.5 / +1.6), one at the
+touch at -0.5 / -0.6 (GOOG +0.6 / -0.7); orders 1-3 ticks behind the touch filled within a step pay more
+than on GOOG (-2.1 / -1.9 ticks against +0.8 / +2.3, audit -1.0 / -1.1), where the large moves that reach
+them partly revert.
 ``generate_synthetic(..., **AUDIT_FLOW)`` gives the audit's market, without metaorders, bit for bit.
 """
 
