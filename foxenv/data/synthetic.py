@@ -66,8 +66,8 @@ autocorrelation is 0.118 (GOOG 0.148 / 0.121; the audit's market 0.031 / 0.026);
 autocorrelation is 0.065 (GOOG 0.061, audit 0.017). A resting order one tick inside the spread, filled
 within one / five steps, marks out at +0.9 / +0.9 ticks (GOOG +1.0 / -0.5, audit +1.5 / +1.6), one at the
 touch at -0.5 / -0.6 (GOOG +0.6 / -0.7); orders 1-3 ticks behind the touch filled within a step pay more
-than on GOOG (-2.1 / -1.9 ticks against +0.8 / +2.3, audit -1.0 / -1.1), where the large moves that reach
-them partly revert.
+than on GOOG (-2.1 / -1.9 ticks against +0.8 / +2.3, audit -1.0 / -1.1): on GOOG the large moves that
+reach them partly revert, here they do not.
 ``generate_synthetic(..., **AUDIT_FLOW)`` gives the audit's market, without metaorders, bit for bit.
 """
 
