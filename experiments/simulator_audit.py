@@ -5,11 +5,13 @@ One command (from the repository root)::
     python -m experiments.simulator_audit --out runs/audit
 
 It measures, on every market it is given (GOOG at 100 and 20 messages a step, the synthetic market with
-its default flow and with ``LEGACY_FLOW``, the market before the audit):
+its default flow (persistent metaorders), with ``AUDIT_FLOW`` (the audit's market, before metaorders) and
+with ``LEGACY_FLOW`` (the market before the audit)):
 
 (a) adverse selection: how the signed trade flow of a step (buyer- minus seller-initiated executed
     shares, ``exec_ask - exec_bid``) predicts the mid move over the next ``k`` steps (correlation, and the
-    regression slope in ticks per share); ``k = 0`` is the move of the step itself;
+    regression slope in ticks per share); ``k = 0`` is the move of the step itself; with the lag-1
+    autocorrelations of that flow and of the mid move (how persistent the flow is);
 (b) fill rates of a resting order at distance ``d`` ticks behind the own touch (``d = -1`` one tick
     inside the spread, where the spread allows; ``0`` at the touch): the share of orders that the env's
     fill rules (``fill_model`` conservative and optimistic, with ``order_latency`` 0 and 1) fill at all
@@ -40,7 +42,7 @@ from foxenv.config import EnvConfig
 from foxenv.core import BatchedLOB
 from foxenv.data import load_market
 from foxenv.data.market import FLOW_WIDTH, MarketData
-from foxenv.data.synthetic import LEGACY_FLOW, generate_synthetic
+from foxenv.data.synthetic import AUDIT_FLOW, LEGACY_FLOW, generate_synthetic
 from foxenv.matching import meet_flow, meet_flow_conservative
 
 HORIZONS = (0, 1, 5, 20)
@@ -84,6 +86,19 @@ def adverse_selection(
         out[str(k)] = {"corr": corr, "slope_ticks_per_share": slope, "slope_ticks_per_100": 100 * slope,
                        "n": int(x.numel())}
     return out
+
+
+def _lag_correlation(series: torch.Tensor, lag: int = 1) -> float:
+    """Autocorrelation of ``series`` at ``lag``."""
+    x, y = series[:-lag] - series[:-lag].mean(), series[lag:] - series[lag:].mean()
+    return float((x * y).sum() / ((x * x).sum() * (y * y).sum()).sqrt().clamp_min(1e-300))
+
+
+def persistence(market: MarketData) -> dict[str, float]:
+    """Lag-1 and lag-2 autocorrelations of the signed flow, and lag-1 of the mid move (in ticks)."""
+    flow, move = signed_flow(market), mid_ticks(market).diff()
+    return {"flow_autocorr_1": _lag_correlation(flow, 1), "flow_autocorr_2": _lag_correlation(flow, 2),
+            "move_autocorr_1": _lag_correlation(move, 1)}
 
 
 def _side_tables(market: MarketData, side: int) -> dict[str, torch.Tensor]:
@@ -235,6 +250,7 @@ def describe(market: MarketData) -> dict[str, float]:
         "mid_move_std_ticks": float(move.std()),
         "spread_median_ticks": float(torch.round(
             (market.ask_price[:, 0] - market.bid_price[:, 0]).double() / market.tick_size).median()),
+        **persistence(market),
     }
 
 
@@ -259,15 +275,18 @@ def print_tables(name: str, result: dict[str, Any], models: tuple[tuple[str, int
 def markdown(results: dict[str, Any], meta: dict[str, Any], models: tuple[tuple[str, int], ...]) -> str:
     """The audit's tables as Markdown (what ``experiments/README.md`` shows)."""
     lines = [
-        "| market | steps | a side trades in | k=0 corr / slope | k=1 | k=5 | k=20 |",
-        "|---|---|---|---|---|---|---|",
+        "| market | steps | a side trades in | k=0 corr / slope | k=1 | k=5 | k=20 | flow autocorr lag 1 / 2 "
+        "| mid move autocorr | mid move std |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, result in results.items():
         d = result["describe"]
         trades = (d["steps_with_sell_execution"] + d["steps_with_buy_execution"]) / 2
         stats = result["adverse_selection"].values()
         cells = [f"{s['corr']:+.3f} / {s['slope_ticks_per_100']:+.2f}" for s in stats]
-        lines.append(f"| {name} | {d['steps']} | {100 * trades:.0f} % | " + " | ".join(cells) + " |")
+        tail = (f" | {d['flow_autocorr_1']:+.3f} / {d['flow_autocorr_2']:+.3f} | "
+                f"{d['move_autocorr_1']:+.3f} | {d['mid_move_std_ticks']:.1f} |")
+        lines.append(f"| {name} | {d['steps']} | {100 * trades:.0f} % | " + " | ".join(cells) + tail)
     lines += ["", "Slopes in ticks of mid move per 100 shares of signed flow (buys minus sells).", ""]
     heads = " | ".join(f"{m} lat {lat}: filled / share / mark-out" for m, lat in models)
     lines += [f"| market | d | h | traded at or through / strictly through | {heads} |",
@@ -299,6 +318,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for events in args.step_events:
         markets[f"GOOG {events} msg/step"] = load_market(args.lobster, step_events=events)
     markets["synthetic (default)"] = generate_synthetic(args.synthetic_steps, seed=args.seed)
+    markets["synthetic AUDIT_FLOW (before metaorders)"] = generate_synthetic(
+        args.synthetic_steps, seed=args.seed, **AUDIT_FLOW
+    )
     markets["synthetic LEGACY_FLOW (before the audit)"] = generate_synthetic(
         args.synthetic_steps, seed=args.seed, **LEGACY_FLOW
     )

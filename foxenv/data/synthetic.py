@@ -25,10 +25,11 @@ seconds per step                            mean 15.8, median 13.3
 The default profile (seed 0, 50,000 steps, same machine) gives: L1 spread percentiles
 1/5/10/25/50/75/90/95/99 % = 10 / 13 / 16 / 21 / 27 / 36 / 47 / 55 / 72 ticks (mean 29.9); level gaps
 10/25/50/75/90 % = 1 / 2 / 3 / 5 / 9 ticks (mean 4.0); level sizes 10/25/50/75/90/99 % = 2 / 25 / 100 /
-100 / 200 / 1100; mid change per step std 13.9 ticks, mean abs 10.6; autocorrelation of the abs change
-0.13 / 0.12 / 0.08 at lags 1 / 10 / 50; executed volume 361 shares per step; cancelled volume at the
-previous book's levels 1..10, relative to levels 1-3, 44 / 33 / 23 / 17 / 13 / 11 / 9 / 6-9 / 5-6 / 4 %
-(GOOG: 46 / 35 / 19 / 16 / 13 / 11 / 10 / 8 / 7 / 7 %); the mid ranged over 551.66 to 636.71 USD.
+100 / 200 / 1100; mid change per step std 14.0 ticks, mean abs 10.6; autocorrelation of the abs change
+0.13 / 0.12 / 0.08 at lags 1 / 10 / 50; executed volume 437 shares per step (342 without the metaorders
+below, 361 before the simulator audit); cancelled volume at the previous book's levels 1..10, relative to
+levels 1-3, 44 / 33 / 23 / 17 / 13 / 11 / 9 / 6-9 / 5-6 / 4 % (GOOG: 46 / 35 / 19 / 16 / 13 / 11 / 10 / 8
+/ 7 / 7 %); the mid ranged over 556.16 to 635.19 USD.
 
 Everything is drawn on CPU from one ``torch.Generator`` seeded with ``seed`` and moved to
 ``device`` at the end, so a seed gives the same timeline on every device. The generator is
@@ -44,12 +45,30 @@ cancellations hit the levels near the touch most.
 Since the simulator audit (``experiments/simulator_audit.py``, ``experiments/README.md``) the flow is
 informative as on GOOG: the aggressive flow of a step leans toward the mid move of the next step
 (``adverse_selection``), and a touch trades only in some steps, mostly on the side the price is moving
-toward (``trade_probability``; GOOG trades a side in 63 % of its 100-message steps). A resting order
-one tick inside the spread therefore fills within a step in 57 % of steps (GOOG 34 %), mostly before
-the mid moves against it, instead of in 98 % whatever the move: its mark-out 20 steps after the fill
-falls from +13.5 ticks to +1.5 (GOOG +1.0; the audit's table).
-Only the flow changes: the book and the mid path are the same as before, and
+toward (``trade_probability``; GOOG trades a side in 63 % of its 100-message steps). In the audit's
+market a resting order one tick inside the spread fills within a step in 57 % of steps (GOOG 34 %),
+mostly before the mid moves against it, instead of in 98 % whatever the move: its mark-out 20 steps after
+the fill falls from +13.5 ticks to +1.5 (GOOG +1.0; the audit's table).
 ``generate_synthetic(..., **LEGACY_FLOW)`` gives the market before the audit bit for bit.
+
+The audit's flow still predicted the next move far less than GOOG's (correlation of a step's signed flow
+with the next step's mid move 0.03, GOOG 0.15) and had no memory (flow autocorrelation 0.03, GOOG 0.12),
+because most of it executes the levels the price moves past within its own step. So the market carries
+persistent metaorders: a latent order-flow imbalance ``z_t``, a stationary AR(1) series
+(``flow_persistence``), trades ``flow_volume * |z_t|`` shares at the touch on its side and pushes the mid
+of the next step by ``flow_impact`` of its noise (the mid change keeps its variance; as ``z`` persists, a
+metaorder keeps pushing, less and less, over the following steps; the price does not revert). The
+metaorders trade only in the steps where that touch trades at all, which the price moving their way makes
+likely: trading whatever the move, their fills gave resting orders at and inside the spread the half
+spread back (mark-outs +3 to +5 ticks). At the defaults (seed 0, 50,000 steps;
+``experiments/simulator_audit.py``) the flow predicts the next move with correlation 0.156 and its
+autocorrelation is 0.118 (GOOG 0.148 / 0.121; the audit's market 0.031 / 0.026); the mid change's own
+autocorrelation is 0.065 (GOOG 0.061, audit 0.017). A resting order one tick inside the spread, filled
+within one / five steps, marks out at +0.9 / +0.9 ticks (GOOG +1.0 / -0.5, audit +1.5 / +1.6), one at the
+touch at -0.5 / -0.6 (GOOG +0.6 / -0.7); orders 1-3 ticks behind the touch filled within a step pay more
+than on GOOG (-2.1 / -1.9 ticks against +0.8 / +2.3, audit -1.0 / -1.1): on GOOG the large moves that
+reach them partly revert, here they do not.
+``generate_synthetic(..., **AUDIT_FLOW)`` gives the audit's market, without metaorders, bit for bit.
 """
 
 from __future__ import annotations
@@ -109,6 +128,20 @@ class SyntheticProfile:
         of them at levels formed inside the spread during the step, which this market lacks). 1 with
         ``adverse_selection=0`` gives the market before the simulator audit bit for bit
         (:data:`LEGACY_FLOW`), where both touches trade every step.
+    :param flow_persistence: AR(1) coefficient per step of the latent order-flow imbalance ``z_t``, a
+        stationary unit-variance series: metaorders that keep buying (``z_t > 0``) or selling over several
+        steps; in ``[0, 1)``.
+    :param flow_volume: shares a step the metaorders trade per unit of imbalance: ``flow_volume * |z_t|``
+        shares are bought at the step's starting best ask (``z_t > 0``) or sold at its best bid, on top of
+        the visible book (hidden and replenished liquidity: GOOG executes 144 of its 477 shares a step
+        against hidden orders), in the steps where that touch trades at all (``trade_probability``; every
+        step at 1); >= 0, 0 = none.
+    :param flow_impact: price impact of the imbalance, as a share of the mid's noise: the noise of step
+        ``t + 1`` becomes ``vol_{t+1} * (sqrt(1 - flow_impact**2) * noise + flow_impact * z_t)`` ticks (its
+        variance is kept), so the imbalance that trades in step ``t`` pushes the price in step ``t + 1``
+        and, through its persistence, in the steps after (``flow_persistence ** k``); in ``[0, 1]``, 0 =
+        none. ``flow_volume = flow_impact = 0`` gives the market of the simulator audit, without
+        metaorders, bit for bit (:data:`AUDIT_FLOW`).
     """
 
     start_price: float = 580.0
@@ -137,6 +170,9 @@ class SyntheticProfile:
     signal_horizon: int = 1
     adverse_selection: float = 1.0
     trade_probability: float = 0.3
+    flow_persistence: float = 0.4
+    flow_volume: float = 300.0
+    flow_impact: float = 0.35
 
     def validate(self) -> SyntheticProfile:
         """Check every knob's range.
@@ -152,8 +188,9 @@ class SyntheticProfile:
                     "lot_tail_alpha", "max_lots")
         non_negative = ("drift_ticks", "vol_of_vol", "spread_log_std", "gap_scale_ticks",
                         "exec_fraction", "cancel_fraction", "cancel_power", "signal_strength",
-                        "adverse_selection")
-        unit_interval = ("flat_fraction", "odd_lot_fraction", "consumed_exec_min", "trade_probability")
+                        "adverse_selection", "flow_volume")
+        unit_interval = ("flat_fraction", "odd_lot_fraction", "consumed_exec_min", "trade_probability",
+                         "flow_impact")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be > 0")
@@ -163,6 +200,8 @@ class SyntheticProfile:
         for name in unit_interval:
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name}={getattr(self, name)} must lie in [0, 1]")
+        if not 0.0 <= self.flow_persistence < 1.0:
+            raise ValueError(f"flow_persistence={self.flow_persistence} must lie in [0, 1)")
         if not -1.0 <= self.spread_vol_corr <= 1.0:
             raise ValueError(f"spread_vol_corr={self.spread_vol_corr} must lie in [-1, 1]")
         if float(self.signal_horizon) != int(self.signal_horizon) or self.signal_horizon < 1:
@@ -174,9 +213,14 @@ class SyntheticProfile:
 _SIGNAL_SALT = 0x5167_4E41
 #: Salt of the trade gates' own random stream (the market's stream stays untouched by them).
 _TRADE_SALT = 0x7EAD_E5A1
+#: Salt of the latent order-flow imbalance's own random stream (the market's stream stays untouched by it).
+_FLOW_SALT = 0x0F10_3A11
+#: Profile overrides that give the market of the simulator audit, before metaorders, bit for bit: its flow
+#: leans toward the next move, but carries no persistent imbalance and does not move the price.
+AUDIT_FLOW: dict[str, float] = {"flow_volume": 0.0, "flow_impact": 0.0}
 #: Profile overrides that give the synthetic flow of before the simulator audit, bit for bit: both touches
 #: trade every step, and the flow says nothing about the next move.
-LEGACY_FLOW: dict[str, float] = {"adverse_selection": 0.0, "trade_probability": 1.0}
+LEGACY_FLOW: dict[str, float] = {"adverse_selection": 0.0, "trade_probability": 1.0, **AUDIT_FLOW}
 
 
 def signal_drift_ticks(profile: SyntheticProfile) -> float:
@@ -214,6 +258,23 @@ def _planted_signal(length: int, seed: int, profile: SyntheticProfile) -> tuple[
     # sum of signal[t - k .. t - 1] = cumulative[t] - cumulative[max(t - k, 0)]
     window = cumulative[rows] - cumulative[(rows - horizon).clamp(min=0)]
     return signal, signal_drift_ticks(profile) * window
+
+
+def _flow_imbalance(length: int, seed: int, persistence: float) -> torch.Tensor:
+    """The latent order-flow imbalance: a stationary unit-variance AR(1) series (by FFT, no loop).
+
+    :param length: rows.
+    :param seed: the market's seed (the imbalance draws from its own stream, salted).
+    :param persistence: AR(1) coefficient in ``[0, 1)``.
+    :return: ``[length]`` float64.
+    """
+    generator = torch.Generator(device="cpu").manual_seed((int(seed) + _FLOW_SALT) % 2**63)
+    white = torch.randn(length, generator=generator, dtype=torch.float64)
+    if persistence == 0:
+        return white
+    innovations = white * math.sqrt(1.0 - persistence**2)
+    innovations[0] = white[0]  # start in the stationary distribution
+    return _decaying_sum(innovations, persistence)
 
 
 def _smoothed_noise(length: int, memory: float, generator: torch.Generator) -> torch.Tensor:
@@ -370,7 +431,13 @@ def generate_synthetic(
     log_vol = _smoothed_noise(length, knobs.vol_memory, generator)
     volatility = knobs.vol_ticks * torch.exp(knobs.vol_of_vol * log_vol)
     noise = torch.randn(length, generator=generator, dtype=torch.float64)
+    informed = knobs.flow_volume > 0 or knobs.flow_impact > 0
+    if informed:  # metaorders: the imbalance z_t trades in step t and pushes the mid in step t + 1
+        metaorder = _flow_imbalance(length, seed, knobs.flow_persistence)
+        noise = math.sqrt(1.0 - knobs.flow_impact**2) * noise  # the push takes this share of the variance
     increments = _regime_drift(length, knobs, generator) + volatility * noise
+    if informed and knobs.flow_impact > 0:
+        increments[1:] = increments[1:] + knobs.flow_impact * volatility[1:] * metaorder[:-1]
     planted = knobs.signal_strength > 0
     if planted:
         signal, signal_moves = _planted_signal(length, seed, knobs)
@@ -429,6 +496,15 @@ def generate_synthetic(
                                       buy_pressure, ref_tick, knobs, generator, buys_trade)
     exec_bid, cancel_bid = _side_flow(bid_ticks[:-1], bid_size[:-1], bid_ticks[:-1] > bid_ticks[1:, :1],
                                       1.0 - buy_pressure, ref_tick, knobs, generator, sells_trade)
+    if informed and knobs.flow_volume > 0:  # the metaorders' own trades at the step's starting touch
+        traded = knobs.flow_volume * metaorder[1:]
+        sides = ((exec_ask, ask_ticks[:-1, 0], traded.clamp(min=0.0), buys_trade),
+                 (exec_bid, bid_ticks[:-1, 0], (-traded).clamp(min=0.0), sells_trade))
+        for grid, touch, volume, gate in sides:
+            if gate is not None:
+                volume = volume * gate
+            column = (touch - ref_tick + _HALF).clamp(0, FLOW_WIDTH - 1)
+            grid.scatter_add_(1, column[:, None], volume[:, None].float())
 
     data = MarketData(
         bid_price=bid_ticks[1:].to(torch.float64) * tick_size,

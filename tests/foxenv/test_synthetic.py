@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from foxenv.data import FLOW_WIDTH, MarketData, SyntheticProfile, generate_synthetic, load_market
-from foxenv.data.synthetic import LEGACY_FLOW
+from foxenv.data.synthetic import AUDIT_FLOW, LEGACY_FLOW
 
 STEPS = 20_000
 TENSOR_FIELDS = ("bid_price", "bid_size", "ask_price", "ask_size", "flow_ref_tick", "exec_bid", "exec_ask",
@@ -230,18 +230,63 @@ def next_move_correlation(market: MarketData) -> float:
     return float((x * y).sum() / ((x * x).sum() * (y * y).sum()).sqrt())
 
 
+def flow_autocorrelation(market: MarketData) -> float:
+    """Lag-1 autocorrelation of a step's signed trade flow (buys minus sells)."""
+    flow = market.exec_ask.double().sum(1) - market.exec_bid.double().sum(1)
+    x, y = flow[:-1] - flow[:-1].mean(), flow[1:] - flow[1:].mean()
+    return float((x * y).sum() / ((x * x).sum() * (y * y).sum()).sqrt())
+
+
 def test_default_flow_trades_like_goog_and_leans_toward_the_next_move(market: MarketData) -> None:
     # GOOG (100 messages a step): a side trades in 63 % of steps; the flow predicts the next move (corr
     # 0.15; experiments/simulator_audit.py). The market before the audit traded both sides every step and
-    # its flow told nothing about the next move.
+    # its flow told nothing about the next move; the audit's market (AUDIT_FLOW) leaned it a little.
     for side in (market.exec_bid, market.exec_ask):
         assert 0.45 <= float((side.sum(1) > 0).double().mean()) <= 0.75
+    audit = generate_synthetic(STEPS, seed=0, **AUDIT_FLOW)
     legacy = generate_synthetic(STEPS, seed=0, **LEGACY_FLOW)
     assert float((legacy.exec_bid.sum(1) > 0).double().mean()) == 1.0
-    assert next_move_correlation(market) > 0.04 > next_move_correlation(legacy)
-    # Only the flow changes: the book and the mid path are those of the legacy market.
+    assert next_move_correlation(market) > 0.1
+    assert 0.06 > next_move_correlation(audit) > next_move_correlation(legacy)
+    # Between the audit's market and the one before it only the flow changes: same book, same mid path.
     for name in ("bid_price", "bid_size", "ask_price", "ask_size", "flow_ref_tick", "time"):
-        assert torch.equal(getattr(market, name), getattr(legacy, name)), name
+        assert torch.equal(getattr(audit, name), getattr(legacy, name)), name
+
+
+def test_default_flow_is_persistent_and_predicts_the_next_move_as_on_goog(market: MarketData) -> None:
+    # GOOG (100 messages a step): next-move correlation 0.148, flow autocorrelation 0.121, autocorrelation of
+    # the mid change 0.061, mid change std 14.2 ticks (experiments/simulator_audit.py).
+    assert 0.10 <= next_move_correlation(market) <= 0.22
+    assert 0.08 <= flow_autocorrelation(market) <= 0.16
+    move = (market.mid_price().double().diff() / market.tick_size)
+    x, y = move[:-1] - move.mean(), move[1:] - move.mean()
+    assert 0.02 <= float((x * y).sum() / ((x * x).sum() * (y * y).sum()).sqrt()) <= 0.10
+    assert 12.0 <= float(move.std()) <= 16.0
+    audit = generate_synthetic(STEPS, seed=0, **AUDIT_FLOW)
+    assert abs(flow_autocorrelation(audit)) < 0.04  # the audit's flow had no memory
+    own_std = float(market.mid_price().diff().std())
+    assert float(audit.mid_price().diff().std()) == pytest.approx(own_std, rel=0.05)
+
+
+def test_metaorders_trade_at_the_touch_and_their_impact_moves_the_mid() -> None:
+    audit = generate_synthetic(3_000, seed=4, **AUDIT_FLOW)
+    # Volume alone adds executions at the step's starting touch, and only where that touch trades at all.
+    traded = generate_synthetic(3_000, seed=4, flow_volume=300.0, flow_impact=0.0)
+    for name in ("bid_price", "bid_size", "ask_price", "ask_size", "flow_ref_tick", "cancel_bid",
+                 "cancel_ask"):
+        assert torch.equal(getattr(traded, name), getattr(audit, name)), name
+    for side, touch in (("exec_ask", audit.ask_price), ("exec_bid", audit.bid_price)):
+        before, extra = getattr(audit, side)[1:].double(), (getattr(traded, side) - getattr(audit, side))[1:]
+        assert float(extra.min()) > -1e-3 and float(extra.sum()) > 20.0 * 3_000
+        column = torch.round(touch[:-1, 0] / audit.tick_size).to(torch.int64) - audit.flow_ref_tick[1:]
+        column = (column + FLOW_WIDTH // 2).clamp(0, FLOW_WIDTH - 1)[:, None]
+        assert float(extra.scatter(1, column, 0.0).abs().max()) < 1e-3  # nothing off the starting touch
+        touch_traded = before.gather(1, column).squeeze(1) > 0
+        assert float(extra.sum(1)[~touch_traded].abs().max()) < 1e-3
+    # Impact alone moves the mid (its step-to-step variance is kept) and lets the flow predict the next move.
+    pushed = generate_synthetic(3_000, seed=4, flow_volume=0.0, flow_impact=0.5)
+    assert not torch.equal(pushed.bid_price, audit.bid_price)
+    assert torch.equal(pushed.bid_size, audit.bid_size) and torch.equal(pushed.time, audit.time)
 
 
 def test_legacy_flow_is_the_market_before_the_audit_bit_for_bit() -> None:
@@ -253,7 +298,27 @@ def test_legacy_flow_is_the_market_before_the_audit_bit_for_bit() -> None:
         assert float(getattr(legacy, name).double().sum()) == pytest.approx(total, rel=1e-12, abs=0.0), name
 
 
+def test_audit_flow_is_the_market_before_metaorders_bit_for_bit() -> None:
+    # Totals of generate_synthetic(3000, seed=5) at commit ac8538c (the audit's defaults, no metaorders).
+    audit = generate_synthetic(3_000, seed=5, **AUDIT_FLOW)
+    before = {"exec_bid": 490658.0052868542, "exec_ask": 518984.6017416618, "cancel_bid": 428345.3725318384,
+              "cancel_ask": 428752.2546461881, "bid_price": 17688610.34, "ask_price": 17708819.23}
+    for name, total in before.items():
+        assert float(getattr(audit, name).double().sum()) == pytest.approx(total, rel=1e-12, abs=0.0), name
+    # The persistence alone changes nothing while the metaorders neither trade nor move the price.
+    still = generate_synthetic(3_000, seed=5, flow_persistence=0.9, **AUDIT_FLOW)
+    for name in TENSOR_FIELDS:
+        assert torch.equal(getattr(still, name), getattr(audit, name)), name
+
+
 def test_flow_knobs_are_checked() -> None:
+    for knob, value, message in (("flow_persistence", 1.0, "flow_persistence=1.0 must lie in \\[0, 1\\)"),
+                                 ("flow_persistence", -0.1, "flow_persistence=-0.1"),
+                                 ("flow_volume", -1.0, "flow_volume=-1.0 must be >= 0"),
+                                 ("flow_impact", 1.5, "flow_impact=1.5 must lie in \\[0, 1\\]"),
+                                 ("flow_impact", float("nan"), "flow_impact=nan must be a finite number")):
+        with pytest.raises(ValueError, match=message):
+            generate_synthetic(100, **{knob: value})
     with pytest.raises(ValueError, match="adverse_selection=-1"):
         generate_synthetic(100, adverse_selection=-1.0)
     with pytest.raises(ValueError, match="trade_probability=1.5"):
