@@ -144,6 +144,11 @@ class BranchingIQN(OffPolicyAlgorithm):
         optimizer is made capturable (its learning rate a tensor, so schedules still apply); the first few
         steps of each kind run eagerly while its graph is prepared. Same random draws and same arithmetic as
         the eager step.
+    :param graph_collect: with ``cuda_graph=True`` on a device vector env, run each rollout of
+        ``train_freq`` vector steps together with its gradient steps as ONE CUDA graph replay
+        (:mod:`sb3_her_ext.graphed_loop`, which lists the configurations that qualify); ``None`` (default):
+        whenever the configuration qualifies, ``False``: never; ``True``: as ``None``, and ``cuda_graph=True``
+        is required. A failed capture falls back to the device loop with one warning.
     :param nan_guard: the NaN guard (:mod:`sb3_her_ext.guard`): a non-finite reward or observation is
         refused before it is stored, and a non-finite target, loss or gradient stops training without
         applying that step, with a :class:`~sb3_her_ext.guard.NonFiniteError`. On the CPU it raises at once;
@@ -199,6 +204,7 @@ class BranchingIQN(OffPolicyAlgorithm):
         compile_loss: bool = False,
         cuda_graph: bool = False,
         nan_guard: bool = True,
+        graph_collect: bool | None = None,
         _init_setup_model: bool = True,
     ) -> None:
         # every argument is checked before SB3 sees it (its errors name no argument)
@@ -251,12 +257,14 @@ class BranchingIQN(OffPolicyAlgorithm):
         self.compile_loss = compile_loss
         self.cuda_graph = cuda_graph
         self.nan_guard = nan_guard
+        self.graph_collect = graph_collect
         if cuda_graph and self.device.type != "cuda":
             raise ValueError(f"cuda_graph=True needs a CUDA device, got device={self.device}")
         self.exploration_rate = 0.0
         self.iqr_bonus = self.iqr_bonus_range[0]
         self._n_calls = 0
         self._n_gradient_steps = 0
+        self._graph_trained = False  # the fused graph already ran the coming train() call's steps
         self._last_diagnostics_step = 0
 
         if getattr(self, "action_space", None) is not None:  # unset only in `load`, which restores it all
@@ -492,16 +500,25 @@ class BranchingIQN(OffPolicyAlgorithm):
     def _on_step(self) -> None:
         """After each env step: target update, schedules (ε, IQR bonus, PER β), diagnostics at log points."""
         self._n_calls += 1
-        if self._n_calls % max(self.target_update_interval // self.n_envs, 1) == 0:
+        if self._target_update_due():
             polyak_update(self.q_net.parameters(), self.q_net_target.parameters(), self.tau)
+        self._update_schedules()
+        if self.num_timesteps - self._last_diagnostics_step >= self.diagnostics_interval:
+            self.log_diagnostics()
+
+    def _target_update_due(self) -> bool:
+        """Whether ``_on_step`` call number ``_n_calls`` updates the target network."""
+        return self._n_calls % max(self.target_update_interval // self.n_envs, 1) == 0
+
+    def _update_schedules(self) -> None:
+        """ε, the IQR bonus and PER β at the current progress (host numbers; the fused graph of
+        :mod:`sb3_her_ext.graphed_loop` copies them into its device tensors)."""
         progress_remaining = self._current_progress_remaining
         self.exploration_rate = self.exploration_schedule(progress_remaining)
         self.iqr_bonus = linear_anneal(*self.iqr_bonus_range, progress_remaining)
         if hasattr(self.replay_buffer, "beta"):
             self.replay_buffer.beta = linear_anneal(*self.per_beta_range, progress_remaining)
         self.logger.record("rollout/exploration_rate", self.exploration_rate)
-        if self.num_timesteps - self._last_diagnostics_step >= self.diagnostics_interval:
-            self.log_diagnostics()
 
     # ------------------------------------------------------------------ learning
 
@@ -512,6 +529,9 @@ class BranchingIQN(OffPolicyAlgorithm):
         :param gradient_steps: number of gradient steps.
         :param batch_size: minibatch size.
         """
+        if self._graph_trained:  # the fused graph ran these steps with its rollout (graphed_loop)
+            self._graph_trained = False
+            return
         self.policy.set_training_mode(True)
         self._update_learning_rate(self.policy.optimizer)
         for _ in range(gradient_steps):
