@@ -18,6 +18,10 @@ work on device tensors. Per vector step, with no host sync and no Python loop ov
 
 Gradient steps stay where SB3 runs them: ``learn`` calls ``train(gradient_steps, batch_size)`` after each
 ``collect_rollouts`` of ``train_freq`` vector steps (graphed when the model has ``cuda_graph=True``).
+Where the configuration qualifies (CUDA, ``cuda_graph=True``, past ``learning_starts``, a
+``callback_stride`` that is a multiple of ``train_freq``, an env with the static face; see
+:mod:`sb3_her_ext.graphed_loop`), :func:`collect_rollouts` instead runs the rollout and its gradient steps
+as ONE CUDA graph replay, and ``train`` then only keeps count.
 
 What crosses to the host, and when (one sync each time):
 
