@@ -213,3 +213,48 @@ def test_a_failed_capture_warns_once_and_the_device_loop_takes_over(monkeypatch:
     device_loop.configure(reference, callback_stride=2)
     reference.learn(80)
     assert_same_training(reference, model)
+
+
+def _state_tensors(model: BranchingIQN) -> dict[str, th.Tensor]:
+    """Every tensor a block reads and writes as state (what a CUDA graph must find at the same address)."""
+    buffer, env = model.replay_buffer, model.get_env()
+    loop = device_loop.loop_state(model, th.device("cpu"))
+    tensors = {f"policy.{k}": v for k, v in model.policy.state_dict(keep_vars=True).items()}
+    tensors.update({f"vaccine.{k}": v for k, v in model.vaccine.state_dict(keep_vars=True).items()})
+    for i, state in enumerate(model.policy.optimizer.state.values()):
+        tensors.update({f"optimizer.{i}.{k}": v for k, v in state.items() if isinstance(v, th.Tensor)})
+    tensors.update({f"storage.{k}": v for k, v in vars(buffer.storage).items() if isinstance(v, th.Tensor)})
+    tensors["buffer.sample_rng_state"] = buffer.sample_rng_state
+    tensors.update({f"hindsight.{k}": v for k, v in buffer.hindsight_state.tensors().items()})
+    tensors.update({"guard.first": model.guard.first, "guard.steps": model.guard.steps})
+    diagnostics = model.diagnostics
+    tensors.update({"diag.train_sums": diagnostics._train_sums,
+                    "diag.train_counts": diagnostics._train_counts,
+                    "diag.select_count": diagnostics._select_count,
+                    **{f"diag.{k}": v for k, v in diagnostics._select_sums.items()}})
+    tensors.update({"stats.returns": loop.stats.returns, "stats.lengths": loop.stats.lengths,
+                    "stats.count": loop.stats.count, "action_counts": loop.action_counts})
+    tensors.update({f"env.{k}": v for k, v in env.lob._state_tensors().items()})
+    tensors.update({"env.ep_return": env._ep_return_t, "env.ep_length": env._ep_length_t})
+    block = graphed_loop.block_of(model)
+    tensors.update({"block.obs": block.obs, "block.schedule": block.schedule})
+    return tensors
+
+
+def test_a_block_changes_its_state_only_in_place(tmp_path: Path) -> None:
+    """What a graph replay needs: every state tensor a block reads is the one it writes (a block that made a
+    new tensor would leave its graph reading the old one). Vaccine and plain steps, Polyak updates, episode
+    ends, hindsight rows and a diagnostics flush between blocks."""
+    model = BranchingIQN("MlpPolicy", make_env(), diagnostics_interval=16,
+                         **{**TINY, "tau": 0.5, "target_update_interval": 4})
+    device_loop.configure(model, callback_stride=2, stats_interval=16)
+    graphed_loop.configure(model, eager=True)
+    model.learn(8 * 3)  # optimizer state and the guard's copies exist after the first blocks
+    before = _state_tensors(model)
+    pointers = {k: v.data_ptr() for k, v in before.items()}
+    model.learn(8 * 30, reset_num_timesteps=False)
+    after = _state_tensors(model)
+    assert after.keys() == before.keys()
+    moved = [k for k in before if after[k] is not before[k] or after[k].data_ptr() != pointers[k]]
+    assert not moved
+    assert graphed_loop.block_of(model).eager_blocks == 33
