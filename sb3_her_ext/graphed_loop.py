@@ -40,9 +40,10 @@ that rollout as before):
   gradient steps inside the graph need the capturable optimizer that ``cuda_graph=True`` sets up;
 * the device loop runs at all (:func:`sb3_her_ext.device_loop.supports`: a device vector env, the
   prioritized hindsight buffer, ``train_freq`` in steps, no action noise);
-* the env offers the static face ``step_tensors_static`` / ``pin_static_state`` / ``graph_generators``
-  (``foxhunt.device_env.DeviceLOBVecEnv`` does): a graph must read and write its state in place, and
-  cannot replay the env's own graph inside it;
+* the env offers the static face ``step_tensors_static`` / ``pin_static_state`` / ``set_current_obs`` /
+  ``graph_generators`` (``foxhunt.device_env.DeviceLOBVecEnv`` does): a graph must read and write its
+  state in place, cannot replay the env's own graph inside it, and a replay runs no Python (so the env is
+  told where its current observations are);
 * the whole block acts with the policy: ``num_timesteps >= learning_starts`` at its start (the random
   warm-up is a host decision per step; those rollouts run through the device loop);
 * ``callback_stride`` (:func:`sb3_her_ext.device_loop.configure`) is a multiple of ``train_freq``:
@@ -81,7 +82,7 @@ from sb3_her_ext.replay import PrioritizedHindsightReplayBuffer
 __all__ = ["FusedBlock", "block_of", "collect_and_train", "configure", "reset", "unsupported_reason"]
 
 #: what an env needs for the fused graph, besides the device vector env protocol
-STATIC_FACE = ("step_tensors_static", "pin_static_state", "graph_generators")
+STATIC_FACE = ("step_tensors_static", "pin_static_state", "set_current_obs", "graph_generators")
 
 
 class CaptureError(RuntimeError):
@@ -204,8 +205,9 @@ class FusedBlock:
         self.parts = _parts(model, env, state)
         # the schedule: per step ε, IQR bonus and target update flag, then β and the first step's number
         self.schedule = th.zeros(3 * self.steps + 2, dtype=th.float64, device=device)
-        self.obs = env.current_obs().clone()  # the observations the block starts from (the graph reads)
-        self.obs_out: th.Tensor | None = None  # env.current_obs() after the last block
+        #: the observations a block starts from and ends with (the graph reads and writes them; the env's
+        #: current observations between blocks)
+        self.obs = env.current_obs().clone()
         self.branch_values = th.arange(state.action_counts.shape[1], device=device)
         interval = max(model.target_update_interval // model.n_envs, 1)
         #: target updates a block can hold at most (due calls in ``steps`` consecutive ones)
@@ -326,7 +328,7 @@ class FusedBlock:
         env, buffer = self.env, model.replay_buffer
         env.pin_static_state()
         current = env.current_obs()
-        if current is not self.obs_out:  # another path stepped or reset the env since
+        if current is not self.obs:  # another path stepped or reset the env since
             self.obs.copy_(current)
         graph = self.graphs.get(key)
         if graph is not None:
@@ -347,7 +349,7 @@ class FusedBlock:
             self.eager_blocks += 1
         else:
             outputs = self._capture(model, key)
-        self.obs_out = env.current_obs()
+        env.set_current_obs(self.obs)  # the last step's observations, which the block copied there
         return outputs
 
     def _capture(self, model: Any, key: tuple[bool, ...]) -> tuple[th.Tensor, DeviceStep]:

@@ -83,3 +83,11 @@ def test_running_stats_are_copies(market):
 def test_graph_generators_name_the_cores_generator(market):
     _, env = pair(market)
     assert env.graph_generators() == [env.lob._generator]
+
+
+def test_set_current_obs_names_the_tensor_a_graph_writes(market):
+    _, env = pair(market)
+    obs = env.current_obs().clone()
+    env.set_current_obs(obs)
+    assert env.current_obs() is obs
+    assert np.array_equal(env.state_dict()["obs"], obs.numpy())

@@ -258,3 +258,23 @@ def test_a_block_changes_its_state_only_in_place(tmp_path: Path) -> None:
     moved = [k for k in before if after[k] is not before[k] or after[k].data_ptr() != pointers[k]]
     assert not moved
     assert graphed_loop.block_of(model).eager_blocks == 33
+
+
+def test_fused_blocks_and_device_loop_rollouts_mix(tmp_path: Path) -> None:
+    """The fused path hands the env, the statistics and the counters to the device loop and back."""
+
+    def three_learns(fused: bool) -> BranchingIQN:
+        model = BranchingIQN("MlpPolicy", make_env(), **TINY)
+        device_loop.configure(model, callback_stride=2)
+        graphed_loop.configure(model, eager=True)
+        for collect in (None, False, None):
+            model.graph_collect = collect if fused else False
+            model.learn(120, reset_num_timesteps=False)
+        return model
+
+    mixed = three_learns(fused=True)
+    loop = three_learns(fused=False)
+    assert graphed_loop.block_of(mixed).eager_blocks == 2 * 120 // 8
+    assert graphed_loop.block_of(loop) is None
+    assert_same_training(loop, mixed)
+    assert th.equal(mixed.get_env().current_obs(), loop.get_env().current_obs())
