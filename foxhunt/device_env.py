@@ -196,13 +196,16 @@ class DeviceLOBVecEnv(LOBVecEnv):
                 static[key].copy_(value)
             lob._set_state_tensors(static)
 
-    def set_current_obs(self, obs: torch.Tensor) -> None:
+    def set_current_obs(self, obs: torch.Tensor, infos: dict[str, torch.Tensor] | None = None) -> None:
         """After a graph replay: the env's current observations are ``obs``, a tensor the graph writes (a
-        replay runs no Python, so the step's own assignment happened only at capture).
+        replay runs no Python, so the step's own assignments happened only at capture).
 
         :param obs: ``[N, D]`` float32 on :attr:`device`; the caller changes it in place only by stepping.
+        :param infos: the last step's info tensors (:attr:`last_info_tensors`); None: unchanged.
         """
         self._obs_t = obs
+        if infos is not None:
+            self.last_info_tensors = infos
 
     def graph_generators(self) -> list[torch.Generator]:
         """The generators :meth:`step_tensors_static` draws from (a CUDA graph registers them).

@@ -215,7 +215,8 @@ class FusedBlock:
         self.generators = [model._generator, *env.graph_generators()]
         self.graphs: dict[tuple[bool, ...], th.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[bool, ...], tuple[th.Tensor, DeviceStep]] = {}
-        self.tree_stale: dict[tuple[bool, ...], bool] = {}  # the buffer's host flag a block leaves
+        #: the buffer's tree flag and last weights a block leaves (set by its Python, which a replay skips)
+        self.left_by_block: dict[tuple[bool, ...], tuple[bool, th.Tensor]] = {}
         self.warmup_left: dict[tuple[bool, ...], int] = {}
         #: graphs captured, graph replays and eager blocks so far
         self.captures = 0
@@ -334,7 +335,9 @@ class FusedBlock:
         if graph is not None:
             graph.replay()
             self.replays += 1
-            buffer._tree_stale = self.tree_stale[key]
+            # what the block's Python left at capture (a replay runs none): the buffer's tree flag, the last
+            # batch's weights
+            buffer._tree_stale, buffer.last_weights = self.left_by_block[key]
             outputs = self.outputs[key]
         elif not self.capture:
             outputs = self.block(model, key)
@@ -349,13 +352,13 @@ class FusedBlock:
             self.eager_blocks += 1
         else:
             outputs = self._capture(model, key)
-        env.set_current_obs(self.obs)  # the last step's observations, which the block copied there
+        env.set_current_obs(self.obs, outputs[1].infos)  # the block copied the last step's there
         return outputs
 
     def _capture(self, model: Any, key: tuple[bool, ...]) -> tuple[th.Tensor, DeviceStep]:
         """Capture ``key``'s block, then replay it once (the block's real run)."""
         buffer = model.replay_buffer
-        stale = buffer._tree_stale
+        left = buffer._tree_stale, buffer.last_weights
         graph = th.cuda.CUDAGraph()
         try:
             for generator in self.generators:
@@ -364,10 +367,10 @@ class FusedBlock:
                 outputs = self.block(model, key)
         except Exception as error:  # anything a capture refuses: nothing of the block ran
             self.env.pin_static_state(rollback=True)
-            buffer._tree_stale = stale
+            buffer._tree_stale, buffer.last_weights = left
             raise CaptureError(f"{type(error).__name__}: {error}") from error
         self.graphs[key], self.outputs[key] = graph, outputs
-        self.tree_stale[key] = buffer._tree_stale
+        self.left_by_block[key] = (buffer._tree_stale, buffer.last_weights)
         self.captures += 1
         graph.replay()
         self.replays += 1
