@@ -359,6 +359,7 @@ class FusedBlock:
         """Capture ``key``'s block, then replay it once (the block's real run)."""
         buffer = model.replay_buffer
         left = buffer._tree_stale, buffer.last_weights
+        stream = th.cuda.current_stream()
         graph = th.cuda.CUDAGraph()
         try:
             for generator in self.generators:
@@ -366,6 +367,7 @@ class FusedBlock:
             with th.cuda.graph(graph):
                 outputs = self.block(model, key)
         except Exception as error:  # anything a capture refuses: nothing of the block ran
+            th.cuda.set_stream(stream)  # a capture that failed to end leaves its own stream current
             self.env.pin_static_state(rollback=True)
             buffer._tree_stale, buffer.last_weights = left
             raise CaptureError(f"{type(error).__name__}: {error}") from error
