@@ -71,8 +71,9 @@ class DeviceLOBVecEnv(LOBVecEnv):
                                   device=self.device)
         #: the books' state tensors the last static step read and wrote (step_tensors_static)
         self._static_state: dict[str, torch.Tensor] | None = None
-        #: (state tensors, obs) before the first static step since the last pin: what a rollback restores
-        self._static_rollback: tuple[dict[str, torch.Tensor], torch.Tensor] | None = None
+        #: (state tensors, obs, info tensors) before the first static step since the last pin: what a
+        #: rollback restores
+        self._static_rollback: tuple[dict[str, Any], torch.Tensor, dict[str, Any]] | None = None
         if compile:
             self.lob.enable_compile()
         if cuda_graph:
@@ -161,7 +162,7 @@ class DeviceLOBVecEnv(LOBVecEnv):
         self._take_stats()
         state = lob._state_tensors()
         if self._static_rollback is None:
-            self._static_rollback = (dict(state), self._obs_t)
+            self._static_rollback = (dict(state), self._obs_t, self.last_info_tensors)
         if self._host_sync:
             result = lob.step_autoreset(actions, host_sync=True)
         else:
@@ -183,9 +184,9 @@ class DeviceLOBVecEnv(LOBVecEnv):
         lob = self.lob
         self._take_stats()  # the numpy face may have stepped since
         if rollback and self._static_rollback is not None:
-            state, obs = self._static_rollback
+            state, obs, infos = self._static_rollback
             lob._set_state_tensors(state)
-            self._obs_t = obs
+            self._obs_t, self.last_info_tensors = obs, infos
         self._static_rollback = None
         static = self._static_state
         if static is None:
