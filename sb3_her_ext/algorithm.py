@@ -144,16 +144,16 @@ class BranchingIQN(OffPolicyAlgorithm):
         optimizer is made capturable (its learning rate a tensor, so schedules still apply); the first few
         steps of each kind run eagerly while its graph is prepared. Same random draws and same arithmetic as
         the eager step.
-    :param graph_collect: with ``cuda_graph=True`` on a device vector env, run each rollout of
-        ``train_freq`` vector steps together with its gradient steps as ONE CUDA graph replay
-        (:mod:`sb3_her_ext.graphed_loop`, which lists the configurations that qualify); ``None`` (default):
-        whenever the configuration qualifies, ``False``: never; ``True``: as ``None``, and ``cuda_graph=True``
-        is required. A failed capture falls back to the device loop with one warning.
     :param nan_guard: the NaN guard (:mod:`sb3_her_ext.guard`): a non-finite reward or observation is
         refused before it is stored, and a non-finite target, loss or gradient stops training without
         applying that step, with a :class:`~sb3_her_ext.guard.NonFiniteError`. On the CPU it raises at once;
         on a GPU it raises at the next sync point (a diagnostics line, the end of ``learn``,
         :meth:`check_finite`).
+    :param graph_collect: with ``cuda_graph=True`` on a device vector env, run each rollout of
+        ``train_freq`` vector steps together with its gradient steps as ONE CUDA graph replay
+        (:mod:`sb3_her_ext.graphed_loop`, which lists the configurations that qualify); ``None`` (default):
+        whenever the configuration qualifies, ``False``: never; ``True``: as ``None``, and ``cuda_graph=True``
+        is required. A failed capture falls back to the device loop with one warning.
     :param _init_setup_model: whether to build the networks on creation.
     """
 
@@ -524,7 +524,8 @@ class BranchingIQN(OffPolicyAlgorithm):
 
     def train(self, gradient_steps: int, batch_size: int = 256) -> None:
         """Run ``gradient_steps`` gradient steps on batches of ``batch_size`` (:meth:`Learner.train_step`; no
-        host sync).
+        host sync). Right after a rollout the fused graph ran with its gradient steps
+        (:mod:`sb3_her_ext.graphed_loop`), nothing: those steps are done and counted.
 
         :param gradient_steps: number of gradient steps.
         :param batch_size: minibatch size.
