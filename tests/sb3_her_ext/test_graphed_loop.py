@@ -261,7 +261,8 @@ def test_a_block_changes_its_state_only_in_place(tmp_path: Path) -> None:
 
 
 def test_fused_blocks_and_device_loop_rollouts_mix(tmp_path: Path) -> None:
-    """The fused path hands the env, the statistics and the counters to the device loop and back."""
+    """The fused path hands the env, the statistics and the counters to the device loop (and the numpy
+    face) and back."""
 
     def three_learns(fused: bool) -> BranchingIQN:
         model = BranchingIQN("MlpPolicy", make_env(), **TINY)
@@ -270,6 +271,8 @@ def test_fused_blocks_and_device_loop_rollouts_mix(tmp_path: Path) -> None:
         for collect in (None, False, None):
             model.graph_collect = collect if fused else False
             model.learn(120, reset_num_timesteps=False)
+            env = model.get_env()  # the numpy face steps the same books in between (statistics hand over)
+            env.step(np.ones((env.num_envs, 4), dtype=np.int64))
         return model
 
     mixed = three_learns(fused=True)
