@@ -98,6 +98,16 @@ _SETTINGS: weakref.WeakKeyDictionary[Any, _Settings] = weakref.WeakKeyDictionary
 _BLOCKS: weakref.WeakKeyDictionary[Any, FusedBlock] = weakref.WeakKeyDictionary()
 #: reasons of failed captures, per model: the fused path is not tried again
 _FAILED: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+#: the warnings given per model (each once)
+_WARNED: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+
+
+def _warn_once(model: Any, message: str) -> None:
+    """A RuntimeWarning, once per model and message."""
+    seen = _WARNED.setdefault(model, set())
+    if message not in seen:
+        seen.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 def configure(model: Any, eager: bool = False) -> None:
@@ -424,7 +434,10 @@ def collect_and_train(
     :param log_interval: episodes between ``dump_logs``.
     :return: SB3's ``RolloutReturn``, or None: not fused (the caller runs the device loop).
     """
-    if unsupported_reason(model, env, train_freq, learning_starts) is not None:
+    reason = unsupported_reason(model, env, train_freq, learning_starts)
+    if reason is not None:
+        if getattr(model, "graph_collect", None) is True and model.num_timesteps >= learning_starts:
+            _warn_once(model, f"graph_collect=True, but this rollout runs through the device loop: {reason}")
         return None
     device = th.device(env.device)
     state = device_loop.loop_state(model, device)
@@ -441,8 +454,8 @@ def collect_and_train(
         saved.restore(model)
         reason = f"capture failed ({error})"
         _FAILED[model] = reason
-        warnings.warn(f"the fused collect + train CUDA graph is off for this model: {reason}; the device "
-                      "loop runs instead", RuntimeWarning, stacklevel=2)
+        _warn_once(model, f"the fused collect + train CUDA graph is off for this model: {reason}; the device "
+                   "loop runs instead")
         return None
     callback.on_rollout_start()
     # the gradient steps ran with the block: train()'s bookkeeping here, and train() skips them

@@ -281,3 +281,15 @@ def test_fused_blocks_and_device_loop_rollouts_mix(tmp_path: Path) -> None:
     assert graphed_loop.block_of(loop) is None
     assert_same_training(loop, mixed)
     assert th.equal(mixed.get_env().current_obs(), loop.get_env().current_obs())
+
+
+def test_graph_collect_true_warns_once_when_a_rollout_does_not_qualify(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model = BranchingIQN("MlpPolicy", make_env(), **TINY)
+    monkeypatch.setattr(model, "graph_collect", True)  # the CPU model cannot ask for it at construction
+    graphed_loop.configure(model, eager=True)  # qualifies but for the callback stride (1, train_freq 2)
+    with pytest.warns(RuntimeWarning, match="callback_stride=1 is not a multiple of train_freq=2") as warned:
+        model.learn(40)
+    assert len([w for w in warned if "graph_collect=True" in str(w.message)]) == 1
+    assert graphed_loop.block_of(model) is None
