@@ -152,8 +152,9 @@ class BranchingIQN(OffPolicyAlgorithm):
     :param graph_collect: with ``cuda_graph=True`` on a device vector env, run each rollout of
         ``train_freq`` vector steps together with its gradient steps as ONE CUDA graph replay
         (:mod:`sb3_her_ext.graphed_loop`, which lists the configurations that qualify); ``None`` (default):
-        whenever the configuration qualifies, ``False``: never; ``True``: as ``None``, and ``cuda_graph=True``
-        is required. A failed capture falls back to the device loop with one warning.
+        whenever the configuration qualifies, ``False``: never; ``True``: as ``None``, ``cuda_graph=True`` is
+        required, and a rollout past ``learning_starts`` that does not qualify warns once with the reason.
+        A failed capture falls back to the device loop with one warning.
     :param _init_setup_model: whether to build the networks on creation.
     """
 
