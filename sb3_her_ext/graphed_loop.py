@@ -30,8 +30,11 @@ stream), then is captured once and replayed from then on: no recapture after tha
 generator (action selection, quantile fractions) and the env's generators are registered with every graph
 (``CUDAGraph.register_generator_state``), so each replay draws fresh numbers from the same streams the
 eager block would; torch's default generator (the acting fractions, the vaccine batch) is graph-safe
-itself. A new env, buffer, policy or optimizer (``set_env``, ``load_replay_buffer``, ``load``) starts a new
-:class:`FusedBlock`.
+itself. A new env, buffer, policy or optimizer (``set_env``, ``load_replay_buffer``, ``load``), or another
+``train_freq``, ``gradient_steps`` or ``batch_size``, starts a new :class:`FusedBlock` (new captures; each
+graph keeps a memory pool of its own). :func:`configure` with ``eager=True`` runs the blocks without
+capturing them, on any device: the CPU tests compare that with the device loop, the GPU tests with the
+replays.
 
 Which configurations qualify (:func:`unsupported_reason` says why one does not; then the device loop runs
 that rollout as before):
@@ -47,7 +50,8 @@ that rollout as before):
 * the whole block acts with the policy: ``num_timesteps >= learning_starts`` at its start (the random
   warm-up is a host decision per step; those rollouts run through the device loop);
 * ``callback_stride`` (:func:`sb3_her_ext.device_loop.configure`) is a multiple of ``train_freq``:
-  callbacks can only run between replays, so a stride that ends inside a block cannot be honoured;
+  callbacks can only run between replays, so a stride that ends inside a block cannot be honoured (the
+  default stride 1 qualifies with ``train_freq=1``);
 * no capture of this model has failed: a failed capture warns once (naming the reason) and the model
   keeps the device loop.
 
