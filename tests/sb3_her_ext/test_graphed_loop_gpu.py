@@ -150,3 +150,38 @@ def test_a_capture_that_syncs_falls_back_to_the_device_loop_with_one_warning(
     assert "capture failed" in graphed_loop.unsupported_reason(
         model, model.get_env(), TrainFreq(2, TrainFrequencyUnit.STEP), 0)
     model.check_finite()
+
+
+def test_the_nan_guard_inside_replays_undoes_the_steps_and_raises_at_the_sync_point() -> None:
+    """The guard's device flags and masked restore inside the fused graph: once the sampled targets turn
+    NaN, no gradient step of any later replay changes the online network, PopArt or the optimizer, and the
+    error comes at the next sync point (a diagnostics line)."""
+    from sb3_her_ext.guard import NonFiniteError
+
+    model = fused_model(eager=False)
+    model.learn(64 * 2 * 10)  # warm-up and captures
+    block = graphed_loop.block_of(model)
+    assert block is not None and block.captures == 2 and model.guard is not None
+    buffer = model.replay_buffer
+    buffer.rewards[: buffer.size()] = float("nan")  # every stored row: the next batches meet NaN targets
+    online = {k: v.clone() for k, v in model.q_net.state_dict().items()}
+    popart = {k: v.clone() for k, v in model.policy.popart.state_dict().items()}
+    optimizer = [v.clone() for s in model.policy.optimizer.state.values() for v in s.values()
+                 if isinstance(v, th.Tensor) and v.is_cuda]
+    env, freq = model.get_env(), TrainFreq(2, TrainFrequencyUnit.STEP)
+    model._total_timesteps = 10**9
+    callback = model._init_callback(None)
+    replays = block.replays
+    for _ in range(4):
+        assert graphed_loop.collect_and_train(model, env, callback, freq, buffer, 0, None) is not None
+        model.train(gradient_steps=3, batch_size=model.batch_size)
+    assert block.replays == replays + 4
+    for key, value in model.q_net.state_dict().items():
+        assert th.equal(value, online[key]), key
+    for key, value in model.policy.popart.state_dict().items():
+        assert th.equal(value, popart[key]), key
+    now = [v for s in model.policy.optimizer.state.values() for v in s.values()
+           if isinstance(v, th.Tensor) and v.is_cuda]
+    assert all(th.equal(a, b) for a, b in zip(optimizer, now, strict=True))
+    with pytest.raises(NonFiniteError, match="non-finite"):
+        model.log_diagnostics()
