@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch as th
+from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.type_aliases import TrainFreq, TrainFrequencyUnit
 
 from foxhunt.device_env import DeviceLOBVecEnv
@@ -66,25 +67,38 @@ def test_graph_replays_equal_the_same_blocks_run_eagerly() -> None:
         assert int(count) == int(eager.replay_buffer.hindsight_counts[kind])
 
 
+class ScheduleWatch(BaseCallback):
+    """Records ε, PER β and the learning rate the host wrote for each block (at block ends)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[float, float, float]] = []
+
+    def _on_step(self) -> bool:
+        lr = float(self.model.policy.optimizer.param_groups[0]["lr"])  # a tensor: a sync, outside replays
+        self.seen.append((self.model.exploration_rate, self.model.replay_buffer.beta, lr))
+        return True
+
+
 def test_no_recapture_after_warm_up_while_the_schedules_change() -> None:
     model = fused_model(eager=False)
     model.learn(64 * 2 * 12)
     block = graphed_loop.block_of(model)
     assert block is not None
     captures, replays = block.captures, block.replays
-    lr_before = float(model.policy.optimizer.param_groups[0]["lr"])
-    eps_before, beta_before = model.exploration_rate, model.replay_buffer.beta
-    model.learn(64 * 2 * 60, reset_num_timesteps=False)
+    watch = ScheduleWatch()
+    model.learn(64 * 2 * 60, callback=watch, reset_num_timesteps=False)
     assert graphed_loop.block_of(model) is block and block.captures == captures  # zero recaptures
-    assert block.replays == replays + 60
-    # the schedules moved and the graph read them: the values of its last block are the host's
-    assert model.exploration_rate != eps_before and model.replay_buffer.beta != beta_before
+    assert block.replays == replays + 60 and len(watch.seen) == 60
+    for values in zip(*watch.seen, strict=True):  # ε, β and the learning rate moved block after block
+        assert len(set(values)) > 50
+    # and the graph read them: the last block's values in its device tensors are the host's
     lr = model.policy.optimizer.param_groups[0]["lr"]
-    assert float(lr) != lr_before and float(lr) == pytest.approx(model.lr_schedule(
-        model._current_progress_remaining), rel=1e-6)
+    assert float(lr) == pytest.approx(model.lr_schedule(model._current_progress_remaining), rel=1e-6)
     k = block.steps
     schedule = block.schedule.cpu().tolist()
     assert schedule[3 * k] == model.replay_buffer.beta
+    assert schedule[3 * k + 1] == model.num_timesteps - k * 64
 
 
 def test_no_host_sync_inside_a_replay() -> None:
