@@ -314,7 +314,6 @@ def flush(model: Any, state: _LoopState, log_interval: int | None) -> tuple[int,
     :param model: the algorithm.
     :param state: its loop state.
     :param log_interval: episodes between ``dump_logs``.
-
     :return: ``(episodes ended since the last flush, whether the logs are due)``.
     """
     assert state.stats is not None and state.action_counts is not None

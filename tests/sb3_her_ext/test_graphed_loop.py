@@ -293,3 +293,26 @@ def test_graph_collect_true_warns_once_when_a_rollout_does_not_qualify(
         model.learn(40)
     assert len([w for w in warned if "graph_collect=True" in str(w.message)]) == 1
     assert graphed_loop.block_of(model) is None
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.4, 0.5, 0.77, 1.0])
+def test_sampling_with_beta_as_a_tensor_equals_sample(beta: float) -> None:
+    from gymnasium import spaces
+
+    from sb3_her_ext.replay import PrioritizedHindsightReplayBuffer
+
+    rng = np.random.default_rng(0)
+    buffer = PrioritizedHindsightReplayBuffer(100, spaces.Box(-1, 1, (3,)), spaces.MultiDiscrete([3, 3]),
+                                              device="cpu", n_envs=4)
+    for _ in range(10):
+        buffer.add(rng.normal(size=(4, 3)), rng.normal(size=(4, 3)), rng.integers(0, 3, (4, 2)),
+                   rng.normal(size=4), np.zeros(4), [{}] * 4)
+    buffer.update_priorities(th.arange(40), th.rand(40, generator=th.Generator().manual_seed(1)))
+    buffer.beta = beta
+    th.manual_seed(3)
+    by_number = buffer.sample(32)
+    th.manual_seed(3)
+    by_tensor = buffer.sample_with_beta(32, th.tensor(beta, dtype=th.float64))
+    assert th.equal(by_number.indices, by_tensor.indices)
+    th.testing.assert_close(by_tensor.weights, by_number.weights, rtol=1e-6, atol=0)
+    assert th.equal(by_tensor.weights, by_number.weights)  # on the CPU the same numbers
