@@ -42,7 +42,8 @@ that rollout as before):
 * a CUDA device with ``cuda_graph=True`` and ``graph_collect`` not False: capture needs CUDA, and the
   gradient steps inside the graph need the capturable optimizer that ``cuda_graph=True`` sets up;
 * the device loop runs at all (:func:`sb3_her_ext.device_loop.supports`: a device vector env, the
-  prioritized hindsight buffer, ``train_freq`` in steps, no action noise);
+  prioritized hindsight buffer, ``train_freq`` in steps, no action noise), for the learn loop's rollout
+  (of the model's own ``train_freq``: its gradient steps follow it);
 * the env offers the static face ``step_tensors_static`` / ``pin_static_state`` / ``set_current_obs`` /
   ``graph_generators`` (``foxhunt.device_env.DeviceLOBVecEnv`` does): a graph must read and write its
   state in place, cannot replay the env's own graph inside it, and a replay runs no Python (so the env is
@@ -186,6 +187,9 @@ def unsupported_reason(model: Any, env: Any, train_freq: TrainFreq, learning_sta
         return f"the env has no {missing} (the static face a graph needs)"
     if not isinstance(model.replay_buffer, PrioritizedHindsightReplayBuffer):
         return f"replay buffer {type(model.replay_buffer).__name__} (needs PrioritizedHindsightReplayBuffer)"
+    if train_freq.frequency != model.train_freq.frequency:
+        return (f"a rollout of {train_freq.frequency} steps is not the learn loop's (train_freq="
+                f"{model.train_freq.frequency}): its gradient steps would not follow it")
     if model.num_timesteps < learning_starts:
         return f"num_timesteps={model.num_timesteps} < learning_starts={learning_starts} (random actions)"
     stride = device_loop.settings_of(model).callback_stride
@@ -356,8 +360,9 @@ class FusedBlock:
         elif not self.capture:
             outputs = self.block(model, key)
             self.eager_blocks += 1
-        elif self.warmup_left.setdefault(key, self.WARMUP_BLOCKS) > 0:
-            self.warmup_left[key] -= 1
+        elif self.warmup_left.setdefault(key, self.WARMUP_BLOCKS) > 0 or th.cuda.get_sync_debug_mode():
+            # warm-up; or a sync debug mode is on (a capture begins with a device sync): eager until it is off
+            self.warmup_left[key] = max(self.warmup_left[key] - 1, 0)
             side = th.cuda.Stream()
             side.wait_stream(th.cuda.current_stream())
             with th.cuda.stream(side):

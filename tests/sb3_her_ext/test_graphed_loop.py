@@ -157,6 +157,9 @@ def test_configurations_that_do_not_qualify_keep_the_device_loop() -> None:
     device_loop.configure(model, callback_stride=4)
     assert graphed_loop.unsupported_reason(model, env, freq, 0) is None
     assert "learning_starts" in graphed_loop.unsupported_reason(model, env, freq, 10)
+    # a rollout of another length than the model's train_freq is not the learn loop's (no train follows)
+    assert "not the learn loop's" in graphed_loop.unsupported_reason(
+        model, env, TrainFreq(4, TrainFrequencyUnit.STEP), 0)
     model.graph_collect = False
     assert graphed_loop.unsupported_reason(model, env, freq, 0) == "graph_collect=False"
 
