@@ -91,3 +91,29 @@ def test_set_current_obs_names_the_tensor_a_graph_writes(market):
     env.set_current_obs(obs)
     assert env.current_obs() is obs
     assert np.array_equal(env.state_dict()["obs"], obs.numpy())
+
+
+@pytest.mark.gpu
+def test_the_static_step_on_cuda_equals_step_tensors_without_a_host_sync():
+    kwargs = dict(device="cuda", seed=0, data="synthetic", num_steps=600, episode_length=8, cuda_graph=True)
+    plain, static = DeviceLOBVecEnv(64, **kwargs), DeviceLOBVecEnv(64, **kwargs)
+    for env in (plain, static):
+        env.reset()
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(0)
+    actions = [torch.randint(0, 3, (64, 4), device="cuda", generator=gen) for _ in range(30)]
+    static.step_tensors_static(actions[0])
+    plain.step_tensors(actions[0])
+    torch.cuda.synchronize()
+    steps = []
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for action in actions[1:]:  # episodes of 8 steps: same-step resets with offsets drawn inside
+            steps.append((plain.step_tensors(action), static.step_tensors_static(action)))
+            static.pin_static_state()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for a, b in steps:  # compared after: a comparison read on the host is a sync
+        for name in ("obs", "reward", "done", "final_obs", "episode_return", "episode_length"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert static.lob._state_tensors()["books"] is static.lob._graph_state["books"]  # the core's graph's
