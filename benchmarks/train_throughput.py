@@ -5,6 +5,9 @@ Rows, at each number of books and device:
 * ``BranchingIQN device loop``: ``DeviceLOBVecEnv`` (tensor face; on CUDA its step CUDA-graphed with the
   autoreset, and the model's gradient steps graphed, ``cuda_graph=True``), collected by
   :mod:`sb3_her_ext.device_loop`;
+* ``BranchingIQN one graph``: the device loop's model and env with ``graph_collect=True`` and callbacks every
+  ``train_freq`` vector steps: each rollout and its gradient steps are one CUDA graph replay
+  (:mod:`sb3_her_ext.graphed_loop`; CUDA only, its warm-up covers every graph it captures);
 * ``BranchingIQN SB3 loop``: the same model on ``LOBVecEnv`` (SB3's numpy ``collect_rollouts``);
 * ``SB3 DQN`` and ``sb3-contrib QR-DQN``: on the same ``LOBVecEnv`` with the 81 joint actions of
   ``MultiDiscrete([3, 3, 3, 3])`` flattened to ``Discrete(81)`` by :class:`FlatActions`.
@@ -52,7 +55,9 @@ from _common import default_out, machine_info, peer_missing, synchronizer, write
 
 RESULTS = default_out("train_throughput")
 NVEC = (3, 3, 3, 3)
-ROWS = ("BranchingIQN device loop", "BranchingIQN SB3 loop", "SB3 DQN", "sb3-contrib QR-DQN")
+ROWS = ("BranchingIQN device loop", "BranchingIQN one graph", "BranchingIQN SB3 loop", "SB3 DQN",
+        "sb3-contrib QR-DQN")
+ONE_GRAPH = "BranchingIQN one graph"
 
 
 class FlatActions(VecEnvWrapper):
@@ -121,6 +126,13 @@ def make_model(row: str, books: int, device: str, market: Any, args: argparse.Na
     if row == "BranchingIQN device loop":
         env = DeviceLOBVecEnv(books, device=device, cuda_graph=cuda, compile=args.compile_env, **env_kwargs)
         return BranchingIQN("MlpPolicy", env, cuda_graph=cuda, **iqn)
+    if row == ONE_GRAPH:
+        from sb3_her_ext import device_loop
+
+        env = DeviceLOBVecEnv(books, device=device, cuda_graph=True, compile=args.compile_env, **env_kwargs)
+        model = BranchingIQN("MlpPolicy", env, cuda_graph=True, graph_collect=True, **iqn)
+        device_loop.configure(model, callback_stride=train_freq)  # callbacks between replays only
+        return model
     if row == "BranchingIQN SB3 loop":
         return BranchingIQN("MlpPolicy", LOBVecEnv(books, device=device, **env_kwargs), **iqn)
     env = FlatActions(LOBVecEnv(books, device=device, **env_kwargs))
@@ -135,17 +147,35 @@ def make_model(row: str, books: int, device: str, market: Any, args: argparse.Na
                  **common)
 
 
+def _fused_warmup_cycles(model: Any) -> int:
+    """Rollouts the one-graph row needs before every graph of it is captured: each vaccine pattern of the
+    gradient steps is its own graph (at most ``vaccine_interval`` of them), captured after its warm-up."""
+    from sb3_her_ext.graphed_loop import FusedBlock
+
+    return max(model.vaccine_interval, 1) * (FusedBlock.WARMUP_BLOCKS + 1)
+
+
+def _graph_counts(model: Any) -> tuple[int, int, int]:
+    """``(captures, replays, eager blocks)`` of the model's fused block so far (zeros before it exists)."""
+    from sb3_her_ext import graphed_loop
+
+    block = graphed_loop.block_of(model)
+    return (0, 0, 0) if block is None else (block.captures, block.replays, block.eager_blocks)
+
+
 def time_row(model: Any, books: int, train_freq: int, gradient_steps: int, device: str,
-             seconds: float) -> dict[str, Any]:
+             seconds: float, fused: bool = False) -> dict[str, Any]:
     """Warm up, size, then time one ``learn``.
 
+    :param fused: the one-graph row (its warm-ups cover its graph captures).
     :return: env steps, gradient steps, wall seconds and rates of the timed ``learn``.
     """
     sync = synchronizer(device)
     cycle = train_freq * books  # env steps per train call
     # past learning_starts, then enough train calls for compiles and graph captures (25 gradient steps)
     warm_cycles = max(2, math.ceil(25 / gradient_steps)) if th.device(device).type == "cuda" else 2
-    warm = math.ceil(model.learning_starts / cycle) * cycle + warm_cycles * cycle
+    extra = _fused_warmup_cycles(model) if fused else 0
+    warm = math.ceil(model.learning_starts / cycle) * cycle + (warm_cycles + extra) * cycle
     start = time.perf_counter()
     model.learn(warm, log_interval=10**9)
     sync()
@@ -157,14 +187,25 @@ def time_row(model: Any, books: int, train_freq: int, gradient_steps: int, devic
     pilot_rate = pilot / max(time.perf_counter() - start, 1e-9)
     timed = max(2, math.ceil(seconds * pilot_rate / cycle)) * cycle
     updates = model._n_updates
+    counts = _graph_counts(model) if fused else None
     start = time.perf_counter()
     model.learn(timed, reset_num_timesteps=False, log_interval=10**9)
     sync()
     elapsed = time.perf_counter() - start
+    result: dict[str, Any] = {}
+    if fused:  # the timed learn's graphs: captures during it (0 when warmed up), replays, eager blocks
+        after = _graph_counts(model)
+        result["fused_graphs"] = {
+            "captures_before": counts[0], "captures_during": after[0] - counts[0],
+            "replays_during": after[1] - counts[1], "eager_blocks_during": after[2] - counts[2]}
     grad_steps = model._n_updates - updates
     # the same loop without its gradient steps: what collecting alone costs (the rest is the learner's)
     gradient_steps_before, model.gradient_steps = model.gradient_steps, 0
     try:
+        if fused:  # the collect-only graph: its warm-up and capture before the pilot
+            from sb3_her_ext.graphed_loop import FusedBlock
+
+            model.learn((FusedBlock.WARMUP_BLOCKS + 1) * cycle, reset_num_timesteps=False, log_interval=10**9)
         start = time.perf_counter()
         model.learn(pilot, reset_num_timesteps=False, log_interval=10**9)
         sync()
@@ -176,7 +217,7 @@ def time_row(model: Any, books: int, train_freq: int, gradient_steps: int, devic
         collect_rate = collect_timed / (time.perf_counter() - start)
     finally:
         model.gradient_steps = gradient_steps_before
-    return {"env_steps": timed, "timed_gradient_steps": grad_steps, "seconds": elapsed,
+    return {**result, "env_steps": timed, "timed_gradient_steps": grad_steps, "seconds": elapsed,
             "warmup_seconds": warm_seconds, "env_steps_per_s": timed / elapsed,
             "grad_steps_per_s": grad_steps / elapsed, "collect_only_env_steps_per_s": collect_rate,
             # wall time per gradient step once collecting is taken out: the learner's share
@@ -205,9 +246,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 deterministic = th.are_deterministic_algorithms_enabled()
                 warn_only = th.is_deterministic_algorithms_warn_only_enabled()
                 try:
+                    if row == ONE_GRAPH and th.device(device).type != "cuda":
+                        rows.append({**base, "skipped": "CUDA only (a CUDA graph)"})
+                        print(f"{device:5s} {books:6d} {row:26s} skipped: CUDA only", flush=True)
+                        continue
                     th.manual_seed(0)
                     model = make_model(row, books, device, market, args, train_freq, gradient_steps)
-                    result = time_row(model, books, train_freq, gradient_steps, device, args.seconds)
+                    result = time_row(model, books, train_freq, gradient_steps, device, args.seconds,
+                                      fused=row == ONE_GRAPH)
                 except ImportError as error:
                     result = {"skipped": peer_missing("sb3-contrib", error)}
                 finally:  # a seeded BranchingIQN on CUDA turns deterministic algorithms on process-wide

@@ -15,6 +15,12 @@ On a CPU the autoreset draws new start offsets only at steps where a book finish
 face does (same seed, same episodes in both faces); on an accelerator it draws every step, with no host
 sync (:meth:`~foxenv.core.BatchedLOB.step_autoreset`'s ``host_sync=False``), so the same seed gives other
 episode starts there.
+
+:meth:`DeviceLOBVecEnv.step_tensors_static` is the step a CUDA graph of the whole training block captures
+(:mod:`sb3_her_ext.graphed_loop`): the same step, but every piece of state it changes (the books, the
+running episode statistics) is written in place into tensors that stay put, so that replays of the graph
+read and write the same memory; :meth:`DeviceLOBVecEnv.pin_static_state` puts the state back into those
+tensors after any other step or reset replaced them.
 """
 
 from __future__ import annotations
@@ -63,6 +69,11 @@ class DeviceLOBVecEnv(LOBVecEnv):
         self._stats_on = "both"  # which face holds the running episode stats: "both", "numpy", "device"
         self._obs_t = torch.zeros(self.num_envs, self.observation_space.shape[0], dtype=torch.float32,
                                   device=self.device)
+        #: the books' state tensors the last static step read and wrote (step_tensors_static)
+        self._static_state: dict[str, torch.Tensor] | None = None
+        #: (state tensors, obs, info tensors) before the first static step since the last pin: what a
+        #: rollback restores
+        self._static_rollback: tuple[dict[str, Any], torch.Tensor, dict[str, Any]] | None = None
         if compile:
             self.lob.enable_compile()
         if cuda_graph:
@@ -110,23 +121,99 @@ class DeviceLOBVecEnv(LOBVecEnv):
             info of the step before any reset plus ``TimeLimit.truncated``, and is also kept in
             :attr:`last_info_tensors`.
         """
+        self._take_stats()
+        result = self.lob.step_autoreset(actions, host_sync=self._host_sync)
+        return self._device_step(*result)
+
+    def _take_stats(self) -> None:
+        """The tensor face takes the running episode statistics over (copied in place: the tensors stay)."""
         if self._stats_on == "numpy":
-            self._ep_return_t = torch.from_numpy(self._episode_return).to(self.device)
-            self._ep_length_t = torch.from_numpy(self._episode_length).to(self.device)
+            self._ep_return_t.copy_(torch.from_numpy(self._episode_return))
+            self._ep_length_t.copy_(torch.from_numpy(self._episode_length))
         self._stats_on = "device"
-        obs, reward, terminated, truncated, info, final_obs = self.lob.step_autoreset(
-            actions, host_sync=self._host_sync
-        )
+
+    def _device_step(self, obs: torch.Tensor, reward: torch.Tensor, terminated: torch.Tensor,
+                     truncated: torch.Tensor, info: dict[str, torch.Tensor], final_obs: torch.Tensor) -> (
+        DeviceStep
+    ):
+        """The step's :class:`DeviceStep`; the running episode statistics advance in place."""
         done = terminated | truncated
         infos = {**info, TIMEOUT_KEY: truncated & ~terminated}
         self.last_info_tensors = infos
         # float64 sums of the float32 rewards, as the numpy face's Monitor-style stats
         episode_return = self._ep_return_t + reward.to(torch.float64)
         episode_length = self._ep_length_t + 1
-        self._ep_return_t = episode_return.masked_fill(done, 0.0)
-        self._ep_length_t = episode_length.masked_fill(done, 0)
+        self._ep_return_t.copy_(episode_return.masked_fill(done, 0.0))
+        self._ep_length_t.copy_(episode_length.masked_fill(done, 0))
         self._obs_t = obs
         return DeviceStep(obs, reward, done, final_obs, infos, episode_return, episode_length)
+
+    # ----------------------------------------------------------------------------------- CUDA-graph face
+    def step_tensors_static(self, actions: torch.Tensor) -> DeviceStep:
+        """:meth:`step_tensors` as a CUDA graph captures it: the books' new state is copied back into the
+        tensors the step read (so replays read and write the same memory), no graph of the core's own is
+        replayed (graphs do not nest), and the start offsets are drawn inside, from the generators
+        :meth:`graph_generators` lists. On a CPU (never captured) the same draws as :meth:`step_tensors`.
+
+        :param actions: ``[N, 4]`` int64 actions on :attr:`device` (from the policy: not validated).
+        :return: the step, as :meth:`step_tensors`.
+        """
+        lob = self.lob
+        self._take_stats()
+        state = lob._state_tensors()
+        if self._static_rollback is None:
+            self._static_rollback = (dict(state), self._obs_t, self.last_info_tensors)
+        if self._host_sync:
+            result = lob.step_autoreset(actions, host_sync=True)
+        else:
+            result = lob._advance_autoreset_fn(actions, lob._draw_offsets())
+        for key, value in lob._state_tensors().items():
+            if value is not state[key]:
+                state[key].copy_(value)
+        lob._set_state_tensors(state)
+        self._static_state = state
+        return self._device_step(*result)
+
+    def pin_static_state(self, rollback: bool = False) -> None:
+        """Before a replay of a graph holding :meth:`step_tensors_static`: make the tensors it reads hold the
+        books' current state (a reset or another step may have replaced them).
+
+        :param rollback: first undo the static steps since the last pin that never ran (a failed capture:
+            their device work was recorded, not done).
+        """
+        lob = self.lob
+        self._take_stats()  # the numpy face may have stepped since
+        if rollback and self._static_rollback is not None:
+            state, obs, infos = self._static_rollback
+            lob._set_state_tensors(state)
+            self._obs_t, self.last_info_tensors = obs, infos
+        self._static_rollback = None
+        static = self._static_state
+        if static is None:
+            return
+        current = lob._state_tensors()
+        if any(current[key] is not static[key] for key in static):
+            for key, value in current.items():
+                static[key].copy_(value)
+            lob._set_state_tensors(static)
+
+    def set_current_obs(self, obs: torch.Tensor, infos: dict[str, torch.Tensor] | None = None) -> None:
+        """After a graph replay: the env's current observations are ``obs``, a tensor the graph writes (a
+        replay runs no Python, so the step's own assignments happened only at capture).
+
+        :param obs: ``[N, D]`` float32 on :attr:`device`; the caller changes it in place only by stepping.
+        :param infos: the last step's info tensors (:attr:`last_info_tensors`); None: unchanged.
+        """
+        self._obs_t = obs
+        if infos is not None:
+            self.last_info_tensors = infos
+
+    def graph_generators(self) -> list[torch.Generator]:
+        """The generators :meth:`step_tensors_static` draws from (a CUDA graph registers them).
+
+        :return: the core's generator.
+        """
+        return [self.lob._generator]
 
     def state_dict(self) -> dict[str, Any]:
         """:meth:`LOBVecEnv.state_dict` plus the tensor face's current observations.
@@ -141,8 +228,8 @@ class DeviceLOBVecEnv(LOBVecEnv):
         :param state: the state.
         """
         super().load_state_dict(state)
-        self._ep_return_t = torch.from_numpy(self._episode_return.copy()).to(self.device)
-        self._ep_length_t = torch.from_numpy(self._episode_length.copy()).to(self.device)
+        self._ep_return_t.copy_(torch.from_numpy(self._episode_return))
+        self._ep_length_t.copy_(torch.from_numpy(self._episode_length))
         self._stats_on = "both"
         self._obs_t = torch.as_tensor(state["obs"], dtype=torch.float32, device=self.device)
 
@@ -153,5 +240,6 @@ class DeviceLOBVecEnv(LOBVecEnv):
         :return: ``([N] float64 returns, [N] int64 lengths)``.
         """
         if self._stats_on == "device":
-            return self._ep_return_t.cpu().numpy(), self._ep_length_t.cpu().numpy()
+            # copies: on a CPU .numpy() would share the tensors, which the next step changes in place
+            return self._ep_return_t.cpu().numpy().copy(), self._ep_length_t.cpu().numpy().copy()
         return self._episode_return.copy(), self._episode_length.copy()

@@ -149,6 +149,12 @@ class BranchingIQN(OffPolicyAlgorithm):
         applying that step, with a :class:`~sb3_her_ext.guard.NonFiniteError`. On the CPU it raises at once;
         on a GPU it raises at the next sync point (a diagnostics line, the end of ``learn``,
         :meth:`check_finite`).
+    :param graph_collect: with ``cuda_graph=True`` on a device vector env, run each rollout of
+        ``train_freq`` vector steps together with its gradient steps as ONE CUDA graph replay
+        (:mod:`sb3_her_ext.graphed_loop`, which lists the configurations that qualify); ``None`` (default):
+        whenever the configuration qualifies, ``False``: never; ``True``: as ``None``, ``cuda_graph=True`` is
+        required, and a rollout past ``learning_starts`` that does not qualify warns once with the reason.
+        A failed capture falls back to the device loop with one warning.
     :param _init_setup_model: whether to build the networks on creation.
     """
 
@@ -199,6 +205,7 @@ class BranchingIQN(OffPolicyAlgorithm):
         compile_loss: bool = False,
         cuda_graph: bool = False,
         nan_guard: bool = True,
+        graph_collect: bool | None = None,
         _init_setup_model: bool = True,
     ) -> None:
         # every argument is checked before SB3 sees it (its errors name no argument)
@@ -251,12 +258,14 @@ class BranchingIQN(OffPolicyAlgorithm):
         self.compile_loss = compile_loss
         self.cuda_graph = cuda_graph
         self.nan_guard = nan_guard
+        self.graph_collect = graph_collect
         if cuda_graph and self.device.type != "cuda":
             raise ValueError(f"cuda_graph=True needs a CUDA device, got device={self.device}")
         self.exploration_rate = 0.0
         self.iqr_bonus = self.iqr_bonus_range[0]
         self._n_calls = 0
         self._n_gradient_steps = 0
+        self._graph_trained = False  # the fused graph already ran the coming train() call's steps
         self._last_diagnostics_step = 0
 
         if getattr(self, "action_space", None) is not None:  # unset only in `load`, which restores it all
@@ -492,26 +501,39 @@ class BranchingIQN(OffPolicyAlgorithm):
     def _on_step(self) -> None:
         """After each env step: target update, schedules (ε, IQR bonus, PER β), diagnostics at log points."""
         self._n_calls += 1
-        if self._n_calls % max(self.target_update_interval // self.n_envs, 1) == 0:
+        if self._target_update_due():
             polyak_update(self.q_net.parameters(), self.q_net_target.parameters(), self.tau)
+        self._update_schedules()
+        if self.num_timesteps - self._last_diagnostics_step >= self.diagnostics_interval:
+            self.log_diagnostics()
+
+    def _target_update_due(self) -> bool:
+        """Whether ``_on_step`` call number ``_n_calls`` updates the target network."""
+        return self._n_calls % max(self.target_update_interval // self.n_envs, 1) == 0
+
+    def _update_schedules(self) -> None:
+        """ε, the IQR bonus and PER β at the current progress (host numbers; the fused graph of
+        :mod:`sb3_her_ext.graphed_loop` copies them into its device tensors)."""
         progress_remaining = self._current_progress_remaining
         self.exploration_rate = self.exploration_schedule(progress_remaining)
         self.iqr_bonus = linear_anneal(*self.iqr_bonus_range, progress_remaining)
         if hasattr(self.replay_buffer, "beta"):
             self.replay_buffer.beta = linear_anneal(*self.per_beta_range, progress_remaining)
         self.logger.record("rollout/exploration_rate", self.exploration_rate)
-        if self.num_timesteps - self._last_diagnostics_step >= self.diagnostics_interval:
-            self.log_diagnostics()
 
     # ------------------------------------------------------------------ learning
 
     def train(self, gradient_steps: int, batch_size: int = 256) -> None:
         """Run ``gradient_steps`` gradient steps on batches of ``batch_size`` (:meth:`Learner.train_step`; no
-        host sync).
+        host sync). Right after a rollout the fused graph ran with its gradient steps
+        (:mod:`sb3_her_ext.graphed_loop`), nothing: those steps are done and counted.
 
         :param gradient_steps: number of gradient steps.
         :param batch_size: minibatch size.
         """
+        if self._graph_trained:  # the fused graph ran these steps with its rollout (graphed_loop)
+            self._graph_trained = False
+            return
         self.policy.set_training_mode(True)
         self._update_learning_rate(self.policy.optimizer)
         if self.policy.observation_normalizer_pending:

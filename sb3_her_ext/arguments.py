@@ -81,6 +81,7 @@ def check_arguments(
     compile_loss: Any,
     cuda_graph: Any,
     nan_guard: Any,
+    graph_collect: Any = None,
     **_: Any,
 ) -> dict[str, Any]:
     """Check BranchingIQN's arguments; a ValueError names the argument and its value.
@@ -164,6 +165,11 @@ def check_arguments(
         raise ValueError(f"compile_loss={compile_loss!r} must be a bool")
     if not isinstance(cuda_graph, bool):
         raise ValueError(f"cuda_graph={cuda_graph!r} must be a bool")
+    if graph_collect is not None and not isinstance(graph_collect, bool):
+        raise ValueError(f"graph_collect={graph_collect!r} must be a bool or None")
+    if graph_collect is True and not cuda_graph:
+        raise ValueError("graph_collect=True needs cuda_graph=True (the fused graph holds graphed gradient "
+                         "steps)")
     iqr_bonus_range = _pair(iqr_bonus, "iqr_bonus")
     per_beta_range = _pair(per_beta, "per_beta")
     if not all(0.0 <= b <= 1.0 for b in per_beta_range):

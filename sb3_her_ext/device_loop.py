@@ -18,6 +18,10 @@ work on device tensors. Per vector step, with no host sync and no Python loop ov
 
 Gradient steps stay where SB3 runs them: ``learn`` calls ``train(gradient_steps, batch_size)`` after each
 ``collect_rollouts`` of ``train_freq`` vector steps (graphed when the model has ``cuda_graph=True``).
+Where the configuration qualifies (CUDA, ``cuda_graph=True``, past ``learning_starts``, a
+``callback_stride`` that is a multiple of ``train_freq``, an env with the static face; see
+:mod:`sb3_her_ext.graphed_loop`), :func:`collect_rollouts` instead runs the rollout and its gradient steps
+as ONE CUDA graph replay, and ``train`` then only keeps count.
 
 What crosses to the host, and when (one sync each time):
 
@@ -61,7 +65,10 @@ from sb3_her_ext.device_env import DeviceVecEnv, is_device_vec_env
 from sb3_her_ext.exploration import branch_epsilons, select_actions
 from sb3_her_ext.replay import PrioritizedHindsightReplayBuffer
 
-__all__ = ["DeviceLoopSettings", "EpisodeStats", "collect_rollouts", "configure", "explore", "supports"]
+__all__ = [
+    "DeviceLoopSettings", "EpisodeStats", "advance_bars", "collect_rollouts", "configure", "explore", "flush",
+    "loop_state", "settings_of", "supports",
+]
 
 
 @dataclass(frozen=True)
@@ -122,9 +129,17 @@ class EpisodeStats:
         rank = total - 1 - (self.count + total - 1 - self._slots) % self.window  # [W] the rank landing there
         env = th.searchsorted(ended, (rank + 1).clamp(min=1)).clamp(max=done.shape[0] - 1)
         written = rank >= 0
-        self.returns = th.where(written, episode_return.to(th.float64)[env], self.returns)
-        self.lengths = th.where(written, episode_length.to(th.int64)[env], self.lengths)
-        self.count = self.count + total
+        # in place: a captured CUDA graph (sb3_her_ext.graphed_loop) keeps writing the same tensors
+        self.returns.copy_(th.where(written, episode_return.to(th.float64)[env], self.returns))
+        self.lengths.copy_(th.where(written, episode_length.to(th.int64)[env], self.lengths))
+        self.count.add_(total)
+
+    def restart(self) -> None:
+        """Forget every episode (a new ``learn``), keeping the tensors (a captured graph writes them)."""
+        self.returns.zero_()
+        self.lengths.zero_()
+        self.count.zero_()
+        self.read_count = 0
 
     def read(self, also: th.Tensor | None = None) -> tuple[list[tuple[float, int]], int, np.ndarray]:
         """The episodes finished since the last read, oldest first: one device-to-host copy (a sync).
@@ -202,32 +217,57 @@ def supports(model: OffPolicyAlgorithm, env: Any, train_freq: TrainFreq, action_
     )
 
 
-def explore(model: Any, obs: th.Tensor) -> th.Tensor:
+def explore(model: Any, obs: th.Tensor, exploration_rate: th.Tensor | None = None,
+            iqr_bonus: th.Tensor | None = None) -> th.Tensor:
     """Exploratory actions on the device: ``BranchingIQN.predict(obs, deterministic=False)`` without the host
     copy (same draws from the same generators, same diagnostics).
 
     :param model: a ``BranchingIQN``.
     :param obs: ``[N, D]`` observations on the model's device.
+    :param exploration_rate: ε as a 0-dim float32 device tensor (a captured graph reads it); None: the
+        model's ``exploration_rate``.
+    :param iqr_bonus: the IQR bonus weight as a 0-dim float32 device tensor; None: the model's.
     :return: ``[N, NB]`` int64 actions on the device.
     """
     with th.no_grad():
         q, iqr, ens_std = model.policy.action_stats(obs)
-        eps = branch_epsilons(model.exploration_rate, model._mults)
+        eps = branch_epsilons(model.exploration_rate if exploration_rate is None else exploration_rate,
+                              model._mults)
         actions = select_actions(
             q, iqr, ens_std, model._n_actions, eps, model._boltzmann,
-            model.iqr_bonus, model.ensemble_bonus, model._generator,
+            model.iqr_bonus if iqr_bonus is None else iqr_bonus, model.ensemble_bonus, model._generator,
         )
         model.diagnostics.add_selection(iqr, ens_std, model._valid_actions)
     return actions
 
 
-def _state(model: Any, device: th.device) -> _LoopState:
+def settings_of(model: OffPolicyAlgorithm) -> DeviceLoopSettings:
+    """The device loop's settings of ``model`` (the defaults unless :func:`configure` set others).
+
+    :param model: the algorithm.
+    :return: its settings.
+    """
+    state = _STATES.get(model)
+    return state.settings if state is not None else DeviceLoopSettings()
+
+
+def loop_state(model: Any, device: th.device) -> _LoopState:
+    """The loop's state of ``model`` (made at its first use; restarted at a new ``learn``).
+
+    :param model: the algorithm.
+    :param device: the env's device.
+    :return: the state.
+    """
     state = _STATES.get(model)
     if state is None:
         state = _STATES[model] = _LoopState(DeviceLoopSettings())
     if state.ep_info_buffer is not model.ep_info_buffer:  # a new learn (SB3 made a new deque)
         state.ep_info_buffer = model.ep_info_buffer
-        state.stats = EpisodeStats(model.ep_info_buffer.maxlen or 100, device)
+        window = model.ep_info_buffer.maxlen or 100
+        if state.stats is not None and state.stats.window == window:
+            state.stats.restart()  # the same tensors: a captured graph (graphed_loop) writes them
+        else:
+            state.stats = EpisodeStats(window, device)
         state.vector_steps = state.steps_since_callback = 0
         state.last_stats_step = model.num_timesteps
         state.start_time = time.time()
@@ -257,16 +297,23 @@ def _progress_bars(callback: BaseCallback) -> list[ProgressBarCallback]:
     return []
 
 
-def _advance_bars(callback: BaseCallback, steps: int) -> None:
-    """Advance progress bars by ``steps`` env steps that ran without an ``on_step``."""
+def advance_bars(callback: BaseCallback, steps: int) -> None:
+    """Advance progress bars by ``steps`` env steps that ran without an ``on_step``.
+
+    :param callback: SB3's callback (its progress bars).
+    :param steps: env steps.
+    """
     if steps > 0:
         for bar in _progress_bars(callback):
             bar.pbar.update(steps)
 
 
-def _flush(model: Any, state: _LoopState, log_interval: int | None) -> tuple[int, bool]:
+def flush(model: Any, state: _LoopState, log_interval: int | None) -> tuple[int, bool]:
     """Bring the device-side statistics to the host: ``ep_info_buffer``, ``_episode_num``, action counts.
 
+    :param model: the algorithm.
+    :param state: its loop state.
+    :param log_interval: episodes between ``dump_logs``.
     :return: ``(episodes ended since the last flush, whether the logs are due)``.
     """
     assert state.stats is not None and state.action_counts is not None
@@ -306,8 +353,14 @@ def collect_rollouts(
     :param log_interval: episodes between ``dump_logs``.
     :return: SB3's ``RolloutReturn`` (its episode count: the episodes read at this call's flushes).
     """
+    from sb3_her_ext import graphed_loop
+
+    fused = graphed_loop.collect_and_train(model, env, callback, train_freq, replay_buffer, learning_starts,
+                                           log_interval)
+    if fused is not None:  # the block ran as one CUDA graph (collect + train)
+        return fused
     device = th.device(env.device)
-    state = _state(model, device)
+    state = loop_state(model, device)
     stride = state.settings.callback_stride
     stats_interval = state.settings.stats_interval or model.diagnostics_interval
     assert state.stats is not None and state.action_counts is not None
@@ -330,7 +383,7 @@ def collect_rollouts(
         state.vector_steps += 1
         state.steps_since_callback += 1
         if state.vector_steps % stride == 0:
-            _advance_bars(callback, (state.steps_since_callback - 1) * n_envs)
+            advance_bars(callback, (state.steps_since_callback - 1) * n_envs)
             state.steps_since_callback = 0
             callback.update_locals({
                 "self": model, "env": env, "callback": callback, "train_freq": train_freq,
@@ -341,7 +394,7 @@ def collect_rollouts(
                 "num_collected_episodes": num_collected_episodes,
             })
             if not callback.on_step():  # SB3 stores nothing of the step a callback stopped at
-                episodes, dump = _flush(model, state, log_interval)
+                episodes, dump = flush(model, state, log_interval)
                 if dump:
                     model.dump_logs()
                 callback.on_rollout_end()
@@ -362,15 +415,15 @@ def collect_rollouts(
         diagnostics_due = model.num_timesteps - model._last_diagnostics_step >= model.diagnostics_interval
         dump = False
         if diagnostics_due or model.num_timesteps - state.last_stats_step >= stats_interval:
-            episodes, dump = _flush(model, state, log_interval)
+            episodes, dump = flush(model, state, log_interval)
             num_collected_episodes += episodes
         model._on_step()
         if dump:
             model.dump_logs()
     if model.num_timesteps >= model._total_timesteps:
-        episodes, dump = _flush(model, state, log_interval)
+        episodes, dump = flush(model, state, log_interval)
         num_collected_episodes += episodes
-        _advance_bars(callback, state.steps_since_callback * n_envs)
+        advance_bars(callback, state.steps_since_callback * n_envs)
         state.steps_since_callback = 0
         if dump:
             model.dump_logs()

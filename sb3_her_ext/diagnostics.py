@@ -89,15 +89,24 @@ class TrainingDiagnostics:
         self.reset()
 
     def reset(self) -> None:
-        """Zero every accumulator (called after each flush)."""
-        # one tensor each, so that a train step adds to them in one op: sums in _TRAIN_KEYS order, counts
-        # of train steps, vaccine steps and vaccine corrections
-        self._train_sums = th.zeros(len(self._TRAIN_KEYS), dtype=th.float64, device=self.device)
-        self._train_counts = th.zeros(3, dtype=th.int64, device=self.device)
-        self._select_sums = {
-            key: th.zeros((), dtype=th.float64, device=self.device) for key in self._SELECT_KEYS
-        }
-        self._select_count = th.zeros((), dtype=th.int64, device=self.device)
+        """Zero every accumulator (called after each flush).
+
+        The device accumulators are zeroed in place after their first allocation: a captured CUDA graph
+        (:mod:`sb3_her_ext.graphed_loop`) keeps adding to the same tensors.
+        """
+        if not hasattr(self, "_train_sums"):
+            # one tensor each, so that a train step adds to them in one op: sums in _TRAIN_KEYS order,
+            # counts of train steps, vaccine steps and vaccine corrections
+            self._train_sums = th.zeros(len(self._TRAIN_KEYS), dtype=th.float64, device=self.device)
+            self._train_counts = th.zeros(3, dtype=th.int64, device=self.device)
+            self._select_sums = {
+                key: th.zeros((), dtype=th.float64, device=self.device) for key in self._SELECT_KEYS
+            }
+            self._select_count = th.zeros((), dtype=th.int64, device=self.device)
+        else:
+            for tensor in (self._train_sums, self._train_counts, *self._select_sums.values(),
+                           self._select_count):
+                tensor.zero_()
         self._action_counts = [np.zeros(n, dtype=np.int64) for n in self.action_dims]
 
     def restart(self, step: int, hindsight_totals: dict[str, Any] | None = None) -> None:

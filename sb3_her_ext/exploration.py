@@ -92,10 +92,11 @@ def linear_anneal(start: float, end: float, progress_remaining: float) -> float:
     return start + progress * (end - start)
 
 
-def branch_epsilons(epsilon: float, mults: th.Tensor) -> th.Tensor:
+def branch_epsilons(epsilon: float | th.Tensor, mults: th.Tensor) -> th.Tensor:
     """Per-branch exploration rates ``ε_b = min(1, ε · mult_b)``.
 
-    :param epsilon: the scheduled ε.
+    :param epsilon: the scheduled ε: a number, or a 0-dim float32 tensor on ``mults``' device (a captured
+        CUDA graph reads it; the same float32 product as the number).
     :param mults: ``[NB]`` float32 multipliers.
     :return: ``[NB]`` float32 rates.
     """
@@ -109,7 +110,7 @@ def select_actions(
     n_actions: th.Tensor,
     eps: th.Tensor,
     boltzmann: th.Tensor,
-    iqr_bonus: float,
+    iqr_bonus: float | th.Tensor,
     ensemble_bonus: float,
     generator: th.Generator | None,
 ) -> th.Tensor:
@@ -121,7 +122,10 @@ def select_actions(
     :param n_actions: ``[NB]`` int64 number of valid actions per branch.
     :param eps: ``[NB]`` float32 per-branch ε.
     :param boltzmann: ``[NB]`` bool, branches that sample from a Boltzmann distribution.
-    :param iqr_bonus: weight ``α`` of the IQR bonus.
+    :param iqr_bonus: weight ``α`` of the IQR bonus: a number, or a 0-dim float32 tensor on ``q``'s device
+        (a captured CUDA graph reads it). A tensor weight multiplies ``iqr`` before the kernel (which takes
+        ``α`` as a host number): the same float32 product on the CPU; on a GPU the kernel's own ``q + α·iqr``
+        may round once (a fused multiply-add) where this rounds twice.
     :param ensemble_bonus: weight ``β`` of the ensemble-std bonus.
     :param generator: generator on ``q``'s device for the uniforms (``None``: the global one).
     :return: ``[B, NB]`` int64 actions.
@@ -129,7 +133,10 @@ def select_actions(
     batch, n_branches = q.shape[0], q.shape[1]
     u_explore = th.rand((batch, n_branches), generator=generator, device=q.device, dtype=th.float32)
     u_action = th.rand((batch, n_branches), generator=generator, device=q.device, dtype=th.float32)
+    iqr, alpha = iqr.float(), iqr_bonus
+    if isinstance(iqr_bonus, th.Tensor):
+        iqr, alpha = iqr * iqr_bonus, 1.0
     return cuda_ext.branch_select(
-        q.float(), iqr.float(), ens_std.float(), n_actions=n_actions, eps=eps, boltzmann=boltzmann,
-        u_explore=u_explore, u_action=u_action, alpha=float(iqr_bonus), beta=float(ensemble_bonus),
+        q.float(), iqr, ens_std.float(), n_actions=n_actions, eps=eps, boltzmann=boltzmann,
+        u_explore=u_explore, u_action=u_action, alpha=float(alpha), beta=float(ensemble_bonus),
     )

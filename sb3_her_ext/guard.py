@@ -130,9 +130,8 @@ class NanGuard:
             if found is not None:
                 raise NonFiniteError(self._message(_OBSERVATION, step, found[0], found[1]))
 
-    def check_env_tensors(self, step: int, observations: Sequence[th.Tensor], rewards: th.Tensor) -> (
-        tuple[list[th.Tensor], th.Tensor]
-    ):
+    def check_env_tensors(self, step: int | th.Tensor, observations: Sequence[th.Tensor],
+                          rewards: th.Tensor) -> tuple[list[th.Tensor], th.Tensor]:
         """The device loop's path: check before the push.
 
         Immediate: raise :class:`NonFiniteError` (nothing is pushed). Else record the first bad
@@ -140,7 +139,8 @@ class NanGuard:
         (:meth:`raise_if_tripped` reports it at the next sync point; the guard undoes every later gradient
         step).
 
-        :param step: ``num_timesteps`` of the step.
+        :param step: ``num_timesteps`` of the step (a 0-dim int64 device tensor inside a captured CUDA graph,
+            where a host number would be frozen at its capture value).
         :param observations: ``[n_envs, D]`` tensors to check.
         :param rewards: ``[n_envs]`` rewards.
         :return: ``(observations, rewards)`` safe to push.
@@ -150,10 +150,10 @@ class NanGuard:
         if self.immediate:
             if not bool(reward_ok.all()):
                 env = int((~reward_ok).nonzero()[0])
-                raise NonFiniteError(self._message(_REWARD, step, env, float(rewards.reshape(-1)[env])))
+                raise NonFiniteError(self._message(_REWARD, int(step), env, float(rewards.reshape(-1)[env])))
             for ok in obs_ok:
                 if not bool(ok.all()):
-                    raise NonFiniteError(self._message(_OBSERVATION, step, int((~ok).nonzero()[0])))
+                    raise NonFiniteError(self._message(_OBSERVATION, int(step), int((~ok).nonzero()[0])))
             return list(observations), rewards
         all_obs_ok = th.stack(obs_ok).all(dim=0) if obs_ok else th.ones_like(reward_ok)
         for ok, kind in ((reward_ok, _REWARD), (all_obs_ok, _OBSERVATION)):

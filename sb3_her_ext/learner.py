@@ -183,6 +183,23 @@ class Learner:
         else:
             self.graphed_vaccine_step.run((batch, vaccine_batch), weights, record)
 
+    def train_step_in_graph(self, replay_buffer: Any, batch_size: int, vaccine: bool,
+                            beta: th.Tensor) -> None:
+        """:meth:`train_step` as a fused CUDA graph captures it (:mod:`sb3_her_ext.graphed_loop`): the
+        batch sampled with ``β`` read from a device tensor (``sample_with_beta``), steps 2–7 run eagerly
+        (the enclosing capture holds them; their fractions drawn from the model's generator in the same
+        order), whether it is a vaccine step decided by the caller.
+
+        :param replay_buffer: a :class:`~sb3_her_ext.replay.PrioritizedHindsightReplayBuffer`.
+        :param batch_size: minibatch size.
+        :param vaccine: a vaccine step (:meth:`vaccine_due` of its number).
+        :param beta: 0-dim float64 PER importance exponent on the device.
+        """
+        batch = replay_buffer.sample_with_beta(batch_size, beta)
+        weights = batch.weights.reshape(-1).float()
+        vaccine_batch = self.sample_vaccine_batch(replay_buffer, batch_size) if vaccine else None
+        self._record(replay_buffer, batch, self.step(batch, weights, vaccine_batch))
+
     def step(self, batch: Any, weights: th.Tensor, vaccine_batch: Any = None) -> StepOutputs:
         """Steps 2–7 on one batch: target, PopArt, loss, backward, vaccine, clip, optimizer step.
 

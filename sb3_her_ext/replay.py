@@ -451,6 +451,43 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
         self.last_weights = weights
         return self._gather(indices, weights)
 
+    def sample_with_beta(self, batch_size: int, beta: torch.Tensor) -> PrioritizedReplaySamples:
+        """:meth:`sample` with ``β`` read from a 0-dim float64 tensor on the buffer's device, so that a
+        captured CUDA graph samples with the current ``β`` (the sampling kernels take it as a host number,
+        which a graph would freeze). The same rows as :meth:`sample` (same draws); the weights are
+        :meth:`importance_weights` of them, equal to :meth:`sample`'s up to the rounding of ``pow``.
+
+        :param batch_size: rows to draw; >= 1.
+        :param beta: 0-dim float64 importance exponent in ``[0, 1]`` (not checked: no host read).
+        :return: the batch.
+        """
+        self._check_batch_size(batch_size)
+        self.refresh_tree()
+        storage = self.storage
+        if storage.tree.is_cuda:
+            indices, _ = cuda_ext.per_sample_philox(
+                storage.tree, storage.head_size, self.sample_rng_state, batch_size=int(batch_size), beta=0.0
+            )
+        else:
+            uniforms = torch.rand(int(batch_size), dtype=torch.float64, device=self.device)
+            indices, _ = cuda_ext.per_sample(storage.tree, storage.head_size, uniforms, beta=0.0)
+        weights = self.importance_weights(indices, beta)
+        self.last_weights = weights
+        return self._gather(indices, weights)
+
+    def importance_weights(self, indices: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+        """``w_i = (size · P(i)) ** -β`` of sampled slots, divided by their max (``per_sample``'s formula),
+        with ``β`` a tensor (no host read).
+
+        :param indices: ``[B]`` int64 slots.
+        :param beta: 0-dim importance exponent.
+        :return: ``[B]`` float32 weights.
+        """
+        tree = self.storage.tree
+        probability = tree[indices + tree.shape[0] // 2] / tree[1]
+        weights = (self.head_size[1].double() * probability) ** -beta.to(torch.float64)
+        return (weights / weights.max()).float()
+
     def update_priorities(self, indices: torch.Tensor, td_abs: torch.Tensor) -> None:
         """Set the priorities of sampled rows to ``|TD| + eps`` (``per_update``, then the tree: see the module
         docstring).

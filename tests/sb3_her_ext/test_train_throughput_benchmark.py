@@ -61,8 +61,9 @@ def test_quick_run_writes_every_row_with_its_ratio_to_sb3_dqn(tmp_path: Path) ->
     finally:
         th.set_num_threads(threads)
     rows = json.loads(out.read_text())["rows"]
-    assert [row["row"] for row in rows] == ["BranchingIQN device loop", "BranchingIQN SB3 loop", "SB3 DQN",
-                                           "sb3-contrib QR-DQN"]
+    assert [row["row"] for row in rows] == ["BranchingIQN device loop", "BranchingIQN one graph",
+                                           "BranchingIQN SB3 loop", "SB3 DQN", "sb3-contrib QR-DQN"]
+    assert rows[1]["skipped"] == "CUDA only (a CUDA graph)"  # the one-graph row needs CUDA
     dqn = next(row for row in rows if row["row"] == "SB3 DQN")
     assert dqn["over_sb3_dqn"] == 1.0
     for row in rows:
