@@ -472,6 +472,8 @@ class BranchingIQN(OffPolicyAlgorithm):
         :class:`~sb3_her_ext.device_env.DeviceVecEnv` it supports."""
         from sb3_her_ext import device_loop
 
+        if self.policy.observation_normalizer_pending and self.num_timesteps >= learning_starts:
+            self._fit_observation_normalizer(required=False)  # before the first rollout that trains
         if device_loop.supports(self, env, train_freq, action_noise):
             return device_loop.collect_rollouts(self, env, callback, train_freq, replay_buffer,
                                                 learning_starts, log_interval)
@@ -546,10 +548,16 @@ class BranchingIQN(OffPolicyAlgorithm):
         self._n_updates += gradient_steps
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
 
-    def _fit_observation_normalizer(self) -> None:
-        """Fit the policy's observation standardisation to the replay buffer's rows, once, before the first
-        gradient step (one device sync; the rows then are the ``learning_starts`` exploration data)."""
+    def _fit_observation_normalizer(self, required: bool = True) -> None:
+        """Fit the policy's observation standardisation to the replay buffer's rows, once: when the first
+        rollout past ``learning_starts`` begins (every loop alike), else before the first gradient step. One
+        device sync; the rows are then the ``learning_starts`` exploration data.
+
+        :param required: raise when the buffer holds fewer than 2 rows (else leave the fit for later).
+        """
         rows = self.replay_buffer.size()
+        if rows < 2 and not required:
+            return
         if rows < 2:
             raise ValueError(f"the replay buffer holds {rows} rows: normalize_observations needs >= 2 to fit "
                              "(raise learning_starts)")

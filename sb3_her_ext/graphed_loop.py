@@ -50,6 +50,7 @@ that rollout as before):
   told where its current observations are);
 * the whole block acts with the policy: ``num_timesteps >= learning_starts`` at its start (the random
   warm-up is a host decision per step; those rollouts run through the device loop);
+* the policy's observation normalizer, if it has one, is fitted (a fit reads the replay rows on the host);
 * ``callback_stride`` (:func:`sb3_her_ext.device_loop.configure`) is a multiple of ``train_freq``:
   callbacks can only run between replays, so a stride that ends inside a block cannot be honoured (the
   default stride 1 qualifies with ``train_freq=1``);
@@ -163,6 +164,11 @@ def _gradient_steps(model: Any, steps: int, n_envs: int) -> int:
     return model.gradient_steps if model.gradient_steps >= 0 else steps * n_envs
 
 
+#: Why a rollout is not fused while the observation normalizer waits for replay rows (learning_starts < 2):
+#: a passing state, like the random warm-up, so graph_collect=True does not warn about it.
+NORMALIZER_PENDING = "the observation normalizer is not fitted yet (fewer than 2 replay rows)"
+
+
 def unsupported_reason(model: Any, env: Any, train_freq: TrainFreq, learning_starts: int) -> str | None:
     """Why the fused path cannot run this rollout (see the module docstring), or None when it can.
 
@@ -195,6 +201,8 @@ def unsupported_reason(model: Any, env: Any, train_freq: TrainFreq, learning_sta
     stride = device_loop.settings_of(model).callback_stride
     if stride % train_freq.frequency:
         return f"callback_stride={stride} is not a multiple of train_freq={train_freq.frequency}"
+    if model.policy.observation_normalizer_pending:  # fitted by train() on the host, before any graph
+        return NORMALIZER_PENDING
     return None
 
 
@@ -445,7 +453,8 @@ def collect_and_train(
     """
     reason = unsupported_reason(model, env, train_freq, learning_starts)
     if reason is not None:
-        if getattr(model, "graph_collect", None) is True and model.num_timesteps >= learning_starts:
+        if (getattr(model, "graph_collect", None) is True and model.num_timesteps >= learning_starts
+                and reason != NORMALIZER_PENDING):
             _warn_once(model, f"graph_collect=True, but this rollout runs through the device loop: {reason}")
         return None
     device = th.device(env.device)
