@@ -397,6 +397,11 @@ class FusedBlock:
             th.cuda.set_stream(stream)  # a capture that failed to end leaves its own stream current
             self.env.pin_static_state(rollback=True)
             buffer._tree_stale, buffer.last_weights = left
+            try:
+                _end_generator_captures(self.generators)
+            except Exception as cleanup:  # named in the error: eager draws may fail after this
+                raise CaptureError(f"{type(error).__name__}: {error}; then the generators could not leave "
+                                   f"capture mode ({type(cleanup).__name__}: {cleanup})") from error
             raise CaptureError(f"{type(error).__name__}: {error}") from error
         self.graphs[key], self.outputs[key] = graph, outputs
         self.left_by_block[key] = (buffer._tree_stale, buffer.last_weights)
@@ -404,6 +409,22 @@ class FusedBlock:
         graph.replay()
         self.replays += 1
         return outputs
+
+
+def _end_generator_captures(generators: list[th.Generator]) -> None:
+    """Take ``generators`` out of graph-capture mode after a capture that failed before its end.
+
+    A capture registers each generator (its state starts counting offsets for the graph); a capture that
+    raises never reaches the epilogue that stops this, and the next eager draw then fails with "Offset
+    increment outside graph capture". An empty capture with the same generators runs prologue and epilogue.
+    """
+    graph = th.cuda.CUDAGraph()
+    for generator in generators:
+        graph.register_generator_state(generator)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "the CUDA graph is empty"
+        with th.cuda.graph(graph):
+            pass
 
 
 @dataclass

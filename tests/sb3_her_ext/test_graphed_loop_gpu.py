@@ -54,7 +54,13 @@ def test_graph_replays_equal_the_same_blocks_run_eagerly() -> None:
     eager = fused_model(eager=True).learn(total)  # made after: torch's global stream is seeded again
     assert graphed_loop.block_of(eager).captures == 0
     for name in graphed.replay_buffer._tensor_names():
-        assert th.equal(getattr(graphed.replay_buffer, name), getattr(eager.replay_buffer, name)), name
+        a, b = getattr(graphed.replay_buffer, name), getattr(eager.replay_buffer, name)
+        if name == "tree":  # the sum tree's inner nodes may be re-summed in another order (seen on the H200)
+            th.testing.assert_close(a, b, rtol=1e-12, atol=0.0, msg=name)
+            leaves = graphed.replay_buffer.tree_leaves
+            assert th.equal(a[-leaves:], b[-leaves:]), "tree leaves"
+        else:
+            assert th.equal(a, b), name
     for (name, a), b in zip(graphed.policy.state_dict().items(), eager.policy.state_dict().values(),
                             strict=True):
         assert th.equal(a, b), name
