@@ -125,7 +125,8 @@ def make_model(row: str, books: int, device: str, market: Any, args: argparse.Na
     cuda = th.device(device).type == "cuda"
     if row == "BranchingIQN device loop":
         env = DeviceLOBVecEnv(books, device=device, cuda_graph=cuda, compile=args.compile_env, **env_kwargs)
-        return BranchingIQN("MlpPolicy", env, cuda_graph=cuda, **iqn)
+        # the device loop alone: the fused graph (the next row) would otherwise take qualifying rollouts
+        return BranchingIQN("MlpPolicy", env, cuda_graph=cuda, graph_collect=False, **iqn)
     if row == ONE_GRAPH:
         from sb3_her_ext import device_loop
 
