@@ -65,6 +65,8 @@ class AgentSpec:
     :param model_kwargs: overrides of the model's arguments (BranchingIQN: also ``hindsight``).
     :param policy_kwargs: overrides of the policy's arguments.
     :param base: a custom agent's base agent (``--agent-kwargs``); None for the built-in ones.
+    :param face: BranchingIQN's action: ``"branched"`` (foxenv's four branches) or ``"joint"`` (one branch
+        of the 81 joint actions, :class:`~foxhunt.envs.FlatActionVecEnv`, as DQN / QR-DQN see it).
     """
 
     name: str
@@ -72,6 +74,7 @@ class AgentSpec:
     model_kwargs: dict[str, Any] = field(default_factory=dict)
     policy_kwargs: dict[str, Any] = field(default_factory=dict)
     base: str | None = None
+    face: str = "branched"
 
 
 def _merge(features: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -111,6 +114,8 @@ def _builtin_spec(name: str) -> AgentSpec | None:
         return AgentSpec(name, "iqn", {"hindsight": True})
     if name == "iqn_lean":
         return AgentSpec(name, "iqn", *_merge(LEAN_OFF))
+    if name == "iqn_joint":  # hindsight and the vaccine read the direction / magnitude branches
+        return AgentSpec(name, "iqn", {"hindsight": False, "vaccine_interval": 0}, face="joint")
     if name.startswith("iqn-no_") and name[len("iqn-no_"):] in FEATURES:
         model, policy = _merge([name[len("iqn-no_"):]])
         return AgentSpec(name, "iqn", {"hindsight": True, **model}, policy)
@@ -227,7 +232,7 @@ def define_agent(name: str, definition: Mapping[str, Any] | str) -> AgentSpec:
     _check_keys(f"{where}.model", parts["model"], algorithm, _RESERVED_MODEL)
     _check_keys(f"{where}.policy", parts["policy"], policy, _RESERVED_POLICY)
     spec_ = AgentSpec(name, base.kind, {**base.model_kwargs, **parts["model"]},
-                      {**base.policy_kwargs, **parts["policy"]}, base=base_name)
+                      {**base.policy_kwargs, **parts["policy"]}, base=base_name, face=base.face)
     _CUSTOM[name] = spec_
     return spec_
 
@@ -418,12 +423,18 @@ class Budget:
 
     def loop_of(self, agent: str) -> str:
         """The collection loop agent ``agent`` trains with: ``"device"`` or ``"sb3"``."""
-        return LOOP_DEVICE if agent_spec(agent).kind == "iqn" and self.resolved_device_loop() else LOOP_SB3
+        spec_ = agent_spec(agent)
+        # the joint face trains through SB3's loop (FlatActionVecEnv has no device face yet)
+        device = spec_.kind == "iqn" and spec_.face == "branched" and self.resolved_device_loop()
+        return LOOP_DEVICE if device else LOOP_SB3
 
 
 #: The two training loops a run can record: BranchingIQN's device loop, SB3's numpy loop.
 LOOP_DEVICE, LOOP_SB3 = "device", "sb3"
 
+
+#: foxhunt's per-branch BranchingIQN arguments, dropped on the joint face (one branch named "action").
+JOINT_DROPS_MODEL = ("exploration_mults", "boltzmann_branches", "vaccine_branch")
 
 #: Arguments BranchingIQN shares with SB3 DQN / QR-DQN (same name, same meaning).
 SHARED_DQN_KWARGS = ("learning_rate", "buffer_size", "learning_starts", "batch_size", "gamma", "train_freq",
@@ -488,15 +499,21 @@ def build_model(spec_: AgentSpec, env: Any, budget: Budget, seed: int, diagnosti
     :class:`~foxhunt.envs.FlatActionVecEnv`)."""
     config = budget.run_config(seed)
     model_kwargs = config.resolved_model_kwargs()
+    from foxhunt.envs import FlatActionVecEnv
+
     if spec_.kind == "iqn":
-        kwargs = {**model_kwargs, **spec_.model_kwargs}
+        base_kwargs, base_policy = dict(model_kwargs), dict(config.resolved_policy_kwargs())
+        if spec_.face == "joint":  # foxhunt's per-branch trading settings name branches this face lacks
+            env = FlatActionVecEnv(env)
+            for key in JOINT_DROPS_MODEL:
+                base_kwargs.pop(key, None)
+            base_policy.pop("bottleneck_dims", None)
+        kwargs = {**base_kwargs, **spec_.model_kwargs}
         hindsight = kwargs.pop("hindsight", True)
         cuda_graph = kwargs.pop("cuda_graph", config.resolved_cuda_graph())
         return BranchingIQN("MlpPolicy", env, seed=seed, device=budget.device, hindsight=hindsight,
-                            cuda_graph=cuda_graph,
-                            policy_kwargs={**config.resolved_policy_kwargs(), **spec_.policy_kwargs},
+                            cuda_graph=cuda_graph, policy_kwargs={**base_policy, **spec_.policy_kwargs},
                             diagnostics_path=diagnostics_path, **kwargs)
-    from foxhunt.envs import FlatActionVecEnv
 
     kwargs = {k: model_kwargs[k] for k in SHARED_DQN_KWARGS if k in model_kwargs}
     kwargs.update(spec_.model_kwargs)

@@ -1,0 +1,48 @@
+"""BranchingIQN on the joint face (one branch of the 81 joint actions) in the experiments."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from gymnasium import spaces
+
+from experiments import harness
+
+TINY = ["--seeds", "1", "--steps", "300", "--n-envs", "2", "--market-steps", "2000",
+        "--signal-strength", "0.5", "--signal-horizon", "3", "--episode-length", "40", "--eval-envs", "2",
+        "--eval-steps", "40", "--no-progress"]
+
+
+@pytest.fixture(autouse=True)
+def _keep_threads_and_agents() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+    harness.clear_custom_agents()
+
+
+def test_iqn_joint_is_one_branch_of_81_actions_without_the_per_branch_settings() -> None:
+    spec_ = harness.agent_spec("iqn_joint")
+    assert spec_.kind == "iqn" and spec_.face == "joint" and spec_.model_kwargs["hindsight"] is False
+    custom = harness.define_agent("j2", {"base": "iqn_joint", "model": {"per_alpha": 0.0}})
+    assert custom.face == "joint" and custom.model_kwargs == {**spec_.model_kwargs, "per_alpha": 0.0}
+    budget = harness.Budget(steps=100, n_envs=2)
+    setup = harness.MarketSetup("synthetic", 0.5, 3, 2000)
+    env = harness.make_train_env(setup.train_market("cpu"), setup, budget, 0)
+    model = harness.build_model(spec_, env, budget, 0, None)
+    assert model.action_space == spaces.Discrete(81) and model.branch_names == ["action"]
+    assert model.hindsight_config is None and model.vaccine_interval == 0
+    # on the device loop's budget the joint face still trains through SB3's loop (no device face yet)
+    assert harness.Budget(device_loop=True).loop_of("iqn_joint") == harness.LOOP_SB3
+
+
+@pytest.mark.slow
+def test_learning_runs_and_scores_a_joint_agent(tmp_path: Path) -> None:
+    from experiments.learning import main
+
+    payload = main(["--out", str(tmp_path / "j"), "--agents", "iqn_joint", *TINY])
+    metrics = payload["evaluation"]["policies"]["iqn_joint/seed0"]
+    assert sum(metrics["action_mix"]["direction"]) == pytest.approx(1.0)  # decoded to the four branches
