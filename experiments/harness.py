@@ -89,7 +89,9 @@ def _merge(features: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
 def agent_spec(name: str) -> AgentSpec:
     """The recipe of an agent name.
 
-    Names: ``iqn`` (presets, hindsight on), ``iqn_lean`` (every feature of :data:`LEAN_OFF` off),
+    Names: ``iqn`` (presets, hindsight on), ``iqn_joint`` (presets on the joint face: one branch of the 81
+    joint actions, without the per-branch settings, hindsight and the vaccine), ``iqn_lean`` (every feature
+    of :data:`LEAN_OFF` off),
     ``iqn-no_<feature>`` (presets with one feature off), ``iqn_lean+<feature>`` (lean with one feature back
     on), ``dqn``, ``qrdqn``.
 
