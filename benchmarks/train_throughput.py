@@ -53,11 +53,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _common.py beside th
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's packages
 from _common import default_out, machine_info, peer_missing, synchronizer, write_json  # noqa: E402
 
+from foxhunt import presets  # noqa: E402
+
 RESULTS = default_out("train_throughput")
 NVEC = (3, 3, 3, 3)
 ROWS = ("BranchingIQN device loop", "BranchingIQN one graph", "BranchingIQN SB3 loop", "SB3 DQN",
         "sb3-contrib QR-DQN")
 ONE_GRAPH = "BranchingIQN one graph"
+#: BranchingIQN's head sizes (``--iqn-sizes``): the algorithm's generic defaults, or foxhunt's presets (what
+#: ``foxhunt train`` builds: 3 ensemble heads, 16 quantiles each way, cosine embedding 32).
+IQN_SIZES: dict[str, dict[str, int]] = {
+    "generic": {},
+    "foxhunt": {k: v for k, v in presets.POLICY_KWARGS.items() if k != "net_arch"},
+}
 
 
 class FlatActions(VecEnvWrapper):
@@ -121,7 +129,7 @@ def make_model(row: str, books: int, device: str, market: Any, args: argparse.Na
     common = dict(learning_starts=learning_starts, buffer_size=args.buffer_size, batch_size=args.batch,
                   train_freq=train_freq, gradient_steps=gradient_steps, seed=0, device=device, verbose=0)
     iqn = dict(**common, diagnostics_interval=args.diagnostics_interval,
-               policy_kwargs=dict(net_arch=list(args.widths)))
+               policy_kwargs=dict(net_arch=list(args.widths), **IQN_SIZES[args.iqn_sizes]))
     cuda = th.device(device).type == "cuda"
     if row == "BranchingIQN device loop":
         env = DeviceLOBVecEnv(books, device=device, cuda_graph=cuda, compile=args.compile_env, **env_kwargs)
@@ -242,7 +250,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             train_freq, gradient_steps, ratio = schedule(books, args.batch, args.replay_ratio)
             for row in args.rows:
                 base = {"row": row, "device": device, "books": books, "batch": args.batch,
-                        "widths": list(args.widths), "train_freq": train_freq,
+                        "widths": list(args.widths), "iqn_sizes": args.iqn_sizes, "train_freq": train_freq,
                         "gradient_steps": gradient_steps, "replay_ratio": ratio}
                 deterministic = th.are_deterministic_algorithms_enabled()
                 warn_only = th.is_deterministic_algorithms_warn_only_enabled()
@@ -300,6 +308,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=ROWS)
     parser.add_argument("--widths", nargs="+", type=int, default=[128, 128])
     parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--iqn-sizes", choices=list(IQN_SIZES), default="generic",
+                        help="BranchingIQN's head sizes: generic defaults or foxhunt's presets")
     parser.add_argument("--replay-ratio", type=float, default=0.25)
     parser.add_argument("--buffer-size", type=int, default=1_000_000)
     parser.add_argument("--seconds", type=float, default=10.0, help="wall time of each timed learn")
