@@ -268,3 +268,47 @@ def test_cli_trains_and_evaluates_a_joint_run(tmp_path: Path, capsys: pytest.Cap
                  "--no-plots"]) == 0
     document = json.loads((report / "evaluation.json").read_text())
     assert document["steps"] == 12 * 2 and "policy" in document["policies"]
+
+
+# ------------------------------------------------------------------------------------------ GPU
+
+
+@pytest.mark.gpu
+def test_joint_static_step_on_cuda_decodes_without_a_host_sync() -> None:
+    """The joint face's static step (the one the fused CUDA graph captures) equals the branched face's
+    static step on the decoded actions, with no host sync."""
+    kwargs = dict(device="cuda", seed=0, data="synthetic", num_steps=600, episode_length=8)
+    joint, branched = DeviceLOBVecEnv(64, action_face="joint", **kwargs), DeviceLOBVecEnv(64, **kwargs)
+    for env in (joint, branched):
+        env.reset()
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(0)
+    codes = [torch.randint(0, 81, (64, 1), device="cuda", generator=gen) for _ in range(20)]
+    decoded = [torch.as_tensor(unflatten_actions(c.cpu().numpy().reshape(-1)), device="cuda") for c in codes]
+    joint.step_tensors_static(codes[0])
+    branched.step_tensors_static(decoded[0])
+    torch.cuda.synchronize()
+    steps = []
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for code, action in zip(codes[1:], decoded[1:], strict=True):
+            steps.append((joint.step_tensors_static(code), branched.step_tensors_static(action)))
+            joint.pin_static_state()
+            branched.pin_static_state()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for a, b in steps:
+        for name in ("obs", "reward", "done", "final_obs", "episode_return", "episode_length"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), name
+
+
+@pytest.mark.gpu
+def test_a_joint_cuda_run_trains_through_the_graphed_device_loop(tmp_path: Path) -> None:
+    from sb3_her_ext import BranchingIQN
+
+    out = train(small_config(tmp_path / "run", device="cuda", action_face="joint"))
+    config = json.loads((out / "config.json").read_text())
+    assert config["device_loop"] is True and config["cuda_graph"] is True and config["hindsight"] is False
+    model = BranchingIQN.load(out / "model.zip", device="cuda")
+    assert model.action_space == spaces.Discrete(81) and model.num_timesteps == 600
+    assert "policy" in json.loads((out / "evaluation.json").read_text())["policies"]
