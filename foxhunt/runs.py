@@ -312,6 +312,8 @@ def resume(run_dir: str | Path, callback: Any = None, progress: bool | None = No
             f"resume={str(run_dir)!r}: no run folder there ({run_dir / 'config.json'} missing)"
         )
     config = RunConfig.load(run_dir / "config.json")
+    if "action_face" not in json.loads((run_dir / "config.json").read_text()):
+        config = dataclasses.replace(config, action_face="branched")  # a run from before the joint face
     if progress is not None:
         config = dataclasses.replace(config, progress=progress)
     return train(config, callback, resume_from=run_dir)

@@ -312,3 +312,19 @@ def test_a_joint_cuda_run_trains_through_the_graphed_device_loop(tmp_path: Path)
     model = BranchingIQN.load(out / "model.zip", device="cuda")
     assert model.action_space == spaces.Discrete(81) and model.num_timesteps == 600
     assert "policy" in json.loads((out / "evaluation.json").read_text())["policies"]
+
+
+def test_a_run_from_before_the_faces_resumes_branched(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A config.json without ``action_face`` was written by a branched run, whatever the default is now."""
+    out = tmp_path / "run"
+    with pytest.raises(_Crash):
+        train(small_config(out, steps=300, action_face="branched", hindsight=False), callback=_CrashAt(250))
+    values = json.loads((out / "config.json").read_text())
+    del values["action_face"]
+    (out / "config.json").write_text(json.dumps(values))
+    monkeypatch.setattr(presets, "ACTION_FACE", "joint")
+    assert resume(out) == out
+    from sb3_her_ext import BranchingIQN
+
+    assert BranchingIQN.load(out / "model.zip").action_space == spaces.MultiDiscrete([3] * 4)
