@@ -6,7 +6,8 @@ uniformly random policy. ``foxhunt evaluate`` scores a saved model beside baseli
 (:mod:`foxhunt.evaluation.cli`). ``foxhunt tune`` runs an Optuna study (:mod:`tuning.cli`).
 ``foxhunt train --config FILE`` starts from a :class:`~foxhunt.runs.RunConfig` JSON (the
 options given on the command line override it); ``foxhunt train --resume RUN_DIR`` continues a run from
-its newest checkpoint.
+its newest checkpoint. ``foxhunt train --action-face joint`` trains on one branch of the 81 joint actions
+instead of the four branches (``RunConfig.action_face``; hindsight is off there).
 
 A user error (a bad option, a missing file, a used run folder) prints one line ``foxhunt: error: ...`` on
 stderr and exits with status 2; ``--debug`` shows the traceback instead.
