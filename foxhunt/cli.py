@@ -6,7 +6,8 @@ uniformly random policy. ``foxhunt evaluate`` scores a saved model beside baseli
 (:mod:`foxhunt.evaluation.cli`). ``foxhunt tune`` runs an Optuna study (:mod:`tuning.cli`).
 ``foxhunt train --config FILE`` starts from a :class:`~foxhunt.runs.RunConfig` JSON (the
 options given on the command line override it); ``foxhunt train --resume RUN_DIR`` continues a run from
-its newest checkpoint.
+its newest checkpoint. ``foxhunt train --action-face joint`` trains on one branch of the 81 joint actions
+instead of the four branches (``RunConfig.action_face``; hindsight is off there).
 
 A user error (a bad option, a missing file, a used run folder) prints one line ``foxhunt: error: ...`` on
 stderr and exits with status 2; ``--debug`` shows the traceback instead.
@@ -33,7 +34,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError)
 #: ``foxhunt train``'s run options: argparse destination = RunConfig field.
 TRAIN_OPTIONS: tuple[str, ...] = (
     "data", "steps", "n_envs", "device", "seed", "threads", "hindsight", "eval_steps", "cuda_graph",
-    "progress", "out", "checkpoint_every", "keep_checkpoints",
+    "progress", "out", "checkpoint_every", "keep_checkpoints", "action_face",
 )
 
 
@@ -204,7 +205,12 @@ def build_parser() -> argparse.ArgumentParser:
     train_parser.add_argument("--out", default=argparse.SUPPRESS,
                               help="run folder, new or empty (default: runs/<timestamp>-<random>)")
     train_parser.add_argument("--hindsight", action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
-                              help="hindsight replay injections (default: on)")
+                              help="hindsight replay injections (default: on with the branched action face, "
+                                   "off with the joint one, which cannot take it)")
+    train_parser.add_argument("--action-face", choices=presets.ACTION_FACES, default=argparse.SUPPRESS,
+                              help="the action BranchingIQN learns on: 'branched' (four branches: direction, "
+                                   "magnitude, order, urgency) or 'joint' (one branch of the 81 joint "
+                                   f"actions) (default: {presets.ACTION_FACE})")
     train_parser.add_argument("--eval-steps", type=int, default=argparse.SUPPRESS,
                               help=f"vector steps of the final evaluation (default: {defaults.eval_steps})")
     train_parser.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction,

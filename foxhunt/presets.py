@@ -3,6 +3,11 @@
 :mod:`sb3_her_ext` is a generic SB3 algorithm: equal bottleneck widths, ε multiplier 1, no Boltzmann
 branch unless asked. The values that suit foxenv's four-branch trading action (direction, magnitude,
 order, urgency) live here, and :mod:`foxhunt.runs` passes them in.
+
+BranchingIQN sees the action through one of two faces (:data:`ACTION_FACES`): ``"branched"``, the four
+branches, or ``"joint"``, one branch of the 81 joint actions (code ``27 d + 9 m + 3 o + u``,
+:class:`foxhunt.envs.FlatActionVecEnv`). The per-branch arguments apply to the branched face only
+(:func:`face_algorithm_kwargs`, :func:`face_policy_kwargs`).
 """
 
 from __future__ import annotations
@@ -21,6 +26,15 @@ EXPLORATION_MULTS: dict[str, float] = {"direction": 1.0, "magnitude": 2.0, "orde
 BOLTZMANN_BRANCHES: tuple[str, ...] = ("order", "urgency")
 #: The branch whose actions stratify the gradient vaccine's batch (a third each of Small, Half, Full).
 VACCINE_BRANCH = "magnitude"
+
+#: The action faces BranchingIQN can train on: foxenv's four branches, or one branch of 81 joint actions.
+ACTION_FACES: tuple[str, ...] = ("branched", "joint")
+#: The action face of a run that names none (``RunConfig.action_face=None``).
+ACTION_FACE = "branched"
+#: BranchingIQN arguments that name the branched face's branches (dropped on the joint face).
+BRANCHED_ALGORITHM_ARGS: tuple[str, ...] = ("exploration_mults", "boltzmann_branches", "vaccine_branch")
+#: Policy arguments that name the branched face's branches (dropped on the joint face).
+BRANCHED_POLICY_ARGS: tuple[str, ...] = ("bottleneck_dims",)
 
 #: ``foxhunt train``'s sizes: a few minutes on a 2-core laptop CPU.
 CPU_TRAIN_STEPS = 15_000
@@ -91,3 +105,60 @@ def trading_policy_kwargs() -> dict[str, Any]:
     :return: keyword arguments to merge into ``policy_kwargs``.
     """
     return {"bottleneck_dims": dict(BOTTLENECK_DIMS)}
+
+
+def resolve_action_face(action_face: str | None, field: str = "action_face") -> str:
+    """The action face ``action_face`` names (``None``: :data:`ACTION_FACE`).
+
+    :param action_face: ``"branched"``, ``"joint"`` or ``None``.
+    :param field: how errors name the value.
+    :return: the face.
+    :raises ValueError: naming ``field`` and the value when it is not a face of :data:`ACTION_FACES`.
+    """
+    face = ACTION_FACE if action_face is None else action_face
+    if not isinstance(face, str) or face not in ACTION_FACES:
+        raise ValueError(f"{field}={action_face!r} must be one of {list(ACTION_FACES)} or None")
+    return face
+
+
+def resolve_hindsight(hindsight: bool | None, action_face: str | None) -> bool:
+    """Whether hindsight replay is on for a face: ``None`` is on for the branched face, off for the joint.
+
+    Hindsight relabels the direction and magnitude branches, which the joint face does not have.
+
+    :param hindsight: ``True``, ``False`` or ``None`` (the face's default).
+    :param action_face: the face (``None``: :data:`ACTION_FACE`).
+    :return: the hindsight flag.
+    :raises ValueError: naming ``hindsight`` and ``action_face`` for hindsight on the joint face.
+    """
+    face = resolve_action_face(action_face)
+    if hindsight is None:
+        return face == "branched"
+    if hindsight and face == "joint":
+        raise ValueError(
+            f"hindsight={hindsight!r} cannot be used with action_face='joint': hindsight relabels the "
+            "direction and magnitude branches, which the joint face does not have (hindsight=False or None)"
+        )
+    return bool(hindsight)
+
+
+def face_algorithm_kwargs(action_face: str | None, hindsight: bool | None = None) -> dict[str, Any]:
+    """BranchingIQN's trading arguments for an action face, ``hindsight`` included.
+
+    :param action_face: the face (``None``: :data:`ACTION_FACE`).
+    :param hindsight: as :func:`resolve_hindsight`.
+    :return: on the branched face :func:`trading_algorithm_kwargs` and the hindsight flag; on the joint
+        face only ``hindsight=False`` (its one branch takes the algorithm's generic defaults).
+    """
+    face = resolve_action_face(action_face)
+    kwargs = trading_algorithm_kwargs() if face == "branched" else {}
+    return {**kwargs, "hindsight": resolve_hindsight(hindsight, face)}
+
+
+def face_policy_kwargs(action_face: str | None) -> dict[str, Any]:
+    """The policy's trading arguments for an action face.
+
+    :param action_face: the face (``None``: :data:`ACTION_FACE`).
+    :return: :func:`trading_policy_kwargs` on the branched face, nothing on the joint face.
+    """
+    return trading_policy_kwargs() if resolve_action_face(action_face) == "branched" else {}

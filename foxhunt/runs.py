@@ -50,8 +50,9 @@ class RunConfig:
     """Seed of the network, replay, exploration and the training env's episode starts."""
     threads: int = 1
     """torch CPU threads (1 is fastest for these small networks)."""
-    hindsight: bool = True
-    """Hindsight replay injections on trade closes."""
+    hindsight: bool | None = None
+    """Hindsight replay injections on trade closes; ``None``: on for the branched action face, off for the
+    joint one (``True`` with the joint face is a ``ValueError``: hindsight relabels the branches)."""
     eval_steps: int = 500
     """Vector steps of the final evaluation."""
     cuda_graph: bool | None = None
@@ -76,6 +77,10 @@ class RunConfig:
     0: no checkpoints."""
     keep_checkpoints: int = 3
     """Checkpoints kept, the newest; 0: all."""
+    action_face: str | None = None
+    """The action BranchingIQN learns on: ``"branched"`` (foxenv's four branches, with the per-branch
+    presets) or ``"joint"`` (one branch of the 81 joint actions, code ``27 d + 9 m + 3 o + u``);
+    ``None``: :data:`foxhunt.presets.ACTION_FACE`."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "n_envs", "threads", "eval_steps", "synthetic_market_steps", "seed",
@@ -88,10 +93,9 @@ class RunConfig:
                 raise ValueError(f"RunConfig.{name}={getattr(self, name)!r} must be a string")
         if self.out is not None and not isinstance(self.out, str):
             raise ValueError(f"RunConfig.out={self.out!r} must be a string or None")
-        for name in ("hindsight", "progress"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"RunConfig.{name}={getattr(self, name)!r} must be a bool")
-        for name in ("cuda_graph", "device_loop"):
+        if not isinstance(self.progress, bool):
+            raise ValueError(f"RunConfig.progress={self.progress!r} must be a bool")
+        for name in ("hindsight", "cuda_graph", "device_loop"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
                 raise ValueError(f"RunConfig.{name}={getattr(self, name)!r} must be a bool or None")
         for name in ("checkpoint_every", "keep_checkpoints"):
@@ -106,6 +110,13 @@ class RunConfig:
         for name in ("model_kwargs", "policy_kwargs", "env_kwargs"):
             if not isinstance(getattr(self, name), dict):
                 raise ValueError(f"RunConfig.{name}={getattr(self, name)!r} must be a dict")
+        presets.resolve_action_face(self.action_face, "RunConfig.action_face")
+        if self.hindsight and self.resolved_action_face() == "joint":
+            raise ValueError(
+                f"RunConfig.hindsight={self.hindsight!r} cannot be used with RunConfig.action_face="
+                f"{self.resolved_action_face()!r}: hindsight relabels the direction and magnitude branches, "
+                "which the joint face does not have (hindsight=False or None)"
+            )
 
     # ---------------------------------------------------------------- resolved settings
 
@@ -121,15 +132,24 @@ class RunConfig:
         """Whether collection runs through the device loop (``device_loop``, or on exactly on CUDA)."""
         return th.device(self.device).type == "cuda" if self.device_loop is None else self.device_loop
 
+    def resolved_action_face(self) -> str:
+        """The action face (``action_face``, or :data:`foxhunt.presets.ACTION_FACE`)."""
+        return presets.resolve_action_face(self.action_face, "RunConfig.action_face")
+
+    def resolved_hindsight(self) -> bool:
+        """Whether hindsight replay is on (``hindsight``, or the action face's default)."""
+        return presets.resolve_hindsight(self.hindsight, self.resolved_action_face())
+
     def resolved_model_kwargs(self) -> dict[str, Any]:
-        """BranchingIQN's keyword arguments: presets (with a GPU's on CUDA), scaled to short runs, then the
-        overrides."""
+        """BranchingIQN's keyword arguments: presets (with a GPU's on CUDA) and the action face's trading
+        arguments (:func:`foxhunt.presets.face_algorithm_kwargs`, ``hindsight`` included), scaled to short
+        runs, then the overrides."""
         base = dict(presets.MODEL_KWARGS)
         if th.device(self.device).type == "cuda":
             base.update(presets.GPU_MODEL_KWARGS)
         model_kwargs = {
             **base,
-            **presets.trading_algorithm_kwargs(),
+            **presets.face_algorithm_kwargs(self.resolved_action_face(), self.hindsight),
             "learning_starts": min(base["learning_starts"], max(self.steps // 4, self.n_envs)),
             "diagnostics_interval": min(base["diagnostics_interval"], max(self.steps // 4, 1)),
         }
@@ -137,8 +157,9 @@ class RunConfig:
         return model_kwargs
 
     def resolved_policy_kwargs(self) -> dict[str, Any]:
-        """The policy's keyword arguments: presets, then the overrides."""
-        return {**presets.POLICY_KWARGS, **presets.trading_policy_kwargs(), **self.policy_kwargs}
+        """The policy's keyword arguments: presets (and the action face's), then the overrides."""
+        return {**presets.POLICY_KWARGS, **presets.face_policy_kwargs(self.resolved_action_face()),
+                **self.policy_kwargs}
 
     def resolved_env_kwargs(self) -> dict[str, Any]:
         """The env's keyword arguments: presets, then the overrides."""
@@ -198,12 +219,21 @@ def make_env(config: RunConfig, seed: int, split: str) -> Any:
     :param config: the run's config.
     :param seed: the env's seed.
     :param split: ``"train"`` or ``"test"``.
-    :return: a :class:`~foxhunt.envs.LOBVecEnv`.
+    :return: a :class:`~foxhunt.envs.LOBVecEnv` (with the device loop a
+        :class:`~foxhunt.device_env.DeviceLOBVecEnv`); on the joint action face a
+        :class:`~foxhunt.envs.FlatActionVecEnv` of one (the device env has a joint face of its own).
     """
     from foxhunt.device_env import DeviceLOBVecEnv
-    from foxhunt.envs import LOBVecEnv
+    from foxhunt.envs import FlatActionVecEnv, LOBVecEnv
 
-    env_class = DeviceLOBVecEnv if config.resolved_device_loop() else LOBVecEnv
+    face = config.resolved_action_face()
+
+    def env_class(*args: Any, **kwargs: Any) -> Any:
+        if config.resolved_device_loop():
+            return DeviceLOBVecEnv(*args, action_face=face, **kwargs)
+        env = LOBVecEnv(*args, **kwargs)
+        return FlatActionVecEnv(env) if face == "joint" else env
+
     env_kwargs = config.resolved_env_kwargs()
     if config.data == "synthetic":
         return env_class(config.n_envs, device=config.device, seed=seed, data="synthetic",
@@ -282,6 +312,8 @@ def resume(run_dir: str | Path, callback: Any = None, progress: bool | None = No
             f"resume={str(run_dir)!r}: no run folder there ({run_dir / 'config.json'} missing)"
         )
     config = RunConfig.load(run_dir / "config.json")
+    if "action_face" not in json.loads((run_dir / "config.json").read_text()):
+        config = dataclasses.replace(config, action_face="branched")  # a run from before the joint face
     if progress is not None:
         config = dataclasses.replace(config, progress=progress)
     return train(config, callback, resume_from=run_dir)
@@ -304,7 +336,9 @@ def train(config: RunConfig, callback: Any = None, *, resume_from: str | Path | 
     if resume_from is None:
         # config.json records whether the steps were graphed
         config = dataclasses.replace(config, cuda_graph=config.resolved_cuda_graph(),
-                                     device_loop=config.resolved_device_loop())
+                                     device_loop=config.resolved_device_loop(),
+                                     action_face=config.resolved_action_face(),
+                                     hindsight=config.resolved_hindsight())
         out = new_run_folder(config.out)
         config.save(out / "config.json")
     else:
@@ -318,7 +352,7 @@ def train(config: RunConfig, callback: Any = None, *, resume_from: str | Path | 
         resumed = None
         if resume_from is None:
             model = BranchingIQN(
-                "MlpPolicy", env, seed=config.seed, device=config.device, hindsight=config.hindsight,
+                "MlpPolicy", env, seed=config.seed, device=config.device,
                 cuda_graph=config.cuda_graph, policy_kwargs=config.resolved_policy_kwargs(),
                 tensorboard_log=str(out / "tb"), diagnostics_path=str(diagnostics_path),
                 **config.resolved_model_kwargs(),

@@ -13,6 +13,10 @@ A name that is not in :data:`DEFAULT_SPACE` raises ``ValueError`` naming it. The
 (``hindsight_threshold``, ``hindsight_priority_boost``, ``hindsight_lookahead``) are searched only where
 ``RunConfig.hindsight`` takes a dict of ``HindsightConfig`` fields (:func:`hindsight_fields_supported`).
 :func:`to_run_config` turns a trial's values into a :class:`~foxhunt.runs.RunConfig` (preset overrides).
+
+On the joint action face (``RunConfig.action_face="joint"``: one branch of 81 joint actions) the
+parameters of the four branches and hindsight (:data:`BRANCHED_PARAMS`) do not apply: :func:`suggest`
+given that face samples none of them (:func:`face_space`).
 """
 
 from __future__ import annotations
@@ -112,6 +116,15 @@ DEFAULT_SPACE: dict[str, Param | Any] = {
     "hindsight_priority_boost": _float(1.0, 10.0, log=True),
     "hindsight_lookahead": _int(10, 200, log=True),
 }
+
+#: Parameters that apply to the branched action face only: the per-branch exploration and hindsight (which
+#: relabels the direction and magnitude branches).
+BRANCHED_PARAMS: tuple[str, ...] = (
+    *(f"exploration_mult_{name}" for name in presets.BRANCH_NAMES),
+    *(f"boltzmann_{name}" for name in presets.BRANCH_NAMES),
+    "hindsight",
+    *(f"hindsight_{field}" for field in HINDSIGHT_FIELDS),
+)
 
 #: Parameters that are plain BranchingIQN arguments of the same name.
 _MODEL_PARAMS = (
@@ -247,15 +260,38 @@ def hindsight_fields_supported() -> bool:
     return True
 
 
-def suggest(trial: optuna.Trial, space: Mapping[str, Param | Any]) -> dict[str, Any]:
+def face_space(space: Mapping[str, Param | Any], action_face: str | None) -> dict[str, Param | Any]:
+    """``space`` for an action face: on the joint face :data:`BRANCHED_PARAMS` are not searched (``None``).
+
+    :param space: a space from :func:`load_space`.
+    :param action_face: ``"branched"``, ``"joint"`` or ``None`` (:data:`foxhunt.presets.ACTION_FACE`).
+    :return: the space (a copy).
+    :raises ValueError: naming the parameter for ``hindsight`` fixed on with the joint face.
+    """
+    face = presets.resolve_action_face(action_face)
+    space = dict(space)
+    if face == "joint":
+        if space.get("hindsight") is True:
+            raise ValueError("space parameter 'hindsight': true cannot be used with action_face='joint' "
+                             "(hindsight relabels the branches the joint face does not have)")
+        space.update(dict.fromkeys(name for name in BRANCHED_PARAMS if name in space))
+    return space
+
+
+def suggest(trial: optuna.Trial, space: Mapping[str, Param | Any],
+            action_face: str | None = None) -> dict[str, Any]:
     """The trial's values of every parameter of ``space`` (constants included; ``None`` left out).
 
-    The hindsight fields are suggested only when hindsight is on in this trial.
+    The hindsight fields are suggested only when hindsight is on in this trial; on the joint action face
+    no parameter of :data:`BRANCHED_PARAMS` is (:func:`face_space`).
 
     :param trial: the Optuna trial.
     :param space: a space from :func:`load_space`.
+    :param action_face: the face of the trial's runs (the base config's
+        ``RunConfig.resolved_action_face()``); ``None``: :data:`foxhunt.presets.ACTION_FACE`.
     :return: ``name -> value``.
     """
+    space = face_space(space, action_face)
     hindsight_names = {f"hindsight_{field}" for field in HINDSIGHT_FIELDS}
     values: dict[str, Any] = {}
     for name, spec in space.items():
@@ -286,6 +322,12 @@ def to_run_config(base: RunConfig, values: Mapping[str, Any]) -> RunConfig:
     if unknown:
         raise ValueError(
             f"unknown space parameter(s) {unknown}; known parameters are {sorted(DEFAULT_SPACE)}"
+        )
+    branched = sorted(set(values) & set(BRANCHED_PARAMS))
+    if branched and base.resolved_action_face() == "joint":
+        raise ValueError(
+            f"space parameter(s) {branched} apply to the branched action face, and the base config has "
+            "action_face='joint' (suggest them with suggest(..., action_face='joint'), which leaves them out)"
         )
     model = dict(base.model_kwargs)
     policy = dict(base.policy_kwargs)

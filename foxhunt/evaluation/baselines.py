@@ -161,8 +161,9 @@ class OraclePolicy:
 class ModelPolicy:
     """An SB3-style model (anything with ``predict(obs, deterministic=...)``) as a recorder policy.
 
-    A model over the flattened action (``Discrete(81)``, code ``27 d + 9 m + 3 o + u``) is decoded to the
-    four branches.
+    A model over the flattened action (``Discrete(81)``, code ``27 d + 9 m + 3 o + u``: SB3 DQN, or
+    BranchingIQN on the joint action face), whose ``predict`` gives ``[N]`` (or ``[N, 1]``) codes, is decoded
+    to the four branches.
 
     :param model: the model.
     :param name: its name in reports.
@@ -184,8 +185,8 @@ class ModelPolicy:
         """The model's actions (one host round trip: SB3's ``predict`` takes numpy)."""
         action, _ = self.model.predict(obs.cpu().numpy(), deterministic=self.deterministic)
         action = torch.as_tensor(np.asarray(action), dtype=torch.int64, device=obs.device)
-        if action.ndim == 1:  # the flattened 81-action space
-            action = (action[:, None] // self._codes) % 3
+        if action.numel() == obs.shape[0]:  # the flattened 81-action space: [N] (or [N, 1]) codes
+            action = (action.reshape(-1, 1) // self._codes) % 3
         return action.reshape(obs.shape[0], 4)
 
 

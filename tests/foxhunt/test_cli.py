@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch as th
 
+from foxhunt import presets
 from foxhunt.cli import build_parser, config_from_args, main
 from foxhunt.runs import RunConfig
 
@@ -126,11 +127,12 @@ def _train_config(argv: list[str]) -> RunConfig:
 
 def test_config_file_with_options_given_on_the_command_line_overriding_it(tmp_path: Path) -> None:
     assert _train_config([]) == RunConfig()  # the options' defaults are RunConfig's
-    path = RunConfig(steps=77, seed=3, n_envs=3, hindsight=False, checkpoint_every=20,
+    # the branched face named: --hindsight applies to it whichever face is the default
+    path = RunConfig(steps=77, seed=3, n_envs=3, hindsight=False, checkpoint_every=20, action_face="branched",
                      model_kwargs={"gamma": 0.9}).save(tmp_path / "config.json")
     config = _train_config(["--config", str(path), "--seed", "4", "--hindsight", "--keep-checkpoints", "0"])
     assert config == RunConfig(steps=77, seed=4, n_envs=3, hindsight=True, checkpoint_every=20,
-                               keep_checkpoints=0, model_kwargs={"gamma": 0.9})
+                               keep_checkpoints=0, action_face="branched", model_kwargs={"gamma": 0.9})
     assert _train_config(["--config", str(path)]) == RunConfig.load(path)
 
 
@@ -198,6 +200,7 @@ def test_train_writes_the_run_folder(tmp_path: Path, capsys: pytest.CaptureFixtu
     config = json.loads((out / "config.json").read_text())
     assert config["steps"] == 240 and config["n_envs"] == 2 and config["hindsight"] is False
     assert config["seed"] == 3 and config["cuda_graph"] is False  # off on the CPU
+    assert config["action_face"] == presets.ACTION_FACE  # the default face, recorded
     lines = read_diagnostics(out / "diagnostics.jsonl")
     assert lines and all(tuple(line) == DIAGNOSTICS_KEYS for line in lines)
     assert lines[-1]["step"] == 240
@@ -207,7 +210,7 @@ def test_train_writes_the_run_folder(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert model.hindsight_config is None and model.num_timesteps == 240
     obs = np.zeros((2, model.observation_space.shape[0]), np.float32)
     actions, _ = model.predict(obs, deterministic=True)
-    assert actions.shape == (2, 4)
+    assert actions.shape == ((2, 4) if presets.ACTION_FACE == "branched" else (2,))
 
 
 @pytest.mark.slow
@@ -218,6 +221,6 @@ def test_train_on_lobster_evaluates_on_the_test_split(lobster_dir: Path, tmp_pat
                  "--no-progress", "--eval-steps", "10"]) == 0
     assert "evaluation: deterministic policy, test split" in capsys.readouterr().out
     config = json.loads((out / "config.json").read_text())
-    assert config["hindsight"] is True
+    assert config["hindsight"] is (config["action_face"] == "branched")  # on by default where it applies
     evaluation = json.loads((out / "evaluation.json").read_text())
     assert evaluation["eval_data"] == "test split" and evaluation["steps"] == 10 * 2

@@ -15,12 +15,13 @@ from tuning.space import DEFAULT_SPACE, Param, hindsight_fields_supported, load_
 
 
 def test_every_default_knob_reaches_the_algorithm() -> None:
-    """A sample of the full default space becomes BranchingIQN, policy and hindsight arguments."""
+    """A sample of the full default space becomes BranchingIQN, policy and hindsight arguments (on the
+    branched action face, where every knob applies; the joint face: test_space_faces.py)."""
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
     study.enqueue_trial({"hindsight": True})
     trial = study.ask()
-    values = suggest(trial, load_space())
-    config = to_run_config(RunConfig(), values)
+    values = suggest(trial, load_space(), action_face="branched")
+    config = to_run_config(RunConfig(action_face="branched"), values)
     model = config.resolved_model_kwargs()
     for name in (
         "learning_rate",
@@ -54,9 +55,9 @@ def test_every_default_knob_reaches_the_algorithm() -> None:
 def test_hindsight_fields_are_searched_only_with_hindsight_on() -> None:
     study = optuna.create_study()
     study.enqueue_trial({"hindsight": False})
-    values = suggest(study.ask(), load_space())
+    values = suggest(study.ask(), load_space(), action_face="branched")
     assert not any(name.startswith("hindsight_") for name in values)
-    assert to_run_config(RunConfig(), values).hindsight is False
+    assert to_run_config(RunConfig(action_face="branched"), values).hindsight is False
 
 
 def test_space_file_overrides_fixes_and_drops(tmp_path: Path) -> None:

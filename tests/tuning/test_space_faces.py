@@ -1,0 +1,74 @@
+"""The search space on each action face: the joint face samples no per-branch or hindsight parameter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+
+from foxhunt import presets
+from foxhunt.runs import RunConfig
+from tuning.space import BRANCHED_PARAMS, DEFAULT_SPACE, face_space, load_space, suggest, to_run_config
+
+
+def _sampled(trial: optuna.Trial) -> set[str]:
+    return set(trial.params)
+
+
+def test_every_branched_param_is_in_the_default_space() -> None:
+    assert set(BRANCHED_PARAMS) <= set(DEFAULT_SPACE)
+    assert {"exploration_mult_direction", "boltzmann_urgency", "hindsight"} <= set(BRANCHED_PARAMS)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_joint_trial_samples_no_branched_param(seed: int) -> None:
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    trial = study.ask()
+    values = suggest(trial, load_space(), action_face="joint")
+    assert not set(values) & set(BRANCHED_PARAMS)
+    assert not _sampled(trial) & set(BRANCHED_PARAMS)  # Optuna was never asked for them
+    assert {"learning_rate", "gamma", "net_width", "vaccine_interval"} <= _sampled(trial)
+    config = to_run_config(RunConfig(action_face="joint"), values)
+    assert config.action_face == "joint" and config.resolved_hindsight() is False
+    model = config.resolved_model_kwargs()
+    assert not set(presets.BRANCHED_ALGORITHM_ARGS) & set(model)
+    assert model["learning_rate"] == values["learning_rate"] and model["hindsight"] is False
+
+
+def test_a_branched_trial_still_samples_them() -> None:
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    trial = study.ask()
+    suggest(trial, load_space(), action_face="branched")
+    assert {name for name in BRANCHED_PARAMS if not name.startswith("hindsight_")} <= _sampled(trial)
+
+
+@pytest.mark.parametrize("default", presets.ACTION_FACES)
+def test_suggest_follows_the_default_face(monkeypatch: pytest.MonkeyPatch, default: str) -> None:
+    monkeypatch.setattr(presets, "ACTION_FACE", default)
+    trial = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0)).ask()
+    values = suggest(trial, load_space())
+    assert ("exploration_mult_magnitude" in values) is (default == "branched")
+    config = to_run_config(RunConfig(), values)  # the default base is the default face's
+    assert config.resolved_action_face() == default
+
+
+def test_branched_values_on_a_joint_base_are_an_error() -> None:
+    trial = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0)).ask()
+    values = suggest(trial, load_space(), action_face="branched")
+    with pytest.raises(ValueError, match=r"apply to the branched action face.*action_face='joint'"):
+        to_run_config(RunConfig(action_face="joint"), values)
+
+
+def test_a_space_file_fixing_hindsight_on_cannot_take_the_joint_face(tmp_path: Path) -> None:
+    path = tmp_path / "space.yaml"
+    path.write_text("hindsight: true\nexploration_mult_order: 2.0\n")
+    space = load_space(path)
+    assert face_space(space, "branched")["hindsight"] is True
+    with pytest.raises(ValueError, match=r"'hindsight'.*action_face='joint'"):
+        face_space(space, "joint")
+    path.write_text("hindsight: false\nexploration_mult_order: 2.0\n")
+    joint = face_space(load_space(path), "joint")
+    assert joint["hindsight"] is None and joint["exploration_mult_order"] is None
+    with pytest.raises(ValueError, match=r"action_face='flat'"):
+        face_space(space, "flat")
