@@ -415,8 +415,9 @@ class Budget:
     def run_config(self, seed: int) -> RunConfig:
         """The :class:`RunConfig` whose resolved presets every agent starts from."""
         policy = {"net_arch": list(self.net_arch)} if self.net_arch else {}
+        # the harness builds each agent's face itself (AgentSpec.face) from the branched presets
         return RunConfig(steps=self.steps, n_envs=self.n_envs, device=self.device, seed=seed,
-                         model_kwargs=dict(self.overrides), policy_kwargs=policy,
+                         action_face="branched", model_kwargs=dict(self.overrides), policy_kwargs=policy,
                          env_kwargs=dict(self.env_overrides), device_loop=self.device_loop)
 
     def resolved_device_loop(self) -> bool:

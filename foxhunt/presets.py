@@ -29,8 +29,12 @@ VACCINE_BRANCH = "magnitude"
 
 #: The action faces BranchingIQN can train on: foxenv's four branches, or one branch of 81 joint actions.
 ACTION_FACES: tuple[str, ...] = ("branched", "joint")
-#: The action face of a run that names none (``RunConfig.action_face=None``).
-ACTION_FACE = "branched"
+#: The action face of a run that names none (``RunConfig.action_face=None``): the joint face, which learned
+#: the planted signal where the four independent branches did not (experiments/README.md).
+ACTION_FACE = "joint"
+#: BranchingIQN arguments of the joint face: the vaccine stratifies by a branch's three values (off, as in the
+#: experiment that chose this face).
+JOINT_ALGORITHM_KWARGS: dict[str, Any] = {"vaccine_interval": 0}
 #: BranchingIQN arguments that name the branched face's branches (dropped on the joint face).
 BRANCHED_ALGORITHM_ARGS: tuple[str, ...] = ("exploration_mults", "boltzmann_branches", "vaccine_branch")
 #: Policy arguments that name the branched face's branches (dropped on the joint face).
@@ -148,10 +152,11 @@ def face_algorithm_kwargs(action_face: str | None, hindsight: bool | None = None
     :param action_face: the face (``None``: :data:`ACTION_FACE`).
     :param hindsight: as :func:`resolve_hindsight`.
     :return: on the branched face :func:`trading_algorithm_kwargs` and the hindsight flag; on the joint
-        face only ``hindsight=False`` (its one branch takes the algorithm's generic defaults).
+        face :data:`JOINT_ALGORITHM_KWARGS` and ``hindsight=False`` (its one branch takes the algorithm's
+        generic defaults otherwise).
     """
     face = resolve_action_face(action_face)
-    kwargs = trading_algorithm_kwargs() if face == "branched" else {}
+    kwargs = trading_algorithm_kwargs() if face == "branched" else dict(JOINT_ALGORITHM_KWARGS)
     return {**kwargs, "hindsight": resolve_hindsight(hindsight, face)}
 
 

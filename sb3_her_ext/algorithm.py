@@ -57,7 +57,8 @@ def resolve_hindsight(hindsight: bool | str | Mapping[str, Any] | HindsightConfi
     """The replay buffer's hindsight config from the ``hindsight`` argument.
 
     :param hindsight: ``True`` (defaults), ``False`` (off), ``"auto"`` (on when the env publishes
-        ``n_market_features``, the mark of the info contract hindsight reads), a dict of
+        ``n_market_features``, the mark of the info contract hindsight reads, and its action has the
+        branches hindsight relabels; a joint one-branch face has not), a dict of
         :class:`HindsightConfig` fields, or a config.
     :param env: the (vectorized) env, used by ``"auto"`` and for the fields a dict or ``True`` leaves
         out that the env publishes (``reward_scale``, ``magnitudes``).
@@ -68,7 +69,9 @@ def resolve_hindsight(hindsight: bool | str | Mapping[str, Any] | HindsightConfi
     if isinstance(hindsight, bool):
         fields: Mapping[str, Any] | None = {} if hindsight else None
     elif isinstance(hindsight, str) and hindsight == "auto":
-        fields = {} if env is not None and env.has_attr("n_market_features") else None
+        relabels = max(HindsightConfig().direction_branch, HindsightConfig().magnitude_branch)
+        fields = ({} if env is not None and env.has_attr("n_market_features")
+                  and len(branch_action_dims(env.action_space)) > relabels else None)
     elif isinstance(hindsight, Mapping):
         known = {f.name for f in dataclasses.fields(HindsightConfig)}
         unknown = sorted(set(hindsight) - known)

@@ -142,7 +142,7 @@ class Objective:
 
     def config(self, trial: optuna.Trial) -> RunConfig:
         """The trial's run config (its parameters over the base; its own run folder; no progress bar)."""
-        values = suggest(trial, self.space)
+        values = suggest(trial, self.space, action_face=self.base.resolved_action_face())
         out = Path(self.trials_dir) / f"{trial.number:05d}"
         return dataclasses.replace(to_run_config(self.base, values), out=str(out), **trial_overrides())
 

@@ -138,6 +138,16 @@ def test_hindsight_auto_is_off_without_the_info_contract() -> None:
     assert model.replay_buffer.hindsight_state is None
 
 
+def test_hindsight_auto_is_off_on_one_branch_and_on_with_four() -> None:
+    """A foxenv face with the info contract but one joint branch has no direction / magnitude to relabel."""
+    from foxhunt.envs import FlatActionVecEnv
+
+    joint = BranchingIQN("MlpPolicy", FlatActionVecEnv(lob_env()), hindsight="auto", **TINY)
+    assert joint.hindsight_config is None
+    branched = BranchingIQN("MlpPolicy", lob_env(), hindsight="auto", **TINY)
+    assert branched.hindsight_config is not None
+
+
 @pytest.mark.parametrize("alpha", [-0.1, 1.5])
 def test_c51_alpha_outside_unit_interval(alpha: float) -> None:
     with pytest.raises(ValueError, match=f"c51_alpha={alpha} must lie in"):
