@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from gymnasium import spaces
 from stable_baselines3.common.callbacks import BaseCallback
 
 from foxenv import spec
@@ -426,10 +427,7 @@ class Budget:
 
     def loop_of(self, agent: str) -> str:
         """The collection loop agent ``agent`` trains with: ``"device"`` or ``"sb3"``."""
-        spec_ = agent_spec(agent)
-        # the joint face trains through SB3's loop (FlatActionVecEnv has no device face yet)
-        device = spec_.kind == "iqn" and spec_.face == "branched" and self.resolved_device_loop()
-        return LOOP_DEVICE if device else LOOP_SB3
+        return LOOP_DEVICE if agent_spec(agent).kind == "iqn" and self.resolved_device_loop() else LOOP_SB3
 
 
 #: The two training loops a run can record: BranchingIQN's device loop, SB3's numpy loop.
@@ -507,7 +505,8 @@ def build_model(spec_: AgentSpec, env: Any, budget: Budget, seed: int, diagnosti
     if spec_.kind == "iqn":
         base_kwargs, base_policy = dict(model_kwargs), dict(config.resolved_policy_kwargs())
         if spec_.face == "joint":  # foxhunt's per-branch trading settings name branches this face lacks
-            env = FlatActionVecEnv(env)
+            if not isinstance(env.action_space, spaces.Discrete):  # a joint DeviceLOBVecEnv is one already
+                env = FlatActionVecEnv(env)
             for key in JOINT_DROPS_MODEL:
                 base_kwargs.pop(key, None)
             base_policy.pop("bottleneck_dims", None)
@@ -534,12 +533,15 @@ def build_model(spec_: AgentSpec, env: Any, budget: Budget, seed: int, diagnosti
     raise ValueError(f"kind={spec_.kind!r} must be 'iqn', 'dqn' or 'qrdqn'")
 
 
-def make_train_env(market: Any, setup: MarketSetup, budget: Budget, seed: int, loop: str = LOOP_SB3) -> Any:
+def make_train_env(market: Any, setup: MarketSetup, budget: Budget, seed: int, loop: str = LOOP_SB3,
+                   face: str = "branched") -> Any:
     """The training env over the already built training ``market``.
 
     :param loop: ``"sb3"``: a :class:`~foxhunt.envs.LOBVecEnv`; ``"device"``: a
         :class:`~foxhunt.device_env.DeviceLOBVecEnv` (the same books and episodes, plus the tensor face the
         device loop steps), its step CUDA-graphed when ``budget.env_cuda_graph``.
+    :param face: ``"joint"`` with the device loop: the device env takes the 81 joint codes itself (on SB3's
+        loop :func:`build_model` wraps the env in :class:`~foxhunt.envs.FlatActionVecEnv`).
     """
     from foxhunt.device_env import DeviceLOBVecEnv
     from foxhunt.envs import LOBVecEnv
@@ -550,7 +552,7 @@ def make_train_env(market: Any, setup: MarketSetup, budget: Budget, seed: int, l
     env_kwargs["episode_length"] = min(int(env_kwargs["episode_length"]), int(market.num_steps) - 1)
     if loop == LOOP_DEVICE:
         return DeviceLOBVecEnv(budget.n_envs, device=budget.device, seed=seed, data=market,
-                               cuda_graph=budget.env_cuda_graph, **env_kwargs)
+                               cuda_graph=budget.env_cuda_graph, action_face=face, **env_kwargs)
     if loop != LOOP_SB3:
         raise ValueError(f"loop={loop!r} must be {LOOP_DEVICE!r} or {LOOP_SB3!r}")
     return LOBVecEnv(budget.n_envs, device=budget.device, seed=seed, data=market, **env_kwargs)
@@ -607,7 +609,7 @@ def train_agent(name: str, seed: int, market: Any, setup: MarketSetup, budget: B
     diagnostics.unlink(missing_ok=True)
     torch.manual_seed(seed)
     requested = budget.loop_of(name)
-    env = make_train_env(market, setup, budget, seed, requested)
+    env = make_train_env(market, setup, budget, seed, requested, spec_.face)
     model = build_model(spec_, env, budget, seed, str(diagnostics) if spec_.kind == "iqn" else None)
     callback = CurveCallback(budget.steps, checkpoints=checkpoints, at_checkpoint=at_checkpoint)
     loop = LOOP_SB3

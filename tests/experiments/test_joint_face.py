@@ -35,14 +35,20 @@ def test_iqn_joint_is_one_branch_of_81_actions_without_the_per_branch_settings()
     model = harness.build_model(spec_, env, budget, 0, None)
     assert model.action_space == spaces.Discrete(81) and model.branch_names == ["action"]
     assert model.hindsight_config is None and model.vaccine_interval == 0
-    # on the device loop's budget the joint face still trains through SB3's loop (no device face yet)
-    assert harness.Budget(device_loop=True).loop_of("iqn_joint") == harness.LOOP_SB3
+    # the device loop steps a joint DeviceLOBVecEnv (it decodes the codes itself: no wrapper)
+    assert harness.Budget(device_loop=True).loop_of("iqn_joint") == harness.LOOP_DEVICE
+    market = setup.train_market("cpu")
+    device_env = harness.make_train_env(market, setup, budget, 0, harness.LOOP_DEVICE, "joint")
+    on_device = harness.build_model(spec_, device_env, budget, 0, None)
+    assert on_device.get_env() is device_env and on_device.action_space == spaces.Discrete(81)
 
 
 @pytest.mark.slow
 def test_learning_runs_and_scores_a_joint_agent(tmp_path: Path) -> None:
     from experiments.learning import main
 
-    payload = main(["--out", str(tmp_path / "j"), "--agents", "iqn_joint", *TINY])
-    metrics = payload["evaluation"]["policies"]["iqn_joint/seed0"]
-    assert sum(metrics["action_mix"]["direction"]) == pytest.approx(1.0)  # decoded to the four branches
+    for loop in ("off", "on"):
+        payload = main(["--out", str(tmp_path / loop), "--agents", "iqn_joint", "--device-loop", loop, *TINY])
+        assert payload["loops"] == {"iqn_joint/seed0": "sb3" if loop == "off" else "device"}
+        metrics = payload["evaluation"]["policies"]["iqn_joint/seed0"]
+        assert sum(metrics["action_mix"]["direction"]) == pytest.approx(1.0)  # decoded to the four branches
