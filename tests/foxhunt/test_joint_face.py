@@ -41,7 +41,8 @@ def test_face_kwargs_drop_the_per_branch_arguments_on_the_joint_face() -> None:
     branched = presets.face_algorithm_kwargs("branched")
     assert branched == {**presets.trading_algorithm_kwargs(), "hindsight": True}
     assert presets.face_policy_kwargs("branched") == presets.trading_policy_kwargs()
-    assert presets.face_algorithm_kwargs("joint") == {"hindsight": False}
+    # no per-branch argument; the vaccine (which stratifies by one branch's three values) off
+    assert presets.face_algorithm_kwargs("joint") == {"vaccine_interval": 0, "hindsight": False}
     assert presets.face_policy_kwargs("joint") == {}
     assert presets.face_algorithm_kwargs("branched", hindsight=False)["hindsight"] is False
     with pytest.raises(ValueError, match=r"hindsight=True.*action_face='joint'"):
