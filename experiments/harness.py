@@ -446,7 +446,8 @@ SHARED_DQN_KWARGS = ("learning_rate", "buffer_size", "learning_starts", "batch_s
 class CurveCallback(BaseCallback):
     """Records ``(env steps, mean episode reward of the last episodes)`` about ``points`` times a run, calls
     ``at_checkpoint(model, k)`` at each of ``checkpoints`` equal fractions of the budget, and counts the
-    CUDA graphs a graphed BranchingIQN captured (more than one per step kind is a recapture).
+    CUDA graphs a graphed BranchingIQN captured: its gradient-step graphs and its fused collect + train graphs
+    (more than one per step kind is a recapture).
 
     Under the device loop ``on_step`` runs every ``callback_stride`` vector steps and ``ep_info_buffer`` is
     filled at the loop's flushes (:func:`configure_device_loop` sets both from the point spacing), so a
@@ -471,11 +472,15 @@ class CurveCallback(BaseCallback):
         self.done = 0
 
     def _on_step(self) -> bool:
-        for name in ("_graphed_step", "_graphed_vaccine_step"):
-            graphed = getattr(self.model, name, None)
-            if graphed is not None and graphed.graph is not None:
-                if not any(graph is graphed.graph for graph in self.graphs):
-                    self.graphs.append(graphed.graph)
+        from sb3_her_ext import graphed_loop
+
+        graphs = [getattr(getattr(self.model, name, None), "graph", None)
+                  for name in ("_graphed_step", "_graphed_vaccine_step")]
+        block = graphed_loop.block_of(self.model)  # the fused collect + train graphs, one per vaccine pattern
+        graphs += list(block.graphs.values()) if block is not None else []
+        for graph in graphs:
+            if graph is not None and not any(known is graph for known in self.graphs):
+                self.graphs.append(graph)
         if self.num_timesteps >= self.next:
             self.next += self.every
             episodes = [info["r"] for info in self.model.ep_info_buffer]
