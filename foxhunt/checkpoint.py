@@ -32,6 +32,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 
 from foxhunt import training_state
 from foxhunt.checksums import sha256_file
+from sb3_her_ext import device_loop
 
 #: Folder of a run's checkpoints.
 CHECKPOINTS_DIR = "checkpoints"
@@ -136,6 +137,7 @@ def write_checkpoint(run_dir: str | Path, model: Any, diagnostics_path: str | Pa
     """
     if hasattr(model, "check_finite"):
         model.check_finite()  # a run whose NaN guard tripped on the device never writes a checkpoint
+    device_loop.flush_action_counts(model)  # the device loop's counts since its last flush, into the state
     root = Path(run_dir) / CHECKPOINTS_DIR
     root.mkdir(parents=True, exist_ok=True)
     step = int(model.num_timesteps)

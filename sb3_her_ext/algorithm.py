@@ -395,6 +395,8 @@ class BranchingIQN(OffPolicyAlgorithm):
             "_valid_actions",
             "_mults",
             "_boltzmann",
+            "_graph_trained",  # within one learn step only: a checkpoint written inside a fused rollout's
+            # callbacks must not make the resumed run skip its first train()
         ]
 
     def _get_torch_save_params(self) -> tuple[list[str], list[str]]:

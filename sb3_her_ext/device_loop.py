@@ -67,6 +67,7 @@ from sb3_her_ext.replay import PrioritizedHindsightReplayBuffer
 
 __all__ = [
     "DeviceLoopSettings", "EpisodeStats", "advance_bars", "collect_rollouts", "configure", "explore", "flush",
+    "flush_action_counts",
     "loop_state", "settings_of", "supports",
 ]
 
@@ -331,6 +332,20 @@ def flush(model: Any, state: _LoopState, log_interval: int | None) -> tuple[int,
         guard.raise_if_tripped()
     due = bool(log_interval) and model._episode_num // log_interval > before // log_interval
     return n_new, due
+
+
+def flush_action_counts(model: Any) -> None:
+    """Move the action counts accumulated on the device into the model's diagnostics (one sync), so that
+    state saved now (a checkpoint) holds them; a model the loop never ran is left alone.
+
+    :param model: the algorithm.
+    """
+    state = _STATES.get(model)
+    if state is None or state.action_counts is None or getattr(model, "diagnostics", None) is None:
+        return
+    counts = state.action_counts.cpu().numpy().astype(np.int64)
+    state.action_counts.zero_()
+    model.diagnostics.add_action_counts([counts[b, :n] for b, n in enumerate(model.action_dims)])
 
 
 def collect_rollouts(

@@ -485,6 +485,9 @@ def collect_and_train(
     if block is None or not block.matches(model, env, state, steps):
         settings = _SETTINGS.get(model) or _Settings()
         block = _BLOCKS[model] = FusedBlock(model, env, state, steps, capture=not settings.eager)
+    # as SB3's loop: before the rollout's first step (a checkpoint written here holds the state before it; a
+    # capture that fails below hands the rollout to the device loop, which calls it again)
+    callback.on_rollout_start()
     saved = _HostCounters.of(model)
     key = block.prepare(model)
     try:
@@ -496,7 +499,6 @@ def collect_and_train(
         _warn_once(model, f"the fused collect + train CUDA graph is off for this model: {reason}; the device "
                    "loop runs instead")
         return None
-    callback.on_rollout_start()
     # the gradient steps ran with the block: train()'s bookkeeping here, and train() skips them
     gradient_steps = len(key)
     model._n_gradient_steps += gradient_steps

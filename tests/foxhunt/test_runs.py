@@ -87,6 +87,28 @@ def test_a_run_crashed_twice_and_resumed_twice_equals_the_uninterrupted_one(unin
     assert _diagnostics(out) == _diagnostics(uninterrupted)
 
 
+class _EagerFused(_CrashAt):
+    """Runs the fused collect + train block eagerly (its CPU form), and crashes like :class:`_CrashAt`."""
+
+    def _on_training_start(self) -> None:
+        from sb3_her_ext import graphed_loop
+
+        graphed_loop.configure(self.model, eager=True)
+
+
+def test_a_resumed_fused_run_equals_the_uninterrupted_one(tmp_path: Path) -> None:
+    """The fused rollout (graph_collect) resumes bit for bit: a checkpoint is written before a block runs, as
+    before an SB3 rollout, and no "the block already trained" flag travels in it."""
+    fused = dict(device_loop=True, model_kwargs={**small_config(None).model_kwargs, "graph_collect": None})
+    whole = train(small_config(tmp_path / "whole", **fused), callback=_EagerFused(10**9))
+    out = tmp_path / "run"
+    with pytest.raises(_Crash):
+        train(small_config(out, **fused), callback=_EagerFused(470))
+    resume(out, callback=_EagerFused(10**9))
+    assert_same_model(whole / "model.zip", out / "model.zip")
+    assert _diagnostics(out) == _diagnostics(whole)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("graph", [False, True])
 def test_a_resumed_cuda_run_equals_the_uninterrupted_one(tmp_path: Path, graph: bool) -> None:
