@@ -53,9 +53,13 @@ def test_graph_replays_equal_the_same_blocks_run_eagerly() -> None:
     assert block.replays == 40 - 2 * block.WARMUP_BLOCKS and block.eager_blocks == 2 * block.WARMUP_BLOCKS
     eager = fused_model(eager=True).learn(total)  # made after: torch's global stream is seeded again
     assert graphed_loop.block_of(eager).captures == 0
+    # a sum tree may be left stale (subtrees marked for a rebuild that the next sample does first): the
+    # captured and the eager paths leave it so at different points (seen on the H200 with no capture at all)
+    graphed.replay_buffer.refresh_tree()
+    eager.replay_buffer.refresh_tree()
     for name in graphed.replay_buffer._tensor_names():
         a, b = getattr(graphed.replay_buffer, name), getattr(eager.replay_buffer, name)
-        if name == "tree":  # the sum tree's inner nodes may be re-summed in another order (seen on the H200)
+        if name == "tree":  # inner nodes may be re-summed in another order
             th.testing.assert_close(a, b, rtol=1e-12, atol=0.0, msg=name)
             leaves = graphed.replay_buffer.tree_leaves
             assert th.equal(a[-leaves:], b[-leaves:]), "tree leaves"
