@@ -2,26 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 from gymnasium import spaces
 
 from experiments import harness
-
-TINY = ["--seeds", "1", "--steps", "300", "--n-envs", "2", "--market-steps", "2000",
-        "--signal-strength", "0.5", "--signal-horizon", "3", "--episode-length", "40", "--eval-envs", "2",
-        "--eval-steps", "40", "--no-progress"]
-
-
-@pytest.fixture(autouse=True)
-def _keep_threads_and_agents() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-    harness.clear_custom_agents()
+from tests.experiments.test_device_loop import TINY, _keep_threads_and_agents  # noqa: F401 (autouse fixture)
 
 
 def test_iqn_joint_is_one_branch_of_81_actions_without_the_per_branch_settings() -> None:
