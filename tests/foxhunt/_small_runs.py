@@ -6,8 +6,26 @@ from pathlib import Path
 from typing import Any
 
 import torch as th
+from stable_baselines3.common.callbacks import BaseCallback
 
 from foxhunt.runs import RunConfig
+
+
+class Crash(Exception):
+    """Stands for a crash of the training process."""
+
+
+class CrashAt(BaseCallback):
+    """Raise :class:`Crash` once ``at`` environment steps are done."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.at = at
+
+    def _on_step(self) -> bool:
+        if self.num_timesteps >= self.at:
+            raise Crash
+        return True
 
 
 def small_config(out: Path | None, **overrides: Any) -> RunConfig:

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import torch
 from gymnasium import spaces
-from stable_baselines3.common.callbacks import BaseCallback
 
 from foxhunt import presets
 from foxhunt.cli import build_parser, config_from_args, main
@@ -24,6 +23,8 @@ from foxhunt.evaluation.baselines import ModelPolicy
 from foxhunt.runs import RunConfig, make_env, resume, train
 from sb3_her_ext.device_env import TIMEOUT_KEY
 from tests.foxenv.fake_market import random_market
+from tests.foxhunt._small_runs import Crash as _Crash
+from tests.foxhunt._small_runs import CrashAt as _CrashAt
 from tests.foxhunt._small_runs import assert_same_model, small_config
 
 PARAMS = {"levels": 5, "episode_length": 6, "max_position": 10.0}
@@ -213,21 +214,6 @@ def test_train_a_joint_run_end_to_end(tmp_path: Path, device_loop: bool) -> None
     model = BranchingIQN.load(out / "model.zip")
     assert model.action_space == spaces.Discrete(81) and model.hindsight_config is None
     assert model.branch_names == ["action"]
-
-
-class _Crash(Exception):
-    """Stands for a crash of the training process."""
-
-
-class _CrashAt(BaseCallback):
-    def __init__(self, at: int) -> None:
-        super().__init__()
-        self.at = at
-
-    def _on_step(self) -> bool:
-        if self.num_timesteps >= self.at:
-            raise _Crash
-        return True
 
 
 @pytest.mark.parametrize("device_loop", [False, True])

@@ -6,28 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
-from stable_baselines3.common.callbacks import BaseCallback
 
 from foxhunt.checkpoint import list_checkpoints
 from foxhunt.runs import RunConfig, resume, train
+from tests.foxhunt._small_runs import Crash as _Crash
+from tests.foxhunt._small_runs import CrashAt as _CrashAt
 from tests.foxhunt._small_runs import assert_same_model, small_config
-
-
-class _Crash(Exception):
-    """Stands for a crash of the training process."""
-
-
-class _CrashAt(BaseCallback):
-    """Raise :class:`_Crash` once ``at`` environment steps are done."""
-
-    def __init__(self, at: int) -> None:
-        super().__init__()
-        self.at = at
-
-    def _on_step(self) -> bool:
-        if self.num_timesteps >= self.at:
-            raise _Crash
-        return True
 
 
 def _diagnostics(run: Path) -> list[dict]:
