@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from cuda_ext.graph_capture import capture
 from foxenv.spec import ACTION_NVEC
 
 if TYPE_CHECKING:
@@ -186,7 +187,7 @@ class AcceleratedStep:
         :return: the graph and its packed outputs.
         """
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with capture(graph):
             outputs = PackedOutputs(step())
             for key, value in self._state_tensors().items():
                 static_state[key].copy_(value)

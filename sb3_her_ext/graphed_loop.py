@@ -81,6 +81,7 @@ import torch as th
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.type_aliases import RolloutReturn, TrainFreq
 
+from cuda_ext.graph_capture import capture
 from sb3_her_ext import device_loop
 from sb3_her_ext.device_env import DeviceStep
 from sb3_her_ext.replay import PrioritizedHindsightReplayBuffer
@@ -391,7 +392,7 @@ class FusedBlock:
         try:
             for generator in self.generators:
                 graph.register_generator_state(generator)
-            with th.cuda.graph(graph):
+            with capture(graph):
                 outputs = self.block(model, key)
         except Exception as error:  # anything a capture refuses: nothing of the block ran
             th.cuda.set_stream(stream)  # a capture that failed to end leaves its own stream current
@@ -423,7 +424,7 @@ def _end_generator_captures(generators: list[th.Generator]) -> None:
         graph.register_generator_state(generator)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "the CUDA graph is empty"
-        with th.cuda.graph(graph):
+        with capture(graph):
             pass
 
 

@@ -23,6 +23,8 @@ from typing import Any, NamedTuple
 
 import torch as th
 
+from cuda_ext.graph_capture import capture
+
 
 class StaticBatch(NamedTuple):
     """The batch fields the loss reads, as static tensors the graph reads.
@@ -120,7 +122,7 @@ class GraphedTrainStep:
             return
         self._load(batches, weights)  # the draws happen before (outside) the capture
         graph = th.cuda.CUDAGraph()
-        with th.cuda.graph(graph):
+        with capture(graph):
             self.outputs = self._step()
         self.graph = graph
         graph.replay()

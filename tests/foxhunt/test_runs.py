@@ -93,17 +93,37 @@ def test_a_resumed_fused_run_equals_the_uninterrupted_one(tmp_path: Path) -> Non
     assert _diagnostics(out) == _diagnostics(whole)
 
 
+class _FusedCaptures(_CrashAt):
+    """Counts the fused graphs the run captured (read at the end of training)."""
+
+    seen = 0
+
+    def _on_training_end(self) -> None:
+        from sb3_her_ext import graphed_loop
+
+        block = graphed_loop.block_of(self.model)
+        self.seen = 0 if block is None else block.captures
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("graph", [False, True])
-def test_a_resumed_cuda_run_equals_the_uninterrupted_one(tmp_path: Path, graph: bool) -> None:
+@pytest.mark.parametrize(("graph", "graph_collect"), [(False, False), (True, False), (True, None)],
+                         ids=["eager", "graphed-step", "fused"])
+def test_a_resumed_cuda_run_equals_the_uninterrupted_one(tmp_path: Path, graph: bool,
+                                                         graph_collect: bool | None) -> None:
     """Not promised by the issue (CPU only): the GPU's RNGs, the replay's Philox state and the graphed
-    step's warm-up are restored or replayed the same way, so it is expected to hold."""
-    whole = train(small_config(tmp_path / "whole", device="cuda", cuda_graph=graph))
+    step's warm-up are restored or replayed the same way, so it is expected to hold; ``fused`` is the whole
+    rollout as one CUDA graph (``graph_collect``)."""
+    model_kwargs = {**small_config(None).model_kwargs, "graph_collect": graph_collect}
+    cuda = dict(device="cuda", cuda_graph=graph, model_kwargs=model_kwargs)
+    captures = _FusedCaptures(10**9)
+    whole = train(small_config(tmp_path / "whole", **cuda), callback=captures)
+    assert (captures.seen > 0) == (graph_collect is None)  # the fused graph ran exactly where asked
     out = tmp_path / "run"
     with pytest.raises(_Crash):
-        train(small_config(out, device="cuda", cuda_graph=graph), callback=_CrashAt(470))
+        train(small_config(out, **cuda), callback=_CrashAt(470))
     resume(out)
     assert_same_model(whole / "model.zip", out / "model.zip")
+    assert _diagnostics(out) == _diagnostics(whole)
 
 
 def test_a_resumed_finished_run_finishes_again_the_same(uninterrupted: Path, tmp_path: Path) -> None:
