@@ -72,9 +72,6 @@ GPU_MODEL_KWARGS: dict[str, Any] = {
     "learning_starts": 20_000,
     "target_update_interval": 20_000,
     "diagnostics_interval": 20_000,
-    # the device loop, not the fused collect + train graph: a resumed GPU run equals the uninterrupted one
-    # only on the device loop so far (tests/foxhunt/test_runs.py); {"graph_collect": None} opts in
-    "graph_collect": False,
 }
 #: Policy settings of ``foxhunt train``.
 POLICY_KWARGS: dict[str, Any] = {

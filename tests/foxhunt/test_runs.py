@@ -196,6 +196,19 @@ def test_run_config_file_round_trip_and_unknown_keys(tmp_path: Path) -> None:
         RunConfig.load(tmp_path / "list.json")
 
 
+def test_a_gpu_run_fuses_its_rollouts_unless_set() -> None:
+    """foxhunt's GPU presets leave ``graph_collect`` to BranchingIQN (None: a qualifying rollout runs as one
+    CUDA graph; resume on it is bit for bit on the H200, ``test_a_resumed_cuda_run_equals_...[fused]``)."""
+    import inspect
+
+    from sb3_her_ext import BranchingIQN
+
+    assert inspect.signature(BranchingIQN).parameters["graph_collect"].default is None
+    assert "graph_collect" not in RunConfig(device="cuda").resolved_model_kwargs()
+    kept = RunConfig(device="cuda", model_kwargs={"graph_collect": False}).resolved_model_kwargs()
+    assert kept["graph_collect"] is False  # the device loop alone stays one override away
+
+
 def test_device_loop_is_on_exactly_on_cuda_unless_set() -> None:
     assert RunConfig().resolved_device_loop() is False
     assert RunConfig(device="cuda").resolved_device_loop() is True
