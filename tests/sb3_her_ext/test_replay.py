@@ -433,6 +433,47 @@ def test_lob_vec_env_random_steps_inject_hindsight():
     assert bool((sample.dones[sample.kinds != 0] == 1).all())
 
 
+def _tensor_step(n: int, step: int) -> tuple:
+    """One step of ``n`` books as a device env gives it: float32 rows, float64 infos, bool flags."""
+    g = torch.Generator().manual_seed(step)
+    obs = torch.rand(n, 3, generator=g)
+    infos = {k: torch.rand(n, generator=g, dtype=torch.float64) * 100 for k in
+             ("mid", "best_bid", "best_ask", "position", "trade_pnl", "trade_lots", "entry_mid")}
+    infos["position"] = infos["position"].round() - 50
+    infos["trade_closed"] = torch.rand(n, generator=g) < 0.3
+    infos["TimeLimit.truncated"] = torch.rand(n, generator=g) < 0.1
+    actions = torch.randint(0, 3, (n, 4), generator=g)
+    return obs, obs + 0.5, actions, torch.rand(n, generator=g), torch.rand(n, generator=g) < 0.2, infos
+
+
+@pytest.mark.parametrize(("hindsight", "most_ops"), [(True, 28), (False, 4)])
+def test_add_runs_few_ops(hindsight: bool, most_ops: int) -> None:
+    """Each op is a GPU kernel in the fused graph: one add of 16 books with every hindsight kind stays at
+    <= 28 non-view aten and cuda_ext ops (54 before the constant columns were kept; 9 without hindsight)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    views = {"view", "_unsafe_view", "expand", "slice", "select", "unsqueeze", "squeeze", "t", "transpose",
+             "permute", "alias", "as_strided", "detach", "reshape", "unbind", "split", "lift_fresh"}
+
+    class Count(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket.__name__ not in views:
+                self.ops.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    buffer = make_buffer(capacity=4096, n_envs=16, hindsight={} if hindsight else None)
+    buffer.add(*_tensor_step(16, 0))  # the first add makes the constant columns
+    step = _tensor_step(16, 1)
+    with Count() as count:
+        buffer.add(*step)
+    assert len(count.ops) <= most_ops, count.ops
+    assert "full" not in count.ops and "ones" not in count.ops
+
+
 # --------------------------------------------------------------------------------------------- GPU
 @pytest.mark.gpu
 def test_cuda_add_sample_update_do_not_sync():
