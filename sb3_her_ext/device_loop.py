@@ -111,7 +111,8 @@ class EpisodeStats:
         self.returns = th.zeros(self.window, dtype=th.float64, device=device)
         self.lengths = th.zeros(self.window, dtype=th.int64, device=device)
         self.count = th.zeros((), dtype=th.int64, device=device)
-        self._slots = th.arange(self.window, device=device)
+        #: ``-1 - slot`` per slot (the slot's offset in :meth:`add`'s modular rank)
+        self._last_minus_slots = -1 - th.arange(self.window, device=device)
         self.read_count = 0  # the count at the last read (host)
 
     def add(self, done: th.Tensor, episode_return: th.Tensor, episode_length: th.Tensor) -> None:
@@ -125,15 +126,19 @@ class EpisodeStats:
         :param episode_return: ``[N]`` returns (valid where ``done``).
         :param episode_length: ``[N]`` lengths (valid where ``done``).
         """
-        ended = th.cumsum(done.to(th.int64), 0)  # [N] episodes ended in this step up to each env
+        ended = th.cumsum(done, 0, dtype=th.int64)  # [N] episodes ended in this step up to each env
         total = ended[-1]
-        rank = total - 1 - (self.count + total - 1 - self._slots) % self.window  # [W] the rank landing there
-        env = th.searchsorted(ended, (rank + 1).clamp(min=1)).clamp(max=done.shape[0] - 1)
-        written = rank >= 0
-        # in place: a captured CUDA graph (sb3_her_ext.graphed_loop) keeps writing the same tensors
-        self.returns.copy_(th.where(written, episode_return.to(th.float64)[env], self.returns))
-        self.lengths.copy_(th.where(written, episode_length.to(th.int64)[env], self.lengths))
         self.count.add_(total)
+        # slot s holds rank  total - 1 - ((count - 1 - s) mod window)  (count after this step); here
+        # taken = that rank + 1 (in [total - window + 1, total]), so written where taken >= 1
+        taken = total - th.remainder(self.count + self._last_minus_slots, self.window)  # [W]
+        # the env of that rank: the first whose prefix count reaches it; 0 where taken <= 0 (not written), and
+        # never past the last env (taken <= total = ended[-1])
+        env = th.searchsorted(ended, taken)
+        written = taken >= 1
+        # in place: a captured CUDA graph (sb3_her_ext.graphed_loop) keeps writing the same tensors
+        th.where(written, episode_return.to(th.float64)[env], self.returns, out=self.returns)
+        th.where(written, episode_length.to(th.int64)[env], self.lengths, out=self.lengths)
 
     def restart(self) -> None:
         """Forget every episode (a new ``learn``), keeping the tensors (a captured graph writes them)."""

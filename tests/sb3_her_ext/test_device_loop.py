@@ -22,6 +22,7 @@ from sb3_her_ext import BranchingIQN, device_loop
 from sb3_her_ext.device_env import DeviceStep
 from sb3_her_ext.device_loop import DeviceLoopSettings, EpisodeStats, configure, supports
 from sb3_her_ext.diagnostics import read_diagnostics
+from tests.sb3_her_ext._op_count import ops_of
 
 TINY_POLICY = dict(net_arch=[16], n_ensemble=2, n_cos=8, n_quantiles=4, n_quantiles_target=4,
                    n_quantiles_act=4, n_atoms=11)
@@ -297,6 +298,15 @@ def test_episode_stats_match_a_python_reference() -> None:
             pending = reference[len(reference) - n_new:] if n_new else []
             assert episodes == pending[-5:]
     assert int(stats.count) == len(reference)
+
+
+def test_episode_stats_add_runs_few_ops() -> None:
+    """Each op is a GPU kernel of a vector step: <= 11 non-view ops per add (20 before)."""
+    stats = EpisodeStats(100, th.device("cpu"))
+    done, returns, lengths = th.arange(16) % 3 == 0, th.rand(16, dtype=th.float64), th.arange(16)
+    ops = ops_of(lambda: stats.add(done, returns, lengths))
+    assert len(ops) <= 11, ops
+    assert stats.read()[:2] == ([(float(returns[i]), int(i)) for i in range(0, 16, 3)], 6)
 
 
 @pytest.mark.parametrize("kwargs,field", [({"callback_stride": 0}, "callback_stride"),

@@ -18,6 +18,7 @@ import cuda_ext
 from cuda_ext.reference import per as cuda_reference
 from cuda_ext.reference.philox import philox_uniforms
 from sb3_her_ext.replay import HindsightConfig, PrioritizedHindsightReplayBuffer, PrioritizedReplaySamples
+from tests.sb3_her_ext._op_count import ops_of
 
 OBS_SPACE = spaces.Box(-np.inf, np.inf, (3,), np.float32)
 ACTION_SPACE = spaces.MultiDiscrete([3, 3, 3, 3])
@@ -450,28 +451,12 @@ def _tensor_step(n: int, step: int) -> tuple:
 def test_add_runs_few_ops(hindsight: bool, most_ops: int) -> None:
     """Each op is a GPU kernel in the fused graph: one add of 16 books with every hindsight kind stays at
     <= 28 non-view aten and cuda_ext ops (54 before the constant columns were kept; 9 without hindsight)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    views = {"view", "_unsafe_view", "expand", "slice", "select", "unsqueeze", "squeeze", "t", "transpose",
-             "permute", "alias", "as_strided", "detach", "reshape", "unbind", "split", "lift_fresh"}
-
-    class Count(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.ops: list[str] = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func.overloadpacket.__name__ not in views:
-                self.ops.append(func.overloadpacket.__name__)
-            return func(*args, **(kwargs or {}))
-
     buffer = make_buffer(capacity=4096, n_envs=16, hindsight={} if hindsight else None)
     buffer.add(*_tensor_step(16, 0))  # the first add makes the constant columns
     step = _tensor_step(16, 1)
-    with Count() as count:
-        buffer.add(*step)
-    assert len(count.ops) <= most_ops, count.ops
-    assert "full" not in count.ops and "ones" not in count.ops
+    ops = ops_of(lambda: buffer.add(*step))
+    assert len(ops) <= most_ops, ops
+    assert "full" not in ops and "ones" not in ops
 
 
 # --------------------------------------------------------------------------------------------- GPU
