@@ -226,6 +226,9 @@ _CONSTANT_COLUMNS = {"wants": torch.bool, "kind": torch.int8, "done": torch.floa
                      "priority": torch.float32, "max_multiplier": torch.float32}
 _ROW_COLUMNS = {"obs": torch.float32, "next_obs": torch.float32, "action": torch.int64,
                 "reward": torch.float32}
+#: columns of one dtype and row width, concatenated by one cat (each column a contiguous slice of it)
+_JOINED_TOGETHER = (("obs", "next_obs"), ("action",), ("reward", "done", "priority", "max_multiplier"),
+                    ("wants",), ("kind",))
 
 
 class PushJoiner:
@@ -235,10 +238,10 @@ class PushJoiner:
     The parts of a column that are one value per block (``kind``, ``max_multiplier``, ``wants=None``, a
     number ``done`` or ``priority``) are made once per layout (the blocks' sizes and values, and the device)
     and kept: per push only the tensor parts are cast (a no-op when already of the column's dtype) and
-    concatenated, and a column made of constants only is the kept tensor itself. The kept tensors are made
-    outside CUDA graph capture (a capture that meets a new layout builds that push's constants without
-    keeping them), and :func:`cuda_ext.per_push` only reads them; callers must not write the returned rows
-    in place.
+    concatenated (the columns of one dtype and row width by one cat: each is a contiguous slice of it), and
+    a column made of constants only is the kept tensor itself. The kept tensors are made outside CUDA graph
+    capture (a capture that meets a new layout builds that push's constants without keeping them), and
+    :func:`cuda_ext.per_push` only reads them; callers must not write the returned rows in place.
     """
 
     def __init__(self) -> None:
@@ -263,19 +266,24 @@ class PushJoiner:
             constants = _constant_parts(blocks, sizes, device)
             if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
                 self._constants[layout] = constants
-        columns: dict[str, torch.Tensor] = {}
+        parts: dict[str, list[torch.Tensor]] = {}
         for name, dtype in _ROW_COLUMNS.items():
-            parts = [getattr(block, name).to(dtype) for block in blocks]
-            columns[name] = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+            parts[name] = [getattr(block, name).to(dtype) for block in blocks]
         for name, dtype in _CONSTANT_COLUMNS.items():
-            parts = []
+            column = parts[name] = []
             for kept, block, n in zip(constants[name], blocks, sizes, strict=True):
                 if kept is None:  # this block's own tensor
-                    parts.append(getattr(block, name).to(dtype).reshape(n))
-                elif not parts or parts[-1] is not kept:  # a run of constant blocks is one kept piece
-                    parts.append(kept)
-            columns[name] = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
-        return PushRows(**columns)
+                    column.append(getattr(block, name).to(dtype).reshape(n))
+                elif not column or column[-1] is not kept:  # a run of constant blocks is one kept piece
+                    column.append(kept)
+        columns = {name: column[0] for name, column in parts.items() if len(column) == 1}
+        total = sum(sizes)
+        for group in _JOINED_TOGETHER:  # one cat per group of the columns that need one; each a slice of it
+            names = [name for name in group if len(parts[name]) > 1]
+            if names:
+                joined = torch.cat([part for name in names for part in parts[name]], dim=0)
+                columns.update(zip(names, joined.split(total), strict=True))
+        return PushRows(**{name: columns[name] for name in PushRows._fields})
 
 
 def _number_or_none(value: torch.Tensor | float) -> float | None:

@@ -83,7 +83,7 @@ def test_push_joiner_gives_concat_of_make_and_keeps_its_constant_columns() -> No
         expected = PushRows.concat([made(block) for block in blocks(seed)])
         for name, want in expected._asdict().items():
             got = getattr(joined, name)
-            assert got.dtype == want.dtype and torch.equal(got, want), name
+            assert got.dtype == want.dtype and torch.equal(got, want) and got.is_contiguous(), name
     # the columns of one value per block are made once: the same tensors in every push of the layout
     assert first.kind is second.kind and first.max_multiplier is second.max_multiplier
     single = joiner.join(blocks(2)[:1])  # one block: its own tensors, cast where needed
