@@ -66,9 +66,8 @@ from sb3_her_ext.exploration import branch_epsilons, select_actions
 from sb3_her_ext.replay import PrioritizedHindsightReplayBuffer
 
 __all__ = [
-    "DeviceLoopSettings", "EpisodeStats", "advance_bars", "collect_rollouts", "configure", "explore", "flush",
-    "flush_action_counts",
-    "loop_state", "settings_of", "supports",
+    "DeviceLoopSettings", "EpisodeStats", "advance_bars", "collect_rollouts", "configure", "count_actions",
+    "explore", "flush", "flush_action_counts", "loop_state", "record_steps", "settings_of", "supports",
 ]
 
 
@@ -247,6 +246,35 @@ def explore(model: Any, obs: th.Tensor, exploration_rate: th.Tensor | None = Non
     return actions
 
 
+def count_actions(counts: th.Tensor, actions: th.Tensor, values: th.Tensor) -> None:
+    """Add the actions taken to ``counts`` in place (integer sums: exact in any grouping of the steps).
+
+    :param counts: ``[NB, A]`` int64 counts of each branch's actions.
+    :param actions: ``[..., NB]`` int64 actions: one vector step ``[N, NB]`` or several ``[k, N, NB]``.
+    :param values: ``[A]`` the action values ``0 .. A - 1`` (``arange``, made once by the caller).
+    """
+    flat = actions.reshape(-1, actions.shape[-1])
+    counts += (flat[:, :, None] == values).sum(dim=0)
+
+
+def record_steps(state: _LoopState, done: th.Tensor, episode_return: th.Tensor, episode_length: th.Tensor,
+                 actions: th.Tensor, values: th.Tensor) -> None:
+    """The episode statistics and action counts of one vector step, or of ``k`` steps at once (their
+    tensors stacked, ``[k, N, ...]``, in step order): the same ring, count and action counts as recording
+    the steps one by one (:meth:`EpisodeStats.add` takes the episodes in that order), in the ops of one step.
+
+    :param state: the loop state (its ``stats`` and ``action_counts``).
+    :param done: ``[N]`` or ``[k, N]`` bool.
+    :param episode_return: returns of the same shape (valid where ``done``).
+    :param episode_length: lengths of the same shape (valid where ``done``).
+    :param actions: ``[N, NB]`` or ``[k, N, NB]`` int64 actions.
+    :param values: ``[A]`` the action values ``0 .. A - 1``.
+    """
+    assert state.stats is not None and state.action_counts is not None
+    state.stats.add(done.reshape(-1), episode_return.reshape(-1), episode_length.reshape(-1))
+    count_actions(state.action_counts, actions, values)
+
+
 def settings_of(model: OffPolicyAlgorithm) -> DeviceLoopSettings:
     """The device loop's settings of ``model`` (the defaults unless :func:`configure` set others).
 
@@ -420,10 +448,9 @@ def collect_rollouts(
                 callback.on_rollout_end()
                 return RolloutReturn(num_collected_steps * n_envs, num_collected_episodes + episodes,
                                      continue_training=False)
-        state.stats.add(step.done, step.episode_return, step.episode_length)
+        record_steps(state, step.done, step.episode_return, step.episode_length, actions, branch_values)
         # 3. replay push (the transition's next obs is the one before any reset); the NaN guard checks the
         #    rows first (CPU: raises; GPU: records the failure and pushes zeros in place of NaN/inf)
-        state.action_counts += (actions[:, :, None] == branch_values).sum(dim=0)
         final_obs, reward = step.final_obs, step.reward
         guard = getattr(model, "guard", None)
         if guard is not None:

@@ -309,6 +309,28 @@ def test_episode_stats_add_runs_few_ops() -> None:
     assert stats.read()[:2] == ([(float(returns[i]), int(i)) for i in range(0, 16, 3)], 6)
 
 
+@pytest.mark.parametrize("window", [3, 100])
+def test_recording_a_block_of_steps_at_once_equals_step_by_step(window: int) -> None:
+    """record_steps of k stacked steps: the ring, count and action counts of k one-step records (a block
+    of the fused graph can record once instead of once per step), in the ops of one step."""
+    g = th.Generator().manual_seed(0)
+    k, n, values = 8, 5, th.arange(3)
+    done = th.rand(k, n, generator=g) < 0.4
+    returns, lengths = th.randn(k, n, generator=g, dtype=th.float64), th.randint(1, 50, (k, n), generator=g)
+    actions = th.randint(0, 3, (k, n, 4), generator=g)
+    states = [SimpleNamespace(stats=EpisodeStats(window, th.device("cpu")),
+                              action_counts=th.zeros(4, 3, dtype=th.int64)) for _ in range(2)]
+    for i in range(k):
+        device_loop.record_steps(states[0], done[i], returns[i], lengths[i], actions[i], values)
+    ops = ops_of(lambda: device_loop.record_steps(states[1], done, returns, lengths, actions, values))
+    assert len(ops) <= 14, ops
+    (one, one_counts), (block, block_counts) = ((s.stats, s.action_counts) for s in states)
+    assert th.equal(one.returns, block.returns) and th.equal(one.lengths, block.lengths)
+    assert int(one.count) == int(block.count) == int(done.sum())
+    assert th.equal(one_counts, block_counts) and int(block_counts.sum()) == k * n * 4
+    assert one.read()[:2] == block.read()[:2]
+
+
 @pytest.mark.parametrize("kwargs,field", [({"callback_stride": 0}, "callback_stride"),
                                           ({"callback_stride": 1.5}, "callback_stride"),
                                           ({"stats_interval": 0}, "stats_interval")])
