@@ -232,6 +232,7 @@ class HindsightState:
         cfg, info = self.config, batch.info
         closed = info["trade_closed"]
         blocks: list[PushBlock] = []
+        counted: list[tuple[str, torch.Tensor]] = []  # (kind, rows wanted): added to the counters at once
         if cfg.backward:
             rows = cuda_ext.hindsight_inject(
                 ring_len=self.ring_len, entry_mid=self.entry_mid, direction=self.direction, peak=self.peak,
@@ -241,7 +242,7 @@ class HindsightState:
                 threshold=float(cfg.threshold), anchor=_ANCHORS[cfg.anchor],
                 direction_branch=int(cfg.direction_branch), flat_action=int(cfg.flat_action),
             )
-            self.counts["backward"] += rows.count[0]
+            counted.append(("backward", rows.count[0]))
             blocks.append(PushBlock(rows.obs, rows.next_obs, rows.action, rows.reward, rows.wants,
                                     KIND_BACKWARD, done=1.0, priority=0.0,
                                     max_multiplier=float(cfg.priority_boost)))
@@ -257,7 +258,7 @@ class HindsightState:
                 lookahead=int(cfg.lookahead), threshold=float(cfg.threshold),
                 reward_scale=float(cfg.reward_scale), direction_branch=int(cfg.direction_branch),
             )
-            self.counts["forward"] += rows.count[0]
+            counted.append(("forward", rows.count[0]))
             blocks.append(PushBlock(rows.obs, rows.next_obs, rows.action, rows.reward, rows.wants,
                                     KIND_FORWARD, done=1.0, priority=0.0, max_multiplier=1.0))
         if cfg.relabel:
@@ -265,10 +266,12 @@ class HindsightState:
                 trade_closed=closed, obs=batch.obs, next_obs=batch.next_obs, action=batch.action,
                 reward=batch.reward, magnitudes=self.magnitudes, magnitude_branch=int(cfg.magnitude_branch),
             )
-            self.counts["relabel"] += relabel.count[0]
+            counted.append(("relabel", relabel.count[0]))
             blocks.append(PushBlock(relabel.obs, relabel.next_obs, relabel.action, relabel.reward,
                                     relabel.wants, KIND_RELABEL, done=1.0, priority=relabel.priority,
                                     max_multiplier=0.0))
+        if counted:  # one multi-tensor add (one kernel on a GPU) for every enabled kind
+            torch._foreach_add_([self.counts[kind] for kind, _ in counted], [count for _, count in counted])
         return blocks
 
     def after_push(self, batch: StepBatch, real_slots: torch.Tensor) -> None:
