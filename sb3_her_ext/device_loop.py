@@ -223,7 +223,7 @@ def supports(model: OffPolicyAlgorithm, env: Any, train_freq: TrainFreq, action_
 
 
 def explore(model: Any, obs: th.Tensor, exploration_rate: th.Tensor | None = None,
-            iqr_bonus: th.Tensor | None = None) -> th.Tensor:
+            iqr_bonus: th.Tensor | None = None, branch_rates: th.Tensor | None = None) -> th.Tensor:
     """Exploratory actions on the device: ``BranchingIQN.predict(obs, deterministic=False)`` without the host
     copy (same draws from the same generators, same diagnostics).
 
@@ -232,14 +232,20 @@ def explore(model: Any, obs: th.Tensor, exploration_rate: th.Tensor | None = Non
     :param exploration_rate: ε as a 0-dim float32 device tensor (a captured graph reads it); None: the
         model's ``exploration_rate``.
     :param iqr_bonus: the IQR bonus weight as a 0-dim float32 device tensor; None: the model's.
+    :param branch_rates: the per-branch rates ``[NB]`` float32 that
+        :func:`~sb3_her_ext.exploration.branch_epsilons` gives for ε (then ``exploration_rate`` is not read):
+        a caller acting for several steps makes them for all steps at once (``branch_epsilons(rates[:, None],
+        model._mults)``, ``[k, NB]``) and passes one row per step.
     :return: ``[N, NB]`` int64 actions on the device.
     """
     with th.no_grad():
         q, iqr, ens_std = model.policy.action_stats(obs)
-        eps = branch_epsilons(model.exploration_rate if exploration_rate is None else exploration_rate,
-                              model._mults)
+        if branch_rates is None:
+            branch_rates = branch_epsilons(
+                model.exploration_rate if exploration_rate is None else exploration_rate, model._mults
+            )
         actions = select_actions(
-            q, iqr, ens_std, model._n_actions, eps, model._boltzmann,
+            q, iqr, ens_std, model._n_actions, branch_rates, model._boltzmann,
             model.iqr_bonus if iqr_bonus is None else iqr_bonus, model.ensemble_bonus, model._generator,
         )
         model.diagnostics.add_selection(iqr, ens_std, model._valid_actions)

@@ -22,7 +22,7 @@ from sb3_her_ext import BranchingIQN, device_loop
 from sb3_her_ext.device_env import DeviceStep
 from sb3_her_ext.device_loop import DeviceLoopSettings, EpisodeStats, configure, supports
 from sb3_her_ext.diagnostics import read_diagnostics
-from tests.sb3_her_ext._op_count import ops_of
+from tests.sb3_her_ext._op_count import OpCount, ops_of
 
 TINY_POLICY = dict(net_arch=[16], n_ensemble=2, n_cos=8, n_quantiles=4, n_quantiles_target=4,
                    n_quantiles_act=4, n_atoms=11)
@@ -307,6 +307,35 @@ def test_episode_stats_add_runs_few_ops() -> None:
     ops = ops_of(lambda: stats.add(done, returns, lengths))
     assert len(ops) <= 11, ops
     assert stats.read()[:2] == ([(float(returns[i]), int(i)) for i in range(0, 16, 3)], 6)
+
+
+def test_explore_with_per_branch_rates_made_for_several_steps_acts_the_same() -> None:
+    """explore(branch_rates=row of branch_epsilons(rates[:, None], mults)): the actions and diagnostics of
+    explore(exploration_rate=rate) step by step, without the two ops per step that make the rates."""
+    from sb3_her_ext.exploration import branch_epsilons
+
+    env = make_env()
+    rates, bonus = th.tensor([0.9, 0.3, 0.0], dtype=th.float32), th.tensor(0.1)
+    acted = []
+    for per_branch in (False, True):
+        th.manual_seed(1)
+        model = BranchingIQN("MlpPolicy", env, **{**TINY, "exploration_mults": [1.0, 2.5, 0.5, 1.0]})
+        env.reset()
+        obs = env.current_obs()
+        table = branch_epsilons(rates[:, None], model._mults)  # [3, NB], once
+        steps, n_ops = [], []
+        for i, rate in enumerate(rates):
+            with OpCount() as count:
+                if per_branch:
+                    steps.append(device_loop.explore(model, obs, iqr_bonus=bonus, branch_rates=table[i]))
+                else:
+                    steps.append(device_loop.explore(model, obs, rate, bonus))
+            n_ops.append(len(count.ops))
+        sums = {k: float(v) for k, v in model.diagnostics._select_sums.items()}
+        acted.append((th.stack(steps), sums, n_ops))
+    (plain, plain_sums, plain_ops), (rows, rows_sums, rows_ops) = acted
+    assert th.equal(plain, rows) and plain_sums == rows_sums
+    assert [a - b for a, b in zip(plain_ops, rows_ops, strict=True)] == [2, 2, 2]
 
 
 @pytest.mark.parametrize("window", [3, 100])
