@@ -244,6 +244,9 @@ class PushJoiner:
     :func:`cuda_ext.per_push` only reads them; callers must not write the returned rows in place.
     """
 
+    #: layouts kept at most (a buffer pushes one)
+    MAX_LAYOUTS = 16
+
     def __init__(self) -> None:
         self._constants: dict[tuple, dict[str, list[torch.Tensor | None]]] = {}
 
@@ -265,6 +268,8 @@ class PushJoiner:
         if constants is None:
             constants = _constant_parts(blocks, sizes, device)
             if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+                if len(self._constants) >= self.MAX_LAYOUTS:  # e.g. NaN values: a key that never matches
+                    self._constants.clear()
                 self._constants[layout] = constants
         parts: dict[str, list[torch.Tensor]] = {}
         for name, dtype in _ROW_COLUMNS.items():
