@@ -2,7 +2,9 @@
 
 :class:`ReplayStorage` is the layout of ``cuda_ext/README.md`` ("Replay state"): the transition ring, the sum
 tree, the write head and the running max priority. :class:`PushRows` is a batch of incoming rows for
-:func:`cuda_ext.per_push`. Every user (the replay buffer of ``sb3_her_ext``, the tests, the benchmarks)
+:func:`cuda_ext.per_push`; :class:`PushJoiner` joins :class:`PushBlock` s (blocks whose kind, done,
+priority or max multiplier are one value for all their rows) into one, making those constant columns once
+instead of on every push. Every user (the replay buffer of ``sb3_her_ext``, the tests, the benchmarks)
 allocates through :meth:`ReplayStorage.zeros` instead of spelling the dtypes and shapes out again.
 
 Usage::
@@ -11,16 +13,21 @@ Usage::
     rows = cuda_ext.PushRows.make(obs, next_obs, action, reward, wants, kind=0, done=done,
                                   priority=0.0, max_multiplier=1.0)
     slots = cuda_ext.per_push(storage, rows, alpha=0.6)
+
+    joiner = PushJoiner()   # (cuda_ext.replay_storage) per push only the columns that vary are concatenated
+    rows = joiner.join([PushBlock(obs, next_obs, action, reward, None, kind=0, done=done, priority=0.0,
+                                  max_multiplier=1.0), PushBlock(...), ...])
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import NamedTuple
 
 import torch
 
-__all__ = ["PushRows", "ReplayStorage", "new_tree"]
+__all__ = ["PushBlock", "PushJoiner", "PushRows", "ReplayStorage", "new_tree"]
 
 
 def new_tree(capacity: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -186,3 +193,141 @@ class PushRows(NamedTuple):
         :return: one block.
         """
         return PushRows(*(torch.cat(parts, dim=0) for parts in zip(*blocks, strict=True)))
+
+
+class PushBlock(NamedTuple):
+    """A block of ``N`` incoming rows for :class:`PushJoiner`: the varying columns as tensors, the columns
+    that are one value for every row of the block as numbers.
+
+    :param obs: ``[N, D]`` observations.
+    :param next_obs: ``[N, D]`` next observations.
+    :param action: ``[N, NB]`` actions.
+    :param reward: ``[N]`` rewards.
+    :param wants: ``[N]`` rows that take a slot, or None: every row.
+    :param kind: the replay kind of every row.
+    :param done: ``[N]`` dones or one value for all.
+    :param priority: ``[N]`` raw priority terms or one value for all.
+    :param max_multiplier: multiplier of the running max priority for all rows.
+    """
+
+    obs: torch.Tensor
+    next_obs: torch.Tensor
+    action: torch.Tensor
+    reward: torch.Tensor
+    wants: torch.Tensor | None
+    kind: int
+    done: torch.Tensor | float
+    priority: torch.Tensor | float
+    max_multiplier: float
+
+
+#: the :class:`PushRows` columns a :class:`PushBlock` may give as one value, with their dtypes
+_CONSTANT_COLUMNS = {"wants": torch.bool, "kind": torch.int8, "done": torch.float32,
+                     "priority": torch.float32, "max_multiplier": torch.float32}
+_ROW_COLUMNS = {"obs": torch.float32, "next_obs": torch.float32, "action": torch.int64,
+                "reward": torch.float32}
+#: columns of one dtype and row width, concatenated by one cat (each column a contiguous slice of it)
+_JOINED_TOGETHER = (("obs", "next_obs"), ("action",), ("reward", "done", "priority", "max_multiplier"),
+                    ("wants",), ("kind",))
+
+
+class PushJoiner:
+    """Joins :class:`PushBlock` s into the :class:`PushRows` of one :func:`cuda_ext.per_push`, as
+    ``PushRows.concat`` of their ``PushRows.make`` would (the same values and dtypes).
+
+    The parts of a column that are one value per block (``kind``, ``max_multiplier``, ``wants=None``, a
+    number ``done`` or ``priority``) are made once per layout (the blocks' sizes and values, and the device)
+    and kept: per push only the tensor parts are cast (a no-op when already of the column's dtype) and
+    concatenated (the columns of one dtype and row width by one cat: each is a contiguous slice of it), and
+    a column made of constants only is the kept tensor itself. The kept tensors are made outside CUDA graph
+    capture (a capture that meets a new layout builds that push's constants without keeping them), and
+    :func:`cuda_ext.per_push` only reads them; callers must not write the returned rows in place.
+    """
+
+    #: layouts kept at most (a buffer pushes one)
+    MAX_LAYOUTS = 16
+
+    def __init__(self) -> None:
+        self._constants: dict[tuple, dict[str, list[torch.Tensor | None]]] = {}
+
+    def join(self, blocks: Sequence[PushBlock]) -> PushRows:
+        """One block of rows from ``blocks``, in order.
+
+        :param blocks: at least one block, all on one device.
+        :return: the joined rows.
+        """
+        if not blocks:
+            raise ValueError("blocks=[] must hold at least one block")
+        device = blocks[0].reward.device
+        sizes = [block.reward.shape[0] for block in blocks]
+        layout = (device, tuple(
+            (n, b.kind, float(b.max_multiplier), b.wants is None, _number_or_none(b.done),
+             _number_or_none(b.priority)) for n, b in zip(sizes, blocks, strict=True)
+        ))
+        constants = self._constants.get(layout)
+        if constants is None:
+            constants = _constant_parts(blocks, sizes, device)
+            if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+                if len(self._constants) >= self.MAX_LAYOUTS:  # e.g. NaN values: a key that never matches
+                    self._constants.clear()
+                self._constants[layout] = constants
+        parts: dict[str, list[torch.Tensor]] = {}
+        for name, dtype in _ROW_COLUMNS.items():
+            parts[name] = [getattr(block, name).to(dtype) for block in blocks]
+        for name, dtype in _CONSTANT_COLUMNS.items():
+            column = parts[name] = []
+            for kept, block, n in zip(constants[name], blocks, sizes, strict=True):
+                if kept is None:  # this block's own tensor
+                    column.append(getattr(block, name).to(dtype).reshape(n))
+                elif not column or column[-1] is not kept:  # a run of constant blocks is one kept piece
+                    column.append(kept)
+        columns = {name: column[0] for name, column in parts.items() if len(column) == 1}
+        total = sum(sizes)
+        for group in _JOINED_TOGETHER:  # one cat per group of the columns that need one; each a slice of it
+            names = [name for name in group if len(parts[name]) > 1]
+            if names:
+                joined = torch.cat([part for name in names for part in parts[name]], dim=0)
+                columns.update(zip(names, joined.split(total), strict=True))
+        return PushRows(**{name: columns[name] for name in PushRows._fields})
+
+
+def _number_or_none(value: torch.Tensor | float) -> float | None:
+    """A constant column value as a number (a layout key), or None for a tensor."""
+    return None if isinstance(value, torch.Tensor) else float(value)
+
+
+def _constant_parts(blocks: Sequence[PushBlock], sizes: list[int],
+                    device: torch.device) -> dict[str, list[torch.Tensor | None]]:
+    """Per constant column, per block: the kept tensor that holds its rows (shared by a run of consecutive
+    constant blocks: one piece covers them all), or None where the block gives a tensor."""
+    out: dict[str, list[torch.Tensor | None]] = {}
+    for name, dtype in _CONSTANT_COLUMNS.items():
+        values = [_column_value(name, block) for block in blocks]
+        pieces: list[torch.Tensor | None] = [None] * len(blocks)
+        start = 0
+        while start < len(blocks):
+            if values[start] is None:
+                start += 1
+                continue
+            end = start
+            while end < len(blocks) and values[end] is not None:
+                end += 1
+            piece = torch.cat([
+                torch.full((n,), value, dtype=dtype, device=device)
+                for n, value in zip(sizes[start:end], values[start:end], strict=True)
+            ])
+            pieces[start:end] = [piece] * (end - start)
+            start = end
+        out[name] = pieces
+    return out
+
+
+def _column_value(name: str, block: PushBlock) -> float | int | bool | None:
+    """The one value of a block's constant column, or None where the block gives a tensor."""
+    if name == "wants":
+        return True if block.wants is None else None
+    if name == "kind":
+        return int(block.kind)
+    if name == "max_multiplier":
+        return float(block.max_multiplier)
+    return _number_or_none(getattr(block, name))

@@ -66,9 +66,8 @@ from sb3_her_ext.exploration import branch_epsilons, select_actions
 from sb3_her_ext.replay import PrioritizedHindsightReplayBuffer
 
 __all__ = [
-    "DeviceLoopSettings", "EpisodeStats", "advance_bars", "collect_rollouts", "configure", "explore", "flush",
-    "flush_action_counts",
-    "loop_state", "settings_of", "supports",
+    "DeviceLoopSettings", "EpisodeStats", "advance_bars", "collect_rollouts", "configure", "count_actions",
+    "explore", "flush", "flush_action_counts", "loop_state", "record_steps", "settings_of", "supports",
 ]
 
 
@@ -111,7 +110,8 @@ class EpisodeStats:
         self.returns = th.zeros(self.window, dtype=th.float64, device=device)
         self.lengths = th.zeros(self.window, dtype=th.int64, device=device)
         self.count = th.zeros((), dtype=th.int64, device=device)
-        self._slots = th.arange(self.window, device=device)
+        #: ``-1 - slot`` per slot (the slot's offset in :meth:`add`'s modular rank)
+        self._last_minus_slots = -1 - th.arange(self.window, device=device)
         self.read_count = 0  # the count at the last read (host)
 
     def add(self, done: th.Tensor, episode_return: th.Tensor, episode_length: th.Tensor) -> None:
@@ -125,15 +125,19 @@ class EpisodeStats:
         :param episode_return: ``[N]`` returns (valid where ``done``).
         :param episode_length: ``[N]`` lengths (valid where ``done``).
         """
-        ended = th.cumsum(done.to(th.int64), 0)  # [N] episodes ended in this step up to each env
+        ended = th.cumsum(done, 0, dtype=th.int64)  # [N] episodes ended in this step up to each env
         total = ended[-1]
-        rank = total - 1 - (self.count + total - 1 - self._slots) % self.window  # [W] the rank landing there
-        env = th.searchsorted(ended, (rank + 1).clamp(min=1)).clamp(max=done.shape[0] - 1)
-        written = rank >= 0
-        # in place: a captured CUDA graph (sb3_her_ext.graphed_loop) keeps writing the same tensors
-        self.returns.copy_(th.where(written, episode_return.to(th.float64)[env], self.returns))
-        self.lengths.copy_(th.where(written, episode_length.to(th.int64)[env], self.lengths))
         self.count.add_(total)
+        # slot s holds rank  total - 1 - ((count - 1 - s) mod window)  (count after this step); here
+        # taken = that rank + 1 (in [total - window + 1, total]), so written where taken >= 1
+        taken = total - th.remainder(self.count + self._last_minus_slots, self.window)  # [W]
+        # the env of that rank: the first whose prefix count reaches it; 0 where taken <= 0 (not written), and
+        # never past the last env (taken <= total = ended[-1])
+        env = th.searchsorted(ended, taken)
+        written = taken >= 1
+        # in place: a captured CUDA graph (sb3_her_ext.graphed_loop) keeps writing the same tensors
+        th.where(written, episode_return.to(th.float64)[env], self.returns, out=self.returns)
+        th.where(written, episode_length.to(th.int64)[env], self.lengths, out=self.lengths)
 
     def restart(self) -> None:
         """Forget every episode (a new ``learn``), keeping the tensors (a captured graph writes them)."""
@@ -219,7 +223,7 @@ def supports(model: OffPolicyAlgorithm, env: Any, train_freq: TrainFreq, action_
 
 
 def explore(model: Any, obs: th.Tensor, exploration_rate: th.Tensor | None = None,
-            iqr_bonus: th.Tensor | None = None) -> th.Tensor:
+            iqr_bonus: th.Tensor | None = None, branch_rates: th.Tensor | None = None) -> th.Tensor:
     """Exploratory actions on the device: ``BranchingIQN.predict(obs, deterministic=False)`` without the host
     copy (same draws from the same generators, same diagnostics).
 
@@ -228,18 +232,53 @@ def explore(model: Any, obs: th.Tensor, exploration_rate: th.Tensor | None = Non
     :param exploration_rate: ε as a 0-dim float32 device tensor (a captured graph reads it); None: the
         model's ``exploration_rate``.
     :param iqr_bonus: the IQR bonus weight as a 0-dim float32 device tensor; None: the model's.
+    :param branch_rates: the per-branch rates ``[NB]`` float32 that
+        :func:`~sb3_her_ext.exploration.branch_epsilons` gives for ε (then ``exploration_rate`` is not read):
+        a caller acting for several steps makes them for all steps at once (``branch_epsilons(rates[:, None],
+        model._mults)``, ``[k, NB]``) and passes one row per step.
     :return: ``[N, NB]`` int64 actions on the device.
     """
     with th.no_grad():
         q, iqr, ens_std = model.policy.action_stats(obs)
-        eps = branch_epsilons(model.exploration_rate if exploration_rate is None else exploration_rate,
-                              model._mults)
+        if branch_rates is None:
+            branch_rates = branch_epsilons(
+                model.exploration_rate if exploration_rate is None else exploration_rate, model._mults
+            )
         actions = select_actions(
-            q, iqr, ens_std, model._n_actions, eps, model._boltzmann,
+            q, iqr, ens_std, model._n_actions, branch_rates, model._boltzmann,
             model.iqr_bonus if iqr_bonus is None else iqr_bonus, model.ensemble_bonus, model._generator,
         )
         model.diagnostics.add_selection(iqr, ens_std, model._valid_actions)
     return actions
+
+
+def count_actions(counts: th.Tensor, actions: th.Tensor, values: th.Tensor) -> None:
+    """Add the actions taken to ``counts`` in place (integer sums: exact in any grouping of the steps).
+
+    :param counts: ``[NB, A]`` int64 counts of each branch's actions.
+    :param actions: ``[..., NB]`` int64 actions: one vector step ``[N, NB]`` or several ``[k, N, NB]``.
+    :param values: ``[A]`` the action values ``0 .. A - 1`` (``arange``, made once by the caller).
+    """
+    flat = actions.reshape(-1, actions.shape[-1])
+    counts += (flat[:, :, None] == values).sum(dim=0)
+
+
+def record_steps(state: _LoopState, done: th.Tensor, episode_return: th.Tensor, episode_length: th.Tensor,
+                 actions: th.Tensor, values: th.Tensor) -> None:
+    """The episode statistics and action counts of one vector step, or of ``k`` steps at once (their
+    tensors stacked, ``[k, N, ...]``, in step order): the same ring, count and action counts as recording
+    the steps one by one (:meth:`EpisodeStats.add` takes the episodes in that order), in the ops of one step.
+
+    :param state: the loop state (its ``stats`` and ``action_counts``).
+    :param done: ``[N]`` or ``[k, N]`` bool.
+    :param episode_return: returns of the same shape (valid where ``done``).
+    :param episode_length: lengths of the same shape (valid where ``done``).
+    :param actions: ``[N, NB]`` or ``[k, N, NB]`` int64 actions.
+    :param values: ``[A]`` the action values ``0 .. A - 1``.
+    """
+    assert state.stats is not None and state.action_counts is not None
+    state.stats.add(done.reshape(-1), episode_return.reshape(-1), episode_length.reshape(-1))
+    count_actions(state.action_counts, actions, values)
 
 
 def settings_of(model: OffPolicyAlgorithm) -> DeviceLoopSettings:
@@ -415,10 +454,9 @@ def collect_rollouts(
                 callback.on_rollout_end()
                 return RolloutReturn(num_collected_steps * n_envs, num_collected_episodes + episodes,
                                      continue_training=False)
-        state.stats.add(step.done, step.episode_return, step.episode_length)
+        record_steps(state, step.done, step.episode_return, step.episode_length, actions, branch_values)
         # 3. replay push (the transition's next obs is the one before any reset); the NaN guard checks the
         #    rows first (CPU: raises; GPU: records the failure and pushes zeros in place of NaN/inf)
-        state.action_counts += (actions[:, :, None] == branch_values).sum(dim=0)
         final_obs, reward = step.final_obs, step.reward
         guard = getattr(model, "guard", None)
         if guard is not None:

@@ -11,9 +11,9 @@ Three kinds of synthetic transitions are made from the env's trade information (
 
 :class:`HindsightState` holds every per-book tracker, the forward ring and the cumulative counters as
 device tensors; :meth:`HindsightState.candidates` returns the candidate row blocks that the replay buffer
-concatenates with the real rows into its single ``per_push``, and :meth:`HindsightState.after_push`
-advances the trackers with the real rows' slots. Nothing here loops over books or rows in Python and
-nothing reads a device value on the host.
+joins with the real rows into its single ``per_push`` (:class:`cuda_ext.replay_storage.PushJoiner`), and
+:meth:`HindsightState.after_push` advances the trackers with the real rows' slots. Nothing here loops over
+books or rows in Python and nothing reads a device value on the host.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Literal, NamedTuple
 import torch
 
 import cuda_ext
-from cuda_ext import PushRows
+from cuda_ext.replay_storage import PushBlock
 from sb3_her_ext.validation import is_whole
 
 #: Ring length of the per-book mid tracker (``cuda_ext.hindsight_track`` takes any length >= 1).
@@ -218,7 +218,7 @@ class HindsightState:
         moved.counts = {k: v.to(device) for k, v in self.counts.items()}
         return moved
 
-    def candidates(self, batch: StepBatch, replay_next_obs: torch.Tensor) -> list[PushRows]:
+    def candidates(self, batch: StepBatch, replay_next_obs: torch.Tensor) -> list[PushBlock]:
         """Run the enabled hindsight ops for this step and return their candidate rows.
 
         Order: backward (``hindsight_inject``, which also resets the trackers of closed books), forward
@@ -231,7 +231,8 @@ class HindsightState:
         """
         cfg, info = self.config, batch.info
         closed = info["trade_closed"]
-        blocks: list[PushRows] = []
+        blocks: list[PushBlock] = []
+        counted: list[tuple[str, torch.Tensor]] = []  # (kind, rows wanted): added to the counters at once
         if cfg.backward:
             rows = cuda_ext.hindsight_inject(
                 ring_len=self.ring_len, entry_mid=self.entry_mid, direction=self.direction, peak=self.peak,
@@ -241,10 +242,10 @@ class HindsightState:
                 threshold=float(cfg.threshold), anchor=_ANCHORS[cfg.anchor],
                 direction_branch=int(cfg.direction_branch), flat_action=int(cfg.flat_action),
             )
-            self.counts["backward"] += rows.count[0]
-            blocks.append(PushRows.make(rows.obs, rows.next_obs, rows.action, rows.reward, rows.wants,
-                                        KIND_BACKWARD, done=1.0, priority=0.0,
-                                        max_multiplier=float(cfg.priority_boost)))
+            counted.append(("backward", rows.count[0]))
+            blocks.append(PushBlock(rows.obs, rows.next_obs, rows.action, rows.reward, rows.wants,
+                                    KIND_BACKWARD, done=1.0, priority=0.0,
+                                    max_multiplier=float(cfg.priority_boost)))
         if cfg.forward:
             rows = cuda_ext.hindsight_forward(
                 slot_valid=self.slot_valid, slot_entry=self.slot_entry, slot_close_step=self.slot_close_step,
@@ -257,18 +258,20 @@ class HindsightState:
                 lookahead=int(cfg.lookahead), threshold=float(cfg.threshold),
                 reward_scale=float(cfg.reward_scale), direction_branch=int(cfg.direction_branch),
             )
-            self.counts["forward"] += rows.count[0]
-            blocks.append(PushRows.make(rows.obs, rows.next_obs, rows.action, rows.reward, rows.wants,
-                                        KIND_FORWARD, done=1.0, priority=0.0, max_multiplier=1.0))
+            counted.append(("forward", rows.count[0]))
+            blocks.append(PushBlock(rows.obs, rows.next_obs, rows.action, rows.reward, rows.wants,
+                                    KIND_FORWARD, done=1.0, priority=0.0, max_multiplier=1.0))
         if cfg.relabel:
             relabel = cuda_ext.magnitude_relabel(
                 trade_closed=closed, obs=batch.obs, next_obs=batch.next_obs, action=batch.action,
                 reward=batch.reward, magnitudes=self.magnitudes, magnitude_branch=int(cfg.magnitude_branch),
             )
-            self.counts["relabel"] += relabel.count[0]
-            blocks.append(PushRows.make(relabel.obs, relabel.next_obs, relabel.action, relabel.reward,
-                                        relabel.wants, KIND_RELABEL, done=1.0, priority=relabel.priority,
-                                        max_multiplier=0.0))
+            counted.append(("relabel", relabel.count[0]))
+            blocks.append(PushBlock(relabel.obs, relabel.next_obs, relabel.action, relabel.reward,
+                                    relabel.wants, KIND_RELABEL, done=1.0, priority=relabel.priority,
+                                    max_multiplier=0.0))
+        if counted:  # one multi-tensor add (one kernel on a GPU) for every enabled kind
+            torch._foreach_add_([self.counts[kind] for kind, _ in counted], [count for _, count in counted])
         return blocks
 
     def after_push(self, batch: StepBatch, real_slots: torch.Tensor) -> None:
@@ -283,7 +286,7 @@ class HindsightState:
         :param real_slots: ``[B]`` int64 replay slots of the step's real rows (-1 where not written).
         """
         info = batch.info
-        position = torch.where(batch.episode_end, torch.zeros_like(info["position"]), info["position"])
+        position = info["position"].masked_fill(batch.episode_end, 0.0)
         if self.config.backward:
             cuda_ext.hindsight_track(
                 ring=self.ring, ring_len=self.ring_len, entry_mid=self.entry_mid, direction=self.direction,

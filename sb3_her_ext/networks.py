@@ -315,8 +315,13 @@ class BranchingQNetwork(nn.Module):
             weight, bias = weight * self.iqn_output_mask, bias * self.iqn_output_mask[:, 0]
         # Fold the branch features into the output weights, folded[b, h, nb, o] = features[nb, b, h] *
         # weight[nb, h, o], so the [B, N, NB, H] product of features and embedding is never materialised.
-        features_bhn = features.permute(1, 2, 0).contiguous().unsqueeze(-1)  # [B, H, NB, 1]
-        folded = features_bhn * weight.permute(1, 0, 2).contiguous()  # [B, H, NB, E * A], contiguous
+        features_bhn = features.permute(1, 2, 0).unsqueeze(-1)  # [B, H, NB, 1]
+        weight_hnb = weight.permute(1, 0, 2)  # [H, NB, E * A]
+        if th.is_grad_enabled() and (features.requires_grad or weight.requires_grad):
+            folded = features_bhn.contiguous() * weight_hnb.contiguous()  # [B, H, NB, E * A], contiguous
+        else:  # acting: the same products written straight into a contiguous tensor (no factor copies)
+            folded = features.new_empty(batch, hidden_dim, n_branches, weight.shape[-1])
+            th.mul(features_bhn, weight_hnb, out=folded)
         if self.shared_tau_embedding:
             out = th.baddbmm(bias.view(1, 1, -1), embedding, folded.view(batch, hidden_dim, -1))
         else:
@@ -518,7 +523,9 @@ class BranchingQNetwork(nn.Module):
             q = self.popart.denormalize(q)
             iqr = iqr * self.popart.sigma
             ens_std = ens_std * self.popart.sigma
-        mask = self.action_mask.unsqueeze(0)
-        q = q.masked_fill(~mask, -math.inf)
-        return q, iqr.masked_fill(~mask, 0.0), ens_std.masked_fill(~mask, 0.0)
+        if not self.padded_actions:  # every action exists: the masks would change nothing
+            return q, iqr, ens_std
+        invalid = ~self.action_mask.unsqueeze(0)
+        q = q.masked_fill(invalid, -math.inf)
+        return q, iqr.masked_fill(invalid, 0.0), ens_std.masked_fill(invalid, 0.0)
 

@@ -48,8 +48,9 @@ from stable_baselines3.common.buffers import BaseBuffer, ReplayBuffer
 from stable_baselines3.common.vec_env import VecNormalize
 
 import cuda_ext
-from cuda_ext import PushRows, ReplayStorage
+from cuda_ext import ReplayStorage
 from cuda_ext.reference.per import marks_subtrees
+from cuda_ext.replay_storage import PushBlock, PushJoiner
 from sb3_her_ext.branches import branch_action_dims
 from sb3_her_ext.hindsight import (
     KIND_REAL,
@@ -228,6 +229,8 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
         self._tree_stale = False
         self.last_weights = torch.full((1,), float("nan"), dtype=torch.float32, device=dev)
         self.sample_rng_state = _new_sample_rng_state(dev)
+        #: joins each add's blocks; keeps their constant columns (not pickled)
+        self._joiner = PushJoiner()
         self.hindsight_state = (
             None if self.hindsight_config is None
             else HindsightState(self.hindsight_config, self.n_envs, self.obs_dim, self.n_branches, dev)
@@ -326,18 +329,32 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
         return tensor.reshape(n) if width is None else tensor.reshape(n, width)
 
     def _info_tensors(self, infos: Sequence[Mapping[str, Any]] | Mapping[str, Any],
-                      keys: Sequence[str]) -> dict[str, torch.Tensor]:
-        """Gather ``keys`` (and the timeout flag) as ``[n_envs]`` device tensors.
+                      keys: Sequence[str]) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+        """Gather ``keys`` as ``[n_envs]`` device tensors (``trade_closed`` bool, the others float32), and the
+        timeout flags (None when the infos have none).
 
         SB3's list of per-env dicts is converted with one host-side comprehension per key (as SB3's own
-        ``ReplayBuffer`` does for ``TimeLimit.truncated``); a dict of ``[n_envs]`` tensors is used as is.
+        ``ReplayBuffer`` does for ``TimeLimit.truncated``); a dict of ``[n_envs]`` tensors is used as is, the
+        float keys of another dtype converted together (one stack and one cast instead of one cast per key).
         """
         if isinstance(infos, Mapping):
             present = set(infos)
             missing = [k for k in keys if k not in present]
             if missing:
                 raise ValueError(f"infos are missing keys {missing} that hindsight needs")
-            out = {k: self._rows(f"infos[{k!r}]", infos[k], torch.float32, None) for k in keys}
+            out: dict[str, torch.Tensor] = {}
+            pending: list[str] = []  # float tensors of another dtype: converted together
+            for k in keys:
+                value = infos[k]
+                if k == "trade_closed" and isinstance(value, torch.Tensor) and value.dtype == torch.bool:
+                    out[k] = self._rows(f"infos[{k!r}]", value, torch.bool, None)
+                elif k == "trade_closed":  # a number is true when nonzero as float32
+                    out[k] = self._rows(f"infos[{k!r}]", value, torch.float32, None) != 0
+                elif isinstance(value, torch.Tensor) and value.dtype != torch.float32:
+                    pending.append(k)
+                else:
+                    out[k] = self._rows(f"infos[{k!r}]", value, torch.float32, None)
+            self._convert_together(pending, infos, out)
             timeout = infos.get(_TIMEOUT_KEY)
         else:
             if len(infos) != self.n_envs:
@@ -350,22 +367,34 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
                 table = np.array([[info[k] for k in keys] for info in infos], dtype=np.float64)
                 values = torch.as_tensor(table, device=self.device).to(torch.float32)
                 out = {k: values[:, j] for j, k in enumerate(keys)}
+                if "trade_closed" in out:
+                    out["trade_closed"] = out["trade_closed"] != 0
             timeout = np.array([info.get(_TIMEOUT_KEY, False) for info in infos], dtype=bool)
-        if timeout is None:
-            out[_TIMEOUT_KEY] = torch.zeros(self.n_envs, dtype=torch.bool, device=self.device)
-        else:
-            out[_TIMEOUT_KEY] = self._rows(f"infos[{_TIMEOUT_KEY!r}]", timeout, torch.bool, None)
-        return out
+        if timeout is not None:
+            timeout = self._rows(f"infos[{_TIMEOUT_KEY!r}]", timeout, torch.bool, None)
+        return out, timeout
+
+    def _convert_together(self, keys: list[str], infos: Mapping[str, Any],
+                          out: dict[str, torch.Tensor]) -> None:
+        """Add ``keys`` (tensors, not float32) to ``out`` as float32 ``[n_envs]`` rows: the keys of one dtype
+        stacked and cast once, each key a row of the result (the values of one cast per key)."""
+        for dtype in dict.fromkeys(infos[k].dtype for k in keys):
+            group = [k for k in keys if infos[k].dtype == dtype]
+            rows = [self._rows(f"infos[{k!r}]", infos[k], dtype, None) for k in group]  # checks the shapes
+            if len(rows) == 1:
+                out[group[0]] = rows[0].to(torch.float32)
+                continue
+            for k, row in zip(group, torch.stack(rows).to(torch.float32), strict=True):
+                out[k] = row
 
     def _step_batch(self, obs: Any, next_obs: Any, action: Any, reward: Any, done: Any,
                     infos: Sequence[Mapping[str, Any]] | Mapping[str, Any]) -> StepBatch:
         keys = REQUIRED_INFO_KEYS if self.hindsight_config is not None else ()
-        info = self._info_tensors(infos, keys)
-        timeout = info.pop(_TIMEOUT_KEY)
-        if "trade_closed" in info:
-            info["trade_closed"] = info["trade_closed"] != 0
+        info, timeout = self._info_tensors(infos, keys)
         episode_end = self._rows("done", done, torch.bool, None)
-        terminal = episode_end & ~timeout if self.handle_timeout_termination else episode_end
+        # done and not a timeout (a > b is a & ~b for bools: one op)
+        terminal = episode_end > timeout if self.handle_timeout_termination and timeout is not None \
+            else episode_end
         return StepBatch(
             obs=self._rows("obs", obs, torch.float32, self.obs_dim),
             next_obs=self._rows("next_obs", next_obs, torch.float32, self.obs_dim),
@@ -380,7 +409,7 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
             infos: Sequence[Mapping[str, Any]] | Mapping[str, Any]) -> None:
         """Store one step of ``n_envs`` transitions plus its hindsight rows in ONE ``per_push``.
 
-        Order: hindsight_inject → hindsight_forward → magnitude_relabel → concat with the real rows →
+        Order: hindsight_inject → hindsight_forward → magnitude_relabel → joined with the real rows →
         ``per_push`` → the tree (``per_tree_rebuild`` now; on a GPU ``per_tree_refresh`` at the next
         sample) → ``hindsight_track`` (with the real rows' slots).
 
@@ -393,12 +422,11 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
             on they must hold the env info contract keys; ``TimeLimit.truncated`` marks timeouts.
         """
         batch = self._step_batch(obs, next_obs, action, reward, done, infos)
-        ones = torch.ones(self.n_envs, dtype=torch.bool, device=self.device)
-        blocks = [PushRows.make(batch.obs, batch.next_obs, batch.action, batch.reward, ones, KIND_REAL,
-                                done=batch.terminal, priority=0.0, max_multiplier=1.0)]
+        blocks = [PushBlock(batch.obs, batch.next_obs, batch.action, batch.reward, None, KIND_REAL,
+                            done=batch.terminal, priority=0.0, max_multiplier=1.0)]
         if self.hindsight_state is not None:
             blocks += self.hindsight_state.candidates(batch, self.storage.next_obs)
-        rows = PushRows.concat(blocks) if len(blocks) > 1 else blocks[0]
+        rows = self._joiner.join(blocks)
         slots = cuda_ext.per_push(self.storage, rows, alpha=self.alpha)
         self._tree_written(slots)
         if self.hindsight_state is not None:
@@ -651,6 +679,7 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
                 state[name] = state[name].cpu()
         if state["hindsight_state"] is not None:
             state["hindsight_state"] = state["hindsight_state"].to("cpu")
+        state.pop("_joiner", None)  # its kept tensors are remade on the device at the next add
         state["_device"] = str(self._device)
         return state
 
@@ -663,6 +692,7 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
             flat = {field: state.pop(name) for name, field in _STORAGE_FIELDS.items()}
             state["storage"] = ReplayStorage(**flat)
         self.__dict__.update(state)
+        self._joiner = PushJoiner()
         if self.__dict__.get("_allocated", False) and "sample_rng_state" not in state:
             self.sample_rng_state = _new_sample_rng_state("cpu")  # a pickle of an earlier version
         self._device = torch.device("cpu")

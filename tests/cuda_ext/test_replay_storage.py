@@ -54,3 +54,40 @@ def test_push_rows_make_broadcasts_and_concat_joins() -> None:
     assert a.max_multiplier.tolist() == [3.0, 3.0]
     joined = PushRows.concat([a, a])
     assert isinstance(joined, PushRows) and joined.obs.shape == (4, 3) and joined.kind.tolist() == [1] * 4
+
+
+def test_push_joiner_gives_concat_of_make_and_keeps_its_constant_columns() -> None:
+    from cuda_ext.replay_storage import PushBlock, PushJoiner
+
+    def blocks(seed: int) -> list[PushBlock]:
+        g = torch.Generator().manual_seed(seed)
+        def rows(n: int) -> tuple:
+            return (torch.rand(n, 3, generator=g, dtype=torch.float64), torch.rand(n, 3, generator=g),
+                    torch.randint(0, 3, (n, 2), generator=g, dtype=torch.int32), torch.rand(n, generator=g))
+        t = torch.tensor
+        return [  # block = (rows, wants, kind, done, priority, max_multiplier)
+            PushBlock(*rows(2), None, 0, t([True, False]), 0.0, 1.0),
+            PushBlock(*rows(3), t([1.0, 0.0, 1.0]), 1, 1.0, 0.0, 3.0),
+            PushBlock(*rows(1), t([True]), 2, 1.0, 0.25, 1.0),
+            PushBlock(*rows(2), t([False, True]), 3, 1.0, t([0.5, 0.75]), 0.0),
+        ]
+
+    def made(block: PushBlock) -> PushRows:
+        wants = torch.ones(block.reward.shape[0], dtype=torch.bool) if block.wants is None else block.wants
+        return PushRows.make(block.obs, block.next_obs, block.action, block.reward, wants, block.kind,
+                             done=block.done, priority=block.priority, max_multiplier=block.max_multiplier)
+
+    joiner = PushJoiner()
+    first, second = joiner.join(blocks(0)), joiner.join(blocks(1))
+    for joined, seed in ((first, 0), (second, 1)):
+        expected = PushRows.concat([made(block) for block in blocks(seed)])
+        for name, want in expected._asdict().items():
+            got = getattr(joined, name)
+            assert got.dtype == want.dtype and torch.equal(got, want) and got.is_contiguous(), name
+    # the columns of one value per block are made once: the same tensors in every push of the layout
+    assert first.kind is second.kind and first.max_multiplier is second.max_multiplier
+    single = joiner.join(blocks(2)[:1])  # one block: its own tensors, cast where needed
+    assert single.wants.tolist() == [True, True] and single.done.tolist() == [1.0, 0.0]
+    assert single.obs.dtype == torch.float32 and single.kind.tolist() == [0, 0]
+    with pytest.raises(ValueError, match="blocks"):
+        joiner.join([])

@@ -22,6 +22,7 @@ from sb3_her_ext import BranchingIQN, device_loop
 from sb3_her_ext.device_env import DeviceStep
 from sb3_her_ext.device_loop import DeviceLoopSettings, EpisodeStats, configure, supports
 from sb3_her_ext.diagnostics import read_diagnostics
+from tests.sb3_her_ext._op_count import OpCount, ops_of
 
 TINY_POLICY = dict(net_arch=[16], n_ensemble=2, n_cos=8, n_quantiles=4, n_quantiles_target=4,
                    n_quantiles_act=4, n_atoms=11)
@@ -297,6 +298,66 @@ def test_episode_stats_match_a_python_reference() -> None:
             pending = reference[len(reference) - n_new:] if n_new else []
             assert episodes == pending[-5:]
     assert int(stats.count) == len(reference)
+
+
+def test_episode_stats_add_runs_few_ops() -> None:
+    """Each op is a GPU kernel of a vector step: <= 11 non-view ops per add (20 before)."""
+    stats = EpisodeStats(100, th.device("cpu"))
+    done, returns, lengths = th.arange(16) % 3 == 0, th.rand(16, dtype=th.float64), th.arange(16)
+    ops = ops_of(lambda: stats.add(done, returns, lengths))
+    assert len(ops) <= 11, ops
+    assert stats.read()[:2] == ([(float(returns[i]), int(i)) for i in range(0, 16, 3)], 6)
+
+
+def test_explore_with_per_branch_rates_made_for_several_steps_acts_the_same() -> None:
+    """explore(branch_rates=row of branch_epsilons(rates[:, None], mults)): the actions and diagnostics of
+    explore(exploration_rate=rate) step by step, without the two ops per step that make the rates."""
+    from sb3_her_ext.exploration import branch_epsilons
+
+    env = make_env()
+    rates, bonus = th.tensor([0.9, 0.3, 0.0], dtype=th.float32), th.tensor(0.1)
+    acted = []
+    for per_branch in (False, True):
+        th.manual_seed(1)
+        model = BranchingIQN("MlpPolicy", env, **{**TINY, "exploration_mults": [1.0, 2.5, 0.5, 1.0]})
+        env.reset()
+        obs = env.current_obs()
+        table = branch_epsilons(rates[:, None], model._mults)  # [3, NB], once
+        steps, n_ops = [], []
+        for i, rate in enumerate(rates):
+            with OpCount() as count:
+                if per_branch:
+                    steps.append(device_loop.explore(model, obs, iqr_bonus=bonus, branch_rates=table[i]))
+                else:
+                    steps.append(device_loop.explore(model, obs, rate, bonus))
+            n_ops.append(len(count.ops))
+        sums = {k: float(v) for k, v in model.diagnostics._select_sums.items()}
+        acted.append((th.stack(steps), sums, n_ops))
+    (plain, plain_sums, plain_ops), (rows, rows_sums, rows_ops) = acted
+    assert th.equal(plain, rows) and plain_sums == rows_sums
+    assert [a - b for a, b in zip(plain_ops, rows_ops, strict=True)] == [2, 2, 2]
+
+
+@pytest.mark.parametrize("window", [3, 100])
+def test_recording_a_block_of_steps_at_once_equals_step_by_step(window: int) -> None:
+    """record_steps of k stacked steps: the ring, count and action counts of k one-step records (a block
+    of the fused graph can record once instead of once per step), in the ops of one step."""
+    g = th.Generator().manual_seed(0)
+    k, n, values = 8, 5, th.arange(3)
+    done = th.rand(k, n, generator=g) < 0.4
+    returns, lengths = th.randn(k, n, generator=g, dtype=th.float64), th.randint(1, 50, (k, n), generator=g)
+    actions = th.randint(0, 3, (k, n, 4), generator=g)
+    states = [SimpleNamespace(stats=EpisodeStats(window, th.device("cpu")),
+                              action_counts=th.zeros(4, 3, dtype=th.int64)) for _ in range(2)]
+    for i in range(k):
+        device_loop.record_steps(states[0], done[i], returns[i], lengths[i], actions[i], values)
+    ops = ops_of(lambda: device_loop.record_steps(states[1], done, returns, lengths, actions, values))
+    assert len(ops) <= 14, ops
+    (one, one_counts), (block, block_counts) = ((s.stats, s.action_counts) for s in states)
+    assert th.equal(one.returns, block.returns) and th.equal(one.lengths, block.lengths)
+    assert int(one.count) == int(block.count) == int(done.sum())
+    assert th.equal(one_counts, block_counts) and int(block_counts.sum()) == k * n * 4
+    assert one.read()[:2] == block.read()[:2]
 
 
 @pytest.mark.parametrize("kwargs,field", [({"callback_stride": 0}, "callback_stride"),

@@ -11,6 +11,7 @@ from gymnasium import spaces
 
 from foxhunt import presets
 from sb3_her_ext.policy import BranchingIQNPolicy, BranchingQNetwork, MlpPolicy, resolve_bottleneck_dims
+from tests.sb3_her_ext._op_count import ops_of
 
 OBS_DIM = 14
 N_MARKET = 10
@@ -139,6 +140,23 @@ def test_action_stats_match_quantiles(obs: th.Tensor) -> None:
     spread = ((head_means - head_means.mean(0)) ** 2).mean(0).sqrt()  # population std over 4 heads
     assert th.allclose(ens_std, spread, atol=1e-6)
     assert (ens_std > 0).all() and (iqr > 0).all()
+
+
+def test_acting_quantiles_equal_the_training_ones_with_fewer_ops(obs: th.Tensor) -> None:
+    """Acting (no grad) writes the folded output weights straight into one tensor, and an unpadded network
+    masks nothing: the same values bit for bit, fewer kernels per vector step."""
+    th.manual_seed(4)
+    policy = make_policy(popart=False, n_ensemble=4)
+    taus = th.rand(6, 9)
+    trained = policy.q_net.quantiles(obs, taus)  # with autograd: the contiguous copies of both factors
+    assert trained.requires_grad
+    with th.no_grad():
+        ops = ops_of(lambda: policy.q_net.action_stats(obs, taus))
+        acting = policy.q_net.quantiles(obs, taus)
+    assert th.equal(acting, trained.detach())
+    # one clone left: the bottleneck weight's columns; none of the masks
+    assert ops.count("clone") == 1 and "masked_fill" not in ops and "bitwise_not" not in ops, ops
+    assert len(ops) <= 22, ops
 
 
 def test_action_stats_denormalised_with_popart(obs: th.Tensor) -> None:

@@ -18,6 +18,7 @@ import cuda_ext
 from cuda_ext.reference import per as cuda_reference
 from cuda_ext.reference.philox import philox_uniforms
 from sb3_her_ext.replay import HindsightConfig, PrioritizedHindsightReplayBuffer, PrioritizedReplaySamples
+from tests.sb3_her_ext._op_count import ops_of
 
 OBS_SPACE = spaces.Box(-np.inf, np.inf, (3,), np.float32)
 ACTION_SPACE = spaces.MultiDiscrete([3, 3, 3, 3])
@@ -431,6 +432,31 @@ def test_lob_vec_env_random_steps_inject_hindsight():
     sample = buffer.sample(256)
     assert bool((sample.weights > 0).all()) and bool((sample.weights <= 1).all())
     assert bool((sample.dones[sample.kinds != 0] == 1).all())
+
+
+def _tensor_step(n: int, step: int) -> tuple:
+    """One step of ``n`` books as a device env gives it: float32 rows, float64 infos, bool flags."""
+    g = torch.Generator().manual_seed(step)
+    obs = torch.rand(n, 3, generator=g)
+    infos = {k: torch.rand(n, generator=g, dtype=torch.float64) * 100 for k in
+             ("mid", "best_bid", "best_ask", "position", "trade_pnl", "trade_lots", "entry_mid")}
+    infos["position"] = infos["position"].round() - 50
+    infos["trade_closed"] = torch.rand(n, generator=g) < 0.3
+    infos["TimeLimit.truncated"] = torch.rand(n, generator=g) < 0.1
+    actions = torch.randint(0, 3, (n, 4), generator=g)
+    return obs, obs + 0.5, actions, torch.rand(n, generator=g), torch.rand(n, generator=g) < 0.2, infos
+
+
+@pytest.mark.parametrize(("hindsight", "most_ops"), [(True, 23), (False, 4)])
+def test_add_runs_few_ops(hindsight: bool, most_ops: int) -> None:
+    """Each op is a GPU kernel in the fused graph: one add of 16 books with every hindsight kind stays at
+    <= 23 non-view aten and cuda_ext ops (54 before the constant columns were kept; 9 without hindsight)."""
+    buffer = make_buffer(capacity=4096, n_envs=16, hindsight={} if hindsight else None)
+    buffer.add(*_tensor_step(16, 0))  # the first add makes the constant columns
+    step = _tensor_step(16, 1)
+    ops = ops_of(lambda: buffer.add(*step))
+    assert len(ops) <= most_ops, ops
+    assert "full" not in ops and "ones" not in ops
 
 
 # --------------------------------------------------------------------------------------------- GPU
