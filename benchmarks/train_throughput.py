@@ -254,6 +254,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         "gradient_steps": gradient_steps, "replay_ratio": ratio}
                 deterministic = th.are_deterministic_algorithms_enabled()
                 warn_only = th.is_deterministic_algorithms_warn_only_enabled()
+                fill = th.utils.deterministic.fill_uninitialized_memory
                 try:
                     if row == ONE_GRAPH and th.device(device).type != "cuda":
                         rows.append({**base, "skipped": "CUDA only (a CUDA graph)"})
@@ -267,6 +268,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     result = {"skipped": peer_missing("sb3-contrib", error)}
                 finally:  # a seeded BranchingIQN on CUDA turns deterministic algorithms on process-wide
                     th.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+                    th.utils.deterministic.fill_uninitialized_memory = fill
                 rows.append({**base, **result})
                 print(f"{device:5s} {books:6d} {row:26s} "
                       + (f"{result['env_steps_per_s']:12,.0f} env-steps/s" if "env_steps_per_s" in result

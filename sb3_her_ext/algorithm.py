@@ -119,7 +119,8 @@ class BranchingIQN(OffPolicyAlgorithm):
     :param verbose: 0 none, 1 info, 2 debug.
     :param seed: random seed (network init, replay sampling, exploration uniforms). With a seed on a CUDA
         device, :meth:`_setup_model` turns on ``torch.use_deterministic_algorithms(True, warn_only=True)``
-        (process-wide, and left on) so that the same seed gives the same results on the GPU.
+        (process-wide, and left on; without its NaN fill of new allocations) so that the same seed gives the
+        same results on the GPU.
     :param device: ``"cpu"``, ``"cuda"`` or ``"auto"``.
     :param c51_alpha: weight of the C51 loss in ``(1 − α)·L_IQN + α·L_C51``, fixed from the first step.
     :param exploration_mults: per-branch ε multipliers (``ε_b = min(1, ε·mult_b)``): a list of length NB or
@@ -320,8 +321,9 @@ class BranchingIQN(OffPolicyAlgorithm):
         On CUDA this sets ``CUBLAS_WORKSPACE_CONFIG`` (unless set) before the model's first cuBLAS call, and
         for a seeded run calls ``torch.use_deterministic_algorithms(True, warn_only=True)``: without them the
         backward pass's scatter-adds and cuBLAS may reorder float additions, and the same seed would not give
-        the same parameters on the GPU. Both are process-wide and stay after the model is gone; ops without a
-        deterministic kernel only warn.
+        the same parameters on the GPU. It also sets ``torch.utils.deterministic.fill_uninitialized_memory``
+        to False (deterministic mode would otherwise launch a fill kernel after every allocation). All are
+        process-wide and stay after the model is gone; ops without a deterministic kernel only warn.
         """
         if self.cuda_graph and self.device.type != "cuda":  # a graphed model loaded onto a CPU
             warnings.warn(
@@ -352,6 +354,8 @@ class BranchingIQN(OffPolicyAlgorithm):
             # Same seed, same results on a GPU too: the backward pass's scatter-adds and cuBLAS are otherwise
             # free to reorder float additions (SB3's set_random_seed likewise sets cudnn.deterministic).
             th.use_deterministic_algorithms(True, warn_only=True)
+            # nothing here reads memory it did not write: no NaN fill kernel after every empty allocation
+            th.utils.deterministic.fill_uninitialized_memory = False
         self._generator = th.Generator(device=self.device)
         self._generator.manual_seed(self.seed if self.seed is not None else int(np.random.randint(2**31)))
         self.vaccine = GradVac(beta=self.vaccine_beta).to(self.device)

@@ -149,11 +149,13 @@ class TrainingDiagnostics:
 
         :param iqr: ``[B, NB, A]`` IQRs.
         :param ens_std: ``[B, NB, A]`` ensemble standard deviations.
-        :param valid: ``[NB, A]`` bool mask of the actions that exist.
+        :param valid: ``[NB, A]`` bool mask of the actions that exist (those of :attr:`action_dims`).
         """
-        n_valid = valid.sum().clamp(min=1) * iqr.shape[0]
-        self._select_sums["iqr_mean"] += (iqr * valid).sum().to(self.device, th.float64) / n_valid
-        self._select_sums["ens_std"] += (ens_std * valid).sum().to(self.device, th.float64) / n_valid
+        n_valid = sum(self.action_dims) * iqr.shape[0]  # a host number: no kernels per selection
+        if min(self.action_dims) != max(self.action_dims):  # padded actions: masked out of the sums
+            iqr, ens_std = iqr * valid, ens_std * valid
+        self._select_sums["iqr_mean"] += iqr.sum().to(self.device, th.float64) / n_valid
+        self._select_sums["ens_std"] += ens_std.sum().to(self.device, th.float64) / n_valid
         self._select_count += 1
 
     def add_actions(self, actions: np.ndarray) -> None:

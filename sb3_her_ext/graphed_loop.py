@@ -84,6 +84,7 @@ from stable_baselines3.common.type_aliases import RolloutReturn, TrainFreq
 from cuda_ext.graph_capture import capture
 from sb3_her_ext import device_loop
 from sb3_her_ext.device_env import DeviceStep
+from sb3_her_ext.exploration import branch_epsilons
 from sb3_her_ext.replay import PrioritizedHindsightReplayBuffer
 
 __all__ = ["FusedBlock", "block_of", "collect_and_train", "configure", "reset", "unsupported_reason"]
@@ -272,23 +273,28 @@ class FusedBlock:
         schedule, buffer = self.schedule, model.replay_buffer
         guard = getattr(model, "guard", None)
         first_step = schedule[3 * k + 1].to(th.int64)
+        rates = schedule[: 2 * k].float()  # ε and the IQR bonus of every step, cast once
+        branch_rates = branch_epsilons(rates[:k, None], model._mults)  # [k, NB]: every step's, made once
+        # the NaN guard's step number after each vector step, made once
+        numbers = first_step + th.arange(1, k + 1, device=first_step.device) * env.num_envs
         obs = self.obs
         actions: th.Tensor | None = None
         step: DeviceStep | None = None
+        taken: list[tuple[th.Tensor, ...]] = []  # per step: done, return, length, actions (recorded below)
         model.policy.set_training_mode(False)
         for i in range(k):
-            # 1. act; 2. env step; 3. statistics, NaN guard, replay push (the device loop's order)
-            actions = device_loop.explore(model, obs, schedule[i].float(), schedule[k + i].float())
+            # 1. act; 2. env step; 3. NaN guard, replay push (the device loop's order; the statistics after)
+            actions = device_loop.explore(model, obs, iqr_bonus=rates[k + i], branch_rates=branch_rates[i])
             step = env.step_tensors_static(actions)
-            assert state.stats is not None and state.action_counts is not None
-            state.stats.add(step.done, step.episode_return, step.episode_length)
-            state.action_counts += (actions[:, :, None] == self.branch_values).sum(dim=0)
+            taken.append((step.done, step.episode_return, step.episode_length, actions))
             final_obs, reward = step.final_obs, step.reward
             if guard is not None:
-                number = first_step + (i + 1) * env.num_envs
-                (obs, final_obs), reward = guard.check_env_tensors(number, (obs, final_obs), reward)
+                (obs, final_obs), reward = guard.check_env_tensors(numbers[i], (obs, final_obs), reward)
             buffer.add(obs, final_obs, actions, reward, step.done, step.infos)
             obs = step.obs
+        # the block's episode statistics and action counts in one go: the same as step by step
+        device_loop.record_steps(state, *(th.stack(column) for column in zip(*taken, strict=True)),
+                                 self.branch_values)
         self.obs.copy_(obs)
         self._target_updates(model, schedule[2 * k : 3 * k].sum())
         if key:

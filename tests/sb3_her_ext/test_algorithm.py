@@ -422,6 +422,9 @@ def test_learn_on_cuda_is_deterministic(tmp_path: Path) -> None:
                              diagnostics_path=str(tmp_path / "diag.jsonl"), diagnostics_interval=100)
         model.learn(400)
         assert model.device.type == "cuda" and model._n_updates > 0
+        # deterministic kernels on, without a NaN fill kernel after every allocation
+        assert th.are_deterministic_algorithms_enabled()
+        assert th.utils.deterministic.fill_uninitialized_memory is False
         actions = model.predict(env.reset(), deterministic=True)[0]
         return [p.detach().cpu() for p in model.policy.parameters()], actions
 
