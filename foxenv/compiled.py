@@ -5,12 +5,12 @@ enabled, and :class:`PackedOutputs` hands out copies of a captured step's output
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from cuda_ext.graph_capture import capture
 from foxenv.spec import ACTION_NVEC
 
 if TYPE_CHECKING:
@@ -187,10 +187,18 @@ class AcceleratedStep:
         :return: the graph and its packed outputs.
         """
         graph = torch.cuda.CUDAGraph()
-        with capture(graph):
-            outputs = PackedOutputs(step())
-            for key, value in self._state_tensors().items():
-                static_state[key].copy_(value)
+        # no cyclic GC inside the capture: it could free a dead graph there and invalidate this one (torch
+        # 2.10+ no longer collects before a capture; cuda_ext.graph_capture does the same for the learner)
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            with torch.cuda.graph(graph):
+                outputs = PackedOutputs(step())
+                for key, value in self._state_tensors().items():
+                    static_state[key].copy_(value)
+        finally:
+            if collecting:
+                gc.enable()
         self._set_state_tensors(static_state)
         return graph, outputs
 
