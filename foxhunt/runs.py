@@ -367,7 +367,7 @@ def train(config: RunConfig, callback: Any = None, *, resume_from: str | Path | 
         model.save(out / "model.zip")
     finally:
         lock.close()
-    plot_training(out / "diagnostics.jsonl", out / "training.png")
+    plot_training(out / "diagnostics.jsonl", out / "training.png", hindsight=config.resolved_hindsight())
 
     _evaluate_run(config, model, out)
     print(f"\nrun folder: {out}")

@@ -23,7 +23,7 @@ def _series(records: list[dict], *keys: str) -> list[float]:
     return values
 
 
-def plot_training(diagnostics_path: str | Path, out_path: str | Path) -> Path:
+def plot_training(diagnostics_path: str | Path, out_path: str | Path, hindsight: bool = True) -> Path:
     """Draw the training curves of a run into a PNG.
 
     Four panels against environment steps: mean episode reward; IQN and C51 losses; hindsight rows
@@ -31,6 +31,8 @@ def plot_training(diagnostics_path: str | Path, out_path: str | Path) -> Path:
 
     :param diagnostics_path: the run's ``diagnostics.jsonl``.
     :param out_path: PNG file to write (its folder must exist).
+    :param hindsight: whether the run had hindsight replay on (off: its panel says so instead of drawing
+        zeros that would read as "on, but injecting nothing").
     :return: ``out_path``.
     """
     records = read_diagnostics(diagnostics_path)
@@ -47,10 +49,15 @@ def plot_training(diagnostics_path: str | Path, out_path: str | Path) -> Path:
     ax.set(title="losses", xlabel="env steps", yscale="log")
     ax.legend()
     ax = axes[1, 0]
-    for kind in ("backward", "forward", "relabel"):
-        ax.plot(steps, _series(records, "hindsight", kind), label=kind)
     ax.set(title="hindsight rows per interval", xlabel="env steps")
-    ax.legend()
+    if hindsight:
+        for kind in ("backward", "forward", "relabel"):
+            ax.plot(steps, _series(records, "hindsight", kind), label=kind)
+        ax.legend()
+    else:
+        ax.text(0.5, 0.5, "hindsight replay off in this run", ha="center", va="center",
+                transform=ax.transAxes)
+        ax.set(xticks=[], yticks=[])
     ax = axes[1, 1]
     for name in records[-1].get("eps", {}):
         ax.plot(steps, _series(records, "eps", name), label=name)
