@@ -26,7 +26,7 @@ import torch as th
 
 from foxhunt import presets
 from foxhunt.evaluation import cli as evaluation_cli
-from foxhunt.runs import RunConfig
+from foxhunt.runs import EVAL_SPLITS, RunConfig
 
 #: Exceptions that are the user's to fix: one line and exit status 2 (``--debug``: the traceback).
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError)
@@ -34,7 +34,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError)
 #: ``foxhunt train``'s run options: argparse destination = RunConfig field.
 TRAIN_OPTIONS: tuple[str, ...] = (
     "data", "steps", "n_envs", "device", "seed", "threads", "hindsight", "eval_steps", "cuda_graph",
-    "progress", "out", "checkpoint_every", "keep_checkpoints", "action_face",
+    "progress", "out", "checkpoint_every", "keep_checkpoints", "action_face", "eval_split",
 )
 
 
@@ -213,6 +213,11 @@ def build_parser() -> argparse.ArgumentParser:
                                    f"actions) (default: {presets.ACTION_FACE})")
     train_parser.add_argument("--eval-steps", type=int, default=argparse.SUPPRESS,
                               help=f"vector steps of the final evaluation (default: {defaults.eval_steps})")
+    train_parser.add_argument("--eval-split", choices=EVAL_SPLITS, default=argparse.SUPPRESS,
+                              help="held-out data of the final evaluation: 'test', or 'validation' for model "
+                                   "selection that leaves the test data unseen (LOBSTER: train on the first "
+                                   "75%% of the train split, score on the rest; synthetic: a third market) "
+                                   f"(default: {defaults.eval_split})")
     train_parser.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction,
                               default=argparse.SUPPRESS,
                               help="run each gradient step as one CUDA graph replay (BranchingIQN's "

@@ -29,6 +29,16 @@ import torch as th
 
 from foxhunt import presets
 
+#: what a run can be scored on (:attr:`RunConfig.eval_split`)
+EVAL_SPLITS = ("test", "validation")
+
+
+def check_eval_split(value: str, field: str) -> str:
+    """``value`` if it is one of :data:`EVAL_SPLITS`, else a ``ValueError`` naming ``field``."""
+    if value not in EVAL_SPLITS:
+        raise ValueError(f"{field}={value!r} must be one of {', '.join(map(repr, EVAL_SPLITS))}")
+    return value
+
 
 @dataclass
 class RunConfig:
@@ -77,6 +87,11 @@ class RunConfig:
     0: no checkpoints."""
     keep_checkpoints: int = 3
     """Checkpoints kept, the newest; 0: all."""
+    eval_split: str = "test"
+    """The held-out data the run is scored on: ``"test"`` (the final evaluation), or ``"validation"`` for
+    model selection that must not see the test data (``foxhunt tune``'s trials): a LOBSTER run then trains on
+    the train split's first 75 % (``"fit"``) and is scored on the rest of it (``"validation"``); a synthetic
+    run is scored on a third market (seed: the training market's + 2; the test market's is + 1)."""
     action_face: str | None = None
     """The action BranchingIQN learns on: ``"branched"`` (foxenv's four branches, with the per-branch
     presets) or ``"joint"`` (one branch of the 81 joint actions, code ``27 d + 9 m + 3 o + u``);
@@ -110,6 +125,7 @@ class RunConfig:
         for name in ("model_kwargs", "policy_kwargs", "env_kwargs"):
             if not isinstance(getattr(self, name), dict):
                 raise ValueError(f"RunConfig.{name}={getattr(self, name)!r} must be a dict")
+        check_eval_split(self.eval_split, "RunConfig.eval_split")
         presets.resolve_action_face(self.action_face, "RunConfig.action_face")
         if self.hindsight and self.resolved_action_face() == "joint":
             raise ValueError(
@@ -135,6 +151,11 @@ class RunConfig:
     def resolved_action_face(self) -> str:
         """The action face (``action_face``, or :data:`foxhunt.presets.ACTION_FACE`)."""
         return presets.resolve_action_face(self.action_face, "RunConfig.action_face")
+
+    def train_split(self) -> str:
+        """The LOBSTER split a run trains on: ``"train"``, or ``"fit"`` when it is scored on ``"validation"``
+        (the validation steps are then never trained on)."""
+        return "fit" if self.eval_split == "validation" else "train"
 
     def resolved_hindsight(self) -> bool:
         """Whether hindsight replay is on (``hindsight``, or the action face's default)."""
@@ -218,7 +239,7 @@ def make_env(config: RunConfig, seed: int, split: str) -> Any:
 
     :param config: the run's config.
     :param seed: the env's seed.
-    :param split: ``"train"`` or ``"test"``.
+    :param split: a :data:`foxenv.data.SPLITS` name (``"train"``, ``"test"``, ``"fit"``, ``"validation"``).
     :return: a :class:`~foxhunt.envs.LOBVecEnv` (with the device loop a
         :class:`~foxhunt.device_env.DeviceLOBVecEnv`); on the joint action face a
         :class:`~foxhunt.envs.FlatActionVecEnv` of one (the device env has a joint face of its own).
@@ -259,8 +280,9 @@ def train_market_seed(config: RunConfig) -> int:
 
 
 def eval_market_seed(config: RunConfig) -> int:
-    """The synthetic evaluation market's generator seed: another market than the training one."""
-    return train_market_seed(config) + 1
+    """The synthetic evaluation market's generator seed: another market than the training one (the test
+    market, or with ``eval_split="validation"`` a third one for model selection)."""
+    return train_market_seed(config) + (2 if config.eval_split == "validation" else 1)
 
 
 def _callbacks(*callbacks: Any) -> list[Any]:
@@ -348,7 +370,7 @@ def train(config: RunConfig, callback: Any = None, *, resume_from: str | Path | 
         th.set_num_threads(config.threads)
         diagnostics_path = out / "diagnostics.jsonl"
 
-        env = make_env(config, config.seed, split="train")
+        env = make_env(config, config.seed, split=config.train_split())
         resumed = None
         if resume_from is None:
             model = BranchingIQN(
@@ -388,7 +410,7 @@ def _evaluate_run(config: RunConfig, model: Any, out: Path) -> None:
         {"policy": model}, config.data, n_envs=config.n_envs, steps=config.eval_steps,
         seed=eval_seed(config), market_seed=eval_market_seed(config),
         train_market_seed=train_market_seed(config) if synthetic else None,
-        split="test", env_kwargs=config_kwargs, market_kwargs=market_kwargs, device=config.device,
+        split=config.eval_split, env_kwargs=config_kwargs, market_kwargs=market_kwargs, device=config.device,
     )
     write_report(evaluation, out, "policy", f"Evaluation of {out / 'model.zip'}")
     held_out = held_out_line(evaluation.setup)

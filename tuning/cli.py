@@ -20,7 +20,7 @@ from typing import Any
 
 import torch as th
 
-from foxhunt.runs import RunConfig
+from foxhunt.runs import EVAL_SPLITS, RunConfig
 
 # kept in step with tuning.objective.METRICS and tuning.study (imported lazily: `foxhunt --help` stays fast)
 METRICS = ("sharpe", "pnl", "mean_episode_reward")
@@ -81,6 +81,14 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="base RunConfig JSON that every trial starts from (the options above override it)",
     )
     p.add_argument("--space", default=None, help="YAML or JSON file overriding the search space")
+    p.add_argument(
+        "--eval-split",
+        choices=EVAL_SPLITS,
+        default="validation",
+        help="what trials are scored on: 'validation' (LOBSTER: trained on the first 75%% of the train "
+        "split, scored on the rest; synthetic: a market of its own), leaving the test data for the final "
+        "score of the best config, or 'test' (default: validation)",
+    )
     p.add_argument(
         "--metric",
         default="sharpe",
@@ -180,6 +188,7 @@ def settings_from_args(args: argparse.Namespace, seed: int) -> Any:
         grace_period=args.grace_period,
         max_retry=args.max_retry,
         progress=args.progress,
+        eval_split=args.eval_split,
     )
 
 

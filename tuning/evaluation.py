@@ -2,7 +2,7 @@
 
 A trial's intermediate values come from :func:`held_out_metrics`, on the same held-out data as the final
 evaluation that :func:`foxhunt.runs.train` writes to ``evaluation.json`` (the trial's value), so tuned
-and reported numbers mean the same thing.
+and reported numbers mean the same thing: the run's ``eval_split``, the validation data in a study.
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ def _score(model: Any, config: RunConfig) -> dict[str, Any]:
         from foxhunt.evaluation.rollout import evaluate_agent
         from foxhunt.runs import make_env
 
-        return evaluate_agent(model, make_env(config, eval_seed(config), split="test"), config.eval_steps)
+        return evaluate_agent(model, make_env(config, eval_seed(config), split=config.eval_split),
+                              config.eval_steps)
     from foxhunt.evaluation.rollout import finished_episode_rewards
     from foxhunt.runs import eval_market_seed
 
@@ -75,7 +76,7 @@ def _score(model: Any, config: RunConfig) -> dict[str, Any]:
         steps=config.eval_steps,
         seed=eval_seed(config),
         market_seed=eval_market_seed(config),
-        split="test",
+        split=config.eval_split,
         env_kwargs=config_kwargs,
         market_kwargs=market_kwargs,
         device=config.device,

@@ -22,7 +22,7 @@ from typing import Any
 import optuna
 from stable_baselines3.common.callbacks import BaseCallback
 
-from foxhunt.runs import RunConfig, train
+from foxhunt.runs import RunConfig, check_eval_split, train
 from tuning.evaluation import held_out_metrics
 from tuning.space import Param, suggest, to_run_config
 
@@ -122,6 +122,8 @@ class Objective:
     :param trials_dir: run folders go to ``trials_dir/<trial number>``, their output to ``<number>.log``.
     :param n_evaluations: evaluation points reported to the pruner during each trial.
     :param evaluate: the held-out scoring of intermediate evaluations.
+    :param eval_split: what trials are scored on (:attr:`RunConfig.eval_split`): ``"validation"`` keeps the
+        test data out of model selection; ``"test"`` scores them where ``foxhunt train`` reports.
     """
 
     base: RunConfig
@@ -130,6 +132,7 @@ class Objective:
     trials_dir: Path
     n_evaluations: int = 4
     evaluate: Evaluate = held_out_metrics
+    eval_split: str = "validation"
 
     def __post_init__(self) -> None:
         check_metric(self.metric)
@@ -139,12 +142,14 @@ class Objective:
             or self.n_evaluations < 1
         ):
             raise ValueError(f"n_evaluations={self.n_evaluations!r} must be an integer >= 1")
+        check_eval_split(self.eval_split, "eval_split")
 
     def config(self, trial: optuna.Trial) -> RunConfig:
         """The trial's run config (its parameters over the base; its own run folder; no progress bar)."""
         values = suggest(trial, self.space, action_face=self.base.resolved_action_face())
         out = Path(self.trials_dir) / f"{trial.number:05d}"
-        return dataclasses.replace(to_run_config(self.base, values), out=str(out), **trial_overrides())
+        return dataclasses.replace(to_run_config(self.base, values), out=str(out), eval_split=self.eval_split,
+                                   **trial_overrides())
 
     def __call__(self, trial: optuna.Trial) -> float:
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")

@@ -12,7 +12,8 @@ Study folder (``out``)::
 
     study.db            the SQLite storage (unless --storage names another)
     trials/<number>/    each trial's run folder (foxhunt.runs); trials/<number>.log its printed output
-    best_config.json    the best trial's RunConfig (foxhunt train --config best_config.json)
+    best_config.json    the best trial's RunConfig (foxhunt train --config best_config.json; add
+                        --eval-split test for its score on the test data, which trials never see)
     *.png               optimization history, parameter importances, parallel coordinates
 """
 
@@ -30,7 +31,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 from tqdm.auto import tqdm
 
-from foxhunt.runs import RunConfig
+from foxhunt.runs import RunConfig, check_eval_split
 from tuning.evaluation import held_out_metrics
 from tuning.objective import METRICS, Evaluate, Objective, check_metric
 from tuning.space import Param
@@ -294,6 +295,9 @@ class StudySettings:
     :param grace_period: seconds without a heartbeat after which a trial is retried.
     :param max_retry: retries of one stale trial.
     :param progress: show the progress bar over trials.
+    :param eval_split: what trials are scored on: ``"validation"`` (model selection never sees the test
+        data; ``foxhunt train --config best_config.json --eval-split test`` then scores the best on it) or
+        ``"test"``.
     """
 
     study_name: str = "foxhunt"
@@ -312,9 +316,11 @@ class StudySettings:
     grace_period: int = 120
     max_retry: int | None = 3
     progress: bool = True
+    eval_split: str = "validation"
 
     def __post_init__(self) -> None:
         check_metric(self.metric)
+        check_eval_split(self.eval_split, "eval_split")
         if self.pruner not in PRUNERS:
             raise ValueError(f"pruner={self.pruner!r} is not a known pruner; choose one of {list(PRUNERS)}")
         if self.sampler not in SAMPLERS:
@@ -367,9 +373,11 @@ def tune(
         "pruner": settings.pruner,
         "n_evaluations": settings.n_evaluations,
         "base_config": base.to_dict(),
+        "eval_split": settings.eval_split,
     }
     study = open_study(settings.study_name, storage, settings.metric, settings.resume, sampler, pruner, attrs)
-    objective = Objective(base, space, settings.metric, out / "trials", settings.n_evaluations, evaluate)
+    objective = Objective(base, space, settings.metric, out / "trials", settings.n_evaluations, evaluate,
+                          settings.eval_split)
 
     bar = tqdm(
         total=settings.n_trials,
@@ -408,9 +416,12 @@ def tune(
     )
     if best_path is not None:
         print(
-            f"best {settings.metric}={study.best_value:.6g} (trial {study.best_trial.number}); "
-            f"config: {best_path}"
+            f"best {settings.metric}={study.best_value:.6g} on the {settings.eval_split} data "
+            f"(trial {study.best_trial.number}); config: {best_path}"
         )
+        if settings.eval_split == "validation":
+            print(f"its score on the untouched test data: foxhunt train --config {best_path} "
+                  "--eval-split test")
     if plots:
         print("plots: " + ", ".join(str(p) for p in plots))
     return study

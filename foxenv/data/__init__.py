@@ -26,6 +26,7 @@ __all__ = [
     "FLOW_WIDTH",
     "CacheWarning",
     "MarketData",
+    "SPLITS",
     "SyntheticProfile",
     "find_lobster_files",
     "generate_synthetic",
@@ -35,6 +36,8 @@ __all__ = [
 
 #: Steps of the synthetic market when ``num_steps`` is not given.
 DEFAULT_SYNTHETIC_STEPS = 50_000
+#: ``load_market``'s splits: the whole timeline, train / test, and the train split's fit / validation parts
+SPLITS = ("all", "train", "test", "fit", "validation")
 #: Levels of the synthetic market when ``levels`` is not given.
 DEFAULT_SYNTHETIC_LEVELS = 10
 
@@ -47,8 +50,9 @@ def load_market(
     step_seconds: float | None = None,
     price_band: float | None = DEFAULT_PRICE_BAND,
     tick_size: float | None = None,
-    split: Literal["all", "train", "test"] = "all",
+    split: Literal["all", "train", "test", "fit", "validation"] = "all",
     train_fraction: float = 0.8,
+    validation_fraction: float = 0.25,
     num_steps: int | None = None,
     seed: int = 0,
     device: str | torch.device = "cpu",
@@ -67,8 +71,11 @@ def load_market(
         book around it, as a fraction of that mid (default 0.2; None switches the check off).
     :param tick_size: LOBSTER only: the tick in currency (a multiple of 0.0001), checked against the
         prices; None infers it (see :mod:`foxenv.data.lobster`).
-    :param split: ``"all"``, or the first ``train_fraction`` of steps (``"train"``) or the rest (``"test"``).
+    :param split: ``"all"``, or the first ``train_fraction`` of steps (``"train"``) or the rest (``"test"``);
+        or the train split cut in two for model selection (tuning) that never sees the test split: its first
+        ``1 - validation_fraction`` (``"fit"``) and the rest of it (``"validation"``).
     :param train_fraction: share of steps in the train split.
+    :param validation_fraction: share of the train split's steps in the validation split.
     :param num_steps: synthetic: steps to generate (default 50,000). LOBSTER: keep only the first
         ``num_steps`` aggregated steps (None keeps all). Applied before ``split``.
     :param seed: synthetic only: the random seed (LOBSTER replay is deterministic).
@@ -83,8 +90,10 @@ def load_market(
     :return: the timeline.
     :raises ValueError: on a bad source, parameter or data file, naming the field and the value.
     """
-    if split not in ("all", "train", "test"):
-        raise ValueError(f"split={split!r} must be 'all', 'train' or 'test'")
+    if split not in SPLITS:
+        raise ValueError(f"split={split!r} must be one of {', '.join(map(repr, SPLITS))}")
+    if not 0.0 < validation_fraction < 1.0:
+        raise ValueError(f"validation_fraction={validation_fraction} must lie strictly between 0 and 1")
     bad_steps = isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1
     if num_steps is not None and bad_steps:
         raise ValueError(f"num_steps={num_steps!r} must be a positive int or None")
@@ -125,6 +134,13 @@ def load_market(
     if split != "all":
         train, test = data.split(train_fraction)
         data = train if split == "train" else test
+        if split in ("fit", "validation"):
+            try:
+                fit, validation = train.split(1.0 - validation_fraction)
+            except ValueError:
+                raise ValueError(f"validation_fraction={validation_fraction} leaves an empty fit or "
+                                 f"validation split of the {train.num_steps} train steps") from None
+            data = fit if split == "fit" else validation
     elif not 0.0 < train_fraction < 1.0:
         raise ValueError(f"train_fraction={train_fraction} must lie strictly between 0 and 1")
     return data.to(device)

@@ -89,8 +89,8 @@ def build_market(data: str | Path | MarketData = "synthetic", *, split: str = "t
     """The evaluation market.
 
     :param data: ``"synthetic"``, a LOBSTER folder, or a :class:`MarketData` (returned as is).
-    :param split: LOBSTER: ``"test"``, ``"train"`` or ``"all"`` (synthetic: ignored; the market seed holds
-        it out).
+    :param split: LOBSTER: a :data:`foxenv.data.SPLITS` name (``"test"``, ``"train"``, ``"all"``, and the
+        train split's ``"fit"`` / ``"validation"`` parts) (synthetic: ignored; the market seed holds it out).
     :param market_seed: synthetic: the generator's seed (use one the model was not trained on).
     :param device: device of the tensors.
     :param market_kwargs: synthetic: ``num_steps`` (default 20,000), ``levels`` and any

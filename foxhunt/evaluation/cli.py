@@ -11,6 +11,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from foxenv.data import SPLITS
 from foxhunt.evaluation.baselines import BASELINES
 
 #: Algorithms tried, in order, to load a ``.zip`` (module, class).
@@ -58,7 +59,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("target", help="a run folder (with config.json and model.zip) or a model .zip")
     p.add_argument("--data", default=None,
                    help="'synthetic' or a LOBSTER folder (default: the run's data, else synthetic)")
-    p.add_argument("--split", default="test", choices=("test", "train", "all"),
+    p.add_argument("--split", default="test", choices=SPLITS,
                    help="LOBSTER split (default: test)")
     p.add_argument("--baselines", nargs="*", default=["flat", "random", "buy_and_hold"],
                    choices=BASELINES, help="baselines run beside the model (default: flat random "

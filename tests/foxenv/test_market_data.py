@@ -106,8 +106,8 @@ def test_load_market_split_and_argument_errors() -> None:
     assert (train.num_steps, test.num_steps) == (400, 100)
     assert torch.equal(torch.cat([train.ask_price, test.ask_price]), full.ask_price)
     assert float(train.time[-1]) < float(test.time[0])
-    with pytest.raises(ValueError, match="split='validation'"):
-        load_market(num_steps=100, split="validation")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="split='holdout' must be one of 'all', 'train', 'test', 'fit', "):
+        load_market(num_steps=100, split="holdout")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="train_fraction=0.0"):
         load_market(num_steps=100, split="train", train_fraction=0.0)
     with pytest.raises(ValueError, match="train_fraction=1.5"):
@@ -118,6 +118,22 @@ def test_load_market_split_and_argument_errors() -> None:
         load_market("nowhere")
     with pytest.raises(ValueError, match="source=.*pair"):
         load_market(("only_one.csv",))
+
+
+def test_fit_and_validation_cut_the_train_split_and_never_touch_the_test_split() -> None:
+    train = load_market(num_steps=500, seed=2, split="train")
+    fit = load_market(num_steps=500, seed=2, split="fit")
+    validation = load_market(num_steps=500, seed=2, split="validation")
+    assert (fit.num_steps, validation.num_steps) == (300, 100)  # 400 train steps: 75 % / 25 %
+    assert torch.equal(torch.cat([fit.ask_price, validation.ask_price]), train.ask_price)
+    test = load_market(num_steps=500, seed=2, split="test")
+    assert float(validation.time[-1]) < float(test.time[0])  # model selection ends before the test split
+    other = load_market(num_steps=500, seed=2, split="validation", validation_fraction=0.5)
+    assert other.num_steps == 200
+    with pytest.raises(ValueError, match="validation_fraction=1.0 must lie strictly between 0 and 1"):
+        load_market(num_steps=500, split="fit", validation_fraction=1.0)
+    with pytest.raises(ValueError, match="validation_fraction=0.001 leaves an empty fit or validation split"):
+        load_market(num_steps=500, split="validation", validation_fraction=0.001)
 
 
 @pytest.mark.gpu

@@ -63,7 +63,12 @@ def test_tiny_study_completes_and_resume_adds_trials(
         assert (out / f"{name}.png").stat().st_size > 1000
     for trial in study.trials:  # each trial's run folder, its value from its evaluation.json
         run = out / "trials" / f"{trial.number:05d}"
-        assert json.loads((run / "evaluation.json").read_text())["sharpe"] == trial.value
+        evaluation = json.loads((run / "evaluation.json").read_text())
+        assert evaluation["sharpe"] == trial.value
+        # scored on the validation market (seed 2), never on the test market (seed 1) that reports use
+        assert (evaluation["setup"]["market_seed"], evaluation["setup"]["train_market_seed"]) == (2, 0)
+    assert best.eval_split == "validation" and study.user_attrs["eval_split"] == "validation"
+    assert f"foxhunt train --config {out / 'best_config.json'} --eval-split test" in printed
 
     with pytest.raises(ValueError, match="'foxhunt' already exists.*--resume"):
         _tune(tiny_files, out, "--n-trials", "1")
@@ -186,6 +191,17 @@ def test_storage_errors_hide_the_password() -> None:
         make_storage("postgresql://bob:secret@127.0.0.1:1/none")
     assert "storage='postgresql://bob:***@127.0.0.1:1/none'" in str(error.value)
     assert "secret" not in str(error.value)
+
+
+def test_a_study_can_be_scored_on_the_test_data_when_asked(tiny_files: tuple[Path, Path],
+                                                            tmp_path: Path) -> None:
+    out = tmp_path / "s"
+    assert _tune(tiny_files, out, "--n-trials", "1", "--pruner", "none", "--eval-split", "test") == 0
+    evaluation = json.loads((tmp_path / "s" / "trials" / "00000" / "evaluation.json").read_text())
+    assert evaluation["setup"]["market_seed"] == 1
+    assert RunConfig.load(tmp_path / "s" / "best_config.json").eval_split == "test"
+    with pytest.raises(ValueError, match="eval_split='train' must be one of 'test', 'validation'"):
+        StudySettings(eval_split="train")
 
 
 def test_a_trial_is_the_run_that_best_config_reproduces(
