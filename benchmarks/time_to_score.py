@@ -1,0 +1,368 @@
+"""Time to a score: seconds and env steps until the held-out share of the oracle's PnL first reaches 50 %.
+
+For each planted market (``--strengths``, horizon ``--signal-horizon``), agent (``--agents``, the names of
+:func:`experiments.harness.agent_spec`: ``iqn_joint`` the default agent on the joint face, ``iqn`` the
+branched presets, ``dqn``, ``qrdqn``, and ``--agent-kwargs`` custom ones) and seed, one ``learn`` call trains
+on the training market (synthetic seed ``--train-market-seed``) and a callback scores the greedy policy every
+``--score-every`` env steps on the held-out market (seed ``--eval-market-seed``): the same books, windows and
+recorder as :func:`foxhunt.evaluation.evaluate_policies`, the actions taken from the policy on device tensors
+(no numpy round trip). The share is the policy's PnL after fees over the oracle's on the same windows. The
+run stops at the first score ``>= --target``, or when its training seconds pass ``--cap-seconds``, or at
+``--steps`` (then it is reported as ``> cap``).
+
+Clocks, each run (synchronised on CUDA at every score, never inside a training step):
+
+* ``train_s``: wall time of ``learn`` up to the score, minus the scoring time (what the table reports);
+* ``warmup_s``: the part of it before ``learning_starts`` (random actions, no gradient step);
+* ``first_chunk_s`` / ``steady_s_per_kstep``: the first scoring interval with gradient steps (it holds
+  CUDA-graph captures and compiles) and the mean seconds per 1,000 env steps of the later intervals;
+* ``score_s``: the scoring itself, counted apart.
+
+Usage::
+
+    python benchmarks/time_to_score.py --device cuda --strengths 2 1 --seeds 5 \
+        --agents iqn_joint,iqn,dqn,qrdqn --n-envs 64 --steps 512000 --score-every 32768 --cap-seconds 60
+    python benchmarks/time_to_score.py --quick      # tiny CPU smoke run
+
+Prints one table per market and writes ``benchmarks/results/time_to_score.json`` (or ``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch as th
+from stable_baselines3.common.callbacks import BaseCallback
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _common.py beside this file
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's packages
+from _common import default_out, machine_info, synchronizer, write_json  # noqa: E402
+
+from experiments import _common as options  # noqa: E402
+from experiments import harness  # noqa: E402
+
+RESULTS = default_out("time_to_score")
+#: the joint face's code of the four branches: ``27 d + 9 m + 3 o + u``
+JOINT_CODES = (27, 9, 3, 1)
+
+
+class GreedyDevicePolicy:
+    """A model's greedy policy as a recorder policy, acting on device tensors (no numpy round trip).
+
+    Works for BranchingIQN (either face), SB3 DQN and sb3-contrib QR-DQN: each policy's ``_predict`` on a
+    float32 batch; joint codes (``[B]`` or ``[B, 1]``) are decoded to the four branches.
+
+    :param model: the model.
+    :param name: its name in recordings.
+    """
+
+    def __init__(self, model: Any, name: str = "model") -> None:
+        self.model = model
+        self.name = name
+
+    def reset(self, num_books: int, device: th.device) -> None:
+        """Prepare the joint decoding table on ``device``."""
+        self._codes = th.tensor(JOINT_CODES, dtype=th.int64, device=device)
+
+    def act(self, obs: th.Tensor, episode_start: th.Tensor) -> th.Tensor:
+        """``[B, 4]`` greedy actions."""
+        policy = self.model.policy
+        with th.no_grad():
+            action = policy._predict(obs.to(policy.device, th.float32), deterministic=True)
+        action = action.to(obs.device).long()
+        if action.numel() == obs.shape[0]:
+            action = (action.reshape(-1, 1) // self._codes) % 3
+        return action.reshape(obs.shape[0], 4)
+
+
+class HeldOutScorer:
+    """The held-out market, its windows and the oracle's PnL on them; scores a model's greedy policy.
+
+    :param setup: the markets (a planted signal).
+    :param budget: env settings and device.
+    :param settings: books, steps and seed of the windows.
+    """
+
+    def __init__(self, setup: harness.MarketSetup, budget: harness.Budget,
+                 settings: harness.EvalSettings) -> None:
+        from foxhunt.evaluation import build_market
+        from foxhunt.evaluation.api import _oracle_for, split_env_kwargs
+
+        if not setup.planted:
+            raise ValueError(f"signal_strength={setup.signal_strength}: time to score needs a planted market")
+        env_kwargs = budget.run_config(0).resolved_env_kwargs()
+        env_kwargs.pop("market_seed", None)
+        config, extra = split_env_kwargs(env_kwargs)
+        market_options = {**extra, **setup.market_kwargs()}
+        if "levels" in config:
+            market_options.setdefault("levels", config["levels"])
+        self.market = build_market(setup.data, market_seed=setup.eval_market_seed, device=budget.device,
+                                   **market_options)
+        config["episode_length"] = min(int(config.get("episode_length", 500)), self.market.num_steps - 1)
+        self.config = config
+        self.books = settings.n_envs or 16
+        self.steps = settings.steps
+        self.seed = settings.seed
+        self.device = budget.device
+        oracle = _oracle_for(market_options, config)
+        assert oracle is not None  # planted
+        self.oracle_pnl = self.pnl(oracle)
+        if not self.oracle_pnl > 0:
+            raise ValueError(f"the oracle's held-out PnL is {self.oracle_pnl}: no share of it can be scored")
+
+    def pnl(self, policy: Any) -> float:
+        """PnL after fees of ``policy``, summed over the held-out books (the recorder's ``step_pnl``)."""
+        from foxhunt.evaluation.recorder import record
+
+        rec = record(policy, self.market, num_books=self.books, num_steps=self.steps, seed=self.seed,
+                     env_kwargs=self.config, device=self.device)
+        return float(rec.series["step_pnl"].sum())
+
+    def share(self, model: Any) -> float:
+        """The greedy policy's held-out PnL over the oracle's."""
+        was_training = model.policy.training
+        model.policy.set_training_mode(False)
+        try:
+            return self.pnl(GreedyDevicePolicy(model)) / self.oracle_pnl
+        finally:
+            model.policy.set_training_mode(was_training)
+
+
+class ScoreCallback(BaseCallback):
+    """Scores the greedy policy every ``every`` env steps; stops at ``target`` or past ``cap_seconds``.
+
+    :param scorer: the held-out scorer.
+    :param every: env steps between scores.
+    :param target: the share of the oracle's PnL that stops the run.
+    :param cap_seconds: training seconds after which the run stops unscored.
+    :param learning_starts: the model's ``learning_starts`` (the warm-up's end).
+    :param device: the training device (synchronised before each clock read).
+    """
+
+    def __init__(self, scorer: HeldOutScorer, every: int, target: float, cap_seconds: float,
+                 learning_starts: int, device: str) -> None:
+        super().__init__()
+        self.scorer, self.every, self.target, self.cap = scorer, int(every), float(target), float(cap_seconds)
+        self.learning_starts = int(learning_starts)
+        self.sync = synchronizer(device)
+        self.next = self.every
+        self.points: list[dict[str, float]] = []
+        self.score_s = 0.0
+        self.warmup_s: float | None = None
+        self.reached: dict[str, float] | None = None
+
+    def _on_training_start(self) -> None:
+        self.sync()
+        self.start = time.perf_counter()
+
+    def train_seconds(self) -> float:
+        """Wall seconds of ``learn`` so far, less the scoring (synchronises)."""
+        self.sync()
+        return time.perf_counter() - self.start - self.score_s
+
+    def _on_step(self) -> bool:
+        steps = int(self.num_timesteps)
+        if self.warmup_s is None and steps >= self.learning_starts:
+            self.warmup_s = self.train_seconds()
+        if steps < self.next:
+            return True
+        while self.next <= steps:
+            self.next += self.every
+        train_s = self.train_seconds()
+        began = time.perf_counter()
+        share = self.scorer.share(self.model)
+        self.score_s += time.perf_counter() - began
+        point = {"steps": steps, "train_s": train_s, "share": share,
+                 "updates": float(getattr(self.model, "_n_updates", math.nan))}
+        self.points.append(point)
+        if share >= self.target:
+            self.reached = point
+            return False
+        return train_s < self.cap
+
+
+def timing_breakdown(points: Sequence[dict[str, float]], warmup_s: float | None,
+                     learning_starts: int) -> dict[str, float | None]:
+    """Where a run's training seconds went: warm-up, the first interval with gradient steps, steady rate.
+
+    :param points: the scored points in order (``steps``, ``train_s``).
+    :param warmup_s: seconds until ``learning_starts`` (None: never reached).
+    :param learning_starts: env steps of the warm-up.
+    :return: ``warmup_s``, ``first_chunk_s`` (from the warm-up's end to the first point past it) and
+        ``steady_s_per_kstep`` (seconds per 1,000 env steps between later points; None with too few).
+    """
+    trained = [p for p in points if p["steps"] > learning_starts]
+    first = None
+    if trained and warmup_s is not None:
+        first = trained[0]["train_s"] - warmup_s
+    steady = None
+    if len(trained) >= 2:
+        spans = [(b["train_s"] - a["train_s"], b["steps"] - a["steps"])
+                 for a, b in zip(trained, trained[1:], strict=False)]
+        seconds, steps = sum(s for s, _ in spans), sum(n for _, n in spans)
+        steady = 1000.0 * seconds / steps if steps else None
+    return {"warmup_s": warmup_s, "first_chunk_s": first, "steady_s_per_kstep": steady}
+
+
+def run_one(agent: str, seed: int, setup: harness.MarketSetup, budget: harness.Budget, scorer: HeldOutScorer,
+            args: argparse.Namespace) -> dict[str, Any]:
+    """Train ``agent`` with ``seed`` until it scores ``args.target`` (or the cap); its record."""
+    spec_ = harness.agent_spec(agent)
+    th.manual_seed(seed)
+    market = setup.train_market(budget.device)
+    loop = budget.loop_of(agent)
+    env = harness.make_train_env(market, setup, budget, seed, loop, spec_.face)
+    model = harness.build_model(spec_, env, budget, seed, None)
+    if hasattr(model, "diagnostics_interval"):
+        model.diagnostics_interval = 0
+    learning_starts = int(model.learning_starts)
+    callback = ScoreCallback(scorer, args.score_every, args.target, args.cap_seconds, learning_starts,
+                             budget.device)
+    if loop == harness.LOOP_DEVICE:
+        from sb3_her_ext import device_loop
+
+        frequency = model.train_freq.frequency
+        stride = max(args.score_every // (4 * budget.n_envs), 1)
+        stride = max(stride // frequency, 1) * frequency  # the fused graph needs a multiple of train_freq
+        device_loop.configure(model, callback_stride=stride, stats_interval=max(args.score_every, 1))
+    began = time.perf_counter()
+    model.learn(budget.steps, callback=callback, log_interval=10**9)
+    wall = time.perf_counter() - began
+    unscored = not callback.points or callback.points[-1]["steps"] < model.num_timesteps
+    if callback.reached is None and unscored:
+        # the last stretch after the last score: score the end of training too
+        train_s = callback.train_seconds()
+        began = time.perf_counter()
+        share = scorer.share(model)
+        callback.score_s += time.perf_counter() - began
+        callback.points.append({"steps": int(model.num_timesteps), "train_s": train_s, "share": share,
+                                "updates": float(getattr(model, "_n_updates", math.nan))})
+        if share >= args.target and train_s <= args.cap_seconds:
+            callback.reached = callback.points[-1]
+    reached = callback.reached
+    return {
+        "agent": agent, "seed": seed, "loop": loop, "reached": reached is not None,
+        "seconds": reached["train_s"] if reached else None, "steps": reached["steps"] if reached else None,
+        "best_share": max((p["share"] for p in callback.points), default=math.nan),
+        "final_share": callback.points[-1]["share"] if callback.points else math.nan,
+        "trained_s": callback.points[-1]["train_s"] if callback.points else None,
+        "trained_steps": int(model.num_timesteps), "score_s": callback.score_s, "wall_s": wall,
+        "points": callback.points, **timing_breakdown(callback.points, callback.warmup_s, learning_starts),
+    }
+
+
+def summarise(runs: Sequence[dict[str, Any]], cap: float) -> dict[str, Any]:
+    """Median and spread of the time to the target over seeds (a seed that never reached it counts as
+    infinite: the median is ``> cap`` when half or more did not)."""
+    seconds = sorted(r["seconds"] if r["reached"] else math.inf for r in runs)
+    steps = sorted(r["steps"] if r["reached"] else math.inf for r in runs)
+    reached = [r for r in runs if r["reached"]]
+    return {
+        "seeds": len(runs), "reached": len(reached),
+        "median_s": statistics.median(seconds), "min_s": seconds[0], "max_s": seconds[-1],
+        "median_steps": statistics.median(steps),
+        "best_share_mean": float(np.mean([r["best_share"] for r in runs])),
+        "best_share_std": float(np.std([r["best_share"] for r in runs], ddof=1)) if len(runs) > 1 else 0.0,
+        "score_s": float(sum(r["score_s"] for r in runs)), "cap_s": cap,
+    }
+
+
+def _seconds(value: float, cap: float) -> str:
+    return f"> {cap:.0f}" if not math.isfinite(value) else f"{value:.1f}"
+
+
+def table(rows: dict[str, dict[str, Any]], runs: dict[str, list[dict[str, Any]]], target: float) -> str:
+    """A markdown table: per agent the median (min-max) seconds and steps to the target, and per seed."""
+    head = ["agent", "reached", f"median s to {100 * target:.0f} %", "min - max s", "median env steps",
+            "best share (mean ± std)", "per seed s", "warm-up s", "steady s / 1k steps", "scoring s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for agent, row in rows.items():
+        cap = row["cap_s"]
+        per_seed = " / ".join(_seconds(r["seconds"] if r["reached"] else math.inf, cap) for r in runs[agent])
+        warm = [r["warmup_s"] for r in runs[agent] if r["warmup_s"] is not None]
+        steady = [r["steady_s_per_kstep"] for r in runs[agent] if r["steady_s_per_kstep"] is not None]
+        steps = row["median_steps"]
+        lines.append("| " + " | ".join([
+            agent, f"{row['reached']}/{row['seeds']}", _seconds(row["median_s"], cap),
+            f"{_seconds(row['min_s'], cap)} - {_seconds(row['max_s'], cap)}",
+            "–" if not math.isfinite(steps) else f"{steps:,.0f}",
+            f"{100 * row['best_share_mean']:.1f} ± {100 * row['best_share_std']:.1f} %", per_seed,
+            f"{np.mean(warm):.2f}" if warm else "–", f"{np.mean(steady):.3f}" if steady else "–",
+            f"{row['score_s']:.1f}",
+        ]) + " |")
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line (the experiments' market, budget and evaluation options, plus the ones here)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    options.add_market_arguments(parser)
+    options.add_budget_arguments(parser)
+    options.add_eval_arguments(parser)
+    parser.set_defaults(signal_horizon=5, seeds=5, steps=512_000, n_envs=64, market_steps=100_000)
+    parser.add_argument("--strengths", type=float, nargs="+", default=[2.0, 1.0],
+                        help="planted signal strengths, one market each (overrides --signal-strength)")
+    parser.add_argument("--agents", default="iqn_joint,iqn,dqn,qrdqn", help="comma separated")
+    parser.add_argument("--target", type=float, default=0.5, help="share of the oracle's held-out PnL")
+    parser.add_argument("--score-every", type=int, default=32_768, help="env steps between scores")
+    parser.add_argument("--cap-seconds", type=float, default=1200.0, help="training seconds per run")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--quick", action="store_true", help="a tiny CPU smoke run")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.device, args.seeds, args.steps, args.n_envs, args.market_steps = "cpu", 1, 600, 4, 2_000
+        args.strengths, args.score_every, args.learning_starts, args.batch_size = [2.0], 200, 200, 16
+        args.eval_envs, args.eval_steps, args.net_arch, args.cap_seconds = 2, 50, "16", 60.0
+        args.agents = args.agents if "--agents" in (argv or sys.argv) else "iqn_joint,dqn"
+    if args.score_every < 1 or args.target <= 0 or args.cap_seconds <= 0:
+        parser.error(f"--score-every {args.score_every}, --target {args.target} and --cap-seconds "
+                     f"{args.cap_seconds} must be positive")
+    return options.check_args(parser, args)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Run every market, agent and seed; print the tables; write the JSON."""
+    args = parse_args(argv)
+    th.set_num_threads(args.threads)
+    options.define_agents(args)
+    agents = [a.strip() for a in args.agents.split(",") if a.strip()]
+    for agent in agents:
+        harness.agent_spec(agent)  # an unknown name fails before any training
+    budget = options.budget_of(args)
+    settings = options.eval_settings(args)
+    result: dict[str, Any] = {"command": "python benchmarks/time_to_score.py " + " ".join(
+        argv if argv is not None else sys.argv[1:]), "machine": machine_info(),
+        "provenance": harness.provenance(), "target": args.target, "markets": {}}
+    for strength in args.strengths:
+        args.signal_strength = strength
+        setup = options.market_setup(args)
+        scorer = HeldOutScorer(setup, budget, settings)
+        runs: dict[str, list[dict[str, Any]]] = {}
+        for agent in agents:
+            for seed in range(args.seeds):
+                run = run_one(agent, seed, setup, budget, scorer, args)
+                runs.setdefault(agent, []).append(run)
+                shown = _seconds(run["seconds"] if run["reached"] else math.inf, args.cap_seconds)
+                print(f"strength {strength:g} {agent} seed {seed}: {shown} s, best share "
+                      f"{100 * run['best_share']:.1f} %, trained {run['trained_steps']:,} steps, "
+                      f"scoring {run['score_s']:.1f} s", flush=True)
+        rows = {agent: summarise(agent_runs, args.cap_seconds) for agent, agent_runs in runs.items()}
+        print(f"\n{setup.describe()}; oracle held-out PnL {scorer.oracle_pnl:,.0f}")
+        print(table(rows, runs, args.target) + "\n", flush=True)
+        result["markets"][f"{strength:g}"] = {"setup": setup.describe(), "oracle_pnl": scorer.oracle_pnl,
+                                              "summary": rows, "runs": runs}
+    write_json(args.out, result)
+    return result
+
+
+if __name__ == "__main__":
+    main()

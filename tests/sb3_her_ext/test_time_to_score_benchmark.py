@@ -1,0 +1,134 @@
+"""``benchmarks/time_to_score.py``: the scorer, the stopping callback, the summary and a smoke run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+
+import pytest
+import torch as th
+
+
+def _module() -> ModuleType:
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "time_to_score.py"
+    spec = importlib.util.spec_from_file_location("time_to_score_benchmark", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _small(bench: ModuleType) -> tuple:
+    from experiments import harness
+
+    setup = harness.MarketSetup("synthetic", 2.0, 5, 2_000)
+    budget = harness.Budget(steps=400, n_envs=4, overrides={"learning_starts": 100, "batch_size": 16},
+                            net_arch=[16])
+    settings = harness.EvalSettings(2, 40, 1000)
+    return setup, budget, settings
+
+
+def test_the_oracle_pnl_is_the_one_evaluate_policies_scores() -> None:
+    bench = _module()
+    setup, budget, settings = _small(bench)
+    scorer = bench.HeldOutScorer(setup, budget, settings)
+    from experiments import harness
+
+    evaluation = harness.evaluate_models({}, setup, budget, settings)
+    assert scorer.oracle_pnl == pytest.approx(evaluation.results["oracle"].metrics["pnl"], rel=1e-12)
+    assert scorer.oracle_pnl > 0
+
+
+def test_the_scorer_refuses_a_market_without_a_planted_signal() -> None:
+    from experiments import harness
+
+    bench = _module()
+    _, budget, settings = _small(bench)
+    with pytest.raises(ValueError, match="signal_strength=0"):
+        bench.HeldOutScorer(harness.MarketSetup("synthetic", 0.0, 5, 2_000), budget, settings)
+
+
+def test_greedy_device_policy_decodes_joint_codes() -> None:
+    bench = _module()
+
+    class Joint:
+        device = th.device("cpu")
+
+        def _predict(self, obs: th.Tensor, deterministic: bool = True) -> th.Tensor:
+            return th.tensor([0, 80, 27 * 2 + 9 * 1 + 3 * 0 + 2])
+
+    policy = bench.GreedyDevicePolicy(SimpleNamespace(policy=Joint()))
+    policy.reset(3, th.device("cpu"))
+    actions = policy.act(th.zeros(3, 5), th.ones(3, dtype=th.bool))
+    assert actions.tolist() == [[0, 0, 0, 0], [2, 2, 2, 2], [2, 1, 0, 2]]
+
+
+class _FakeScorer:
+    def __init__(self, shares: list[float]) -> None:
+        self.shares = list(shares)
+
+    def share(self, model: object) -> float:
+        return self.shares.pop(0)
+
+
+@pytest.mark.parametrize("shares,cap,stops_at,reached", [
+    ([0.1, 0.3, 0.6, 0.9], 1e9, 2, True),  # stops at the first score >= 0.5
+    ([0.1, 0.2, 0.3], 0.0, 0, False),  # past the cap after the first score
+])
+def test_callback_stops_at_the_target_or_the_cap(shares: list, cap: float, stops_at: int,
+                                                 reached: bool) -> None:
+    bench = _module()
+    callback = bench.ScoreCallback(_FakeScorer(shares), every=10, target=0.5, cap_seconds=cap,
+                                   learning_starts=10, device="cpu")
+    callback.model = SimpleNamespace(_n_updates=0)
+    callback._on_training_start()
+    results = []
+    for step in range(5, 100, 5):
+        callback.num_timesteps = step
+        go_on = callback._on_step()
+        results.append(go_on)
+        if not go_on:
+            break
+    assert len(callback.points) == stops_at + 1
+    assert [p["steps"] for p in callback.points] == [10 * (k + 1) for k in range(stops_at + 1)]
+    assert (callback.reached is not None) == reached
+    assert callback.warmup_s is not None
+
+
+def test_summary_counts_unreached_seeds_as_over_the_cap() -> None:
+    bench = _module()
+    runs = [{"reached": True, "seconds": s, "steps": 100 * s, "best_share": 0.6, "score_s": 1.0}
+            for s in (3.0, 5.0)] + [{"reached": False, "seconds": None, "steps": None, "best_share": 0.2,
+                                     "score_s": 1.0}]
+    row = bench.summarise(runs, cap=60.0)
+    assert row["reached"] == 2 and row["median_s"] == 5.0 and row["min_s"] == 3.0 and math.isinf(row["max_s"])
+    assert row["median_steps"] == 500
+    assert bench.summarise(runs[1:] + runs[2:], cap=60.0)["median_s"] == math.inf
+
+
+def test_timing_breakdown_separates_warm_up_first_chunk_and_steady_rate() -> None:
+    bench = _module()
+    points = [{"steps": 100, "train_s": 1.0}, {"steps": 200, "train_s": 4.0}, {"steps": 300, "train_s": 5.0},
+              {"steps": 500, "train_s": 7.0}]
+    out = bench.timing_breakdown(points, warmup_s=0.5, learning_starts=100)
+    assert out["warmup_s"] == 0.5 and out["first_chunk_s"] == pytest.approx(3.5)
+    assert out["steady_s_per_kstep"] == pytest.approx(1000 * 3.0 / 300)
+
+
+def test_quick_run_writes_its_table_json(tmp_path: Path) -> None:
+    bench = _module()
+    out = tmp_path / "tts.json"
+    result = bench.main(["--quick", "--agents", "iqn_joint,dqn", "--out", str(out)])
+    data = json.loads(out.read_text())
+    market = data["markets"]["2"]
+    assert set(market["summary"]) == {"iqn_joint", "dqn"}
+    for runs in market["runs"].values():
+        (run,) = runs
+        assert run["points"] and run["trained_steps"] > 0 and run["score_s"] > 0
+        assert all(math.isfinite(p["share"]) for p in run["points"])
+    assert result["target"] == 0.5 and market["oracle_pnl"] > 0
