@@ -27,8 +27,9 @@ import torch
 
 from foxenv.config import EnvConfig
 from foxenv.data.market import MarketData
-from foxhunt.evaluation.baselines import BASELINES, OraclePolicy, as_policy, make_baseline
-from foxhunt.evaluation.metrics import compute_metrics, paired_comparison
+from foxhunt.evaluation import stats
+from foxhunt.evaluation.baselines import BASELINES, OraclePolicy, as_policy, fit_imbalance_rule, make_baseline
+from foxhunt.evaluation.metrics import compute_metrics, episode_pnl
 from foxhunt.evaluation.recorder import Recording, record
 
 #: Steps of a generated synthetic evaluation market when none is given.
@@ -59,7 +60,8 @@ class Evaluation:
 
     results: dict[str, EvaluationResult]
     comparisons: dict[str, list[dict[str, Any]]]
-    """For each non-baseline policy, one :func:`paired_comparison` per baseline."""
+    """For each non-baseline policy, one :func:`~foxhunt.evaluation.stats.paired_windows` row per baseline
+    (per-window differences, block-bootstrap CI, Holm-corrected p-value, verdict and power lines)."""
     setup: dict[str, Any] = field(default_factory=dict)
     """Data, split, market seeds, books, steps, episode length, independent steps, step clock."""
 
@@ -113,6 +115,61 @@ def build_market(data: str | Path | MarketData = "synthetic", *, split: str = "t
     return load_market(str(data), split=split, device=device, **market_kwargs)
 
 
+def plan_windows(market_steps: int, episode_length: int, books: int | None, steps: int | None,
+                 default_books: int) -> tuple[int, int, list[str]]:
+    """Books and vector steps that keep every episode window disjoint from every other.
+
+    A market of ``T`` rows holds ``(T - 1) // L`` disjoint windows of ``L`` steps. Books beyond that would
+    replay the same rows (copies, not evidence), so they are cut to the windows the market holds, and so are
+    the episodes per book; each cut is reported in the returned notes (and so in the report).
+
+    :param market_steps: rows ``T``.
+    :param episode_length: steps ``L`` of a window.
+    :param books: books asked for (``None``: ``default_books``, cut to the windows).
+    :param steps: vector steps asked for (``None``: one episode).
+    :param default_books: books when none are asked for.
+    :return: ``(books, steps, notes)``.
+    """
+    capacity = max(1, (market_steps - 1) // episode_length)
+    notes: list[str] = []
+    wanted_books = default_books if books is None else int(books)
+    if wanted_books > capacity:
+        if books is not None:
+            notes.append(f"{books} books asked for, but the market's {market_steps:,} steps hold {capacity} "
+                         f"disjoint window(s) of {episode_length} steps: {capacity} book(s), no copies")
+        wanted_books = capacity
+    wanted_steps = episode_length if steps is None else int(steps)
+    episodes = -(-wanted_steps // episode_length)
+    most = max(1, capacity // wanted_books)
+    if episodes > most:
+        notes.append(f"{wanted_steps:,} steps asked for x {wanted_books} books exceed the {capacity} "
+                     f"disjoint window(s) of {episode_length} steps: {most} episode(s) per book")
+        wanted_steps = most * episode_length
+    return wanted_books, wanted_steps, notes
+
+
+def _fit_market(data: str | Path | MarketData, split: str, market_seed: int, train_market_seed: int | None,
+                device: str | torch.device, market_options: Mapping[str, Any]) -> MarketData:
+    """The data a fitted baseline (the imbalance rule) is fitted on: never the evaluation data.
+
+    LOBSTER: the split before the evaluated one (``"fit"`` for ``"validation"``, else ``"train"``); synthetic:
+    the training market's seed (or another seed than the evaluation's); a given :class:`MarketData`: refused
+    (pass ``fit_data``).
+    """
+    if isinstance(data, MarketData):
+        raise ValueError("baselines holds 'imbalance' and data is a MarketData: pass fit_data= (the data the "
+                         "rule is fitted on, not the evaluated one)")
+    if str(data) == "synthetic":
+        seed = train_market_seed if train_market_seed is not None else market_seed + 1
+        return build_market("synthetic", market_seed=seed, device=device, **market_options)
+    if split in ("test", "validation", "fit", "train"):
+        fit_split = {"test": "train", "validation": "fit"}.get(split)
+        if fit_split is None:
+            raise ValueError(f"split={split!r}: the imbalance rule needs fit data before it; pass fit_data=")
+        return build_market(data, split=fit_split, device=device, **market_options)
+    raise ValueError(f"split={split!r}: the imbalance rule needs fit data outside it; pass fit_data=")
+
+
 def _oracle_for(market_kwargs: Mapping[str, Any], env_config: Mapping[str, Any]) -> OraclePolicy | None:
     strength = float(market_kwargs.get("signal_strength", 0.0) or 0.0)
     if strength <= 0:
@@ -140,15 +197,23 @@ def evaluate_policies(
     market_kwargs: Mapping[str, Any] | None = None,
     device: str | torch.device = "cpu",
     progress: bool = False,
+    fit_data: str | Path | MarketData | None = None,
+    level: float = 0.95,
 ) -> Evaluation:
     """Record every policy and baseline on the same books and windows of one market, score and compare them.
+
+    Every episode window is disjoint from every other (:func:`plan_windows`: never more books than disjoint
+    windows); the comparisons are paired over those windows, with block-bootstrap intervals, Holm-corrected
+    verdicts over all of them and a power statement (:mod:`foxhunt.evaluation.stats`).
 
     :param policies: models (anything with ``predict``) or recorder policies, by name (a mapping) or not.
     :param data: ``"synthetic"``, a LOBSTER folder or a :class:`MarketData`.
     :param baselines: names from :data:`~foxhunt.evaluation.baselines.BASELINES`; the oracle is added on a
-        synthetic market with ``signal_strength > 0`` in ``market_kwargs``.
+        synthetic market with ``signal_strength > 0`` in ``market_kwargs``; ``"imbalance"`` is fitted on
+        ``fit_data``.
     :param n_envs: books; ``None``: synthetic 16, LOBSTER as many disjoint episode windows as the split
-        holds (with ``steps=None`` the split is then walked once, no window scored twice).
+        holds (with ``steps=None`` the split is then walked once, no window scored twice). Never more than
+        the disjoint windows the market holds (a cut is noted in ``setup["notes"]``).
     :param steps: vector steps per policy; ``None``: one episode per book.
     :param seed: seeds the episode windows, the env and the random baseline.
     :param market_seed: synthetic: the evaluation market's generator seed.
@@ -160,6 +225,9 @@ def evaluate_policies(
     :param market_kwargs: :func:`build_market`'s options.
     :param device: device of the envs and series.
     :param progress: progress bars.
+    :param fit_data: what ``"imbalance"`` is fitted on (default: the LOBSTER split before ``split``, or the
+        synthetic training market); a :class:`MarketData`, folder or ``"synthetic"``.
+    :param level: confidence level of the intervals and verdicts.
     :return: the :class:`Evaluation`.
     """
     config_kwargs, extra_market = split_env_kwargs(env_kwargs)
@@ -174,8 +242,9 @@ def evaluate_policies(
     length = int(config_kwargs.get("episode_length", EnvConfig().episode_length))
     if market.num_steps < length + 1:  # a short split gets episodes that fit in it (as training does)
         length = config_kwargs["episode_length"] = max(market.num_steps - 1, 1)
-    if n_envs is None:
-        n_envs = DEFAULT_SYNTHETIC_BOOKS if synthetic else max(1, (market.num_steps - 1) // length)
+    capacity = max(1, (market.num_steps - 1) // length)
+    n_envs, steps, notes = plan_windows(market.num_steps, length, n_envs, steps,
+                                        DEFAULT_SYNTHETIC_BOOKS if synthetic else capacity)
 
     if isinstance(policies, Mapping):
         items = [(str(name), policy) for name, policy in policies.items()]
@@ -195,7 +264,21 @@ def evaluate_policies(
     for name in baseline_names:
         if name not in BASELINES:
             raise ValueError(f"baselines holds {name!r}; known baselines are {BASELINES}")
-    baseline_policies = {name: make_baseline(name, seed=seed) for name in baseline_names}
+    baseline_policies: dict[str, Any] = {}
+    fitted: dict[str, Any] = {}
+    for name in baseline_names:
+        if name == "imbalance":
+            if fit_data is None:
+                fit_market = _fit_market(data, split, market_seed, train_market_seed, device, market_options)
+            else:
+                fit_market = build_market(fit_data, split="all", market_seed=market_seed, device=device,
+                                          **market_options)
+            rule, scores = fit_imbalance_rule(fit_market, config_kwargs, seed=seed, device=device)
+            baseline_policies[name] = rule
+            fitted[name] = {"threshold": rule.threshold, "fit_pnl_by_threshold": scores,
+                            "fit_market": fit_market.name, "fit_steps": int(fit_market.num_steps)}
+        else:
+            baseline_policies[name] = make_baseline(name, seed=seed)
     if oracle is not None and not any(p is oracle for p in named.values()):
         baseline_policies["oracle"] = oracle
     elif "oracle" in tuple(baselines):
@@ -210,12 +293,15 @@ def evaluate_policies(
                      device=device, progress=progress)
         rec.policy = name
         results[name] = EvaluationResult(name, compute_metrics(rec), rec.series, rec)
+    first = next(iter(results.values())).recording
+    windows = {name: episode_pnl(result.recording) for name, result in results.items()}
     comparisons = {
-        name: [paired_comparison(results[name].recording, results[b].recording, seed=seed)
+        name: [stats.paired_windows(windows[name], windows[b], first.offsets, first.episode_length,
+                                    baseline=b, level=level, seed=seed)
                for b in baseline_policies]
         for name in named
     }
-    first = next(iter(results.values())).recording
+    family = stats.correct(comparisons)
     setup = {
         "data": str(data) if not isinstance(data, MarketData) else data.name,
         "market": market.name,
@@ -229,6 +315,13 @@ def evaluate_policies(
         "episodes_per_book": int(first.offsets.shape[0]),
         "book_steps": first.num_steps * first.num_books,
         "independent_steps": first.independent_steps(),
+        "windows": int(first.offsets.numel()),
+        "window_capacity": int(capacity),
+        "notes": notes,
+        "comparison_family": family,
+        "correction": f"Holm over {family} comparisons" if family > 1 else "none",
+        "level": level,
+        "fitted_baselines": fitted,
         "seed": int(seed),
         "step_seconds": first.step_seconds,
         "step_seconds_source": "assumed: the synthetic profile's step_seconds" if synthetic

@@ -23,7 +23,13 @@ from foxenv.data.synthetic import SyntheticProfile, signal_drift_ticks, signal_f
 #: foxenv's action branches and their sizes.
 NVEC = (3, 3, 3, 3)
 #: Names of the built-in baselines (:func:`make_baseline`).
-BASELINES = ("flat", "random", "buy_and_hold", "oracle")
+BASELINES = ("flat", "random", "buy_and_hold", "oracle", "imbalance", "market_maker")
+#: Baselines that read the same signal as the agent (the imbalance rule is fitted on the fit data).
+SIGNAL_BASELINES = ("imbalance", "market_maker")
+#: Thresholds of ``|top-of-book imbalance|`` the imbalance rule is fitted over.
+IMBALANCE_THRESHOLDS = (0.0, 0.25, 0.5, 0.75, 0.9)
+#: Column of the position among the portfolio features, counted from the end of the observation.
+POSITION_FROM_END = -8
 
 
 @runtime_checkable
@@ -148,7 +154,7 @@ class OraclePolicy:
         move = self.expected_move(obs, episode_start)
         cost = obs[:, self.spread_column].double() + self.fee_ticks
         # the position is the first portfolio feature, right after the market features
-        position = torch.sign(obs[:, -8].double())
+        position = torch.sign(obs[:, POSITION_FROM_END].double())
         side = torch.sign(move)
         target = torch.where(move.abs() > cost, side, torch.where(side == position, position, 0.0))
         actions = torch.zeros((obs.shape[0], 4), dtype=torch.int64, device=obs.device)
@@ -156,6 +162,114 @@ class OraclePolicy:
         actions[:, 1] = 2  # full size
         actions[:, 3] = 2  # Market, all of the gap at once
         return actions
+
+
+class ImbalancePolicy:
+    """Trades the top-of-book imbalance: all in on its side when ``|imbalance| > threshold`` (Market orders),
+    keeps a position while the imbalance still points its way, flat otherwise.
+
+    The imbalance ``(bid size - ask size) / (bid size + ask size)`` of the best levels is the observation's
+    market feature ``4 * levels``; the agent sees it too, so an agent that cannot beat this one-line rule has
+    learned nothing useful from it. :func:`fit_imbalance_rule` picks ``threshold`` on the fit data.
+
+    :param threshold: in ``[0, 1)``.
+    :param levels: book levels of the observation (``EnvConfig.levels``).
+    """
+
+    name = "imbalance"
+
+    def __init__(self, threshold: float = 0.5, levels: int = 10) -> None:
+        if not 0.0 <= float(threshold) < 1.0:
+            raise ValueError(f"threshold={threshold} must lie in [0, 1)")
+        self.threshold = float(threshold)
+        self.imbalance_column = 4 * int(levels)
+
+    def reset(self, num_books: int, device: torch.device) -> None:
+        """Nothing to reset (the rule reads the position from the observation)."""
+
+    def act(self, obs: torch.Tensor, episode_start: torch.Tensor) -> torch.Tensor:
+        """Market orders to the imbalance's side, full size."""
+        imbalance = obs[:, self.imbalance_column].double()
+        position = torch.sign(obs[:, POSITION_FROM_END].double())
+        side = torch.sign(imbalance)
+        target = torch.where(imbalance.abs() > self.threshold, side,
+                             torch.where(side == position, position, 0.0))
+        actions = torch.zeros((obs.shape[0], 4), dtype=torch.int64, device=obs.device)
+        actions[:, 0] = target.long() + 1
+        actions[:, 1] = 2  # full size
+        actions[:, 3] = 2  # Market, all of the gap at once
+        return actions
+
+
+class MarketMakerPolicy:
+    """A fixed-spread market maker within foxenv's action space: post-only at the touch, inventory-capped.
+
+    foxenv's action holds one target and one resting LimitMaker order, so it cannot quote both sides at
+    once; this maker quotes one side at a time, the side that earns the spread back: long, it rests an ask
+    at the touch to go flat; short, a bid to go flat; flat, it posts on the side opposite to its last
+    position (a bid first), targeting ``magnitude`` of ``max_position`` (the inventory cap). An unchanged
+    target keeps the resting order and its queue place. It reads no market feature.
+
+    :param magnitude: the inventory cap as foxenv's magnitude index (0, 1, 2: a quarter, half, all of
+        ``max_position``).
+    """
+
+    name = "market_maker"
+
+    def __init__(self, magnitude: int = 2) -> None:
+        if magnitude not in (0, 1, 2):
+            raise ValueError(f"magnitude={magnitude!r} must be 0, 1 or 2")
+        self.magnitude = int(magnitude)
+
+    def reset(self, num_books: int, device: torch.device) -> None:
+        """Every book starts by bidding."""
+        self._last_side = torch.full((num_books,), -1.0, dtype=torch.float64, device=device)
+
+    def act(self, obs: torch.Tensor, episode_start: torch.Tensor) -> torch.Tensor:
+        """LimitMaker at the touch (urgency 1) towards flat, or from flat to the other side."""
+        position = torch.sign(obs[:, POSITION_FROM_END].double())
+        last = torch.where(episode_start, -1.0, self._last_side)
+        self._last_side = torch.where(position != 0, position, last)
+        direction = torch.where(position != 0, torch.zeros_like(position), -self._last_side)
+        actions = torch.zeros((obs.shape[0], 4), dtype=torch.int64, device=obs.device)
+        actions[:, 0] = direction.long() + 1
+        actions[:, 1] = self.magnitude
+        actions[:, 2] = 1  # LimitMaker (post-only)
+        actions[:, 3] = 1  # at the own touch
+        return actions
+
+
+def fit_imbalance_rule(market: Any, env_kwargs: dict[str, Any] | None = None, *,
+                       thresholds: tuple[float, ...] = IMBALANCE_THRESHOLDS, num_books: int | None = None,
+                       seed: int = 0, device: str | torch.device = "cpu") -> tuple[ImbalancePolicy,
+                                                                                     dict[float, float]]:
+    """The imbalance rule with the threshold that made the most PnL after fees on ``market`` (the fit data).
+
+    Each threshold is scored by the recorder on disjoint episode windows covering ``market`` once.
+
+    :param market: the fit market (never the data the rule is then scored on).
+    :param env_kwargs: :class:`~foxenv.config.EnvConfig` fields (``levels``, fees, ``episode_length``).
+    :param thresholds: candidates in ``[0, 1)``.
+    :param num_books: books (default: every disjoint window of ``market``, at most 64).
+    :param seed: seed of the windows.
+    :param device: device of the runs.
+    :return: ``(rule, {threshold: fit PnL})``.
+    """
+    from foxenv.config import EnvConfig
+    from foxhunt.evaluation.recorder import record
+
+    config = dict(env_kwargs or {})
+    length = min(int(config.get("episode_length", EnvConfig().episode_length)), market.num_steps - 1)
+    config["episode_length"] = max(length, 1)
+    levels = int(config.get("levels", EnvConfig().levels))
+    books = num_books or max(1, min(64, (market.num_steps - 1) // config["episode_length"]))
+    scores: dict[float, float] = {}
+    for threshold in thresholds:
+        recording = record(ImbalancePolicy(threshold, levels), market, num_books=books, seed=seed,
+                           env_kwargs=config, device=device)
+        scores[float(threshold)] = float(recording.series["step_pnl"].sum())
+    best = max(scores, key=lambda t: scores[t])
+    return ImbalancePolicy(best, levels), scores
 
 
 class ModelPolicy:
@@ -206,6 +320,11 @@ def make_baseline(name: str, seed: int = 0, **oracle_kwargs: Any) -> Policy:
         return BuyAndHoldPolicy()
     if name == "oracle":
         return OraclePolicy(**oracle_kwargs)
+    if name == "market_maker":
+        return MarketMakerPolicy()
+    if name == "imbalance":
+        raise ValueError("baseline='imbalance' is fitted on fit data: use fit_imbalance_rule(market, ...), "
+                         "or evaluate_policies(..., baselines=('imbalance', ...)), which fits it")
     raise ValueError(f"baseline={name!r} must be one of {BASELINES}")
 
 

@@ -64,6 +64,39 @@ def json_document(evaluation: Evaluation, main: str) -> dict[str, Any]:
     })
 
 
+def _interval(row: dict[str, Any]) -> str:
+    if row["ci_low"] is None:
+        return "none (fewer than 2 windows)"
+    return f"[{_fmt(row['ci_low'])}, {_fmt(row['ci_high'])}]"
+
+
+def comparison_lines(evaluation: Evaluation) -> list[str]:
+    """The report's paired-comparison section: one table per policy, then its verdict and power lines."""
+    setup = evaluation.setup
+    windows = setup.get("windows", setup["books"] * setup["episodes_per_book"])
+    level = setup.get("level", 0.95)
+    lines = ["", "## Paired comparison (per-window PnL, policy minus baseline, same windows)", "",
+             f"**{windows} independent window(s)** of {setup['episode_length']} steps (disjoint; every "
+             f"policy ran on the same ones). Intervals: {100 * level:g} % circular block bootstrap over the "
+             f"time-ordered windows; p-values corrected with {setup.get('correction', 'none')}.", ""]
+    if windows < 2:
+        lines += ["With one window there is no interval and no verdict: evaluate a longer split, shorter "
+                  "episodes or finer steps.", ""]
+    for name, rows in evaluation.comparisons.items():
+        if not rows:
+            continue
+        lines += [f"**{name}**", "", "| baseline | mean difference / window | CI | p (Holm) | windows | "
+                  "policy ahead in |", "|---|---|---|---|---|---|"]
+        for row in rows:
+            p_holm = "n/a" if row.get("p_holm") is None else f"{row['p_holm']:.3g}"
+            lines.append(
+                f"| {row['baseline']} | {_fmt(row['mean_difference'])} | {_interval(row)} | "
+                f"{p_holm} | {row['windows']} | {row['win_share']:.0%} |"
+            )
+        lines += [""] + [f"- {row['verdict']}; {row['power']}" for row in rows] + [""]
+    return lines
+
+
 def markdown(evaluation: Evaluation, main: str, title: str, figures: dict[str, Path]) -> str:
     """The text of ``report.md``."""
     setup = evaluation.setup
@@ -79,6 +112,9 @@ def markdown(evaluation: Evaluation, main: str, title: str, figures: dict[str, P
         f"- step clock: {setup['step_seconds']:.4g} s per step ({setup['step_seconds_source']}); annualised "
         "ratios assume 252 x 6.5 h of trading a year",
         f"- seed {setup['seed']} (episode windows, random baseline); device {setup['device']}",
+        *[f"- note: {note}" for note in setup.get("notes", [])],
+        *[f"- {name} fitted on {fit['fit_market']} ({fit['fit_steps']:,} steps): threshold "
+          f"{fit['threshold']:g}" for name, fit in setup.get("fitted_baselines", {}).items()],
         "",
         "## Metrics",
         "",
@@ -88,23 +124,7 @@ def markdown(evaluation: Evaluation, main: str, title: str, figures: dict[str, P
     for metric in TABLE_METRICS:
         row = [_fmt(evaluation.results[n].metrics.get(metric)) for n in names]
         lines.append(f"| {metric} | " + " | ".join(row) + f" | {UNITS.get(metric, '')} |")
-    windows = setup["books"] * setup["episodes_per_book"]
-    lines += ["", "## Paired comparison (per-episode PnL, policy minus baseline, same windows)", ""]
-    if windows < 10:
-        lines += [f"Only {windows} episode window(s): the bootstrap interval says little; evaluate more "
-                  "books or steps (or a longer split) for a usable one.", ""]
-    for name, rows in evaluation.comparisons.items():
-        if not rows:
-            continue
-        lines += [f"**{name}**", "", "| baseline | mean difference | CI | episodes | policy ahead in |",
-                  "|---|---|---|---|---|"]
-        for row in rows:
-            lines.append(
-                f"| {row['baseline']} | {_fmt(row['mean_difference'])} | "
-                f"[{_fmt(row['ci_low'])}, {_fmt(row['ci_high'])}] ({row['level']:.0%} bootstrap) | "
-                f"{row['episodes']} | {row['win_share']:.0%} |"
-            )
-        lines.append("")
+    lines += comparison_lines(evaluation)
     lines += ["## Action mix (share of book-steps per value)", ""]
     for name in names:
         mix = evaluation.results[name].metrics["action_mix"]
@@ -156,7 +176,11 @@ def print_evaluation(evaluation: Evaluation, main: str, title: str) -> None:
         m = result.metrics
         print(f"  {name:>14} {m['pnl']:>12,.0f} {m['sharpe']:>12.4f} {m['max_drawdown']:>10,.0f} "
               f"{m['trades']:>8,} {m['fees']:>10,.0f}")
+    for note in evaluation.setup.get("notes", []):
+        print(f"  note: {note}")
     for name, rows in evaluation.comparisons.items():
         for row in rows:
-            print(f"  {name} - {row['baseline']}: {row['mean_difference']:+,.1f} per episode "
-                  f"[{row['ci_low']:+,.1f}, {row['ci_high']:+,.1f}]")
+            interval = ("no interval" if row["ci_low"] is None
+                        else f"[{row['ci_low']:+,.1f}, {row['ci_high']:+,.1f}]")
+            print(f"  {name} - {row['baseline']}: {row['mean_difference']:+,.1f} per window {interval} over "
+                  f"{row['windows']} window(s): {row['verdict']}")
