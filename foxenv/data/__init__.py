@@ -10,28 +10,43 @@ Quick start::
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
 import torch
 
 from foxenv.data.cache import CacheWarning
-from foxenv.data.lobster import DEFAULT_PRICE_BAND, find_lobster_files, load_lobster
-from foxenv.data.market import FLOW_WIDTH, MarketData
+from foxenv.data.lobster import (
+    DEFAULT_PRICE_BAND,
+    LobsterDay,
+    find_lobster_days,
+    find_lobster_files,
+    load_lobster,
+    walk_forward,
+)
+from foxenv.data.market import FLOW_WIDTH, SECONDS_PER_DAY, MarketData, concat_markets
 from foxenv.data.synthetic import SyntheticProfile, generate_synthetic
 
 __all__ = [
     "DEFAULT_PRICE_BAND",
     "FLOW_WIDTH",
     "CacheWarning",
+    "LobsterDay",
     "MarketData",
     "SPLITS",
     "SyntheticProfile",
+    "concat_markets",
+    "find_lobster_days",
     "find_lobster_files",
     "generate_synthetic",
     "load_lobster",
     "load_market",
+    "parse_clock",
+    "walk_forward",
 ]
 
 #: Steps of the synthetic market when ``num_steps`` is not given.
@@ -42,8 +57,59 @@ SPLITS = ("all", "train", "test", "fit", "validation")
 DEFAULT_SYNTHETIC_LEVELS = 10
 
 
+def parse_clock(value: str | float, field: str = "split_times") -> float:
+    """Seconds after midnight of a clock time: ``"HH:MM"``, ``"HH:MM:SS"`` or a number of seconds.
+
+    :param value: the clock time.
+    :param field: the name used in the error.
+    :return: seconds in ``[0, 86400]``.
+    :raises ValueError: naming ``field`` and the value.
+    """
+    if isinstance(value, str):
+        parts = value.split(":")
+        try:
+            numbers = [float(p) for p in parts]
+        except ValueError:
+            numbers = []
+        if not 2 <= len(parts) <= 3 or len(numbers) != len(parts):
+            raise ValueError(f"{field} holds {value!r}: a clock time is 'HH:MM', 'HH:MM:SS' or seconds")
+        seconds = numbers[0] * 3600 + numbers[1] * 60 + (numbers[2] if len(numbers) == 3 else 0.0)
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise ValueError(f"{field} holds {value!r}: a clock time is 'HH:MM', 'HH:MM:SS' or seconds")
+    if not (math.isfinite(seconds) and 0.0 <= seconds <= SECONDS_PER_DAY):
+        raise ValueError(f"{field} holds {value!r}: not a time of day")
+    return seconds
+
+
+def _split_by_clock(data: MarketData, split: str, split_times: Sequence[str | float]) -> MarketData:
+    """``split`` of a one-day market cut at two clock times: fit before the first, validation to the second,
+    test after it (train = fit + validation); a step belongs where its end time lies."""
+    if isinstance(split_times, str) or len(split_times) != 2:
+        raise ValueError(f"split_times={split_times!r} must be two clock times (fit end, validation end)")
+    fit_end, validation_end = (parse_clock(v) for v in split_times)
+    if not fit_end < validation_end:
+        raise ValueError(f"split_times={tuple(split_times)!r}: the fit end must come before the validation "
+                         "end")
+    span = float(data.time[-1] - data.time[0])
+    if span >= SECONDS_PER_DAY:
+        raise ValueError(f"split_times={tuple(split_times)!r} cuts one day, but {data.name} spans "
+                         f"{span:,.0f} s; for several days use days= and walk_forward")
+    clock = data.time % SECONDS_PER_DAY
+    cuts = torch.searchsorted(clock.contiguous(), torch.tensor([fit_end, validation_end], dtype=clock.dtype,
+                                                               device=clock.device), right=True).tolist()
+    bounds = {"fit": (0, cuts[0]), "validation": (cuts[0], cuts[1]), "test": (cuts[1], data.num_steps),
+              "train": (0, cuts[1])}
+    start, stop = bounds[split]
+    if stop - start < 2:
+        raise ValueError(f"split_times={tuple(split_times)!r} leaves {stop - start} step(s) in the {split} "
+                         f"split of {data.name} (clock {float(clock[0]):,.0f}-{float(clock[-1]):,.0f} s)")
+    return data.slice(start, stop)
+
+
 def load_market(
-    source: str | os.PathLike | tuple = "synthetic",
+    source: str | os.PathLike | tuple | list = "synthetic",
     *,
     levels: int | None = None,
     step_events: int | None = None,
@@ -59,11 +125,15 @@ def load_market(
     cache_dir: str | os.PathLike | None = None,
     signal_strength: float = 0.0,
     signal_horizon: int = 1,
+    split_times: Sequence[str | float] | None = None,
+    days: Sequence[int] | None = None,
 ) -> MarketData:
     """Load a market timeline from the synthetic generator or LOBSTER files, on ``device``.
 
     :param source: ``"synthetic"``; a folder holding one ``*_message_*.csv`` / ``*_orderbook_*.csv``
-        pair; or a ``(message_path, orderbook_path)`` tuple.
+        pair (or several days: pick them with ``days``); a ``(message_path, orderbook_path)`` tuple; or a
+        list of folders / pairs (several tickers, say), joined in order by
+        :func:`~foxenv.data.market.concat_markets` (give them the same ``levels``).
     :param levels: book levels per side; synthetic default 10, LOBSTER default all levels of the file.
     :param step_events: LOBSTER only: messages per step (default 100 unless ``step_seconds`` is set).
     :param step_seconds: LOBSTER: seconds per step (fixed time buckets). Synthetic: clock seconds per step.
@@ -73,7 +143,8 @@ def load_market(
         prices; None infers it (see :mod:`foxenv.data.lobster`).
     :param split: ``"all"``, or the first ``train_fraction`` of steps (``"train"``) or the rest (``"test"``);
         or the train split cut in two for model selection (tuning) that never sees the test split: its first
-        ``1 - validation_fraction`` (``"fit"``) and the rest of it (``"validation"``).
+        ``1 - validation_fraction`` (``"fit"``) and the rest of it (``"validation"``). With ``split_times``
+        the cuts are clock times instead.
     :param train_fraction: share of steps in the train split.
     :param validation_fraction: share of the train split's steps in the validation split.
     :param num_steps: synthetic: steps to generate (default 50,000). LOBSTER: keep only the first
@@ -87,6 +158,12 @@ def load_market(
         ``signal_horizon`` steps' mid move (0: none, the market is then the one without it, bit for bit;
         see :class:`~foxenv.data.synthetic.SyntheticProfile`).
     :param signal_horizon: synthetic only: steps over which a planted signal moves the mid; >= 1.
+    :param split_times: a session split of one day: ``(fit end, validation end)`` clock times (``"12:30"``,
+        ``"13:30:00"`` or seconds after midnight): ``"fit"`` before the first, ``"validation"`` to the second,
+        ``"test"`` after it, ``"train"`` both first parts; replaces the fractions.
+    :param days: a folder of several LOBSTER days (:func:`~foxenv.data.lobster.find_lobster_days`, date
+        order): the indices of the days to load, joined in date order with their real gaps (walk-forward
+        folds: :func:`~foxenv.data.lobster.walk_forward`).
     :return: the timeline.
     :raises ValueError: on a bad source, parameter or data file, naming the field and the value.
     """
@@ -97,7 +174,15 @@ def load_market(
     bad_steps = isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1
     if num_steps is not None and bad_steps:
         raise ValueError(f"num_steps={num_steps!r} must be a positive int or None")
-    if isinstance(source, str) and source == "synthetic":
+    if isinstance(source, list):
+        if not source:
+            raise ValueError("source=[] names no market")
+        parts = [load_market(part, levels=levels, step_events=step_events, step_seconds=step_seconds,
+                             price_band=price_band, tick_size=tick_size, num_steps=num_steps, seed=seed,
+                             cache_dir=cache_dir, signal_strength=signal_strength,
+                             signal_horizon=signal_horizon, days=days) for part in source]
+        data = concat_markets(parts)
+    elif isinstance(source, str) and source == "synthetic":
         if step_events is not None:
             raise ValueError(f"step_events={step_events} applies to LOBSTER sources only, not 'synthetic'")
         if tick_size is not None:
@@ -118,20 +203,28 @@ def load_market(
             if len(source) != 2:
                 raise ValueError(f"source={source!r} must be a (message_path, orderbook_path) pair")
             message_path, orderbook_path = source
+        elif isinstance(source, str | os.PathLike) and Path(source).is_dir() and days is not None:
+            message_path = orderbook_path = None
         elif isinstance(source, str | os.PathLike) and Path(source).is_dir():
             message_path, orderbook_path = find_lobster_files(source)
         else:
             raise ValueError(
                 f"source={source!r} is neither 'synthetic', an existing folder, nor a pair of files"
             )
-        data = load_lobster(message_path, orderbook_path, levels=levels, step_events=step_events,
-                            step_seconds=step_seconds, price_band=price_band, tick_size=tick_size,
-                            cache_dir=cache_dir)
+        options = {"levels": levels, "step_events": step_events, "step_seconds": step_seconds,
+                   "price_band": price_band, "tick_size": tick_size, "cache_dir": cache_dir}
+        if message_path is None:
+            data = _load_days(source, days, options)
+        else:
+            data = load_lobster(message_path, orderbook_path, **options)
         if num_steps is not None:
             if num_steps > data.num_steps:
                 raise ValueError(f"num_steps={num_steps} exceeds the {data.num_steps} steps of {data.name}")
             data = data.slice(0, num_steps)
-    if split != "all":
+    if split_times is not None:
+        if split != "all":
+            data = _split_by_clock(data, split, split_times)
+    elif split != "all":
         train, test = data.split(train_fraction)
         data = train if split == "train" else test
         if split in ("fit", "validation"):
@@ -144,3 +237,25 @@ def load_market(
     elif not 0.0 < train_fraction < 1.0:
         raise ValueError(f"train_fraction={train_fraction} must lie strictly between 0 and 1")
     return data.to(device)
+
+
+def _load_days(folder: str | os.PathLike, days: Sequence[int], options: dict) -> MarketData:
+    """The chosen days of a multi-day LOBSTER folder, joined in date order, each shifted by its date."""
+    found = find_lobster_days(folder)
+    if isinstance(days, str | bytes) or not isinstance(days, Sequence) or not days:
+        raise ValueError(f"days={days!r} must be a non-empty list of day indices")
+    for day in days:
+        if isinstance(day, bool) or not isinstance(day, int) or not 0 <= day < len(found):
+            raise ValueError(f"days holds {day!r}; {folder} has days 0..{len(found) - 1} "
+                             f"({found[0].date} .. {found[-1].date})")
+    if list(days) != sorted(set(days)):
+        raise ValueError(f"days={list(days)!r} must be increasing without repeats (date order)")
+    first = found[days[0]].date
+    parts = []
+    for index in days:
+        day = found[index]
+        market = load_lobster(day.message_path, day.orderbook_path, **options)
+        shift = (day.date - first).days * SECONDS_PER_DAY
+        parts.append(market if shift == 0 else dataclasses.replace(market, time=market.time + shift))
+    return concat_markets(parts, name=f"{Path(folder).name} days {list(days)} "
+                                      f"({found[days[0]].date} .. {found[days[-1]].date})")

@@ -7,12 +7,16 @@ generator produce exactly this structure, so the book core never knows where dat
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 
 import torch
 
 #: Width, in ticks, of the per-step order-flow grid (see :class:`MarketData`).
 FLOW_WIDTH = 64
+#: Seconds of a day: a market's ``time % SECONDS_PER_DAY`` is its clock of day.
+SECONDS_PER_DAY = 86_400.0
 
 
 @dataclass(frozen=True)
@@ -214,6 +218,52 @@ class MarketData:
             (t,) = _first_index(backwards)
             raise ValueError(f"time[{t + 1}]={self.time[t + 1].item()} < time[{t}]={self.time[t].item()}")
         return self
+
+
+def concat_markets(markets: Sequence[MarketData], name: str | None = None) -> MarketData:
+    """Join timelines end to end (days of one ticker, or several tickers) into one.
+
+    A market that starts before the previous one ends is shifted by whole days, so ``time`` keeps increasing
+    and ``time % SECONDS_PER_DAY`` stays its clock of day. The first step of every joined market is marked
+    halted, so no order executes across a join (an overnight gap, or another ticker's prices); a position held
+    across it is still marked at the new mid, so keep episodes short against the parts.
+
+    :param markets: one or more timelines with the same levels and tick, on one device.
+    :param name: the result's name (default: the parts' names joined by ``" + "``).
+    :return: the joined timeline.
+    :raises ValueError: naming the first part whose levels, tick or device differ.
+    """
+    markets = list(markets)
+    if not markets:
+        raise ValueError("markets is empty: nothing to join")
+    first = markets[0]
+    for k, market in enumerate(markets[1:], start=1):
+        if market.num_levels != first.num_levels:
+            raise ValueError(f"markets[{k}] ({market.name}) has {market.num_levels} levels, markets[0] "
+                             f"{first.num_levels}: load every part with the same levels=")
+        if not math.isclose(market.tick_size, first.tick_size, rel_tol=1e-9):
+            raise ValueError(f"markets[{k}] ({market.name}) has tick_size={market.tick_size}, markets[0] "
+                             f"{first.tick_size}")
+        if market.device != first.device:
+            raise ValueError(f"markets[{k}] is on {market.device}, markets[0] on {first.device}")
+    if len(markets) == 1:
+        return first if name is None else replace(first, name=name)
+    times, halted = [first.time], [first.halted]
+    end = float(first.time[-1])
+    for market in markets[1:]:
+        start = float(market.time[0])
+        days = max(0, math.ceil((end - start) / SECONDS_PER_DAY + 1e-9)) if start <= end else 0
+        shifted = market.time + days * SECONDS_PER_DAY
+        times.append(shifted)
+        halted.append(torch.cat([torch.ones_like(market.halted[:1]), market.halted[1:]]))
+        end = float(shifted[-1])
+    joined = {
+        f.name: torch.cat([getattr(m, f.name) for m in markets])
+        for f in fields(first)
+        if isinstance(getattr(first, f.name), torch.Tensor)
+    }
+    joined.update(time=torch.cat(times), halted=torch.cat(halted))
+    return replace(first, **joined, name=name or " + ".join(m.name for m in markets))
 
 
 def _first_index(mask: torch.Tensor) -> tuple[int, ...]:
