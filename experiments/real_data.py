@@ -1,0 +1,360 @@
+"""The real-data experiment: does any agent have an edge on held-out LOBSTER data, after fees, against flat
+and against a one-line rule on the same signal?
+
+    python -m experiments.real_data --seeds 5 --steps 20000 --n-envs 16          # CPU, ~minutes per split
+    python -m experiments.real_data --device cuda --seeds 5 --steps 100000 --n-envs 256
+
+Splits (``--splits``, comma separated):
+
+- ``session``: one day of ``--data`` (GOOG, 10 levels) cut by clock (``--split-times``, default 12:30 and
+  13:30): the agents train and the imbalance rule is fitted on 09:30-12:30 (``fit``), they are scored after
+  13:30 (``test``); 12:30-13:30 (``validation``) is left for model selection and not used here.
+- ``cross-ticker``: train and fit on ``--data``'s fit session, score on ``--other``'s test session (AAPL),
+  both read at one book level (AAPL's files have one), so the observation layout matches.
+- ``cross-ticker-reverse``: the same the other way round.
+
+Agents (``--agents``): ``iqn`` (foxhunt's default agent: :class:`foxhunt.runs.RunConfig`'s resolved
+BranchingIQN, action face, presets and training loop), ``dqn`` (SB3 DQN) and ``qrdqn`` (sb3-contrib QR-DQN)
+over the 81 joint actions with the same widths, batch, buffer, learning rate and replay ratio. Each trains
+``--seeds`` seeds for ``--steps`` env steps on ``--n-envs`` books.
+
+Scoring: every policy runs on every disjoint ``--episode-length`` window of the test session once
+(:func:`foxhunt.evaluation.evaluate_policies`), beside flat, the imbalance rule (its threshold fitted on the
+training session), the market maker, random and buy-and-hold. An agent's evidence is its per-window PnL
+averaged over its seeds, paired with a baseline's on the same window; intervals are circular block
+bootstraps over the time-ordered windows, p-values Holm-corrected over every agent x {flat, imbalance}
+comparison of the split, and each comparison states how many windows its observed effect would need.
+
+Writes into ``--out`` (default ``runs/experiments/real_data``): ``<split>.md`` and ``<split>.json`` (one table
+per split), ``results.json`` (all splits, the command, timings), ``real_data.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+#: The splits this experiment knows.
+SPLITS = ("session", "cross-ticker", "cross-ticker-reverse")
+#: The agents it trains.
+AGENTS = ("iqn", "dqn", "qrdqn")
+#: Baselines scored beside the agents; the paired comparisons are against the first two.
+BASELINES = ("flat", "imbalance", "market_maker", "random", "buy_and_hold")
+COMPARED = ("flat", "imbalance")
+#: DQN / QR-DQN arguments taken from the default agent's resolved settings (same budget and replay ratio).
+SHARED_DQN_KWARGS = ("learning_rate", "buffer_size", "learning_starts", "batch_size", "gamma", "train_freq",
+                     "gradient_steps", "target_update_interval", "exploration_fraction",
+                     "exploration_final_eps")
+
+
+@dataclass(frozen=True)
+class SplitSpec:
+    """Where a split trains and where it is scored."""
+
+    name: str
+    train_source: str
+    train_split: str
+    test_source: str
+    test_split: str
+    levels: int | None
+
+
+def split_specs(names: Sequence[str], data: str, other: str, levels: int | None) -> list[SplitSpec]:
+    """The :class:`SplitSpec` of each split name.
+
+    :param names: split names from :data:`SPLITS`.
+    :param data: the main LOBSTER folder (GOOG).
+    :param other: the second ticker's folder (AAPL, one level).
+    :param levels: book levels of the session split (``None``: all of the file's).
+    :return: the specs, in order.
+    """
+    specs = {
+        "session": SplitSpec("session", data, "fit", data, "test", levels),
+        "cross-ticker": SplitSpec("cross-ticker", data, "fit", other, "test", 1),
+        "cross-ticker-reverse": SplitSpec("cross-ticker-reverse", other, "fit", data, "test", 1),
+    }
+    for name in names:
+        if name not in specs:
+            raise ValueError(f"--splits holds {name!r}; known splits are {', '.join(SPLITS)}")
+    return [specs[name] for name in names]
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line."""
+    parser = argparse.ArgumentParser(prog="python -m experiments.real_data",
+                                     description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--data", default="../shared/data/lobster", help="main LOBSTER folder (one day)")
+    parser.add_argument("--other", default="../shared/data/lobster-aapl",
+                        help="second ticker's LOBSTER folder (one day) for the cross-ticker splits")
+    parser.add_argument("--splits", default=",".join(SPLITS), help=f"comma-separated: {', '.join(SPLITS)}")
+    parser.add_argument("--agents", default=",".join(AGENTS), help=f"comma-separated: {', '.join(AGENTS)}")
+    parser.add_argument("--seeds", type=int, default=5, help="seeds per agent (>= 1; 5 for the report)")
+    parser.add_argument("--steps", type=int, default=20_000, help="training env steps per run")
+    parser.add_argument("--n-envs", type=int, default=16, help="books per training vector step")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--step-seconds", type=float, default=1.0, help="clock seconds per market step")
+    parser.add_argument("--episode-length", type=int, default=200,
+                        help="steps of a training episode and of a scored window")
+    parser.add_argument("--split-times", default="12:30,13:30", help="fit end and validation end (clock)")
+    parser.add_argument("--levels", type=int, default=None, help="book levels of the session split")
+    parser.add_argument("--cache-dir", default=None, help="LOBSTER cache folder (default the reader's)")
+    parser.add_argument("--out", default="runs/experiments/real_data")
+    parser.add_argument("--no-figure", action="store_true")
+    args = parser.parse_args(argv)
+    for name in ("seeds", "steps", "n_envs", "episode_length"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
+    args.split_list = [s.strip() for s in args.splits.split(",") if s.strip()]
+    args.agent_list = [a.strip() for a in args.agents.split(",") if a.strip()]
+    for agent in args.agent_list:
+        if agent not in AGENTS:
+            parser.error(f"--agents holds {agent!r}; known agents are {', '.join(AGENTS)}")
+    times = [t.strip() for t in args.split_times.split(",")]
+    if len(times) != 2:
+        parser.error(f"--split-times={args.split_times!r} must be two clock times, e.g. 12:30,13:30")
+    args.split_times = tuple(times)
+    try:
+        split_specs(args.split_list, args.data, args.other, args.levels)
+    except ValueError as error:
+        parser.error(str(error))
+    return args
+
+
+def load(source: str, split: str, levels: int | None, args: argparse.Namespace) -> Any:
+    """One session of a LOBSTER folder as a :class:`~foxenv.data.MarketData` on ``args.device``."""
+    from foxenv.data import load_market
+
+    return load_market(source, split=split, split_times=args.split_times, step_seconds=args.step_seconds,
+                       levels=levels, cache_dir=args.cache_dir, device=args.device)
+
+
+def run_config(args: argparse.Namespace, seed: int, levels: int) -> Any:
+    """The default agent's :class:`~foxhunt.runs.RunConfig` for this budget (its resolved settings are what
+    every agent here trains with)."""
+    from foxhunt.runs import RunConfig
+
+    return RunConfig(steps=args.steps, n_envs=args.n_envs, device=args.device, seed=seed, progress=False,
+                     checkpoint_every=0, env_kwargs={"episode_length": args.episode_length, "levels": levels})
+
+
+def train_agent(agent: str, market: Any, seed: int, levels: int, args: argparse.Namespace) -> Any:
+    """Train one agent on ``market`` (the training session) and return the model."""
+    from foxhunt.device_env import DeviceLOBVecEnv
+    from foxhunt.envs import FlatActionVecEnv, LOBVecEnv
+
+    config = run_config(args, seed, levels)
+    env_kwargs = config.resolved_env_kwargs()
+    env_kwargs["episode_length"] = min(int(env_kwargs["episode_length"]), market.num_steps - 1)
+    model_kwargs = config.resolved_model_kwargs()
+    if agent == "iqn":
+        from sb3_her_ext.algorithm import BranchingIQN
+
+        face = config.resolved_action_face()
+        if config.resolved_device_loop():
+            env = DeviceLOBVecEnv(args.n_envs, device=args.device, seed=seed, data=market, action_face=face,
+                                  **env_kwargs)
+        else:
+            env = LOBVecEnv(args.n_envs, device=args.device, seed=seed, data=market, **env_kwargs)
+            env = FlatActionVecEnv(env) if face == "joint" else env
+        model = BranchingIQN("MlpPolicy", env, seed=seed, device=args.device,
+                             cuda_graph=config.resolved_cuda_graph(),
+                             policy_kwargs=config.resolved_policy_kwargs(), **model_kwargs)
+    else:
+        env = FlatActionVecEnv(LOBVecEnv(args.n_envs, device=args.device, seed=seed, data=market,
+                                         **env_kwargs))
+        kwargs = {k: model_kwargs[k] for k in SHARED_DQN_KWARGS if k in model_kwargs}
+        policy_kwargs = {"net_arch": list(config.resolved_policy_kwargs()["net_arch"])}
+        if agent == "dqn":
+            from stable_baselines3 import DQN as cls
+        else:
+            try:
+                from sb3_contrib import QRDQN as cls
+            except ImportError:
+                raise ValueError("--agents holds 'qrdqn', which needs sb3-contrib: pip install -e '.[bench]'"
+                                 ) from None
+        model = cls("MlpPolicy", env, seed=seed, device=args.device, policy_kwargs=policy_kwargs, **kwargs)
+    model.learn(args.steps)
+    return model
+
+
+def _mean_std(values: Sequence[float]) -> dict[str, Any]:
+    array = np.asarray(values, dtype=float)
+    finite = array[np.isfinite(array)]
+    mean = float(finite.mean()) if finite.size else math.nan
+    std = float(finite.std(ddof=1)) if finite.size > 1 else 0.0
+    return {"mean": mean, "std": std, "values": array.tolist()}
+
+
+#: Metrics of the table: key of compute_metrics, column title, format.
+TABLE = (("pnl", "PnL after fees", "{:,.0f}"), ("pnl_per_episode", "PnL / window", "{:,.1f}"),
+         ("pnl_bps_of_notional", "bps of notional", "{:.2f}"), ("sharpe", "Sharpe / step", "{:.4f}"),
+         ("trades", "closed trades", "{:,.0f}"))
+
+
+def summarise(evaluation: Any, agents: Sequence[str], seeds: Sequence[int],
+              level: float = 0.95) -> dict[str, Any]:
+    """Per agent (over seeds) and per baseline the table's metrics; per agent the paired comparisons of its
+    seed-mean window PnL against flat and the imbalance rule, Holm-corrected over the split's family."""
+    from foxhunt.evaluation import stats
+    from foxhunt.evaluation.metrics import episode_pnl
+
+    results = evaluation.results
+    groups = {agent: [f"{agent}/seed{s}" for s in seeds] for agent in agents}
+    groups.update({name: [name] for name in results if "/" not in name})
+    rows = {group: {"seeds": len(keys) if group in agents else None,
+                    **{metric: _mean_std([float(results[k].metrics[metric]) for k in keys])
+                       for metric, _, _ in TABLE}}
+            for group, keys in groups.items()}
+    first = next(iter(results.values())).recording
+    comparisons: dict[str, list[dict[str, Any]]] = {}
+    for agent in agents:
+        seed_mean = torch.stack([episode_pnl(results[k].recording) for k in groups[agent]]).mean(dim=0)
+        comparisons[agent] = [
+            stats.paired_windows(seed_mean, episode_pnl(results[b].recording), first.offsets,
+                                 first.episode_length, baseline=b, level=level)
+            for b in COMPARED if b in results
+        ]
+    family = stats.correct(comparisons)
+    for group in comparisons.values():
+        for row in group:
+            row.pop("differences")
+    return {"rows": rows, "comparisons": comparisons, "family": family}
+
+
+def _cell(value: dict[str, Any], fmt: str, seeds: int | None) -> str:
+    if not math.isfinite(value["mean"]):
+        return "–"
+    if seeds and seeds > 1:
+        return f"{fmt.format(value['mean'])} ± {fmt.format(value['std'])}"
+    return fmt.format(value["mean"])
+
+
+def markdown(spec: SplitSpec, summary: dict[str, Any], setup: dict[str, Any],
+             args: argparse.Namespace) -> str:
+    """One split's table and verdicts as markdown."""
+    fitted = setup.get("fitted_baselines", {}).get("imbalance", {})
+    lines = [
+        f"### {spec.name}: train {Path(spec.train_source).name} ({spec.train_split}), score "
+        f"{Path(spec.test_source).name} ({spec.test_split})",
+        "",
+        f"Test: {setup['market']} ({setup['market_steps']:,} steps of {args.step_seconds:g} s), "
+        f"**{setup['windows']} independent windows** of {setup['episode_length']} steps; "
+        f"levels {spec.levels or 'all'}; "
+        f"{args.seeds} seeds x {args.steps:,} env steps on {args.n_envs} books ({args.device}); imbalance "
+        f"threshold {fitted.get('threshold', 'n/a')} fitted on the training session. Agents: mean ± std over "
+        "seeds.",
+        "",
+        "| policy | seeds | " + " | ".join(title for _, title, _ in TABLE) + " |",
+        "|---|---|" + "---|" * len(TABLE),
+    ]
+    for name, row in summary["rows"].items():
+        cells = [_cell(row[m], fmt, row["seeds"]) for m, _, fmt in TABLE]
+        lines.append(f"| {name} | {row['seeds'] or 'baseline'} | " + " | ".join(cells) + " |")
+    lines += ["", "Paired over windows (agent's seed-mean PnL minus the baseline's, per window; 95 % "
+              f"circular block bootstrap; Holm over {summary['family']} comparisons):", "",
+              "| agent | baseline | mean difference / window | CI | p (Holm) | verdict | power |",
+              "|---|---|---|---|---|---|---|"]
+    for agent, group in summary["comparisons"].items():
+        for row in group:
+            ci = "none" if row["ci_low"] is None else f"[{row['ci_low']:+,.1f}, {row['ci_high']:+,.1f}]"
+            p = "n/a" if row["p_holm"] is None else f"{row['p_holm']:.3g}"
+            lines.append(f"| {agent} | {row['baseline']} | {row['mean_difference']:+,.1f} | {ci} | {p} | "
+                         f"{row['verdict']} | {row['power']} |")
+    return "\n".join(lines) + "\n"
+
+
+def figure(results: dict[str, Any], path: Path) -> Path:
+    """Mean PnL per window of every agent (seed mean ± std) and baseline, one panel per split."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 4), squeeze=False)
+    for axis, (split, result) in zip(axes[0], results.items(), strict=True):
+        rows = result["summary"]["rows"]
+        names = list(rows)
+        means = [rows[n]["pnl_per_episode"]["mean"] for n in names]
+        errors = [rows[n]["pnl_per_episode"]["std"] for n in names]
+        colors = ["tab:blue" if rows[n]["seeds"] else "0.6" for n in names]
+        axis.bar(names, means, yerr=errors, color=colors, capsize=3)
+        axis.axhline(0.0, color="black", linewidth=0.8)
+        axis.set_title(f"{split}: {result['setup']['windows']} windows")
+        axis.set_ylabel("PnL after fees per window (currency)")
+        axis.tick_params(axis="x", rotation=45)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def run_split(spec: SplitSpec, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """Train every agent and seed on the split's training session, score them and the baselines on its test
+    session, write ``<split>.md`` / ``<split>.json``."""
+    from foxhunt.evaluation import evaluate_policies
+
+    started = time.perf_counter()
+    train_market = load(spec.train_source, spec.train_split, spec.levels, args)
+    test_market = load(spec.test_source, spec.test_split, spec.levels, args)
+    levels = spec.levels or min(train_market.num_levels, test_market.num_levels)
+    seeds = list(range(args.seeds))
+    models, seconds = {}, {}
+    for agent in args.agent_list:
+        for seed in seeds:
+            tick = time.perf_counter()
+            models[f"{agent}/seed{seed}"] = train_agent(agent, train_market, seed, levels, args)
+            seconds[f"{agent}/seed{seed}"] = time.perf_counter() - tick
+            print(f"[{spec.name}] {agent} seed {seed}: {seconds[f'{agent}/seed{seed}']:.1f} s", flush=True)
+    evaluation = evaluate_policies(models, test_market, baselines=BASELINES, fit_data=train_market, seed=1000,
+                                   env_kwargs={"episode_length": args.episode_length, "levels": levels},
+                                   device=args.device)
+    summary = summarise(evaluation, args.agent_list, seeds)
+    result = {"spec": spec.__dict__, "setup": evaluation.setup, "summary": summary,
+              "train_seconds": seconds, "seconds": time.perf_counter() - started,
+              "policies": {name: r.metrics for name, r in evaluation.results.items()}}
+    (out / f"{spec.name}.md").write_text(markdown(spec, summary, evaluation.setup, args))
+    (out / f"{spec.name}.json").write_text(json.dumps(_clean(result), indent=2))
+    return result
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Run the experiment; return every split's result."""
+    args = parse_args(argv)
+    torch.set_num_threads(1)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    results = {}
+    for spec in split_specs(args.split_list, args.data, args.other, args.levels):
+        results[spec.name] = run_split(spec, args, out)
+        print((out / f"{spec.name}.md").read_text(), flush=True)
+    payload = {"command": vars(args) | {"split_times": list(args.split_times)}, "splits": results,
+               "seconds": time.perf_counter() - started}
+    (out / "results.json").write_text(json.dumps(_clean(payload), indent=2, default=str))
+    if not args.no_figure:
+        figure(results, out / "real_data.png")
+    print(f"wrote {out} in {payload['seconds']:.0f} s")
+    return results
+
+
+if __name__ == "__main__":
+    main()
