@@ -10,7 +10,7 @@ Rows, at each number of books and device:
   (:mod:`sb3_her_ext.graphed_loop`; CUDA only, its warm-up covers every graph it captures);
 * ``BranchingIQN SB3 loop``: the same model on ``LOBVecEnv`` (SB3's numpy ``collect_rollouts``);
 * ``SB3 DQN`` and ``sb3-contrib QR-DQN``: on the same ``LOBVecEnv`` with the 81 joint actions of
-  ``MultiDiscrete([3, 3, 3, 3])`` flattened to ``Discrete(81)`` by :class:`FlatActions`.
+  ``MultiDiscrete([3, 3, 3, 3])`` as ``Discrete(81)`` (``LOBVecEnv(action_face="joint")``).
 
 Every row: the same market data, hidden widths (``--widths``), batch size and replay ratio (samples trained
 per env step, ``--replay-ratio``): ``gradient_steps / train_freq = ratio * books / batch`` (``train_freq`` in
@@ -44,10 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch as th
-from gymnasium import spaces
-from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # _common.py beside this file
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's packages
@@ -66,36 +63,6 @@ IQN_SIZES: dict[str, dict[str, int]] = {
     "generic": {},
     "foxhunt": {k: v for k, v in presets.POLICY_KWARGS.items() if k != "net_arch"},
 }
-
-
-class FlatActions(VecEnvWrapper):
-    """``Discrete(prod(nvec))`` actions for a ``MultiDiscrete(nvec)`` VecEnv: a flat index → one digit per
-    branch (the first branch the most significant).
-
-    :param venv: the env with ``MultiDiscrete`` actions.
-    """
-
-    def __init__(self, venv: VecEnv) -> None:
-        self.nvec = np.asarray(venv.action_space.nvec, dtype=np.int64)
-        super().__init__(venv, action_space=spaces.Discrete(int(np.prod(self.nvec))))
-        # place value of each branch's digit
-        self.place = np.concatenate([np.cumprod(self.nvec[::-1])[::-1][1:], [1]]).astype(np.int64)
-
-    def step_async(self, actions: np.ndarray) -> None:
-        """Unflatten and pass on.
-
-        :param actions: ``[n_envs]`` flat actions.
-        """
-        flat = np.asarray(actions, dtype=np.int64).reshape(-1, 1)
-        self.venv.step_async((flat // self.place) % self.nvec)
-
-    def step_wait(self) -> Any:
-        """:return: the wrapped env's step."""
-        return self.venv.step_wait()
-
-    def reset(self) -> Any:
-        """:return: the wrapped env's reset."""
-        return self.venv.reset()
 
 
 def schedule(books: int, batch: int, replay_ratio: float) -> tuple[int, int, float]:
@@ -144,7 +111,7 @@ def make_model(row: str, books: int, device: str, market: Any, args: argparse.Na
         return model
     if row == "BranchingIQN SB3 loop":
         return BranchingIQN("MlpPolicy", LOBVecEnv(books, device=device, **env_kwargs), **iqn)
-    env = FlatActions(LOBVecEnv(books, device=device, **env_kwargs))
+    env = LOBVecEnv(books, device=device, action_face="joint", **env_kwargs)
     if row == "SB3 DQN":
         from stable_baselines3 import DQN
 

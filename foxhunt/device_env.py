@@ -22,9 +22,10 @@ running episode statistics) is written in place into tensors that stay put, so t
 read and write the same memory; :meth:`DeviceLOBVecEnv.pin_static_state` puts the state back into those
 tensors after any other step or reset replaced them.
 
-With ``action_face="joint"`` the env takes one ``Discrete(81)`` action, the code ``27 d + 9 m + 3 o + u`` of
-:class:`~foxhunt.envs.FlatActionVecEnv` (``branch_names`` ``("action",)``): both faces decode the codes to
-the four branches before the books step, the tensor faces on the device (no host sync, static shapes).
+With ``action_face="joint"`` the env takes one ``Discrete(81)`` action, the code ``27 d + 9 m + 3 o + u``
+(``branch_names`` ``("action",)``): every face decodes the codes to the four branches with
+:func:`foxhunt.envs.decode_joint` before the books step, the tensor faces on the device (static shapes; the
+range checked where the core checks ranges, ``validate_actions``: on a CPU, never in a CUDA graph).
 """
 
 from __future__ import annotations
@@ -32,15 +33,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import torch
 from stable_baselines3.common.vec_env.base_vec_env import VecEnvObs, VecEnvStepReturn
 
-from foxenv import spec
 from foxenv.data.market import MarketData
-from foxhunt import presets
-from foxhunt.envs import FLAT_ACTION_WEIGHTS, FLAT_BRANCH_NAMES, LOBVecEnv, unflatten_actions
+from foxhunt.envs import LOBVecEnv, decode_joint
 from sb3_her_ext.device_env import TIMEOUT_KEY, DeviceStep
 
 __all__ = ["DeviceLOBVecEnv"]
@@ -57,8 +55,7 @@ class DeviceLOBVecEnv(LOBVecEnv):
         (:meth:`~foxenv.core.BatchedLOB.enable_compile`): several times faster after a compile of seconds.
     :param cuda_graph: capture the book step with its autoreset in a CUDA graph
         (:meth:`~foxenv.core.BatchedLOB.enable_cuda_graph`; CUDA only).
-    :param action_face: ``"branched"`` (``MultiDiscrete([3, 3, 3, 3])``, foxenv's four branches) or
-        ``"joint"`` (``Discrete(81)``, one branch ``"action"`` of codes ``27 d + 9 m + 3 o + u``).
+    :param action_face: as :class:`~foxhunt.envs.LOBVecEnv`.
     :param env_kwargs: as :class:`~foxhunt.envs.LOBVecEnv`.
     """
 
@@ -68,19 +65,9 @@ class DeviceLOBVecEnv(LOBVecEnv):
         for field, value in (("compile", compile), ("cuda_graph", cuda_graph)):
             if not isinstance(value, bool):
                 raise ValueError(f"{field}={value!r} must be a bool")
-        if not isinstance(action_face, str) or action_face not in presets.ACTION_FACES:
-            raise ValueError(f"action_face={action_face!r} must be one of {list(presets.ACTION_FACES)}")
         if cuda_graph and torch.device(device).type != "cuda":
             raise ValueError(f"cuda_graph=True needs a CUDA device, got device={device}")
-        super().__init__(num_envs, device=device, seed=seed, data=data, **env_kwargs)
-        self.action_face = action_face
-        #: (weights, nvec) that decode joint codes on the device; None on the branched face
-        self._decoder: tuple[torch.Tensor, torch.Tensor] | None = None
-        if action_face == "joint":
-            self.action_space = gym.spaces.Discrete(int(np.prod(spec.ACTION_NVEC)))
-            self.branch_names = FLAT_BRANCH_NAMES
-            self._decoder = (torch.tensor(FLAT_ACTION_WEIGHTS, dtype=torch.int64, device=self.device),
-                             torch.tensor(spec.ACTION_NVEC, dtype=torch.int64, device=self.device))
+        super().__init__(num_envs, device=device, seed=seed, data=data, action_face=action_face, **env_kwargs)
         # where a host sync is free (CPU), reset only at steps where a book finished, as the numpy face does
         self._host_sync = self.device.type == "cpu"
         self._ep_return_t = torch.zeros(self.num_envs, dtype=torch.float64, device=self.device)
@@ -111,22 +98,6 @@ class DeviceLOBVecEnv(LOBVecEnv):
         self._obs_t = torch.from_numpy(obs).to(self.device)
         return obs
 
-    def step_async(self, actions: np.ndarray) -> None:
-        """Store the actions of the next :meth:`step_wait` (see :meth:`LOBVecEnv.step_async`).
-
-        :param actions: ``[num_envs, 4]`` integer actions; on the joint face ``[num_envs]`` (or
-            ``[num_envs, 1]``) codes in ``[0, 81)``, decoded to the four branches.
-        """
-        if self._decoder is not None:
-            if isinstance(actions, torch.Tensor):
-                actions = actions.detach().cpu().numpy()
-            codes = np.asarray(actions)
-            if codes.shape not in ((self.num_envs,), (self.num_envs, 1)):
-                raise ValueError(f"actions has shape {codes.shape}; the joint face takes ({self.num_envs},) "
-                                 f"or ({self.num_envs}, 1) codes")
-            actions = unflatten_actions(codes.reshape(-1))
-        super().step_async(actions)
-
     def step_wait(self) -> VecEnvStepReturn:
         """SB3's step (see :meth:`LOBVecEnv.step_wait`), after taking over the tensor face's episode stats.
 
@@ -150,16 +121,17 @@ class DeviceLOBVecEnv(LOBVecEnv):
 
     def branch_actions(self, actions: torch.Tensor) -> torch.Tensor:
         """The four-branch actions of a tensor face's ``actions``: on the joint face the ``[N]`` or
-        ``[N, 1]`` codes decoded on the device (``(code // weight) % 3``: no host sync, static shapes).
+        ``[N, 1]`` codes decoded on the device by :func:`~foxhunt.envs.decode_joint` (static shapes; the
+        range checked as the core checks ranges, only with its ``validate_actions``: no host sync on an
+        accelerator).
 
         :param actions: the actions the tensor face was given.
         :return: ``[N, 4]`` int64 actions (on the branched face ``actions`` as given).
+        :raises ValueError: from :func:`~foxhunt.envs.decode_joint`, naming the bad codes.
         """
-        if self._decoder is None:
+        if self.action_face != "joint":
             return actions
-        weights, nvec = self._decoder
-        codes = actions.to(device=self.device, dtype=torch.int64).reshape(-1)
-        return (codes[:, None] // weights) % nvec
+        return decode_joint(actions.to(self.device), self.num_envs, check_range=self.lob.validate_actions)
 
     def step_tensors(self, actions: torch.Tensor) -> DeviceStep:
         """Step every book on ``actions`` with same-step autoreset (no host sync on an accelerator).

@@ -9,11 +9,17 @@ The batched info tensors of the last step are also kept in :attr:`LOBVecEnv.last
 tensors plus ``TimeLimit.truncated``), the form the replay buffer's tensor path takes. Actions follow
 :func:`foxenv.spec.check_actions`, the rules of every foxenv face. SB3's ``VecNormalize`` wraps it like any
 ``VecEnv`` (``last_info_tensors`` stays unnormalised).
-:class:`FlatActionVecEnv` shows the four-branch action as one ``Discrete(81)`` for SB3 DQN and QR-DQN.
+
+``action_face`` picks the action the env takes: ``"branched"``, foxenv's ``MultiDiscrete([3, 3, 3, 3])``, or
+``"joint"``, one ``Discrete(81)`` of codes ``27 d + 9 m + 3 o + u`` (for BranchingIQN's joint face, SB3 DQN
+and sb3-contrib QR-DQN), decoded by :func:`decode_joint`, the one decoder of the codes (numpy and tensor
+faces, and :class:`foxhunt.evaluation.baselines.ModelPolicy`). The tensor face is
+:class:`foxhunt.device_env.DeviceLOBVecEnv`, a subclass.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -27,18 +33,93 @@ from stable_baselines3.common.vec_env.base_vec_env import (
     VecEnvIndices,
     VecEnvObs,
     VecEnvStepReturn,
-    VecEnvWrapper,
 )
 
 from foxenv import spec
 from foxenv.config import EnvConfig, is_whole
 from foxenv.factory import DataSource, action_space_of, make_core, observation_space_of
+from foxhunt.presets import ACTION_FACES
 
 
 def _numpy_dtype(dtype: torch.dtype) -> type:
     if dtype == torch.bool:
         return np.bool_
     return np.float64 if dtype.is_floating_point else np.int64
+
+
+#: Weights of the joint action code ``27 d + 9 m + 3 o + u`` (direction, magnitude, order, urgency).
+JOINT_WEIGHTS: tuple[int, ...] = (27, 9, 3, 1)
+#: Number of joint actions (``Discrete(81)``).
+N_JOINT: int = int(np.prod(spec.ACTION_NVEC))
+#: The one branch of the joint face.
+JOINT_BRANCH_NAMES: tuple[str, ...] = ("action",)
+
+if JOINT_WEIGHTS != tuple(int(np.prod(spec.ACTION_NVEC[i + 1:])) for i in range(len(spec.ACTION_NVEC))):
+    raise ImportError(f"foxenv.spec.ACTION_NVEC={spec.ACTION_NVEC} does not fit the joint code weights "
+                      f"{JOINT_WEIGHTS}")
+
+
+@functools.cache
+def _joint_tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(weights, nvec)`` int64 on ``device``, made once per device (an env makes them when it is built, so
+    no step, not even a CUDA-graph capture, copies them to the device)."""
+    return (torch.tensor(JOINT_WEIGHTS, dtype=torch.int64, device=device),
+            torch.tensor(spec.ACTION_NVEC, dtype=torch.int64, device=device))
+
+
+def decode_joint(codes: Any, num_envs: int, *, check_range: bool = True, name: str = "actions") -> (
+    torch.Tensor
+):
+    """Joint codes to foxenv's four-branch actions: the one decoder of the joint face (numpy and tensor
+    paths, training and evaluation).
+
+    :param codes: ``[num_envs]`` or ``[num_envs, 1]`` integer codes ``27 d + 9 m + 3 o + u``: numpy (or
+        anything ``np.asarray`` takes) or a torch tensor on any device.
+    :param num_envs: the number of codes.
+    :param check_range: check every code lies in ``[0, 81)`` (for a tensor on an accelerator a host sync).
+    :param name: the argument's name in error messages.
+    :return: ``[num_envs, 4]`` int64 ``(direction, magnitude, order, urgency)``, on ``codes``' device (numpy
+        input: a CPU tensor).
+    :raises ValueError: naming ``name`` and the value, for a non-integer dtype, a wrong shape or (with
+        ``check_range``) a code outside ``[0, 81)``.
+    """
+    if isinstance(codes, torch.Tensor):
+        dtype, integer = codes.dtype, not (codes.dtype.is_floating_point or codes.dtype.is_complex
+                                           or codes.dtype == torch.bool)
+    else:
+        array = np.asarray(codes)
+        dtype, integer = array.dtype, array.dtype.kind in "iu"
+    if not integer:
+        raise ValueError(f"{name} dtype {dtype} must be an integer dtype of joint codes ({name}={codes!r})")
+    if not isinstance(codes, torch.Tensor):
+        codes = torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64))
+    if tuple(codes.shape) not in ((num_envs,), (num_envs, 1)):
+        raise ValueError(f"{name} has shape {tuple(codes.shape)}; the joint face takes ({num_envs},) or "
+                         f"({num_envs}, 1) codes")
+    codes = codes.reshape(-1).to(torch.int64)
+    if check_range:
+        values = codes.detach().cpu().numpy()
+        bad = np.flatnonzero((values < 0) | (values >= N_JOINT))
+        if bad.size:
+            raise ValueError(f"{name}[{bad[0]}]={values[bad[0]]} out of range: a joint code must lie in "
+                             f"[0, {N_JOINT})")
+    weights, nvec = _joint_tables(codes.device)
+    return (codes[:, None] // weights) % nvec
+
+
+def encode_joint(actions: Any) -> Any:
+    """Four-branch actions ``[..., 4]`` to joint codes ``27 d + 9 m + 3 o + u`` ``[...]``: the inverse of
+    :func:`decode_joint`.
+
+    :param actions: integer actions, each branch in ``[0, 3)`` (numpy or a torch tensor).
+    :return: int64 codes in ``[0, 81)``, numpy for numpy input, else a tensor on ``actions``' device.
+    """
+    if isinstance(actions, torch.Tensor):
+        return (actions.to(torch.int64) * _joint_tables(actions.device)[0]).sum(-1)
+    actions = np.asarray(actions, dtype=np.int64)
+    if actions.shape[-1:] != (len(JOINT_WEIGHTS),):
+        raise ValueError(f"actions has shape {actions.shape}; its last axis must hold the 4 branches")
+    return actions @ np.asarray(JOINT_WEIGHTS, dtype=np.int64)
 
 
 class UnknownEnvMethodError(AttributeError, ValueError):
@@ -54,6 +135,8 @@ class LOBVecEnv(VecEnv):
         It does not change the market: train and evaluation envs with different seeds see the same data.
     :param data: a :class:`~foxenv.data.market.MarketData`, or a ``source`` for ``foxenv.data.load_market``
         (``"synthetic"``, a LOBSTER folder, or a ``(message, orderbook)`` pair).
+    :param action_face: ``"branched"`` (``MultiDiscrete([3, 3, 3, 3])``, ``branch_names`` foxenv's four) or
+        ``"joint"`` (``Discrete(81)``, one branch ``"action"`` of codes ``27 d + 9 m + 3 o + u``).
     :param env_kwargs: ``config`` (a base ``EnvConfig``), ``foxenv.config.EnvConfig`` fields and
         ``foxenv.data.load_market`` keyword arguments (``levels`` goes to both; ``market_seed`` is
         ``load_market``'s ``seed``); anything else raises ``ValueError``. The core is built by
@@ -61,18 +144,25 @@ class LOBVecEnv(VecEnv):
     """
 
     def __init__(self, num_envs: int, device: str = "cpu", seed: int | None = None,
-                 data: DataSource = "synthetic", **env_kwargs: Any) -> None:
+                 data: DataSource = "synthetic", action_face: str = "branched", **env_kwargs: Any) -> None:
         if not is_whole(num_envs) or num_envs < 1:
             raise ValueError(f"num_envs={num_envs} must be an integer >= 1")
+        if not isinstance(action_face, str) or action_face not in ACTION_FACES:
+            raise ValueError(f"action_face={action_face!r} must be one of {list(ACTION_FACES)}")
         num_envs = int(num_envs)
         self.device = torch.device(device)
         self.lob = make_core(data, num_envs, device=self.device, seed=seed, **env_kwargs)
         self.config: EnvConfig = self.lob.config
         self.render_mode = None
-        super().__init__(num_envs, observation_space_of(self.lob), action_space_of(self.lob))
+        joint = action_face == "joint"
+        action_space = gym.spaces.Discrete(N_JOINT) if joint else action_space_of(self.lob)
+        super().__init__(num_envs, observation_space_of(self.lob), action_space)
+        self.action_face = action_face
+        self.branch_names = JOINT_BRANCH_NAMES if joint else spec.BRANCH_NAMES
+        if joint:
+            _joint_tables(self.device)  # the decoder's tables, before any step (or graph capture)
         self.n_market_features = int(self.lob.n_market_features)
         self.reward_scale = float(self.config.reward_scale)
-        self.branch_names = spec.BRANCH_NAMES
         self.magnitudes = tuple(float(m) for m in spec.MAGNITUDES)
         self.last_info_tensors: dict[str, torch.Tensor] = {}
         self._actions: torch.Tensor | None = None
@@ -100,10 +190,14 @@ class LOBVecEnv(VecEnv):
     def step_async(self, actions: np.ndarray) -> None:
         """Store the actions of the next :meth:`step_wait`.
 
-        :param actions: ``[num_envs, n_branches]`` integer actions (numpy or torch).
+        :param actions: ``[num_envs, 4]`` integer actions (numpy or torch); on the joint face ``[num_envs]``
+            (or ``[num_envs, 1]``) codes in ``[0, 81)`` (:func:`decode_joint`).
         :raises ValueError: naming ``actions`` and the value, as :func:`foxenv.spec.check_actions` (the
-            rules of every foxenv face: integers, exactly ``(num_envs, 4)``, each in ``[0, nvec)``).
+            rules of every foxenv face: integers, exactly ``(num_envs, 4)``, each in ``[0, nvec)``) or
+            :func:`decode_joint`.
         """
+        if self.action_face == "joint":
+            actions = decode_joint(actions, self.num_envs)
         expected = (self.num_envs, len(spec.ACTION_NVEC))
         checked = spec.check_actions(actions, expected, name="actions")
         tensor = checked if isinstance(checked, torch.Tensor) else torch.from_numpy(checked)
@@ -273,96 +367,3 @@ class LOBVecEnv(VecEnv):
         :return: one ``None`` per env.
         """
         return [None for _ in range(self.num_envs)]
-
-
-#: Weights of the flattened action code ``27 d + 9 m + 3 o + u`` (the decoding of
-#: :class:`foxhunt.evaluation.baselines.ModelPolicy`): direction, magnitude, order, urgency.
-FLAT_ACTION_WEIGHTS: tuple[int, ...] = (27, 9, 3, 1)
-
-
-def _flat_weights() -> np.ndarray:
-    nvec = np.asarray(spec.ACTION_NVEC, dtype=np.int64)
-    weights = np.cumprod(np.concatenate([nvec[1:], [1]])[::-1])[::-1]
-    if tuple(int(w) for w in weights) != FLAT_ACTION_WEIGHTS:  # foxenv's action changed shape
-        raise ValueError(f"foxenv.spec.ACTION_NVEC={tuple(spec.ACTION_NVEC)} does not fit the 81 flat codes")
-    return weights
-
-
-def flatten_actions(actions: np.ndarray) -> np.ndarray:
-    """Branch actions ``[..., 4]`` to flat codes ``27 d + 9 m + 3 o + u`` ``[...]`` (int64).
-
-    :param actions: integer actions, each branch in ``[0, 3)``.
-    :return: the codes, in ``[0, 81)``.
-    """
-    actions = np.asarray(actions, dtype=np.int64)
-    if actions.shape[-1:] != (len(FLAT_ACTION_WEIGHTS),):
-        raise ValueError(f"actions has shape {actions.shape}; its last axis must hold the 4 branches")
-    return actions @ _flat_weights()
-
-
-def unflatten_actions(codes: np.ndarray) -> np.ndarray:
-    """Flat codes ``[...]`` in ``[0, 81)`` to branch actions ``[..., 4]`` (int64): the inverse of
-    :func:`flatten_actions`.
-
-    :param codes: integer codes.
-    :return: ``(direction, magnitude, order, urgency)`` per code.
-    :raises ValueError: naming ``codes`` when one lies outside ``[0, 81)`` or is not an integer.
-    """
-    raw = np.asarray(codes)
-    if raw.dtype.kind not in "iu" and not (raw.dtype.kind == "f" and np.all(raw == np.round(raw))):
-        raise ValueError(f"codes={codes!r} must be integers")
-    codes = raw.astype(np.int64)
-    n = int(np.prod(spec.ACTION_NVEC))
-    if codes.size and (codes.min() < 0 or codes.max() >= n):
-        raise ValueError(f"codes hold values outside [0, {n}): min {codes.min()}, max {codes.max()}")
-    nvec = np.asarray(spec.ACTION_NVEC, dtype=np.int64)
-    return (codes[..., None] // _flat_weights()) % nvec
-
-
-#: The one branch of :class:`FlatActionVecEnv`'s ``Discrete(81)`` action.
-FLAT_BRANCH_NAMES: tuple[str, ...] = ("action",)
-
-
-class FlatActionVecEnv(VecEnvWrapper):
-    """foxenv's ``MultiDiscrete([3, 3, 3, 3])`` action as one ``Discrete(81)``, for SB3 DQN and
-    sb3-contrib QR-DQN (which take a single discrete action).
-
-    Code ``27 d + 9 m + 3 o + u`` (direction, magnitude, order, urgency), the code
-    :class:`foxhunt.evaluation.baselines.ModelPolicy` decodes, so a model trained here is evaluated as is.
-    Observations, rewards, dones and infos pass through unchanged; attributes (``n_market_features``,
-    ``last_info_tensors``, ...) are read from the wrapped env.
-
-    :param venv: a :class:`LOBVecEnv` (or any VecEnv with foxenv's four-branch action).
-    """
-
-    def __init__(self, venv: VecEnv) -> None:
-        nvec = tuple(int(n) for n in getattr(venv.action_space, "nvec", ()))
-        if nvec != tuple(spec.ACTION_NVEC):
-            raise ValueError(f"venv.action_space={venv.action_space} must be MultiDiscrete{spec.ACTION_NVEC}")
-        super().__init__(venv, action_space=gym.spaces.Discrete(int(np.prod(nvec))))
-
-    def reset(self) -> VecEnvObs:
-        """Reset the wrapped env."""
-        return self.venv.reset()
-
-    def step_async(self, actions: np.ndarray) -> None:
-        """Decode ``[num_envs]`` flat codes to ``[num_envs, 4]`` branch actions and pass them on.
-
-        :param actions: the codes (numpy, a list, or a torch tensor), one per env.
-        """
-        if isinstance(actions, torch.Tensor):
-            actions = actions.detach().cpu().numpy()
-        codes = np.asarray(actions).reshape(-1)
-        if codes.shape[0] != self.num_envs:
-            raise ValueError(f"actions has {codes.shape[0]} codes for {self.num_envs} envs")
-        self.venv.step_async(unflatten_actions(codes))
-
-    def step_wait(self) -> VecEnvStepReturn:
-        """The wrapped env's step."""
-        return self.venv.step_wait()
-
-    def get_attr(self, attr_name: str, indices: Any = None) -> list[Any]:
-        """The wrapped env's attribute, except ``branch_names``: this face has one branch, ``("action",)``."""
-        if attr_name == "branch_names":
-            return [FLAT_BRANCH_NAMES for _ in self._get_indices(indices)]
-        return self.venv.get_attr(attr_name, indices)

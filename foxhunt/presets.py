@@ -6,7 +6,7 @@ order, urgency) live here, and :mod:`foxhunt.runs` passes them in.
 
 BranchingIQN sees the action through one of two faces (:data:`ACTION_FACES`): ``"branched"``, the four
 branches, or ``"joint"``, one branch of the 81 joint actions (code ``27 d + 9 m + 3 o + u``,
-:class:`foxhunt.envs.FlatActionVecEnv`). The per-branch arguments apply to the branched face only
+:func:`foxhunt.envs.decode_joint`). The per-branch arguments apply to the branched face only
 (:func:`face_algorithm_kwargs`, :func:`face_policy_kwargs`).
 """
 

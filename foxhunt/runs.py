@@ -241,19 +241,15 @@ def make_env(config: RunConfig, seed: int, split: str) -> Any:
     :param seed: the env's seed.
     :param split: a :data:`foxenv.data.SPLITS` name (``"train"``, ``"test"``, ``"fit"``, ``"validation"``).
     :return: a :class:`~foxhunt.envs.LOBVecEnv` (with the device loop a
-        :class:`~foxhunt.device_env.DeviceLOBVecEnv`); on the joint action face a
-        :class:`~foxhunt.envs.FlatActionVecEnv` of one (the device env has a joint face of its own).
+        :class:`~foxhunt.device_env.DeviceLOBVecEnv`) on the run's action face.
     """
     from foxhunt.device_env import DeviceLOBVecEnv
-    from foxhunt.envs import FlatActionVecEnv, LOBVecEnv
+    from foxhunt.envs import LOBVecEnv
 
-    face = config.resolved_action_face()
+    cls = DeviceLOBVecEnv if config.resolved_device_loop() else LOBVecEnv
 
     def env_class(*args: Any, **kwargs: Any) -> Any:
-        if config.resolved_device_loop():
-            return DeviceLOBVecEnv(*args, action_face=face, **kwargs)
-        env = LOBVecEnv(*args, **kwargs)
-        return FlatActionVecEnv(env) if face == "joint" else env
+        return cls(*args, action_face=config.resolved_action_face(), **kwargs)
 
     env_kwargs = config.resolved_env_kwargs()
     if config.data == "synthetic":

@@ -293,15 +293,17 @@ class ModelPolicy:
 
     def reset(self, num_books: int, device: torch.device) -> None:
         """Nothing to reset (the models here are not recurrent)."""
-        self._codes = torch.tensor([27, 9, 3, 1], dtype=torch.int64, device=device)
 
     def act(self, obs: torch.Tensor, episode_start: torch.Tensor) -> torch.Tensor:
-        """The model's actions (one host round trip: SB3's ``predict`` takes numpy)."""
+        """The model's actions (one host round trip: SB3's ``predict`` takes numpy); joint codes decoded by
+        :func:`foxhunt.envs.decode_joint`, the decoder the env trained on."""
+        from foxhunt.envs import decode_joint
+
         action, _ = self.model.predict(obs.cpu().numpy(), deterministic=self.deterministic)
-        action = torch.as_tensor(np.asarray(action), dtype=torch.int64, device=obs.device)
-        if action.numel() == obs.shape[0]:  # the flattened 81-action space: [N] (or [N, 1]) codes
-            action = (action.reshape(-1, 1) // self._codes) % 3
-        return action.reshape(obs.shape[0], 4)
+        action = np.asarray(action)
+        if action.size == obs.shape[0]:  # the joint face: [N] (or [N, 1]) codes
+            return decode_joint(action, obs.shape[0], name="codes").to(obs.device)
+        return torch.as_tensor(action, dtype=torch.int64, device=obs.device).reshape(obs.shape[0], 4)
 
 
 def make_baseline(name: str, seed: int = 0, **oracle_kwargs: Any) -> Policy:

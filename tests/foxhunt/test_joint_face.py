@@ -18,7 +18,7 @@ from gymnasium import spaces
 from foxhunt import presets
 from foxhunt.cli import build_parser, config_from_args, main
 from foxhunt.device_env import DeviceLOBVecEnv
-from foxhunt.envs import FLAT_BRANCH_NAMES, FlatActionVecEnv, LOBVecEnv, unflatten_actions
+from foxhunt.envs import JOINT_BRANCH_NAMES, LOBVecEnv, decode_joint
 from foxhunt.evaluation.baselines import ModelPolicy
 from foxhunt.runs import RunConfig, make_env, resume, train
 from sb3_her_ext.device_env import TIMEOUT_KEY
@@ -99,7 +99,7 @@ def test_joint_run_config_resolves_and_round_trips(tmp_path: Path) -> None:
 def test_make_env_gives_each_loop_its_joint_face() -> None:
     small = {"n_envs": 2, "synthetic_market_steps": 200, "env_kwargs": {"episode_length": 50}}
     sb3 = make_env(RunConfig(action_face="joint", **small), 0, "train")
-    assert isinstance(sb3, FlatActionVecEnv) and sb3.action_space == spaces.Discrete(81)
+    assert type(sb3) is LOBVecEnv and sb3.action_space == spaces.Discrete(81)
     device = make_env(RunConfig(action_face="joint", device_loop=True, **small), 0, "train")
     assert isinstance(device, DeviceLOBVecEnv) and device.action_space == spaces.Discrete(81)
     assert type(make_env(RunConfig(action_face="branched", **small), 0, "train")) is LOBVecEnv
@@ -113,7 +113,7 @@ def test_make_env_gives_each_loop_its_joint_face() -> None:
 def test_device_env_joint_face_spaces_and_bad_face(market) -> None:
     env = DeviceLOBVecEnv(3, seed=1, data=market, action_face="joint", **PARAMS)
     assert env.action_space == spaces.Discrete(81)
-    assert env.branch_names == FLAT_BRANCH_NAMES and env.get_attr("branch_names")[0] == ("action",)
+    assert env.branch_names == JOINT_BRANCH_NAMES and env.get_attr("branch_names")[0] == ("action",)
     assert DeviceLOBVecEnv(3, seed=1, data=market, **PARAMS).action_space == spaces.MultiDiscrete([3] * 4)
     with pytest.raises(ValueError, match=r"action_face='flat'"):
         DeviceLOBVecEnv(3, seed=1, data=market, action_face="flat", **PARAMS)
@@ -131,7 +131,7 @@ def test_device_env_joint_face_equals_the_branched_face_on_decoded_actions(marke
     for _ in range(15):
         codes = torch.as_tensor(rng.integers(0, 81, size=5))
         given = codes[:, None] if column else codes
-        actions = torch.as_tensor(unflatten_actions(codes.numpy()))
+        actions = decode_joint(codes.numpy(), 5)
         if step == "numpy":
             obs, reward, done, _ = joint.step(given.numpy())
             ref_obs, ref_reward, ref_done, _ = branched.step(actions.numpy())
@@ -151,10 +151,22 @@ def test_device_env_joint_face_equals_the_branched_face_on_decoded_actions(marke
 def test_device_env_joint_numpy_face_rejects_bad_codes(market) -> None:
     env = DeviceLOBVecEnv(3, seed=1, data=market, action_face="joint", **PARAMS)
     env.reset()
-    with pytest.raises(ValueError, match="codes"):
+    with pytest.raises(ValueError, match=r"actions\[1\]=81 out of range: a joint code"):
         env.step_async(np.array([0, 81, 1]))
     with pytest.raises(ValueError, match=r"actions has shape \(3, 4\)"):
         env.step_async(np.ones((3, 4), dtype=np.int64))
+
+
+@pytest.mark.parametrize("step", ["step_tensors", "step_tensors_static"])
+def test_device_env_joint_tensor_face_rejects_bad_codes(market, step: str) -> None:
+    """The tensor faces decode with the same decoder and, where the core checks ranges (a CPU), check the
+    codes: an out-of-range code is an error, not a silently wrapped action; a float code always is."""
+    env = DeviceLOBVecEnv(3, seed=1, data=market, action_face="joint", **PARAMS)
+    env.reset()
+    with pytest.raises(ValueError, match=r"actions\[2\]=81 out of range: a joint code"):
+        getattr(env, step)(torch.tensor([0, 1, 81]))
+    with pytest.raises(ValueError, match=r"actions dtype torch.float32 must be an integer dtype"):
+        getattr(env, step)(torch.tensor([0.0, 1.0, 2.0]))
 
 
 def test_model_learns_through_the_device_loop_on_the_joint_face(market, monkeypatch) -> None:
@@ -194,7 +206,7 @@ def test_model_policy_decodes_column_and_flat_codes(shape: tuple[int, ...]) -> N
     policy = ModelPolicy(_Predicts(codes.reshape(shape)))
     policy.reset(3, torch.device("cpu"))
     actions = policy.act(torch.zeros(3, 7), torch.zeros(3, dtype=torch.bool))
-    np.testing.assert_array_equal(actions.numpy(), unflatten_actions(codes))
+    assert torch.equal(actions, decode_joint(codes, 3))
 
 
 # ------------------------------------------------------------------------------------------ runs
@@ -271,7 +283,7 @@ def test_joint_static_step_on_cuda_decodes_without_a_host_sync() -> None:
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
     codes = [torch.randint(0, 81, (64, 1), device="cuda", generator=gen) for _ in range(20)]
-    decoded = [torch.as_tensor(unflatten_actions(c.cpu().numpy().reshape(-1)), device="cuda") for c in codes]
+    decoded = [decode_joint(c.cpu().numpy().reshape(-1), 64).cuda() for c in codes]
     joint.step_tensors_static(codes[0])
     branched.step_tensors_static(decoded[0])
     torch.cuda.synchronize()

@@ -140,9 +140,9 @@ def test_hindsight_auto_is_off_without_the_info_contract() -> None:
 
 def test_hindsight_auto_is_off_on_one_branch_and_on_with_four() -> None:
     """A foxenv face with the info contract but one joint branch has no direction / magnitude to relabel."""
-    from foxhunt.envs import FlatActionVecEnv
-
-    joint = BranchingIQN("MlpPolicy", FlatActionVecEnv(lob_env()), hindsight="auto", **TINY)
+    joint_env = LOBVecEnv(2, seed=0, data="synthetic", num_steps=1500, episode_length=100,
+                          action_face="joint")
+    joint = BranchingIQN("MlpPolicy", joint_env, hindsight="auto", **TINY)
     assert joint.hindsight_config is None
     branched = BranchingIQN("MlpPolicy", lob_env(), hindsight="auto", **TINY)
     assert branched.hindsight_config is not None

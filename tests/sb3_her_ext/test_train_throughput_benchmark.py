@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-import numpy as np
 import pytest
 import torch as th
 
@@ -34,22 +33,6 @@ def test_schedule_gives_the_replay_ratio(books: int, batch: int, ratio: float, e
 def test_schedule_rejects_a_ratio_that_is_not_positive() -> None:
     with pytest.raises(ValueError, match="replay_ratio"):
         _module().schedule(16, 256, 0.0)
-
-
-def test_flat_actions_unflatten_every_joint_action_once() -> None:
-    from foxhunt.envs import LOBVecEnv
-
-    bench = _module()
-    env = LOBVecEnv(81, seed=0, data="synthetic", num_steps=300, episode_length=10)
-    wrapped = bench.FlatActions(env)
-    assert wrapped.action_space.n == 81
-    sent = []
-    env.step_async = lambda actions: sent.append(np.asarray(actions))  # type: ignore[method-assign]
-    wrapped.step_async(np.arange(81))
-    digits = sent[0]
-    assert digits.shape == (81, 4) and len({tuple(row) for row in digits}) == 81
-    assert (digits.min() >= 0) and (digits.max() <= 2)
-    assert np.array_equal(digits @ np.array([27, 9, 3, 1]), np.arange(81))
 
 
 def test_quick_run_writes_every_row_with_its_ratio_to_sb3_dqn(tmp_path: Path) -> None:
