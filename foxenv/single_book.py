@@ -4,10 +4,11 @@ Python floats, for :class:`~foxenv.gym_env.LOBEnv`'s default (uncompiled) face.
 At one book the eager core's cost is PyTorch's per-op dispatch (~200 tiny tensor ops a step), not its
 arithmetic. :class:`SingleBook` follows the core's step line by line on Python floats, gathering the same
 per-market tables (:class:`~foxenv.tables.MarketTables`, read once as numpy), so every value equals the
-core's bit for bit: IEEE ``+ - * /`` round alike on both, ``pow``/``log1p`` go to the same libm, and the
-two reductions whose order matters (the sums of :func:`~foxenv.matching.walk_book` and the visible size
-at a price) are summed in the order of PyTorch's CPU sum kernel (:func:`torch_sum_order`), which
-:func:`lean_path_problem` checks against ``torch.sum`` and :func:`~foxenv.matching.walk_book` itself.
+core's bit for bit: IEEE ``+ - * /``, ``min`` and ``max`` round alike on both. What IEEE leaves to the
+implementation is left to PyTorch itself, on tiny tensors: the two sums over the levels of
+:func:`~foxenv.matching.walk_book` (whose result depends on the summation order) and the ProbQueue powers
+(PyTorch special-cases some exponents); the visible size at a price, a sum with one non-zero term at most,
+is exact in any order.
 
 The core stays the reference: the state lives here while the lean step steps, :meth:`SingleBook.store`
 writes it into the core (through its ``state_dict``), and a step first takes the core's state again
@@ -19,9 +20,7 @@ the core instead (``tests/foxenv/test_single_book.py`` then fails, naming what t
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -73,103 +72,21 @@ KNOWN_STATE_KEYS = (
 )
 #: The smallest positive double, as ``core._SMALLEST_DOUBLE``.
 _SMALLEST_DOUBLE = 5e-324
-#: Doubles per SIMD vector of PyTorch's CPU kernels, tried in turn by :func:`lean_path_problem`.
-_VECTOR_WIDTHS = (8, 4, 16, 2)
-#: Interleaved accumulators of PyTorch's ``row_sum`` (``ilp_factor``).
-_ILP = 4
 
 
-def torch_sum_order(length: int, vector_width: int) -> str:
-    """The expression PyTorch's CPU ``sum(dim=1)`` of a contiguous ``[1, length]`` float64 row evaluates
-    (``aten/src/ATen/native/cpu/SumKernel.cpp``: ``vectorized_inner_sum`` when ``length >= vector_width``,
-    else ``scalar_inner_sum``; both ``row_sum`` with 4 interleaved accumulators), for rows short enough that
-    its cascade has one level (fewer than 16 accumulator rows).
-
-    :param length: elements summed.
-    :param vector_width: doubles per SIMD vector.
-    :return: a Python expression over ``x[0] .. x[length - 1]``.
-    """
-
-    def add(a: str, b: str) -> str:
-        return f"({a} + {b})"
-
-    def row_sum(items: list[Any], plus: Callable[[Any, Any], Any], zero: Any) -> Any:
-        acc = [zero] * _ILP
-        rows = len(items) // _ILP
-        for r in range(rows):
-            for k in range(_ILP):
-                acc[k] = plus(acc[k], items[r * _ILP + k])
-        for item in items[rows * _ILP:]:
-            acc[0] = plus(acc[0], item)
-        for k in range(1, _ILP):
-            acc[0] = plus(acc[0], acc[k])
-        return acc[0]
-
-    x = [f"x[{i}]" for i in range(length)]
-    if length < vector_width:
-        return add("0.0", row_sum(x, add, "0.0"))
-    vectors = length // vector_width
-    lanes = [x[v * vector_width:(v + 1) * vector_width] for v in range(vectors)]
-    zero = ["0.0"] * vector_width
-    total = row_sum(lanes, lambda a, b: [add(p, q) for p, q in zip(a, b, strict=True)], zero)
-    final = "0.0"
-    for item in x[vectors * vector_width:]:
-        final = add(final, item)
-    for lane in total:
-        final = add(final, lane)
-    return add("0.0", final)
-
-
-class _Summer:
-    """Sums a list of ``length`` floats in :func:`torch_sum_order` (a compiled expression; picklable).
-
-    :param length: elements summed.
-    :param vector_width: doubles per SIMD vector.
-    """
-
-    def __init__(self, length: int, vector_width: int) -> None:
-        self.length = length
-        self.vector_width = vector_width
-        self._sum: Callable[[list[float]], float] = eval(  # noqa: S307 (our own expression)
-            f"lambda x: {torch_sum_order(length, vector_width)}"
-        )
-
-    def __call__(self, values: list[float]) -> float:
-        return self._sum(values)
-
-    def __reduce__(self) -> tuple[type, tuple[int, int]]:
-        return type(self), (self.length, self.vector_width)
-
-
-def _torch_pow(base: float, exponent: float) -> float:
-    """``torch.pow(tensor, exponent)`` of one double for an ``exponent >= 0`` (``EnvConfig.queue_power``):
-    PyTorch's special-cased exponents, else libm ``pow``."""
-    if exponent == 2.0:
-        return base * base
-    if exponent == 3.0:
-        return base * base * base
-    if exponent == 0.5:  # torch's sqrt kernel (MKL's where present) is not always correctly rounded
-        return torch.tensor([base], dtype=torch.float64).sqrt_().item()
-    return math.pow(base, exponent)
+def _powers(queue: float, behind: float, exponent: float) -> tuple[float, float]:
+    """``(queue ** exponent, behind ** exponent)`` as ``torch.pow`` gives them (``exponent``:
+    ``EnvConfig.queue_power``, >= 0); two zeros with a positive exponent are zeros in any implementation,
+    given without a tensor (every step without a resting order)."""
+    if queue == 0.0 and behind == 0.0 and exponent > 0:
+        return 0.0, 0.0
+    ahead, rest = torch.tensor([queue, behind], dtype=torch.float64).pow_(exponent).tolist()
+    return ahead, rest
 
 
 def _sign(x: float) -> float:
     """``torch.sign`` of a double (0.0 for both zeros)."""
     return 1.0 if x > 0 else (-1.0 if x < 0 else 0.0)
-
-
-@functools.lru_cache(maxsize=8)
-def _find_sum(levels: int) -> _Summer | None:
-    """The :class:`_Summer` that equals ``torch.sum(dim=1)`` on ``[1, levels]`` rows here, or None."""
-    generator = np.random.default_rng(0)
-    # magnitudes spread over many binades, so a different summation order shows in the result
-    trials = generator.standard_normal((64, levels)) * 10.0 ** generator.integers(-8, 9, (64, levels))
-    expected = torch.from_numpy(trials).sum(dim=1).tolist()
-    for width in _VECTOR_WIDTHS:
-        summer = _Summer(levels, width)
-        if all(summer(row) == want for row, want in zip(trials.tolist(), expected, strict=True)):
-            return summer
-    return None
 
 
 def lean_path_problem(core: BatchedLOB) -> str | None:
@@ -191,8 +108,6 @@ def lean_path_problem(core: BatchedLOB) -> str | None:
     scale, bias = core._tables.portfolio_affine
     if bias[:-1].any() or bias[-1] != 1.0:
         return "the portfolio feature bias is not (0, ..., 0, 1)"
-    if _find_sum(core._tables.levels) is None:
-        return f"no summation order matches torch.sum over {core._tables.levels} levels on this CPU"
     return None
 
 
@@ -211,9 +126,6 @@ class SingleBook:
         self.config: EnvConfig = core.config
         tables = core._tables
         self._levels = tables.levels
-        summer = _find_sum(tables.levels)
-        assert summer is not None
-        self._sum = summer
         self._rows = tables.rows.numpy()
         self._sides = tables.sides.numpy()
         self._flow = tables.flow.double().numpy()
@@ -306,7 +218,8 @@ class SingleBook:
             for total, size in zip(cumulative, sizes, strict=True)
         ]
         notional = [amount * tick for amount, tick in zip(taken, ticks, strict=True)]
-        return self._sum(taken), self._sum(notional), cumulative[-1]
+        filled, cost = torch.tensor([taken, notional], dtype=torch.float64).sum(dim=1).tolist()
+        return filled, cost, cumulative[-1]
 
     def step(self, action: list[int]) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         """One step of the core's ``_advance`` on a checked action.
@@ -356,7 +269,7 @@ class SingleBook:
         )
         own = self._sides[side_row + (order_side <= 0)].tolist()
         at_tick = zip(own[:levels], own[levels:], strict=True)
-        visible = self._sum([size * (tick == order_tick) for tick, size in at_tick])  # one level at most
+        visible = sum((size for tick, size in at_tick if tick == order_tick), 0.0)  # one level at most: exact
         latency = cfg.order_latency
         if latency:
             # a pending order holds -(steps until it rests + 1); at -1 it rests now behind the visible size
@@ -386,8 +299,8 @@ class SingleBook:
         executed = executed * at_price
         cancelled = cancelled * at_price
         power = cfg.queue_power
-        weight_ahead = _torch_pow(queue, power)
-        total = weight_ahead + _torch_pow(max(visible - queue, 0.0), power)
+        weight_ahead, weight_behind = _powers(queue, max(visible - queue, 0.0), power)
+        total = weight_ahead + weight_behind
         share = weight_ahead / max(total, _SMALLEST_DOUBLE)
         queue = max(queue - cancelled * share, 0.0)
         if cfg.fill_model == "optimistic":
@@ -559,4 +472,4 @@ def check_walk(core: BatchedLOB, count: int = 200, seed: int = 0) -> None:
 
 
 __all__ = ["INFO_KEYS", "KNOWN_CONFIG_FIELDS", "KNOWN_STATE_KEYS", "SingleBook", "check_walk",
-           "lean_path_problem", "torch_sum_order"]
+           "lean_path_problem"]

@@ -25,7 +25,7 @@ from foxenv.data import load_market
 from foxenv.data.market import MarketData
 from foxenv.factory import make_core
 from foxenv.gym_env import LOBEnv
-from foxenv.single_book import SingleBook, check_walk, lean_path_problem, torch_sum_order
+from foxenv.single_book import SingleBook, check_walk, lean_path_problem
 from tests.foxenv.fake_market import random_market
 
 
@@ -163,26 +163,15 @@ def test_lean_walk_equals_walk_book(levels: int) -> None:
     check_walk(BatchedLOB(data, 1, config=EnvConfig(episode_length=50, levels=min(levels, 5)), seed=0))
 
 
-@pytest.mark.parametrize("length", range(1, 41))
-def test_sum_order_is_torchs(length: int) -> None:
-    """Some vector width gives torch.sum's order at every length; the one the env picks does."""
-    summer = single_book._find_sum(length)
-    assert summer is not None
-    generator = np.random.default_rng(length)
-    rows = generator.standard_normal((200, length)) * 10.0 ** generator.integers(-10, 11, (200, length))
-    expected = torch.from_numpy(rows).sum(dim=1).tolist()
-    assert [summer(row) for row in rows.tolist()] == expected
-    assert torch_sum_order(length, 8).count("x[") == length
-
-
 @pytest.mark.parametrize("exponent", [0.0, 0.25, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 0.3, 4.0, 7.0])
-def test_pow_is_torchs(exponent: float) -> None:
-    """Every queue_power (>= 0) powers as torch does, on share counts and fractions of them."""
+def test_powers_are_torchs(exponent: float) -> None:
+    """Every queue_power (>= 0) powers as torch does, two zeros (no resting order: no tensor) included."""
     generator = np.random.default_rng(0)
     bases = [0.0, 1.0, 2.0, 1e-300, 3.7, 123.456, 1e5, 987654.321]
-    bases += [*generator.uniform(0, 1e4, 2000), *generator.integers(0, 10**6, 500)]
-    expected = [torch.tensor([base], dtype=torch.float64).pow(exponent).item() for base in bases]
-    assert [single_book._torch_pow(float(base), exponent) for base in bases] == expected
+    bases += [*generator.uniform(0, 1e4, 200), *generator.integers(0, 10**6, 50)]
+    for queue, behind in [(0.0, 0.0), *zip(bases, reversed(bases), strict=True)]:
+        expected = torch.tensor([queue, behind], dtype=torch.float64).pow(exponent).tolist()
+        assert list(single_book._powers(float(queue), float(behind), exponent)) == expected
 
 
 def test_the_lean_step_knows_the_core(market: MarketData) -> None:
