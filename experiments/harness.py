@@ -112,7 +112,7 @@ def agent_spec(name: str) -> AgentSpec:
 def _builtin_spec(name: str) -> AgentSpec | None:
     """The recipe of a built-in agent name, or None."""
     if name in ("dqn", "qrdqn"):
-        return AgentSpec(name, name)
+        return AgentSpec(name, name, face="joint")
     if name == "iqn":
         return AgentSpec(name, "iqn", {"hindsight": True})
     if name == "iqn_lean":
@@ -505,13 +505,11 @@ def build_model(spec_: AgentSpec, env: Any, budget: Budget, seed: int, diagnosti
     :class:`~foxhunt.envs.FlatActionVecEnv`)."""
     config = budget.run_config(seed)
     model_kwargs = config.resolved_model_kwargs()
-    from foxhunt.envs import FlatActionVecEnv
-
+    if spec_.face == "joint" and not isinstance(env.action_space, spaces.Discrete):
+        raise ValueError(f"agent {spec_.name!r} acts on the joint face: its env needs action_face='joint'")
     if spec_.kind == "iqn":
         base_kwargs, base_policy = dict(model_kwargs), dict(config.resolved_policy_kwargs())
         if spec_.face == "joint":  # foxhunt's per-branch trading settings name branches this face lacks
-            if not isinstance(env.action_space, spaces.Discrete):  # a joint DeviceLOBVecEnv is one already
-                env = FlatActionVecEnv(env)
             for key in JOINT_DROPS_MODEL:
                 base_kwargs.pop(key, None)
             base_policy.pop("bottleneck_dims", None)
@@ -528,12 +526,12 @@ def build_model(spec_: AgentSpec, env: Any, budget: Budget, seed: int, diagnosti
     if spec_.kind == "dqn":
         from stable_baselines3 import DQN
 
-        return DQN("MlpPolicy", FlatActionVecEnv(env), seed=seed, device=budget.device,
+        return DQN("MlpPolicy", env, seed=seed, device=budget.device,
                    policy_kwargs=policy_kwargs, **kwargs)
     if spec_.kind == "qrdqn":
         from sb3_contrib import QRDQN
 
-        return QRDQN("MlpPolicy", FlatActionVecEnv(env), seed=seed, device=budget.device,
+        return QRDQN("MlpPolicy", env, seed=seed, device=budget.device,
                      policy_kwargs=policy_kwargs, **kwargs)
     raise ValueError(f"kind={spec_.kind!r} must be 'iqn', 'dqn' or 'qrdqn'")
 
@@ -560,7 +558,8 @@ def make_train_env(market: Any, setup: MarketSetup, budget: Budget, seed: int, l
                                cuda_graph=budget.env_cuda_graph, action_face=face, **env_kwargs)
     if loop != LOOP_SB3:
         raise ValueError(f"loop={loop!r} must be {LOOP_DEVICE!r} or {LOOP_SB3!r}")
-    return LOBVecEnv(budget.n_envs, device=budget.device, seed=seed, data=market, **env_kwargs)
+    return LOBVecEnv(budget.n_envs, device=budget.device, seed=seed, data=market, action_face=face,
+                     **env_kwargs)
 
 
 def configure_device_loop(model: Any, callback: CurveCallback, n_envs: int) -> None:

@@ -64,7 +64,7 @@ def test_train_agent_on_the_device_env() -> None:
     """The harness builds a DeviceLOBVecEnv for a BranchingIQN agent under the device loop (not for DQN),
     and CurveCallback sees episodes read at the loop's flushes."""
     from foxhunt.device_env import DeviceLOBVecEnv
-    from foxhunt.envs import FlatActionVecEnv, LOBVecEnv
+    from foxhunt.envs import LOBVecEnv
 
     torch.set_num_threads(1)  # as the scripts (--threads 1): small nets on a shared CPU
     setup = harness.MarketSetup(market_steps=1000)
@@ -79,10 +79,9 @@ def test_train_agent_on_the_device_env() -> None:
     model.learn(budget.steps, callback=callback)
     assert model.num_timesteps == 200 and len(model.ep_info_buffer) >= 10  # 20-step episodes on 2 books
     assert callback.curve and all(steps <= 200 for steps, _ in callback.curve)
-    plain = harness.make_train_env(market, setup, budget, 0, budget.loop_of("dqn"))
-    assert type(plain) is LOBVecEnv
-    assert isinstance(harness.build_model(harness.agent_spec("dqn"), plain, budget, 0, None).env,
-                      FlatActionVecEnv)
+    plain = harness.make_train_env(market, setup, budget, 0, budget.loop_of("dqn"), "joint")
+    assert type(plain) is LOBVecEnv and plain.action_face == "joint"
+    assert harness.build_model(harness.agent_spec("dqn"), plain, budget, 0, None).env is plain
     with pytest.raises(ValueError, match="loop='gpu'"):
         harness.make_train_env(market, setup, budget, 0, "gpu")
 

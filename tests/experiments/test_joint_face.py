@@ -18,7 +18,7 @@ def test_iqn_joint_is_one_branch_of_81_actions_without_the_per_branch_settings()
     assert custom.face == "joint" and custom.model_kwargs == {**spec_.model_kwargs, "per_alpha": 0.0}
     budget = harness.Budget(steps=100, n_envs=2)
     setup = harness.MarketSetup("synthetic", 0.5, 3, 2000)
-    env = harness.make_train_env(setup.train_market("cpu"), setup, budget, 0)
+    env = harness.make_train_env(setup.train_market("cpu"), setup, budget, 0, face="joint")
     model = harness.build_model(spec_, env, budget, 0, None)
     assert model.action_space == spaces.Discrete(81) and model.branch_names == ["action"]
     assert model.hindsight_config is None and model.vaccine_interval == 0
