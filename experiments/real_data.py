@@ -149,7 +149,7 @@ def run_config(args: argparse.Namespace, seed: int, levels: int) -> Any:
 def train_agent(agent: str, market: Any, seed: int, levels: int, args: argparse.Namespace) -> Any:
     """Train one agent on ``market`` (the training session) and return the model."""
     from foxhunt.device_env import DeviceLOBVecEnv
-    from foxhunt.envs import FlatActionVecEnv, LOBVecEnv
+    from foxhunt.envs import LOBVecEnv
 
     config = run_config(args, seed, levels)
     env_kwargs = config.resolved_env_kwargs()
@@ -163,14 +163,14 @@ def train_agent(agent: str, market: Any, seed: int, levels: int, args: argparse.
             env = DeviceLOBVecEnv(args.n_envs, device=args.device, seed=seed, data=market, action_face=face,
                                   **env_kwargs)
         else:
-            env = LOBVecEnv(args.n_envs, device=args.device, seed=seed, data=market, **env_kwargs)
-            env = FlatActionVecEnv(env) if face == "joint" else env
+            env = LOBVecEnv(args.n_envs, device=args.device, seed=seed, data=market, action_face=face,
+                            **env_kwargs)
         model = BranchingIQN("MlpPolicy", env, seed=seed, device=args.device,
                              cuda_graph=config.resolved_cuda_graph(),
                              policy_kwargs=config.resolved_policy_kwargs(), **model_kwargs)
     else:
-        env = FlatActionVecEnv(LOBVecEnv(args.n_envs, device=args.device, seed=seed, data=market,
-                                         **env_kwargs))
+        env = LOBVecEnv(args.n_envs, device=args.device, seed=seed, data=market, action_face="joint",
+                        **env_kwargs)
         kwargs = {k: model_kwargs[k] for k in SHARED_DQN_KWARGS if k in model_kwargs}
         policy_kwargs = {"net_arch": list(config.resolved_policy_kwargs()["net_arch"])}
         if agent == "dqn":
