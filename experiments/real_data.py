@@ -12,6 +12,10 @@ Splits (``--splits``, comma separated):
 - ``cross-ticker``: train and fit on ``--data``'s fit session, score on ``--other``'s test session (AAPL),
   both read at one book level (AAPL's files have one), so the observation layout matches.
 - ``cross-ticker-reverse``: the same the other way round.
+- ``walk-forward`` (with ``--days FOLDER``, one LOBSTER pair per day): fit on days ``1..k``, score day
+  ``k+1``, roll (``--min-fit-days``, ``--max-fit-days``); the windows of every test day are pooled into one
+  paired comparison. ``foxenv.data.export.export_synthetic_days`` writes such a folder from the synthetic
+  market.
 
 Agents (``--agents``): ``iqn`` (foxhunt's default agent: :class:`foxhunt.runs.RunConfig`'s resolved
 BranchingIQN, action face, presets and training loop), ``dqn`` (SB3 DQN) and ``qrdqn`` (sb3-contrib QR-DQN)
@@ -68,23 +72,28 @@ class SplitSpec:
     levels: int | None
 
 
-def split_specs(names: Sequence[str], data: str, other: str, levels: int | None) -> list[SplitSpec]:
+def split_specs(names: Sequence[str], data: str, other: str, levels: int | None,
+                days: str | None = None) -> list[SplitSpec]:
     """The :class:`SplitSpec` of each split name.
 
     :param names: split names from :data:`SPLITS`.
     :param data: the main LOBSTER folder (GOOG).
     :param other: the second ticker's folder (AAPL, one level).
-    :param levels: book levels of the session split (``None``: all of the file's).
+    :param levels: book levels of the session and walk-forward splits (``None``: all of the file's).
+    :param days: a folder of several LOBSTER days, for ``walk-forward``.
     :return: the specs, in order.
     """
     specs = {
         "session": SplitSpec("session", data, "fit", data, "test", levels),
         "cross-ticker": SplitSpec("cross-ticker", data, "fit", other, "test", 1),
         "cross-ticker-reverse": SplitSpec("cross-ticker-reverse", other, "fit", data, "test", 1),
+        "walk-forward": SplitSpec("walk-forward", days or "", "days before", days or "", "next day", levels),
     }
+    if "walk-forward" in names and not days:
+        raise ValueError("--splits holds 'walk-forward', which needs --days FOLDER (a LOBSTER pair per day)")
     for name in names:
         if name not in specs:
-            raise ValueError(f"--splits holds {name!r}; known splits are {', '.join(SPLITS)}")
+            raise ValueError(f"--splits holds {name!r}; known splits are {', '.join(specs)}")
     return [specs[name] for name in names]
 
 
@@ -106,6 +115,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="steps of a training episode and of a scored window")
     parser.add_argument("--split-times", default="12:30,13:30", help="fit end and validation end (clock)")
     parser.add_argument("--levels", type=int, default=None, help="book levels of the session split")
+    parser.add_argument("--days", default=None, help="walk-forward: a folder of LOBSTER days (one pair each)")
+    parser.add_argument("--min-fit-days", type=int, default=1, help="walk-forward: the first fold's fit days")
+    parser.add_argument("--max-fit-days", type=int, default=None,
+                        help="walk-forward: a rolling window of at most this many fit days (default: all)")
     parser.add_argument("--cache-dir", default=None, help="LOBSTER cache folder (default the reader's)")
     parser.add_argument("--out", default="runs/experiments/real_data")
     parser.add_argument("--no-figure", action="store_true")
@@ -123,7 +136,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(f"--split-times={args.split_times!r} must be two clock times, e.g. 12:30,13:30")
     args.split_times = tuple(times)
     try:
-        split_specs(args.split_list, args.data, args.other, args.levels)
+        split_specs(args.split_list, args.data, args.other, args.levels, args.days)
     except ValueError as error:
         parser.error(str(error))
     return args
@@ -135,6 +148,24 @@ def load(source: str, split: str, levels: int | None, args: argparse.Namespace) 
 
     return load_market(source, split=split, split_times=args.split_times, step_seconds=args.step_seconds,
                        levels=levels, cache_dir=args.cache_dir, device=args.device)
+
+
+def folds(spec: SplitSpec, args: argparse.Namespace) -> Any:
+    """``(label, training market, test market)`` of each fold: one for a session split, one per test day for
+    walk-forward (fit on the days before it, :func:`foxenv.data.walk_forward`)."""
+    from foxenv.data import find_lobster_days, load_market, walk_forward
+
+    if spec.name != "walk-forward":
+        yield "", load(spec.train_source, spec.train_split, spec.levels, args), load(
+            spec.test_source, spec.test_split, spec.levels, args)
+        return
+    days = find_lobster_days(spec.train_source)
+    options = {"step_seconds": args.step_seconds, "levels": spec.levels, "cache_dir": args.cache_dir,
+               "device": args.device}
+    for fit_days, test_day in walk_forward(len(days), args.min_fit_days, args.max_fit_days):
+        label = f"fit {days[fit_days[0]].date}..{days[fit_days[-1]].date}, test {days[test_day].date}: "
+        yield (label, load_market(spec.train_source, days=fit_days, **options),
+               load_market(spec.train_source, days=[test_day], **options))
 
 
 def run_config(args: argparse.Namespace, seed: int, levels: int) -> Any:
@@ -200,34 +231,69 @@ TABLE = (("pnl", "PnL after fees", "{:,.0f}"), ("pnl_per_episode", "PnL / window
          ("trades", "closed trades", "{:,.0f}"))
 
 
-def summarise(evaluation: Any, agents: Sequence[str], seeds: Sequence[int],
+def pool(metrics: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """One policy's table metrics over several folds: PnL, trades, notional and windows summed, PnL per window
+    and bps of notional from the sums, Sharpe per step the mean over folds (one fold: its own metrics)."""
+    pnl = sum(float(m["pnl"]) for m in metrics)
+    notional = sum(float(m["notional_traded"]) for m in metrics)
+    windows = sum(int(m["episodes"]) for m in metrics)
+    return {"pnl": pnl, "pnl_per_episode": pnl / max(windows, 1),
+            "pnl_bps_of_notional": 1e4 * pnl / notional if notional > 0 else math.nan,
+            "sharpe": float(np.mean([float(m["sharpe"]) for m in metrics])),
+            "trades": float(sum(int(m["trades"]) for m in metrics))}
+
+
+#: Start-row offset between folds: windows of different folds (different days) never count as overlapping.
+FOLD_OFFSET = 2**40
+
+
+def summarise(evaluations: Sequence[Any], agents: Sequence[str], seeds: Sequence[int],
               level: float = 0.95) -> dict[str, Any]:
-    """Per agent (over seeds) and per baseline the table's metrics; per agent the paired comparisons of its
-    seed-mean window PnL against flat and the imbalance rule, Holm-corrected over the split's family."""
+    """Per agent (over seeds) and per baseline the table's metrics pooled over the folds; per agent the paired
+    comparisons of its seed-mean window PnL against flat and the imbalance rule over every fold's windows,
+    Holm-corrected over the split's family."""
     from foxhunt.evaluation import stats
     from foxhunt.evaluation.metrics import episode_pnl
 
-    results = evaluation.results
+    results = [evaluation.results for evaluation in evaluations]
     groups = {agent: [f"{agent}/seed{s}" for s in seeds] for agent in agents}
-    groups.update({name: [name] for name in results if "/" not in name})
+    groups.update({name: [name] for name in results[0] if "/" not in name})
+    pooled = {key: pool([fold[key].metrics for fold in results]) for keys in groups.values() for key in keys}
     rows = {group: {"seeds": len(keys) if group in agents else None,
-                    **{metric: _mean_std([float(results[k].metrics[metric]) for k in keys])
-                       for metric, _, _ in TABLE}}
+                    **{metric: _mean_std([pooled[k][metric] for k in keys]) for metric, _, _ in TABLE}}
             for group, keys in groups.items()}
-    first = next(iter(results.values())).recording
+    recordings = [next(iter(fold.values())).recording for fold in results]
+    starts = torch.cat([r.offsets.reshape(-1) + k * FOLD_OFFSET for k, r in enumerate(recordings)])
+
+    def windows(key: str) -> torch.Tensor:
+        return torch.cat([episode_pnl(fold[key].recording).reshape(-1).cpu() for fold in results])
+
     comparisons: dict[str, list[dict[str, Any]]] = {}
     for agent in agents:
-        seed_mean = torch.stack([episode_pnl(results[k].recording) for k in groups[agent]]).mean(dim=0)
+        seed_mean = torch.stack([windows(k) for k in groups[agent]]).mean(dim=0)
         comparisons[agent] = [
-            stats.paired_windows(seed_mean, episode_pnl(results[b].recording), first.offsets,
-                                 first.episode_length, baseline=b, level=level)
-            for b in COMPARED if b in results
+            stats.paired_windows(seed_mean, windows(b), starts, recordings[0].episode_length, baseline=b,
+                                 level=level)
+            for b in COMPARED if b in results[0]
         ]
     family = stats.correct(comparisons)
     for group in comparisons.values():
         for row in group:
             row.pop("differences")
     return {"rows": rows, "comparisons": comparisons, "family": family}
+
+
+def combined_setup(evaluations: Sequence[Any]) -> dict[str, Any]:
+    """The setup of one fold's evaluation, or the folds' markets, steps and windows together."""
+    if len(evaluations) == 1:
+        return {**evaluations[0].setup, "folds": 1}
+    setups = [evaluation.setup for evaluation in evaluations]
+    thresholds = [s.get("fitted_baselines", {}).get("imbalance", {}).get("threshold") for s in setups]
+    return {"market": " | ".join(s["market"] for s in setups), "folds": len(setups),
+            "market_steps": sum(s["market_steps"] for s in setups),
+            "windows": sum(s["windows"] for s in setups), "episode_length": setups[0]["episode_length"],
+            "fitted_baselines": {"imbalance": {"threshold": "/".join(map(str, thresholds))}},
+            "per_fold": setups}
 
 
 def _cell(value: dict[str, Any], fmt: str, seeds: int | None) -> str:
@@ -303,25 +369,27 @@ def run_split(spec: SplitSpec, args: argparse.Namespace, out: Path) -> dict[str,
     from foxhunt.evaluation import evaluate_policies
 
     started = time.perf_counter()
-    train_market = load(spec.train_source, spec.train_split, spec.levels, args)
-    test_market = load(spec.test_source, spec.test_split, spec.levels, args)
-    levels = spec.levels or min(train_market.num_levels, test_market.num_levels)
     seeds = list(range(args.seeds))
-    models, seconds = {}, {}
-    for agent in args.agent_list:
-        for seed in seeds:
-            tick = time.perf_counter()
-            models[f"{agent}/seed{seed}"] = train_agent(agent, train_market, seed, levels, args)
-            seconds[f"{agent}/seed{seed}"] = time.perf_counter() - tick
-            print(f"[{spec.name}] {agent} seed {seed}: {seconds[f'{agent}/seed{seed}']:.1f} s", flush=True)
-    evaluation = evaluate_policies(models, test_market, baselines=BASELINES, fit_data=train_market, seed=1000,
-                                   env_kwargs={"episode_length": args.episode_length, "levels": levels},
-                                   device=args.device)
-    summary = summarise(evaluation, args.agent_list, seeds)
-    result = {"spec": spec.__dict__, "setup": evaluation.setup, "summary": summary,
+    evaluations, seconds = [], {}
+    for label, train_market, test_market in folds(spec, args):
+        levels = spec.levels or min(train_market.num_levels, test_market.num_levels)
+        models = {}
+        for agent in args.agent_list:
+            for seed in seeds:
+                key, tick = f"{agent}/seed{seed}", time.perf_counter()
+                models[key] = train_agent(agent, train_market, seed, levels, args)
+                seconds[f"{label}{key}"] = time.perf_counter() - tick
+                took = seconds[f"{label}{key}"]
+                print(f"[{spec.name}] {label}{agent} seed {seed}: {took:.1f} s", flush=True)
+        evaluations.append(evaluate_policies(
+            models, test_market, baselines=BASELINES, fit_data=train_market, seed=1000, device=args.device,
+            env_kwargs={"episode_length": args.episode_length, "levels": levels}))
+    summary = summarise(evaluations, args.agent_list, seeds)
+    setup = combined_setup(evaluations)
+    result = {"spec": spec.__dict__, "setup": setup, "summary": summary,
               "train_seconds": seconds, "seconds": time.perf_counter() - started,
-              "policies": {name: r.metrics for name, r in evaluation.results.items()}}
-    (out / f"{spec.name}.md").write_text(markdown(spec, summary, evaluation.setup, args))
+              "policies": [{name: r.metrics for name, r in e.results.items()} for e in evaluations]}
+    (out / f"{spec.name}.md").write_text(markdown(spec, summary, setup, args))
     (out / f"{spec.name}.json").write_text(json.dumps(_clean(result), indent=2))
     return result
 
@@ -344,7 +412,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     results = {}
-    for spec in split_specs(args.split_list, args.data, args.other, args.levels):
+    for spec in split_specs(args.split_list, args.data, args.other, args.levels, args.days):
         results[spec.name] = run_split(spec, args, out)
         print((out / f"{spec.name}.md").read_text(), flush=True)
     payload = {"command": vars(args) | {"split_times": list(args.split_times)}, "splits": results,

@@ -54,3 +54,26 @@ def test_real_data_options_are_checked(capsys) -> None:  # noqa: ANN001
         with pytest.raises(SystemExit):
             real_data.parse_args(argv)
         assert match in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_walk_forward_over_exported_days_pools_every_test_day(tmp_path) -> None:  # noqa: ANN001
+    from foxenv.data.export import export_synthetic_days
+
+    export_synthetic_days(tmp_path / "days", num_days=3, num_steps=250, levels=2, seed=3)
+    results = real_data.main([
+        "--splits", "walk-forward", "--days", str(tmp_path / "days"), "--agents", "dqn", "--seeds", "2",
+        "--steps", "40", "--n-envs", "2", "--step-seconds", "15.8", "--episode-length", "20",
+        "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "out"), "--no-figure",
+    ])
+    setup, summary = results["walk-forward"]["setup"], results["walk-forward"]["summary"]
+    assert setup["folds"] == 2 and [s["windows"] for s in setup["per_fold"]] == [12, 12]
+    # fold 1 scores day 1 (fit on day 0), fold 2 scores day 2 (fit on days 0 and 1)
+    assert "days [1]" in setup["per_fold"][0]["market"] and "days [2]" in setup["per_fold"][1]["market"]
+    fits = [s["fitted_baselines"]["imbalance"]["fit_market"] for s in setup["per_fold"]]
+    assert "days [0]" in fits[0] and "days [0, 1]" in fits[1]
+    rows = summary["comparisons"]["dqn"]
+    assert [row["windows"] for row in rows] == [24, 24] and summary["family"] == 2
+    assert summary["rows"]["flat"]["pnl"]["mean"] == 0.0
+    with pytest.raises(SystemExit):
+        real_data.parse_args(["--splits", "walk-forward"])  # needs --days
