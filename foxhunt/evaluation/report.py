@@ -70,6 +70,13 @@ def _interval(row: dict[str, Any]) -> str:
     return f"[{_fmt(row['ci_low'])}, {_fmt(row['ci_high'])}]"
 
 
+def _correction(setup: dict[str, Any]) -> str:
+    correction = setup.get("correction", "none")
+    if correction == "none":
+        return "no multiple-comparison correction (at most one testable comparison)"
+    return f"p-values corrected with {correction}"
+
+
 def comparison_lines(evaluation: Evaluation) -> list[str]:
     """The report's paired-comparison section: one table per policy, then its verdict and power lines."""
     setup = evaluation.setup
@@ -78,7 +85,7 @@ def comparison_lines(evaluation: Evaluation) -> list[str]:
     lines = ["", "## Paired comparison (per-window PnL, policy minus baseline, same windows)", "",
              f"**{windows} independent window(s)** of {setup['episode_length']} steps (disjoint; every "
              f"policy ran on the same ones). Intervals: {100 * level:g} % circular block bootstrap over the "
-             f"time-ordered windows; p-values corrected with {setup.get('correction', 'none')}.", ""]
+             f"time-ordered windows; {_correction(setup)}.", ""]
     if windows < 2:
         lines += ["With one window there is no interval and no verdict: evaluate a longer split, shorter "
                   "episodes or finer steps.", ""]
