@@ -31,8 +31,8 @@ import torch as th
 from stable_baselines3.common.callbacks import BaseCallback
 
 from foxhunt import training_state
-from foxhunt.checksums import sha256_file
 from sb3_her_ext import device_loop
+from sb3_her_ext.checksum import sha256_prefix as sha256_file
 
 #: Folder of a run's checkpoints.
 CHECKPOINTS_DIR = "checkpoints"

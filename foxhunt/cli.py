@@ -1,112 +1,206 @@
 """The ``foxhunt`` command line: ``foxhunt train | evaluate | rollout | tune``.
 
 ``foxhunt train`` with no arguments trains BranchingIQN on the built-in synthetic market (a few minutes
-on a laptop CPU) and writes a run folder (see :mod:`foxhunt.runs`). ``foxhunt rollout`` scores a
-uniformly random policy. ``foxhunt evaluate`` scores a saved model beside baselines
-(:mod:`foxhunt.evaluation.cli`). ``foxhunt tune`` runs an Optuna study (:mod:`tuning.cli`).
-``foxhunt train --config FILE`` starts from a :class:`~foxhunt.runs.RunConfig` JSON (the
-options given on the command line override it); ``foxhunt train --resume RUN_DIR`` continues a run from
-its newest checkpoint. ``foxhunt train --action-face joint`` trains on one branch of the 81 joint actions
-instead of the four branches (``RunConfig.action_face``; hindsight is off there).
+on a laptop CPU) and writes a run folder (see :mod:`foxhunt.runs`). Its options are generated from the
+config tree (:class:`~foxhunt.runs.RunConfig`): one per field, named by its dotted path (``--n-envs``,
+``--action-face``, ``--env.episode-length``, ``--algorithm.learning-rate``), with the field's docstring as
+help; ``--hyperparams algorithm.gamma:0.98 env.episode_length:200`` sets any of them as rl-zoo3 does.
+``foxhunt train --config FILE`` starts from a RunConfig JSON (a run's ``config.json`` or a study's
+``best_config.json``; the options given override it); ``foxhunt train --resume RUN_DIR`` continues a run
+from its newest checkpoint. ``foxhunt rollout`` scores a uniformly random policy. ``foxhunt evaluate``
+scores a saved model beside baselines (:mod:`foxhunt.evaluation.cli`). ``foxhunt tune`` runs an Optuna
+study (:mod:`tuning.cli`, imported only when the command runs).
 
 A user error (a bad option, a missing file, a used run folder) prints one line ``foxhunt: error: ...`` on
-stderr and exits with status 2; ``--debug`` shows the traceback instead.
+stderr, naming the option as typed, and exits with status 2; ``--debug`` shows the traceback instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
+import re
 import sys
-from collections.abc import Sequence
+import types
+import typing
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch as th
 
 from foxhunt import presets
+from foxhunt.config import field_docs
 from foxhunt.evaluation import cli as evaluation_cli
-from foxhunt.runs import EVAL_SPLITS, RunConfig
+from foxhunt.runs import EVAL_SPLITS, SECTIONS, RunConfig, field_names
 
 #: Exceptions that are the user's to fix: one line and exit status 2 (``--debug``: the traceback).
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError)
-
-#: ``foxhunt train``'s run options: argparse destination = RunConfig field.
-TRAIN_OPTIONS: tuple[str, ...] = (
-    "data", "steps", "n_envs", "device", "seed", "threads", "hindsight", "eval_steps", "cuda_graph",
-    "progress", "out", "checkpoint_every", "keep_checkpoints", "action_face", "eval_split",
-)
+#: The choices of the config fields that take one of a few names.
+CHOICES: dict[str, tuple[str, ...]] = {"action_face": presets.ACTION_FACES, "eval_split": EVAL_SPLITS,
+                                       "env.fill_model": ("conservative", "optimistic")}
 
 
-def _flag(name: str) -> str:
+def flag(name: str) -> str:
+    """The option of a dotted config field: ``n_envs`` -> ``--n-envs``, ``algorithm.batch_size`` ->
+    ``--algorithm.batch-size``."""
     return "--" + name.replace("_", "-")
 
 
-def _check_seed_and_device(seed: int, device_name: str, seed_name: str = "--seed",
-                           device_flag: str = "--device") -> None:
-    """The seed in numpy's range, the device the CPU or an available CUDA device; else ``ValueError``.
+def version() -> str:
+    """foxhunt's installed version (``0+unknown`` when it is not installed)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
 
-    :param seed: the seed.
-    :param device_name: the device.
-    :param seed_name: how messages name the seed (its option, or its field of a config file).
-    :param device_flag: how messages name the device.
-    """
-    if not 0 <= seed < 2**32:
-        raise ValueError(f"{seed_name}={seed} must lie in [0, 2**32)")
     try:
-        device = th.device(device_name)
-    except RuntimeError:
-        raise ValueError(f"{device_flag}={device_name!r} must be cpu or cuda") from None
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"{device_flag}={device_name!r} must be cpu or cuda")
-    if device.type == "cuda" and not th.cuda.is_available():
-        raise ValueError(f"{device_flag}={device_name!r}: no CUDA device is available")
+        return installed("foxhunt")
+    except PackageNotFoundError:
+        return "0+unknown"
 
 
-def given_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The run options given on the command line (``train``'s options default to absent).
+# ------------------------------------------------------------------------------------------ config options
 
-    :param args: parsed ``train`` arguments.
-    :return: RunConfig field -> value, for the options given.
+
+def _config_fields() -> Iterator[tuple[str, Any, Any, str]]:
+    """``(dotted name, type, default, docstring)`` of every leaf field of the config tree."""
+    for prefix, cls in (("", RunConfig), *((f"{name}.", section) for name, section in SECTIONS.items())):
+        hints, docs, defaults = typing.get_type_hints(cls), field_docs(cls), cls()
+        for f in dataclasses.fields(cls):
+            if f.name not in SECTIONS:
+                yield prefix + f.name, hints[f.name], getattr(defaults, f.name), docs.get(f.name, "")
+
+
+def parse_value(text: str) -> Any:
+    """A command-line value: a Python/JSON literal (``3``, ``1e-4``, ``[64, 64]``, ``{"a": 1}``, ``None``,
+    ``true``), else the text itself."""
+    literal = {"true": "True", "false": "False", "null": "None", "none": "None"}.get(text.lower(), text)
+    try:
+        return ast.literal_eval(literal)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def add_config_options(parser: Any, skip: Sequence[str] = ()) -> None:
+    """One option per field of the config tree (but ``skip``), absent from the namespace unless given;
+    ``--hyperparams KEY:VALUE ...``.
+
+    :param parser: the command's parser (or an argument group of it).
+    :param skip: dotted names that the command does not take.
     """
-    return {name: getattr(args, name) for name in TRAIN_OPTIONS if hasattr(args, name)}
+    for name, hint, default, doc in _config_fields():
+        if name in skip:
+            continue
+        kind = {"type": parse_value, "metavar": "VALUE"}
+        union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+        scalars = set(typing.get_args(hint)) - {type(None)} if union else {hint}
+        if scalars == {bool}:
+            kind = {"action": argparse.BooleanOptionalAction}
+        elif name in CHOICES:
+            kind = {"choices": CHOICES[name]}
+        elif len(scalars) == 1 and next(iter(scalars)) in (int, float, str):
+            scalar = next(iter(scalars))
+            kind = {"type": scalar, "metavar": scalar.__name__.upper()}
+        shown = "" if default is None or "default:" in doc or "preset" in doc else f" (default: {default})"
+        parser.add_argument(flag(name), dest=name, default=argparse.SUPPRESS,
+                            help=(doc + shown).replace("``", "").replace("%", "%%"), **kind)
+    parser.add_argument("--hyperparams", nargs="+", default=argparse.SUPPRESS, metavar="KEY:VALUE",
+                        help="config fields by dotted name, as rl-zoo3's --hyperparams: "
+                             "algorithm.learning_rate:1e-4 env.episode_length:200 (a name of one section "
+                             "may be given bare: gamma:0.98); the options given override them")
 
 
-def config_from_args(args: argparse.Namespace) -> RunConfig:
-    """The :class:`RunConfig` that ``foxhunt train``'s options describe: ``--config``'s file (or the
-    defaults), with the options given on the command line in place of its values.
+def _field_name(key: str, names: Sequence[str]) -> str:
+    """The dotted field a ``--hyperparams`` key names: itself, or the one field of that bare name."""
+    if key in names or key.startswith("env.market."):
+        return key
+    matches = [name for name in names if name.rsplit(".", 1)[-1] == key]
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        raise ValueError(f"--hyperparams {key}: ambiguous, give one of {matches}")
+    raise ValueError(f"--hyperparams {key}: no config field of that name (fields: {', '.join(names)})")
 
-    :param args: parsed ``train`` arguments.
+
+def given_options(args: argparse.Namespace, skip: Sequence[str] = ()) -> dict[str, Any]:
+    """The config fields set on the command line: ``--hyperparams``, then the options given.
+
+    :param args: parsed arguments of a command with :func:`add_config_options`.
+    :param skip: the fields that are no options of the command (its own options of those names).
+    :return: dotted field name -> value.
+    """
+    names = [name for name in field_names() if name not in skip]
+    given: dict[str, Any] = {}
+    for item in getattr(args, "hyperparams", []):
+        key, sep, value = item.partition(":")
+        if not sep:
+            raise ValueError(f"--hyperparams {item!r} must be KEY:VALUE")
+        given[_field_name(key, names)] = parse_value(value)
+    given.update({name: value for name, value in vars(args).items() if name in names})
+    return given
+
+
+def renaming(message: str, name: Callable[[str], str]) -> str:
+    """``message`` with each ``RunConfig.FIELD`` written as ``name(FIELD)``."""
+    return re.sub(r"RunConfig\.((?:[a-z_]+\.)*[a-z_]+)", lambda match: name(match[1]), message)
+
+
+def config_from_args(args: argparse.Namespace, base: RunConfig | None = None,
+                     skip: Sequence[str] = ()) -> RunConfig:
+    """The :class:`RunConfig` of the options: ``--config``'s file (or ``base``, or the defaults) with the
+    fields given on the command line in place of its values; checked as :func:`check_runnable` does. Errors
+    name the option typed (``--n-envs=0 must be >= 1``) or the file's field.
+
+    :param args: parsed arguments of a command with :func:`add_config_options` and ``--config``.
+    :param base: the config without ``--config`` (``None``: the defaults, a GPU's sizes on CUDA).
+    :param skip: as :func:`given_options`.
     :return: the run config.
     """
-    given = given_options(args)
-    for name, least in (("steps", 1), ("n_envs", 1), ("eval_steps", 2), ("threads", 1),
-                        ("checkpoint_every", 0), ("keep_checkpoints", 0)):
-        if name in given and given[name] < least:  # eval_steps: checked before training, not after it
-            raise ValueError(f"{_flag(name)}={given[name]} must be >= {least}")
-    if "seed" in given and not 0 <= given["seed"] < 2**32:
-        raise ValueError(f"--seed={given['seed']} must lie in [0, 2**32)")
+    given = given_options(args, skip)
     config_file = getattr(args, "config", None)
-    base = RunConfig()
     if config_file is not None:
         if not Path(config_file).is_file():
             raise FileNotFoundError(f"--config={config_file!r}: no such file")
         base = RunConfig.load(config_file)
 
     def name(field: str) -> str:  # an option given, or a value of the config file
-        return _flag(field) if field in given or config_file is None else f"{config_file}: {field}"
+        return flag(field) if field in given or config_file is None else f"{config_file}: {field}"
 
-    if config_file is None and str(given.get("device", base.device)).startswith("cuda"):
+    if base is None and str(given.get("device", "cpu")).startswith("cuda"):
         # a GPU run's sizes unless given: thousands of books through the device loop
-        base = dataclasses.replace(base, n_envs=presets.GPU_N_ENVS, steps=presets.GPU_TRAIN_STEPS,
-                                   checkpoint_every=presets.GPU_CHECKPOINT_EVERY)
-    config = dataclasses.replace(base, **given)
-    if config.data != "synthetic" and not Path(config.data).is_dir():
-        raise ValueError(f"{name('data')}={config.data!r} must be 'synthetic' or a folder of LOBSTER files")
-    _check_seed_and_device(config.seed, config.device, name("seed"), name("device"))
-    if config.cuda_graph and th.device(config.device).type != "cuda":
-        raise ValueError(f"{name('cuda_graph')} needs --device cuda, got {name('device')}={config.device!r}")
+        base = RunConfig(n_envs=presets.GPU_N_ENVS, steps=presets.GPU_TRAIN_STEPS,
+                         checkpoint_every=presets.GPU_CHECKPOINT_EVERY)
+    try:
+        config = (base or RunConfig()).with_values(given)
+        check_runnable(config)
+    except ValueError as error:
+        raise ValueError(renaming(str(error), name)) from None
     return config
+
+
+def check_device(device_name: str, name: str = "RunConfig.device") -> None:
+    """The CPU or an available CUDA device; else a ``ValueError`` naming ``name``."""
+    try:
+        device = th.device(device_name)
+    except RuntimeError:
+        raise ValueError(f"{name}={device_name!r} must be cpu or cuda") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{name}={device_name!r} must be cpu or cuda")
+    if device.type == "cuda" and not th.cuda.is_available():
+        raise ValueError(f"{name}={device_name!r}: no CUDA device is available")
+
+
+def check_runnable(config: RunConfig) -> None:
+    """What a config needs of this machine: its data folder, its device, CUDA for its CUDA graphs.
+
+    :raises ValueError: naming the field (``RunConfig.FIELD``).
+    """
+    if config.data != "synthetic" and not Path(config.data).is_dir():
+        raise ValueError(f"RunConfig.data={config.data!r} must be 'synthetic' or a folder of LOBSTER files")
+    check_device(config.device)
+    if config.cuda_graph and th.device(config.device).type != "cuda":
+        raise ValueError(f"RunConfig.cuda_graph needs RunConfig.device cuda, got RunConfig.device="
+                         f"{config.device!r}")
 
 
 def train(args: argparse.Namespace) -> Any:
@@ -120,7 +214,7 @@ def train(args: argparse.Namespace) -> Any:
 
     if args.resume is not None:
         given = given_options(args)
-        extra = [_flag(name) for name in given if name != "progress"]
+        extra = [flag(name) for name in given if name != "progress"]
         extra += ["--config"] if args.config is not None else []
         if extra:
             raise ValueError(
@@ -139,32 +233,18 @@ def rollout(args: argparse.Namespace) -> dict[str, Any]:
     """
     from foxhunt.evaluation.rollout import print_summary, random_rollout
 
-    _check_seed_and_device(args.seed, args.device)
+    for name, least in (("steps", 2), ("n_envs", 1), ("threads", 1)):
+        if getattr(args, name) < least:
+            raise ValueError(f"{flag(name)}={getattr(args, name)} must be >= {least}")
+    if not 0 <= args.seed < 2**32:
+        raise ValueError(f"--seed={args.seed} must lie in [0, 2**32)")
+    check_device(args.device, "--device")
     summary = random_rollout(
         num_steps=args.steps, num_envs=args.n_envs, data=args.data, seed=args.seed,
         device=args.device, progress=args.progress,
     )
     print_summary(f"random rollout: {args.steps} steps x {args.n_envs} books on {args.data}", summary)
     return summary
-
-
-def _common(p: argparse.ArgumentParser, steps: int, n_envs: int, absent: bool = False) -> None:
-    """The options ``train`` and ``rollout`` share; ``absent``: an option not given is not set at all."""
-    default = (lambda value: argparse.SUPPRESS) if absent else (lambda value: value)
-    p.add_argument("--data", default=default("synthetic"),
-                   help="'synthetic' (built-in generator) or a LOBSTER folder (default: synthetic)")
-    p.add_argument("--steps", type=int, default=default(steps), help=f"environment steps (default: {steps})")
-    p.add_argument("--n-envs", type=int, default=default(n_envs),
-                   help=f"books stepped together (default: {n_envs})")
-    p.add_argument("--device", default=default("cpu"),
-                   help="cpu or cuda (default: cpu); on cuda, train's sizes default to "
-                        f"{presets.GPU_N_ENVS} books and {presets.GPU_TRAIN_STEPS:,} steps")
-    p.add_argument("--seed", type=int, default=default(0), help="random seed (default: 0)")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=default(True),
-                   help="show a progress bar (default: on)")
-    p.add_argument("--threads", type=int, default=default(1),
-                   help="torch CPU threads (default: 1, fastest for these small networks)")
-    _debug(p)
 
 
 def _debug(p: argparse.ArgumentParser, top: bool = False) -> None:
@@ -176,13 +256,15 @@ def _debug(p: argparse.ArgumentParser, top: bool = False) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The ``foxhunt`` argument parser.
 
-    :return: the parser with ``train``, ``evaluate``, ``rollout`` and ``tune`` subcommands.
+    :return: the parser with ``train``, ``evaluate``, ``rollout`` and ``tune`` subcommands (``tune``'s
+        arguments are parsed by :mod:`tuning.cli` when it runs).
     """
     parser = argparse.ArgumentParser(
         prog="foxhunt",
         description="Deep RL for limit-order-book trading: train BranchingIQN, evaluate it, score a random "
         "policy, tune with Optuna.",
     )
+    parser.add_argument("--version", action="version", version=f"foxhunt {version()}")
     _debug(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="{train,evaluate,rollout,tune}")
 
@@ -192,51 +274,38 @@ def build_parser() -> argparse.ArgumentParser:
         "TensorBoard logs and training.png to the run folder, then print an evaluation of the "
         "deterministic policy on held-out data (LOBSTER test split, or a synthetic market with another "
         "seed). Checkpoints every --checkpoint-every steps; --resume RUN_DIR continues a killed run from its "
-        "newest one.",
+        "newest one. Each option sets the RunConfig field of its name; on --device cuda the sizes default "
+        f"to {presets.GPU_N_ENVS} books and {presets.GPU_TRAIN_STEPS:,} steps.",
     )
-    defaults = RunConfig()
-    _common(train_parser, defaults.steps, defaults.n_envs, absent=True)
     train_parser.add_argument("--config", default=None, metavar="FILE",
-                              help="start from this RunConfig JSON (a run's config.json, say); the options "
-                                   "given on the command line override its values")
+                              help="start from this RunConfig JSON (a run's config.json, a study's "
+                                   "best_config.json); the options given on the command line override it")
     train_parser.add_argument("--resume", default=None, metavar="RUN_DIR",
                               help="continue the run in RUN_DIR from its newest checkpoint, as its "
                                    "config.json says")
-    train_parser.add_argument("--out", default=argparse.SUPPRESS,
-                              help="run folder, new or empty (default: runs/<timestamp>-<random>)")
-    train_parser.add_argument("--hindsight", action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
-                              help="hindsight replay injections (default: on with the branched action face, "
-                                   "off with the joint one, which cannot take it)")
-    train_parser.add_argument("--action-face", choices=presets.ACTION_FACES, default=argparse.SUPPRESS,
-                              help="the action BranchingIQN learns on: 'branched' (four branches: direction, "
-                                   "magnitude, order, urgency) or 'joint' (one branch of the 81 joint "
-                                   f"actions) (default: {presets.ACTION_FACE})")
-    train_parser.add_argument("--eval-steps", type=int, default=argparse.SUPPRESS,
-                              help=f"vector steps of the final evaluation (default: {defaults.eval_steps})")
-    train_parser.add_argument("--eval-split", choices=EVAL_SPLITS, default=argparse.SUPPRESS,
-                              help="held-out data of the final evaluation: 'test', or 'validation' for model "
-                                   "selection that leaves the test data unseen (LOBSTER: train on the first "
-                                   "75%% of the train split, score on the rest; synthetic: a third market) "
-                                   f"(default: {defaults.eval_split})")
-    train_parser.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction,
-                              default=argparse.SUPPRESS,
-                              help="run each gradient step as one CUDA graph replay (BranchingIQN's "
-                                   "cuda_graph=True); CUDA only (default: on with --device cuda)")
-    train_parser.add_argument("--checkpoint-every", type=int, default=argparse.SUPPRESS,
-                              help="environment steps between checkpoints, 0 for none "
-                                   f"(default: {defaults.checkpoint_every})")
-    train_parser.add_argument("--keep-checkpoints", type=int, default=argparse.SUPPRESS,
-                              help="checkpoints kept, the newest; 0 for all "
-                                   f"(default: {defaults.keep_checkpoints})")
+    add_config_options(train_parser)
+    _debug(train_parser)
     evaluation_cli.add_parser(sub)
     rollout_parser = sub.add_parser(
         "rollout", help="score a uniformly random policy",
         description="Run a uniformly random policy on the vector env and print foxenv.metrics.",
     )
-    _common(rollout_parser, 2000, 16)
-    from tuning.cli import add_parser as add_tune_parser
-
-    add_tune_parser(sub)
+    rollout_parser.add_argument("--data", default="synthetic",
+                                help="'synthetic' (built-in generator) or a LOBSTER folder "
+                                     "(default: synthetic)")
+    rollout_parser.add_argument("--steps", type=int, default=2000, help="environment steps (default: 2000)")
+    rollout_parser.add_argument("--n-envs", type=int, default=16, help="books stepped together (default: 16)")
+    rollout_parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    rollout_parser.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    rollout_parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
+                                help="show a progress bar (default: on)")
+    rollout_parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1)")
+    _debug(rollout_parser)
+    tune_parser = sub.add_parser(
+        "tune", help="Optuna study over BranchingIQN (TPE, pruning, SQLite or PostgreSQL storage); "
+        "foxhunt tune --help lists its options", add_help=False, prefix_chars="+",
+    )
+    tune_parser.add_argument("tune_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return parser
 
 
@@ -264,6 +333,24 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def report_errors(command: Callable[[], int], debug: bool, prog: str = "foxhunt") -> int:
+    """Run ``command``; a user error (:data:`USER_ERRORS`) becomes one stderr line and exit status 2.
+
+    :param command: what to run.
+    :param debug: raise the error instead (its traceback).
+    :param prog: how the line starts.
+    :return: the command's exit status, or 2.
+    """
+    try:
+        return command()
+    except USER_ERRORS as error:
+        if debug:
+            raise
+        message = " ".join(str(error).split()) or type(error).__name__
+        print(f"{prog}: error: {message}", file=sys.stderr)
+        return 2
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``foxhunt`` console script.
 
@@ -271,14 +358,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     :return: the exit status: 0, or 2 after a user error (printed as one line on stderr).
     """
     args = build_parser().parse_args(argv)
-    try:
-        return run(args)
-    except USER_ERRORS as error:
-        if args.debug:
-            raise
-        message = " ".join(str(error).split()) or type(error).__name__
-        print(f"foxhunt: error: {message}", file=sys.stderr)
-        return 2
+    debug = args.debug or "--debug" in getattr(args, "tune_args", ())
+    return report_errors(lambda: run(args), debug)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ order, urgency) live here, and :mod:`foxhunt.runs` passes them in.
 BranchingIQN sees the action through one of two faces (:data:`ACTION_FACES`): ``"branched"``, the four
 branches, or ``"joint"``, one branch of the 81 joint actions (code ``27 d + 9 m + 3 o + u``,
 :func:`foxhunt.envs.decode_joint`). The per-branch arguments apply to the branched face only
-(:func:`face_algorithm_kwargs`, :func:`face_policy_kwargs`).
+(:func:`foxhunt.config.algorithm_presets`, :func:`foxhunt.config.policy_presets`).
 """
 
 from __future__ import annotations
@@ -49,42 +49,29 @@ GPU_N_ENVS = 1024
 GPU_CHECKPOINT_EVERY = 500_000
 #: Steps of a generated synthetic market (the training and the evaluation market each).
 SYNTHETIC_MARKET_STEPS = 20_000
+#: Steps of an episode (``EnvSettings.episode_length``).
+EPISODE_LENGTH = 500
+#: Hidden layer widths of the policy (``PolicySettings.net_arch``): small, so a CPU run stays short.
+NET_ARCH: tuple[int, ...] = (64, 64)
 
-#: BranchingIQN settings of ``foxhunt train`` (small networks so a CPU run stays short).
-MODEL_KWARGS: dict[str, Any] = {
-    "learning_rate": 3e-4,
+#: BranchingIQN's sizes on the CPU (``learning_starts`` and ``diagnostics_interval`` at most a quarter of
+#: the run: :func:`foxhunt.config.algorithm_presets`).
+CPU_SIZES: dict[str, int] = {
     "buffer_size": 100_000,
     "learning_starts": 1_000,
     "batch_size": 64,
-    "gamma": 0.99,
-    "train_freq": 1,
-    "gradient_steps": 1,
     "target_update_interval": 2_000,
-    "exploration_fraction": 0.3,
-    "exploration_final_eps": 0.05,
     "diagnostics_interval": 500,
 }
 #: What changes on a GPU: a batch worth a graphed step (replay ratio 0.25 at 1024 books) and a buffer and
 #: intervals that fit thousands of books a step.
-GPU_MODEL_KWARGS: dict[str, Any] = {
-    "batch_size": 256,
+GPU_SIZES: dict[str, int] = {
     "buffer_size": 500_000,
     "learning_starts": 20_000,
+    "batch_size": 256,
     "target_update_interval": 20_000,
     "diagnostics_interval": 20_000,
 }
-#: Policy settings of ``foxhunt train``.
-POLICY_KWARGS: dict[str, Any] = {
-    "net_arch": [64, 64],
-    "n_ensemble": 3,
-    "n_cos": 32,
-    "n_quantiles": 16,
-    "n_quantiles_target": 16,
-    "n_quantiles_act": 16,
-    "n_atoms": 51,
-}
-#: Environment settings of ``foxhunt train``.
-ENV_KWARGS: dict[str, Any] = {"episode_length": 500}
 
 
 def trading_algorithm_kwargs() -> dict[str, Any]:
@@ -109,61 +96,3 @@ def trading_policy_kwargs() -> dict[str, Any]:
     :return: keyword arguments to merge into ``policy_kwargs``.
     """
     return {"bottleneck_dims": dict(BOTTLENECK_DIMS)}
-
-
-def resolve_action_face(action_face: str | None, field: str = "action_face") -> str:
-    """The action face ``action_face`` names (``None``: :data:`ACTION_FACE`).
-
-    :param action_face: ``"branched"``, ``"joint"`` or ``None``.
-    :param field: how errors name the value.
-    :return: the face.
-    :raises ValueError: naming ``field`` and the value when it is not a face of :data:`ACTION_FACES`.
-    """
-    face = ACTION_FACE if action_face is None else action_face
-    if not isinstance(face, str) or face not in ACTION_FACES:
-        raise ValueError(f"{field}={action_face!r} must be one of {list(ACTION_FACES)} or None")
-    return face
-
-
-def resolve_hindsight(hindsight: bool | None, action_face: str | None) -> bool:
-    """Whether hindsight replay is on for a face: ``None`` is on for the branched face, off for the joint.
-
-    Hindsight relabels the direction and magnitude branches, which the joint face does not have.
-
-    :param hindsight: ``True``, ``False`` or ``None`` (the face's default).
-    :param action_face: the face (``None``: :data:`ACTION_FACE`).
-    :return: the hindsight flag.
-    :raises ValueError: naming ``hindsight`` and ``action_face`` for hindsight on the joint face.
-    """
-    face = resolve_action_face(action_face)
-    if hindsight is None:
-        return face == "branched"
-    if hindsight and face == "joint":
-        raise ValueError(
-            f"hindsight={hindsight!r} cannot be used with action_face='joint': hindsight relabels the "
-            "direction and magnitude branches, which the joint face does not have (hindsight=False or None)"
-        )
-    return bool(hindsight)
-
-
-def face_algorithm_kwargs(action_face: str | None, hindsight: bool | None = None) -> dict[str, Any]:
-    """BranchingIQN's trading arguments for an action face, ``hindsight`` included.
-
-    :param action_face: the face (``None``: :data:`ACTION_FACE`).
-    :param hindsight: as :func:`resolve_hindsight`.
-    :return: on the branched face :func:`trading_algorithm_kwargs` and the hindsight flag; on the joint
-        face :data:`JOINT_ALGORITHM_KWARGS` and ``hindsight=False`` (its one branch takes the algorithm's
-        generic defaults otherwise).
-    """
-    face = resolve_action_face(action_face)
-    kwargs = trading_algorithm_kwargs() if face == "branched" else dict(JOINT_ALGORITHM_KWARGS)
-    return {**kwargs, "hindsight": resolve_hindsight(hindsight, face)}
-
-
-def face_policy_kwargs(action_face: str | None) -> dict[str, Any]:
-    """The policy's trading arguments for an action face.
-
-    :param action_face: the face (``None``: :data:`ACTION_FACE`).
-    :return: :func:`trading_policy_kwargs` on the branched face, nothing on the joint face.
-    """
-    return trading_policy_kwargs() if resolve_action_face(action_face) == "branched" else {}

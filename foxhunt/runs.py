@@ -19,18 +19,34 @@ A new run never shares a folder: without ``out`` it gets ``runs/<timestamp>-<ran
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import os
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch as th
 
 from foxhunt import presets
+from foxhunt.config import (
+    AlgorithmSettings,
+    EnvSettings,
+    PolicySettings,
+    algorithm_presets,
+    check_fields,
+    policy_presets,
+    section_from_dict,
+)
 
 #: what a run can be scored on (:attr:`RunConfig.eval_split`)
 EVAL_SPLITS = ("test", "validation")
+#: the sections of the config tree: field of :class:`RunConfig` -> its class
+SECTIONS: dict[str, type] = {"env": EnvSettings, "algorithm": AlgorithmSettings, "policy": PolicySettings}
+#: the flat dicts of configs written before the tree (``config.json``'s ``model_kwargs``, ...) -> section
+LEGACY_SECTIONS: dict[str, str] = {"model_kwargs": "algorithm", "policy_kwargs": "policy",
+                                   "env_kwargs": "env"}
 
 
 def check_eval_split(value: str, field: str) -> str:
@@ -40,12 +56,27 @@ def check_eval_split(value: str, field: str) -> str:
     return value
 
 
+def resolve_action_face(action_face: str | None, field: str = "action_face") -> str:
+    """The action face ``action_face`` names (``None``: :data:`foxhunt.presets.ACTION_FACE`).
+
+    :raises ValueError: naming ``field`` and the value when it is not a face of
+        :data:`~foxhunt.presets.ACTION_FACES`.
+    """
+    face = presets.ACTION_FACE if action_face is None else action_face
+    if not isinstance(face, str) or face not in presets.ACTION_FACES:
+        raise ValueError(f"{field}={action_face!r} must be one of {list(presets.ACTION_FACES)} or None")
+    return face
+
+
 @dataclass
 class RunConfig:
-    """Every setting of a training run. ``foxhunt train`` builds one from its options.
+    """Every setting of a training run: the root of the config tree. ``foxhunt train`` builds one from its
+    options (one per field: ``--n-envs``, ``--algorithm.learning-rate``, ...).
 
-    The model, policy and env dicts are *overrides*: each key replaces the preset of the same name in
-    :mod:`foxhunt.presets` (``MODEL_KWARGS``, ``POLICY_KWARGS``, ``ENV_KWARGS``).
+    The run's own settings are fields here; ``env``, ``algorithm`` and ``policy`` are typed sections
+    (:mod:`foxhunt.config`) whose unset (``None``) fields take the presets of the run's device, steps and
+    action face. ``model_kwargs``, ``policy_kwargs`` and ``env_kwargs`` (the flat dicts of configs written
+    before the sections) are accepted on construction and set the sections' fields of those names.
     """
 
     data: str = "synthetic"
@@ -73,12 +104,6 @@ class RunConfig:
     """Run folder, new or empty; ``None``: a new ``runs/<timestamp>-<random>``."""
     synthetic_market_steps: int = presets.SYNTHETIC_MARKET_STEPS
     """Steps of each generated synthetic market."""
-    model_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Overrides of BranchingIQN's arguments (``learning_rate``, ``gamma``, ...)."""
-    policy_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Overrides of the policy's arguments (``net_arch``, ``n_ensemble``, ...)."""
-    env_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Overrides of the env's arguments (``episode_length``, fees, ...)."""
     device_loop: bool | None = None
     """Collect through BranchingIQN's device loop (tensors stay on the device, no per-step host sync:
     :mod:`sb3_her_ext.device_loop`); ``None``: on exactly when the device is CUDA."""
@@ -96,23 +121,28 @@ class RunConfig:
     """The action BranchingIQN learns on: ``"branched"`` (foxenv's four branches, with the per-branch
     presets) or ``"joint"`` (one branch of the 81 joint actions, code ``27 d + 9 m + 3 o + u``);
     ``None``: :data:`foxhunt.presets.ACTION_FACE`."""
+    env: EnvSettings = field(default_factory=EnvSettings)
+    """The env's settings."""
+    algorithm: AlgorithmSettings = field(default_factory=AlgorithmSettings)
+    """BranchingIQN's settings."""
+    policy: PolicySettings = field(default_factory=PolicySettings)
+    """The policy's settings."""
+    model_kwargs: InitVar[dict[str, Any] | None] = None
+    policy_kwargs: InitVar[dict[str, Any] | None] = None
+    env_kwargs: InitVar[dict[str, Any] | None] = None
 
-    def __post_init__(self) -> None:
-        for name in ("steps", "n_envs", "threads", "eval_steps", "synthetic_market_steps", "seed",
-                     "checkpoint_every", "keep_checkpoints"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"RunConfig.{name}={value!r} must be an integer")
-        for name in ("data", "device"):
-            if not isinstance(getattr(self, name), str):
-                raise ValueError(f"RunConfig.{name}={getattr(self, name)!r} must be a string")
-        if self.out is not None and not isinstance(self.out, str):
-            raise ValueError(f"RunConfig.out={self.out!r} must be a string or None")
-        if not isinstance(self.progress, bool):
-            raise ValueError(f"RunConfig.progress={self.progress!r} must be a bool")
-        for name in ("hindsight", "cuda_graph", "device_loop"):
-            if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
-                raise ValueError(f"RunConfig.{name}={getattr(self, name)!r} must be a bool or None")
+    def __post_init__(self, model_kwargs: dict[str, Any] | None, policy_kwargs: dict[str, Any] | None,
+                      env_kwargs: dict[str, Any] | None) -> None:
+        for name, cls in SECTIONS.items():
+            setattr(self, name, section_from_dict(cls, getattr(self, name), f"RunConfig.{name}."))
+        for legacy, values in (("model_kwargs", model_kwargs), ("policy_kwargs", policy_kwargs),
+                               ("env_kwargs", env_kwargs)):
+            if values is not None:
+                self._set_legacy(legacy, values)
+        resolve_action_face(self.action_face, "RunConfig.action_face")
+        check_fields(self, "RunConfig.")
+        for name in SECTIONS:
+            check_fields(getattr(self, name), f"RunConfig.{name}.")
         for name in ("checkpoint_every", "keep_checkpoints"):
             if getattr(self, name) < 0:
                 raise ValueError(f"RunConfig.{name}={getattr(self, name)} must be >= 0")
@@ -122,17 +152,43 @@ class RunConfig:
                 raise ValueError(f"RunConfig.{name}={getattr(self, name)} must be >= {least}")
         if not 0 <= self.seed < 2**32:
             raise ValueError(f"RunConfig.seed={self.seed} must lie in [0, 2**32)")
-        for name in ("model_kwargs", "policy_kwargs", "env_kwargs"):
-            if not isinstance(getattr(self, name), dict):
-                raise ValueError(f"RunConfig.{name}={getattr(self, name)!r} must be a dict")
         check_eval_split(self.eval_split, "RunConfig.eval_split")
-        presets.resolve_action_face(self.action_face, "RunConfig.action_face")
         if self.hindsight and self.resolved_action_face() == "joint":
             raise ValueError(
                 f"RunConfig.hindsight={self.hindsight!r} cannot be used with RunConfig.action_face="
                 f"{self.resolved_action_face()!r}: hindsight relabels the direction and magnitude branches, "
                 "which the joint face does not have (hindsight=False or None)"
             )
+        self._check_env()
+
+    def _set_legacy(self, legacy: str, values: Any) -> None:
+        """Set the section fields that an old flat dict (``model_kwargs``, ...) names."""
+        if not isinstance(values, dict):
+            raise ValueError(f"RunConfig.{legacy}={values!r} must be a dict")
+        values = dict(values)
+        if legacy == "model_kwargs" and "hindsight" in values:  # a run-level setting in the tree
+            self.hindsight = values.pop("hindsight")
+        name = LEGACY_SECTIONS[legacy]
+        section = getattr(self, name)
+        known = {f.name for f in dataclasses.fields(section)}
+        if legacy == "env_kwargs":  # market options go to env.market
+            market = {k: v for k, v in values.items() if k not in known}
+            values = {k: v for k, v in values.items() if k in known}
+            values["market"] = {**section.market, **market}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown RunConfig.{legacy} keys {unknown}; known keys are {sorted(known)}")
+        setattr(self, name, dataclasses.replace(section, **values))
+
+    def _check_env(self) -> None:
+        """The env section's foxenv settings, checked by foxenv's ``EnvConfig`` (errors name the field)."""
+        from foxenv.config import EnvConfig
+
+        known = {f.name for f in dataclasses.fields(EnvConfig)}
+        try:
+            EnvConfig(**{k: v for k, v in self.env.kwargs().items() if k in known})
+        except ValueError as error:
+            raise ValueError(f"RunConfig.env.{error}") from None
 
     # ---------------------------------------------------------------- resolved settings
 
@@ -150,7 +206,7 @@ class RunConfig:
 
     def resolved_action_face(self) -> str:
         """The action face (``action_face``, or :data:`foxhunt.presets.ACTION_FACE`)."""
-        return presets.resolve_action_face(self.action_face, "RunConfig.action_face")
+        return resolve_action_face(self.action_face, "RunConfig.action_face")
 
     def train_split(self) -> str:
         """The LOBSTER split a run trains on: ``"train"``, or ``"fit"`` when it is scored on ``"validation"``
@@ -158,38 +214,50 @@ class RunConfig:
         return "fit" if self.eval_split == "validation" else "train"
 
     def resolved_hindsight(self) -> bool:
-        """Whether hindsight replay is on (``hindsight``, or the action face's default)."""
-        return presets.resolve_hindsight(self.hindsight, self.resolved_action_face())
+        """Whether hindsight replay is on (``hindsight``; ``None``: on for the branched face only)."""
+        return self.resolved_action_face() == "branched" if self.hindsight is None else self.hindsight
 
     def resolved_model_kwargs(self) -> dict[str, Any]:
-        """BranchingIQN's keyword arguments: presets (with a GPU's on CUDA) and the action face's trading
-        arguments (:func:`foxhunt.presets.face_algorithm_kwargs`, ``hindsight`` included), scaled to short
-        runs, then the overrides."""
-        base = dict(presets.MODEL_KWARGS)
-        if th.device(self.device).type == "cuda":
-            base.update(presets.GPU_MODEL_KWARGS)
-        model_kwargs = {
-            **base,
-            **presets.face_algorithm_kwargs(self.resolved_action_face(), self.hindsight),
-            "learning_starts": min(base["learning_starts"], max(self.steps // 4, self.n_envs)),
-            "diagnostics_interval": min(base["diagnostics_interval"], max(self.steps // 4, 1)),
-        }
-        model_kwargs.update(self.model_kwargs)
-        return model_kwargs
+        """BranchingIQN's keyword arguments: the run's presets (:func:`foxhunt.config.algorithm_presets`),
+        the ``algorithm`` fields set, and ``hindsight``."""
+        base = algorithm_presets(self.resolved_action_face(), cuda=th.device(self.device).type == "cuda",
+                                 steps=self.steps, n_envs=self.n_envs)
+        return {**base, **self.algorithm.kwargs(), "hindsight": self.resolved_hindsight()}
 
     def resolved_policy_kwargs(self) -> dict[str, Any]:
-        """The policy's keyword arguments: presets (and the action face's), then the overrides."""
-        return {**presets.POLICY_KWARGS, **presets.face_policy_kwargs(self.resolved_action_face()),
-                **self.policy_kwargs}
+        """The policy's keyword arguments: the face's presets, then the ``policy`` fields set."""
+        return {**policy_presets(self.resolved_action_face()), **self.policy.kwargs()}
 
     def resolved_env_kwargs(self) -> dict[str, Any]:
-        """The env's keyword arguments: presets, then the overrides."""
-        return {**presets.ENV_KWARGS, **self.env_kwargs}
+        """The env's keyword arguments: the ``env`` fields set and its market options."""
+        return self.env.kwargs()
 
-    # ---------------------------------------------------------------- JSON
+    # ---------------------------------------------------------------- dotted names, JSON
+
+    def with_values(self, values: Mapping[str, Any]) -> RunConfig:
+        """This config with fields replaced by dotted name (``{"algorithm.gamma": 0.9, "steps": 100}``;
+        ``env.market.NAME`` sets a market option).
+
+        :param values: dotted field name -> value.
+        :return: the new config (checked as any config).
+        :raises ValueError: naming an unknown field, and the closest known names.
+        """
+        tree = self.to_dict()
+        names = field_names()
+        for name, value in values.items():
+            if name not in names and not name.startswith("env.market."):
+                close = difflib.get_close_matches(name, names, n=3)
+                raise ValueError(f"unknown RunConfig field {name!r}"
+                                 + (f"; did you mean {' or '.join(map(repr, close))}?" if close else ""))
+            *path, last = name.split(".")
+            node = tree
+            for part in path:
+                node = node[part]
+            node[last] = value
+        return RunConfig.from_dict(tree)
 
     def to_dict(self) -> dict[str, Any]:
-        """The config as plain JSON-able values."""
+        """The config as plain JSON-able values (the sections as nested dicts)."""
         return dataclasses.asdict(self)
 
     def save(self, path: str | Path) -> Path:
@@ -206,14 +274,16 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> RunConfig:
-        """A config from a dict; unknown keys raise ``ValueError`` naming them.
+        """A config from a dict (a ``config.json``'s content, of this version or an older one with the flat
+        ``model_kwargs``/``policy_kwargs``/``env_kwargs`` dicts); unknown keys raise ``ValueError`` naming
+        them.
 
-        :param values: field values (a ``config.json``'s content).
+        :param values: field values.
         :return: the config.
         """
         if not isinstance(values, dict):
             raise ValueError(f"a run config must be a JSON object, got {type(values).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
+        known = {f.name for f in dataclasses.fields(cls)} | set(LEGACY_SECTIONS)
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"unknown RunConfig fields {unknown}; known fields are {sorted(known)}")
@@ -232,6 +302,14 @@ class RunConfig:
         except json.JSONDecodeError as error:
             raise ValueError(f"{path}: not valid JSON ({error})") from None
         return cls.from_dict(values)
+
+
+def field_names() -> list[str]:
+    """Every field of the config tree by dotted name (``steps``, ``algorithm.learning_rate``, ...)."""
+    names = [f.name for f in dataclasses.fields(RunConfig) if f.name not in SECTIONS]
+    for section, cls in SECTIONS.items():
+        names += [f"{section}.{f.name}" for f in dataclasses.fields(cls)]
+    return names
 
 
 def make_env(config: RunConfig, seed: int, split: str) -> Any:
@@ -271,8 +349,8 @@ def eval_seed(config: RunConfig) -> int:
 
 
 def train_market_seed(config: RunConfig) -> int:
-    """The synthetic training market's generator seed (``env_kwargs["market_seed"]``, default 0)."""
-    return int(config.resolved_env_kwargs().get("market_seed", 0) or 0)
+    """The synthetic training market's generator seed (``env.market_seed``, default 0)."""
+    return config.env.market_seed or 0
 
 
 def eval_market_seed(config: RunConfig) -> int:

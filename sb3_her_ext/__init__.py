@@ -15,9 +15,6 @@ of replay buffer files) and ``validation`` (small checks). The package is
 generic: trading defaults arrive as arguments (see ``foxhunt.presets``).
 """
 
-import warnings
-from typing import Any
-
 from sb3_her_ext.algorithm import BranchingIQN
 from sb3_her_ext.guard import NonFiniteError
 from sb3_her_ext.policy import BranchingIQNPolicy, MlpPolicy
@@ -31,14 +28,3 @@ __all__ = [
     "NonFiniteError",
     "PrioritizedHindsightReplayBuffer",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    """``sb3_her_ext.LOBVecEnv`` moved to :class:`foxhunt.envs.LOBVecEnv`: kept for one release."""
-    if name == "LOBVecEnv":
-        warnings.warn("sb3_her_ext.LOBVecEnv moved to foxhunt.envs.LOBVecEnv; the old path goes in the next "
-                      "release", DeprecationWarning, stacklevel=2)
-        from foxhunt.envs import LOBVecEnv
-
-        return LOBVecEnv
-    raise AttributeError(f"module 'sb3_her_ext' has no attribute {name!r}")

@@ -1,27 +1,33 @@
-"""The search space of a study: BranchingIQN's and the run's knobs, declared in one place.
+"""The search space of a study: fields of the run config tree by dotted name, declared in one place.
 
-:data:`DEFAULT_SPACE` names every tunable parameter with its default distribution. A space file (YAML or
-JSON, a mapping ``name -> spec``) overrides entries by name; a spec is one of::
+:data:`DEFAULT_SPACE` names every tunable parameter with its default distribution. Most are fields of
+:class:`foxhunt.runs.RunConfig` by dotted name (``algorithm.learning_rate``, ``policy.popart``), and a space
+file may search any other field the same way (``env.episode_length``, ``algorithm.tau``); a few set part of
+a field: ``algorithm.exploration_mults.BRANCH``, ``algorithm.boltzmann_branches.BRANCH`` (on or off),
+``algorithm.iqr_bonus.start``/``.end`` and ``policy.net_width`` (every layer of ``policy.net_arch``).
 
-    learning_rate: {type: float, low: 1.0e-5, high: 1.0e-3, log: true}
-    target_update_interval: {type: int, low: 500, high: 5000, step: 500}
-    batch_size: {type: categorical, choices: [32, 64, 128]}
-    gamma: 0.99          # a constant: fixed, not searched
-    net_width: null      # not searched: the preset (foxhunt.presets) applies
+A space file (YAML or JSON, a mapping ``name -> spec``) overrides entries by name; a spec is one of::
 
-A name that is not in :data:`DEFAULT_SPACE` raises ``ValueError`` naming it. The hindsight fields
-(``hindsight_threshold``, ``hindsight_priority_boost``, ``hindsight_lookahead``) are searched only where
-``RunConfig.hindsight`` takes a dict of ``HindsightConfig`` fields (:func:`hindsight_fields_supported`).
-:func:`to_run_config` turns a trial's values into a :class:`~foxhunt.runs.RunConfig` (preset overrides).
+    algorithm.learning_rate: {type: float, low: 1.0e-5, high: 1.0e-3, log: true}
+    algorithm.target_update_interval: {type: int, low: 500, high: 5000, step: 500}
+    algorithm.batch_size: {type: categorical, choices: [32, 64, 128]}
+    algorithm.gamma: 0.99          # a constant: fixed, not searched
+    policy.net_width: null         # not searched: the preset applies
+
+The names of earlier versions (``learning_rate``, ``net_width``, ``exploration_mult_order``, ...) are read as
+their dotted names (:data:`ALIASES`). A name that is neither raises ``ValueError`` naming it. The hindsight
+fields (``hindsight.threshold``, ...) are searched only where ``RunConfig.hindsight`` takes a dict of
+``HindsightConfig`` fields (:func:`hindsight_fields_supported`). :func:`to_run_config` turns a trial's
+values into a :class:`~foxhunt.runs.RunConfig`.
 
 On the joint action face (``RunConfig.action_face="joint"``: one branch of 81 joint actions) the
-parameters of the four branches and hindsight (:data:`BRANCHED_PARAMS`) do not apply: :func:`suggest`
-given that face samples none of them (:func:`face_space`).
+parameters of the four branches, the vaccine (which stratifies by a branch) and hindsight
+(:data:`BRANCHED_PARAMS`) do not apply: :func:`suggest` given that face samples none of them
+(:func:`face_space`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,9 +37,9 @@ from typing import Any
 import optuna
 
 from foxhunt import presets
-from foxhunt.runs import RunConfig
+from foxhunt.runs import RunConfig, field_names, resolve_action_face
 
-#: Hindsight fields that the space tunes (``HindsightConfig`` fields, prefixed ``hindsight_``).
+#: Hindsight fields that the space tunes (``HindsightConfig`` fields, prefixed ``hindsight.``).
 HINDSIGHT_FIELDS: tuple[str, ...] = ("threshold", "priority_boost", "lookahead")
 
 _SPEC_KEYS = {"type", "low", "high", "log", "step", "choices"}
@@ -90,56 +96,65 @@ def _choice(*choices: Any) -> Param:
 #: Every tunable parameter and its default distribution (a constant value fixes a parameter).
 DEFAULT_SPACE: dict[str, Param | Any] = {
     # BranchingIQN (DQN's names)
-    "learning_rate": _float(1e-5, 3e-3, log=True),
-    "gamma": _choice(0.9, 0.95, 0.98, 0.99, 0.995),
-    "batch_size": _choice(32, 64, 128, 256),
-    "train_freq": _choice(1, 2, 4, 8),
-    "gradient_steps": _choice(1, 2, 4),
-    "target_update_interval": _int(250, 10_000, log=True),
-    "exploration_fraction": _float(0.05, 0.5),
-    "exploration_final_eps": _float(0.01, 0.2, log=True),
+    "algorithm.learning_rate": _float(1e-5, 3e-3, log=True),
+    "algorithm.gamma": _choice(0.9, 0.95, 0.98, 0.99, 0.995),
+    "algorithm.batch_size": _choice(32, 64, 128, 256),
+    "algorithm.train_freq": _choice(1, 2, 4, 8),
+    "algorithm.gradient_steps": _choice(1, 2, 4),
+    "algorithm.target_update_interval": _int(250, 10_000, log=True),
+    "algorithm.exploration_fraction": _float(0.05, 0.5),
+    "algorithm.exploration_final_eps": _float(0.01, 0.2, log=True),
     # per-branch ε multipliers and Boltzmann exploration (foxenv's branches)
-    **{f"exploration_mult_{name}": _float(0.5, 3.0) for name in presets.BRANCH_NAMES},
-    **{f"boltzmann_{name}": _choice(False, True) for name in presets.BRANCH_NAMES},
+    **{f"algorithm.exploration_mults.{name}": _float(0.5, 3.0) for name in presets.BRANCH_NAMES},
+    **{f"algorithm.boltzmann_branches.{name}": _choice(False, True) for name in presets.BRANCH_NAMES},
     # optimism bonuses: iqr_bonus anneals linearly from start to end over training
-    "iqr_bonus_start": _float(0.0, 1.0),
-    "iqr_bonus_end": _float(0.0, 0.2),
-    "ensemble_bonus": _float(0.0, 1.0),
-    "c51_alpha": _float(0.0, 1.0),
-    "vaccine_interval": _choice(0, 1, 5, 20),
+    "algorithm.iqr_bonus.start": _float(0.0, 1.0),
+    "algorithm.iqr_bonus.end": _float(0.0, 0.2),
+    "algorithm.ensemble_bonus": _float(0.0, 1.0),
+    "algorithm.c51_alpha": _float(0.0, 1.0),
+    "algorithm.vaccine_interval": _choice(0, 1, 5, 20),
     # policy
-    "popart": _choice(True, False),
-    "net_width": _choice(32, 64, 128, 256),
+    "policy.popart": _choice(True, False),
+    "policy.net_width": _choice(32, 64, 128, 256),
     # hindsight replay; its fields are searched only in trials with hindsight on
     "hindsight": _choice(True, False),
-    "hindsight_threshold": _float(1.0, 3.0),
-    "hindsight_priority_boost": _float(1.0, 10.0, log=True),
-    "hindsight_lookahead": _int(10, 200, log=True),
+    "hindsight.threshold": _float(1.0, 3.0),
+    "hindsight.priority_boost": _float(1.0, 10.0, log=True),
+    "hindsight.lookahead": _int(10, 200, log=True),
+}
+#: The parameters that set part of a field (the others are fields of the config tree by dotted name).
+PART_PARAMS: tuple[str, ...] = tuple(name for name in DEFAULT_SPACE if name not in field_names())
+
+#: Parameters that apply to the branched action face only: the per-branch exploration, the vaccine (which
+#: stratifies by a branch's three values) and hindsight (which relabels the direction and magnitude
+#: branches).
+BRANCHED_PARAMS: tuple[str, ...] = (
+    *(f"algorithm.exploration_mults.{name}" for name in presets.BRANCH_NAMES),
+    *(f"algorithm.boltzmann_branches.{name}" for name in presets.BRANCH_NAMES),
+    "algorithm.vaccine_interval",
+    "hindsight",
+    *(f"hindsight.{field}" for field in HINDSIGHT_FIELDS),
+)
+
+#: The names of earlier versions' space files -> their dotted names.
+ALIASES: dict[str, str] = {
+    **{name.split(".")[-1]: name for name in DEFAULT_SPACE if name.startswith(("algorithm.", "policy."))
+       and name.count(".") == 1},
+    **{f"exploration_mult_{b}": f"algorithm.exploration_mults.{b}" for b in presets.BRANCH_NAMES},
+    **{f"boltzmann_{b}": f"algorithm.boltzmann_branches.{b}" for b in presets.BRANCH_NAMES},
+    "iqr_bonus_start": "algorithm.iqr_bonus.start",
+    "iqr_bonus_end": "algorithm.iqr_bonus.end",
+    **{f"hindsight_{field}": f"hindsight.{field}" for field in HINDSIGHT_FIELDS},
 }
 
-#: Parameters that apply to the branched action face only: the per-branch exploration and hindsight (which
-#: relabels the direction and magnitude branches).
-BRANCHED_PARAMS: tuple[str, ...] = (
-    *(f"exploration_mult_{name}" for name in presets.BRANCH_NAMES),
-    *(f"boltzmann_{name}" for name in presets.BRANCH_NAMES),
-    "hindsight",
-    *(f"hindsight_{field}" for field in HINDSIGHT_FIELDS),
-)
 
-#: Parameters that are plain BranchingIQN arguments of the same name.
-_MODEL_PARAMS = (
-    "learning_rate",
-    "gamma",
-    "batch_size",
-    "train_freq",
-    "gradient_steps",
-    "target_update_interval",
-    "exploration_fraction",
-    "exploration_final_eps",
-    "ensemble_bonus",
-    "c51_alpha",
-    "vaccine_interval",
-)
+def _known(name: str, where: str) -> str:
+    """The dotted name of a space parameter (an alias resolved); ``ValueError`` naming an unknown one."""
+    name = ALIASES.get(name, name)
+    if name not in DEFAULT_SPACE and name not in field_names():
+        raise ValueError(f"{where}: unknown parameter {name!r}; known parameters are {sorted(DEFAULT_SPACE)} "
+                         "and any RunConfig field by dotted name")
+    return name
 
 
 def parse_param(name: str, spec: Any) -> Param | Any:
@@ -210,7 +225,7 @@ def load_space(path: str | Path | None = None) -> dict[str, Param | Any]:
     :return: the space, ``name -> Param`` (searched), a constant (fixed) or ``None`` (preset).
     """
     space = dict(DEFAULT_SPACE)
-    hindsight_names = [f"hindsight_{field}" for field in HINDSIGHT_FIELDS]
+    hindsight_names = [f"hindsight.{field}" for field in HINDSIGHT_FIELDS]
     if not hindsight_fields_supported():
         space.update(dict.fromkeys(hindsight_names))
     if path is None:
@@ -234,15 +249,10 @@ def load_space(path: str | Path | None = None) -> dict[str, Param | Any]:
         raise ValueError(
             f"space file {str(path)!r} must hold a mapping name -> spec, got {type(entries).__name__}"
         )
-    unknown = sorted(set(entries) - set(DEFAULT_SPACE))
-    if unknown:
-        raise ValueError(
-            f"space file {str(path)!r}: unknown parameter(s) {unknown}; known parameters are "
-            f"{sorted(DEFAULT_SPACE)}"
-        )
-    for name, spec in entries.items():
-        space[name] = parse_param(name, spec)
-    given = [name for name in hindsight_names if space[name] is not None]
+    written = {_known(name, f"space file {str(path)!r}"): name for name in entries}  # dotted -> as written
+    for dotted, name in written.items():
+        space[dotted] = parse_param(name, entries[name])
+    given = [written[name] for name in hindsight_names if space[name] is not None]
     if given and not hindsight_fields_supported():
         raise ValueError(
             f"space file {str(path)!r}: {given} need RunConfig.hindsight to take HindsightConfig "
@@ -268,7 +278,7 @@ def face_space(space: Mapping[str, Param | Any], action_face: str | None) -> dic
     :return: the space (a copy).
     :raises ValueError: naming the parameter for ``hindsight`` fixed on with the joint face.
     """
-    face = presets.resolve_action_face(action_face)
+    face = resolve_action_face(action_face)
     space = dict(space)
     if face == "joint":
         if space.get("hindsight") is True:
@@ -292,7 +302,7 @@ def suggest(trial: optuna.Trial, space: Mapping[str, Param | Any],
     :return: ``name -> value``.
     """
     space = face_space(space, action_face)
-    hindsight_names = {f"hindsight_{field}" for field in HINDSIGHT_FIELDS}
+    hindsight_names = {f"hindsight.{field}" for field in HINDSIGHT_FIELDS}
     values: dict[str, Any] = {}
     for name, spec in space.items():
         if name in hindsight_names:
@@ -312,61 +322,42 @@ def suggest(trial: optuna.Trial, space: Mapping[str, Param | Any],
 
 
 def to_run_config(base: RunConfig, values: Mapping[str, Any]) -> RunConfig:
-    """``base`` with a trial's parameter values applied as preset overrides.
+    """``base`` with a trial's parameter values applied (:meth:`RunConfig.with_values`).
 
-    :param base: the study's base config (data, steps, device, seed, and any overrides of its own).
-    :param values: ``name -> value`` from :func:`suggest` (names of :data:`DEFAULT_SPACE`).
+    :param base: the study's base config (data, steps, device, seed, and any settings of its own).
+    :param values: ``name -> value`` from :func:`suggest` (dotted names, or the names of :data:`ALIASES`).
     :return: the trial's run config.
     """
-    unknown = sorted(set(values) - set(DEFAULT_SPACE))
-    if unknown:
-        raise ValueError(
-            f"unknown space parameter(s) {unknown}; known parameters are {sorted(DEFAULT_SPACE)}"
-        )
-    branched = sorted(set(values) & set(BRANCHED_PARAMS))
+    values = {_known(name, "space values"): value for name, value in values.items()}
+    branched = sorted(set(values) & set(BRANCHED_PARAMS) - {"algorithm.vaccine_interval"})
     if branched and base.resolved_action_face() == "joint":
         raise ValueError(
             f"space parameter(s) {branched} apply to the branched action face, and the base config has "
             "action_face='joint' (suggest them with suggest(..., action_face='joint'), which leaves them out)"
         )
-    model = dict(base.model_kwargs)
-    policy = dict(base.policy_kwargs)
-    hindsight: Any = base.hindsight
-    for name in _MODEL_PARAMS:
-        if name in values:
-            model[name] = values[name]
-    mults = {
-        b: values[f"exploration_mult_{b}"] for b in presets.BRANCH_NAMES if f"exploration_mult_{b}" in values
-    }
+    fields = {name: value for name, value in values.items() if name not in PART_PARAMS}
+    algorithm, policy = base.resolved_model_kwargs(), base.resolved_policy_kwargs()
+    mults = {b: values[f"algorithm.exploration_mults.{b}"] for b in presets.BRANCH_NAMES
+             if f"algorithm.exploration_mults.{b}" in values}
     if mults:
-        model["exploration_mults"] = {
-            **presets.EXPLORATION_MULTS,
-            **model.get("exploration_mults", {}),
-            **mults,
-        }
-    flags = {b: values[f"boltzmann_{b}"] for b in presets.BRANCH_NAMES if f"boltzmann_{b}" in values}
+        fields["algorithm.exploration_mults"] = {**presets.EXPLORATION_MULTS,
+                                                 **algorithm.get("exploration_mults", {}), **mults}
+    flags = {b: values[f"algorithm.boltzmann_branches.{b}"] for b in presets.BRANCH_NAMES
+             if f"algorithm.boltzmann_branches.{b}" in values}
     if flags:
-        current = model.get("boltzmann_branches", list(presets.BOLTZMANN_BRANCHES))
-        model["boltzmann_branches"] = [b for b in presets.BRANCH_NAMES if flags.get(b, b in current)]
-    if "iqr_bonus_start" in values or "iqr_bonus_end" in values:
-        start, end = (
-            model.get("iqr_bonus", (0.3, 0.05))
-            if not isinstance(model.get("iqr_bonus"), int | float)
-            else (model["iqr_bonus"], model["iqr_bonus"])
-        )
-        model["iqr_bonus"] = [
-            float(values.get("iqr_bonus_start", start)),
-            float(values.get("iqr_bonus_end", end)),
-        ]
-    if "popart" in values:
-        policy["popart"] = bool(values["popart"])
-    if "net_width" in values:
-        depth = len(policy.get("net_arch", presets.POLICY_KWARGS["net_arch"]))
-        policy["net_arch"] = [int(values["net_width"])] * depth
-    if "hindsight" in values:
-        hindsight = bool(values["hindsight"])
-    fields = {f: values[f"hindsight_{f}"] for f in HINDSIGHT_FIELDS if f"hindsight_{f}" in values}
-    if hindsight is not False and fields:
+        current = algorithm.get("boltzmann_branches", presets.BOLTZMANN_BRANCHES)
+        fields["algorithm.boltzmann_branches"] = [b for b in presets.BRANCH_NAMES
+                                                  if flags.get(b, b in current)]
+    if "algorithm.iqr_bonus.start" in values or "algorithm.iqr_bonus.end" in values:
+        bonus = base.algorithm.iqr_bonus
+        start, end = (0.3, 0.05) if bonus is None else bonus if isinstance(bonus, list) else (bonus, bonus)
+        fields["algorithm.iqr_bonus"] = [float(values.get("algorithm.iqr_bonus.start", start)),
+                                         float(values.get("algorithm.iqr_bonus.end", end))]
+    if "policy.net_width" in values:
+        fields["policy.net_arch"] = [int(values["policy.net_width"])] * len(policy["net_arch"])
+    hindsight = {f: values[f"hindsight.{f}"] for f in HINDSIGHT_FIELDS if f"hindsight.{f}" in values}
+    if fields.get("hindsight", base.hindsight) is not False and hindsight:
         # RunConfig.hindsight goes to BranchingIQN(hindsight=...), which takes HindsightConfig fields
-        hindsight = {**(hindsight if isinstance(hindsight, dict) else {}), **fields}
-    return dataclasses.replace(base, model_kwargs=model, policy_kwargs=policy, hindsight=hindsight)
+        current = fields.get("hindsight", base.hindsight)
+        fields["hindsight"] = {**(current if isinstance(current, dict) else {}), **hindsight}
+    return base.with_values(fields)

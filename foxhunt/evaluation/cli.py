@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         market_steps = config.synthetic_market_steps
     elif target.suffix == ".zip" and target.is_file():
         model_path, out = target, Path(args.out) if args.out else target.with_suffix("")
-        env_kwargs, data = dict(presets.ENV_KWARGS), args.data or "synthetic"
+        env_kwargs, data = RunConfig().resolved_env_kwargs(), args.data or "synthetic"
         market_steps = presets.SYNTHETIC_MARKET_STEPS
     else:
         raise ValueError(f"target={str(target)!r} must be a run folder or a model .zip")

@@ -28,6 +28,11 @@ class CrashAt(BaseCallback):
         return True
 
 
+#: BranchingIQN's sizes of :func:`small_config`.
+SMALL_MODEL_KWARGS: dict[str, int] = {"buffer_size": 500, "batch_size": 16, "learning_starts": 100,
+                                      "diagnostics_interval": 90, "target_update_interval": 50}
+
+
 def small_config(out: Path | None, **overrides: Any) -> RunConfig:
     """600 steps on 2 books: episodes end, the 500-row buffer wraps, every part of a step runs.
 
@@ -38,8 +43,7 @@ def small_config(out: Path | None, **overrides: Any) -> RunConfig:
     values: dict[str, Any] = dict(
         out=None if out is None else str(out), steps=600, n_envs=2, seed=5, eval_steps=5, progress=False,
         synthetic_market_steps=1500, checkpoint_every=200, keep_checkpoints=0,
-        model_kwargs={"buffer_size": 500, "batch_size": 16, "learning_starts": 100,
-                      "diagnostics_interval": 90, "target_update_interval": 50},
+        model_kwargs=dict(SMALL_MODEL_KWARGS),
         env_kwargs={"episode_length": 60},
     )
     values.update(overrides)

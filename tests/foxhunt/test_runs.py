@@ -9,9 +9,9 @@ import pytest
 
 from foxhunt.checkpoint import list_checkpoints
 from foxhunt.runs import RunConfig, resume, train
+from tests.foxhunt._small_runs import SMALL_MODEL_KWARGS, assert_same_model, small_config
 from tests.foxhunt._small_runs import Crash as _Crash
 from tests.foxhunt._small_runs import CrashAt as _CrashAt
-from tests.foxhunt._small_runs import assert_same_model, small_config
 
 
 def _diagnostics(run: Path) -> list[dict]:
@@ -49,7 +49,7 @@ def test_a_resumed_run_equals_the_uninterrupted_one(uninterrupted: Path, tmp_pat
 def test_a_run_resumed_before_learning_starts_equals_the_uninterrupted_one(tmp_path: Path) -> None:
     """The checkpoint at 200 falls in the uniform random actions before ``learning_starts`` (the action
     space's own generator)."""
-    model_kwargs = {**small_config(None).model_kwargs, "learning_starts": 300}
+    model_kwargs = {**SMALL_MODEL_KWARGS, "learning_starts": 300}
     whole = train(small_config(tmp_path / "whole", steps=400, model_kwargs=model_kwargs))
     out = tmp_path / "run"
     with pytest.raises(_Crash):
@@ -83,7 +83,7 @@ class _EagerFused(_CrashAt):
 def test_a_resumed_fused_run_equals_the_uninterrupted_one(tmp_path: Path) -> None:
     """The fused rollout (graph_collect) resumes bit for bit: a checkpoint is written before a block runs, as
     before an SB3 rollout, and no "the block already trained" flag travels in it."""
-    fused = dict(device_loop=True, model_kwargs={**small_config(None).model_kwargs, "graph_collect": None})
+    fused = dict(device_loop=True, model_kwargs={**SMALL_MODEL_KWARGS, "graph_collect": None})
     whole = train(small_config(tmp_path / "whole", **fused), callback=_EagerFused(10**9))
     out = tmp_path / "run"
     with pytest.raises(_Crash):
@@ -113,7 +113,7 @@ def test_a_resumed_cuda_run_equals_the_uninterrupted_one(tmp_path: Path, graph: 
     """Not promised by the issue (CPU only): the GPU's RNGs, the replay's Philox state and the graphed
     step's warm-up are restored or replayed the same way, so it is expected to hold; ``fused`` is the whole
     rollout as one CUDA graph (``graph_collect``)."""
-    model_kwargs = {**small_config(None).model_kwargs, "graph_collect": graph_collect}
+    model_kwargs = {**SMALL_MODEL_KWARGS, "graph_collect": graph_collect}
     cuda = dict(device="cuda", cuda_graph=graph, model_kwargs=model_kwargs)
     captures = _FusedCaptures(10**9)
     whole = train(small_config(tmp_path / "whole", **cuda), callback=captures)

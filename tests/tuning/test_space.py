@@ -36,19 +36,23 @@ def test_every_default_knob_reaches_the_algorithm() -> None:
         "c51_alpha",
         "vaccine_interval",
     ):
-        assert model[name] == values[name], name
-    assert model["exploration_mults"] == {b: values[f"exploration_mult_{b}"] for b in presets.BRANCH_NAMES}
-    assert model["boltzmann_branches"] == [b for b in presets.BRANCH_NAMES if values[f"boltzmann_{b}"]]
-    assert model["iqr_bonus"] == [values["iqr_bonus_start"], values["iqr_bonus_end"]]
+        assert model[name] == values[f"algorithm.{name}"], name
+    assert model["exploration_mults"] == {
+        b: values[f"algorithm.exploration_mults.{b}"] for b in presets.BRANCH_NAMES
+    }
+    assert model["boltzmann_branches"] == [
+        b for b in presets.BRANCH_NAMES if values[f"algorithm.boltzmann_branches.{b}"]
+    ]
+    assert model["iqr_bonus"] == [values["algorithm.iqr_bonus.start"], values["algorithm.iqr_bonus.end"]]
     policy = config.resolved_policy_kwargs()
-    assert policy["popart"] is values["popart"]
-    assert policy["net_arch"] == [values["net_width"]] * len(presets.POLICY_KWARGS["net_arch"])
+    assert policy["popart"] is values["policy.popart"]
+    assert policy["net_arch"] == [values["policy.net_width"]] * len(presets.NET_ARCH)
     if hindsight_fields_supported():
         assert config.hindsight == {
-            f: values[f"hindsight_{f}"] for f in ("threshold", "priority_boost", "lookahead")
+            f: values[f"hindsight.{f}"] for f in ("threshold", "priority_boost", "lookahead")
         }
     else:  # RunConfig.hindsight takes only a bool: its fields are not searched
-        assert config.hindsight is True and not any(name.startswith("hindsight_") for name in values)
+        assert config.hindsight is True and not any(name.startswith("hindsight.") for name in values)
     assert RunConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
 
 
@@ -56,7 +60,7 @@ def test_hindsight_fields_are_searched_only_with_hindsight_on() -> None:
     study = optuna.create_study()
     study.enqueue_trial({"hindsight": False})
     values = suggest(study.ask(), load_space(), action_face="branched")
-    assert not any(name.startswith("hindsight_") for name in values)
+    assert not any(name.startswith("hindsight.") for name in values)
     assert to_run_config(RunConfig(action_face="branched"), values).hindsight is False
 
 
@@ -66,16 +70,26 @@ def test_space_file_overrides_fixes_and_drops(tmp_path: Path) -> None:
         "learning_rate: {type: float, low: 1.0e-4, high: 1.0e-3, log: true}\n"
         "gamma: 0.97\nnet_width: null\ntarget_update_interval: {type: int, low: 100, high: 500, step: 100}\n"
     )
-    space = load_space(path)
-    assert space["learning_rate"] == Param("float", 1e-4, 1e-3, log=True)
-    assert space["gamma"] == 0.97
-    assert space["batch_size"] == DEFAULT_SPACE["batch_size"]
+    space = load_space(path)  # the names of earlier versions read as their dotted names
+    assert space["algorithm.learning_rate"] == Param("float", 1e-4, 1e-3, log=True)
+    assert space["algorithm.gamma"] == 0.97
+    assert space["algorithm.batch_size"] == DEFAULT_SPACE["algorithm.batch_size"]
     values = suggest(optuna.create_study().ask(), space)
-    assert values["gamma"] == 0.97 and "net_width" not in values
-    assert values["target_update_interval"] in (100, 200, 300, 400, 500)
+    assert values["algorithm.gamma"] == 0.97 and "policy.net_width" not in values
+    assert values["algorithm.target_update_interval"] in (100, 200, 300, 400, 500)
     json_path = tmp_path / "space.json"
-    json_path.write_text(json.dumps({"batch_size": {"type": "categorical", "choices": [16, 32]}}))
-    assert load_space(json_path)["batch_size"] == Param("categorical", choices=(16, 32))
+    json_path.write_text(json.dumps({"algorithm.batch_size": {"type": "categorical", "choices": [16, 32]}}))
+    assert load_space(json_path)["algorithm.batch_size"] == Param("categorical", choices=(16, 32))
+
+
+def test_a_space_file_searches_any_field_of_the_config_tree(tmp_path: Path) -> None:
+    path = tmp_path / "space.yaml"
+    path.write_text("env.episode_length: {type: int, low: 50, high: 60}\nalgorithm.tau: 0.5\n")
+    values = suggest(optuna.create_study().ask(), load_space(path), action_face="joint")
+    assert 50 <= values["env.episode_length"] <= 60 and values["algorithm.tau"] == 0.5
+    config = to_run_config(RunConfig(action_face="joint"), values)
+    assert config.env.episode_length == values["env.episode_length"] and config.algorithm.tau == 0.5
+    assert config.resolved_model_kwargs()["tau"] == 0.5
 
 
 @pytest.mark.parametrize(
@@ -121,7 +135,7 @@ def test_hindsight_fields_need_a_run_config_that_takes_them(tmp_path: Path) -> N
     path = tmp_path / "space.yaml"
     path.write_text("hindsight_threshold: {type: float, low: 1.0, high: 2.0}\n")
     if hindsight_fields_supported():
-        assert load_space(path)["hindsight_threshold"] == Param("float", 1.0, 2.0)
+        assert load_space(path)["hindsight.threshold"] == Param("float", 1.0, 2.0)
     else:
         with pytest.raises(ValueError, match="hindsight_threshold"):
             load_space(path)

@@ -18,7 +18,8 @@ def _sampled(trial: optuna.Trial) -> set[str]:
 
 def test_every_branched_param_is_in_the_default_space() -> None:
     assert set(BRANCHED_PARAMS) <= set(DEFAULT_SPACE)
-    assert {"exploration_mult_direction", "boltzmann_urgency", "hindsight"} <= set(BRANCHED_PARAMS)
+    assert {"algorithm.exploration_mults.direction", "algorithm.boltzmann_branches.urgency", "hindsight",
+            "algorithm.vaccine_interval"} <= set(BRANCHED_PARAMS)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -28,19 +29,21 @@ def test_a_joint_trial_samples_no_branched_param(seed: int) -> None:
     values = suggest(trial, load_space(), action_face="joint")
     assert not set(values) & set(BRANCHED_PARAMS)
     assert not _sampled(trial) & set(BRANCHED_PARAMS)  # Optuna was never asked for them
-    assert {"learning_rate", "gamma", "net_width", "vaccine_interval"} <= _sampled(trial)
+    assert {"algorithm.learning_rate", "algorithm.gamma", "policy.net_width"} <= _sampled(trial)
+    assert "algorithm.vaccine_interval" not in _sampled(trial)  # the vaccine stratifies by a branch
     config = to_run_config(RunConfig(action_face="joint"), values)
     assert config.action_face == "joint" and config.resolved_hindsight() is False
     model = config.resolved_model_kwargs()
     assert not set(presets.BRANCHED_ALGORITHM_ARGS) & set(model)
-    assert model["learning_rate"] == values["learning_rate"] and model["hindsight"] is False
+    assert model["learning_rate"] == values["algorithm.learning_rate"] and model["hindsight"] is False
+    assert model["vaccine_interval"] == 0  # the joint face's preset
 
 
 def test_a_branched_trial_still_samples_them() -> None:
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     trial = study.ask()
     suggest(trial, load_space(), action_face="branched")
-    assert {name for name in BRANCHED_PARAMS if not name.startswith("hindsight_")} <= _sampled(trial)
+    assert {name for name in BRANCHED_PARAMS if not name.startswith("hindsight.")} <= _sampled(trial)
 
 
 @pytest.mark.parametrize("default", presets.ACTION_FACES)
@@ -48,7 +51,7 @@ def test_suggest_follows_the_default_face(monkeypatch: pytest.MonkeyPatch, defau
     monkeypatch.setattr(presets, "ACTION_FACE", default)
     trial = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0)).ask()
     values = suggest(trial, load_space())
-    assert ("exploration_mult_magnitude" in values) is (default == "branched")
+    assert ("algorithm.exploration_mults.magnitude" in values) is (default == "branched")
     config = to_run_config(RunConfig(), values)  # the default base is the default face's
     assert config.resolved_action_face() == default
 
@@ -69,6 +72,6 @@ def test_a_space_file_fixing_hindsight_on_cannot_take_the_joint_face(tmp_path: P
         face_space(space, "joint")
     path.write_text("hindsight: false\nexploration_mult_order: 2.0\n")
     joint = face_space(load_space(path), "joint")
-    assert joint["hindsight"] is None and joint["exploration_mult_order"] is None
+    assert joint["hindsight"] is None and joint["algorithm.exploration_mults.order"] is None
     with pytest.raises(ValueError, match=r"action_face='flat'"):
         face_space(space, "flat")

@@ -57,8 +57,8 @@ def test_tiny_study_completes_and_resume_adds_trials(
     best = RunConfig.load(out / "best_config.json")
     # the space fixes hindsight off (on the joint action face it is not searched, and off)
     assert best.out is None and best.steps == 200 and best.resolved_hindsight() is False
-    assert best.policy_kwargs["net_arch"] == [study.best_params["net_width"]] * 2
-    assert best.model_kwargs["learning_rate"] == study.best_params["learning_rate"]
+    assert best.policy.net_arch == [study.best_params["policy.net_width"]] * 2
+    assert best.algorithm.learning_rate == study.best_params["algorithm.learning_rate"]
     for name in ("optimization_history", "param_importances", "parallel_coordinate"):
         assert (out / f"{name}.png").stat().st_size > 1000
     for trial in study.trials:  # each trial's run folder, its value from its evaluation.json
