@@ -191,7 +191,8 @@ def check_device(device_name: str, name: str = "RunConfig.device") -> None:
 
 
 def check_runnable(config: RunConfig) -> None:
-    """What a config needs of this machine: its data folder, its device, CUDA for its CUDA graphs.
+    """What a config needs of this machine (its data folder, its device, CUDA for its CUDA graphs), and
+    BranchingIQN's checks of its arguments.
 
     :raises ValueError: naming the field (``RunConfig.FIELD``).
     """
@@ -201,6 +202,7 @@ def check_runnable(config: RunConfig) -> None:
     if config.cuda_graph and th.device(config.device).type != "cuda":
         raise ValueError(f"RunConfig.cuda_graph needs RunConfig.device cuda, got RunConfig.device="
                          f"{config.device!r}")
+    config.check_algorithm()
 
 
 def train(args: argparse.Namespace) -> Any:

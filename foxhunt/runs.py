@@ -22,6 +22,7 @@ import dataclasses
 import difflib
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import InitVar, dataclass, field
 from pathlib import Path
@@ -188,7 +189,28 @@ class RunConfig:
         try:
             EnvConfig(**{k: v for k, v in self.env.kwargs().items() if k in known})
         except ValueError as error:
-            raise ValueError(f"RunConfig.env.{error}") from None
+            raise ValueError(_in_section("env", error)) from None
+
+    def check_algorithm(self) -> None:
+        """BranchingIQN's argument checks on the resolved arguments, before anything is built (run by
+        :func:`train` and ``foxhunt train`` before a run folder is made; it imports SB3, so a config is not
+        checked on construction).
+
+        :raises ValueError: naming the field (``RunConfig.algorithm.gamma=2.0 must lie in [0, 1]``).
+        """
+        import inspect
+
+        from sb3_her_ext.algorithm import BranchingIQN
+        from sb3_her_ext.arguments import check_arguments
+
+        defaults = {name: parameter.default for name, parameter in
+                    inspect.signature(BranchingIQN.__init__).parameters.items()
+                    if parameter.default is not inspect.Parameter.empty}
+        try:
+            check_arguments(**{**defaults, **self.resolved_model_kwargs(), "env": None, "seed": self.seed,
+                               "cuda_graph": bool(self.cuda_graph)})
+        except ValueError as error:
+            raise ValueError(_in_section("algorithm", error)) from None
 
     # ---------------------------------------------------------------- resolved settings
 
@@ -302,6 +324,13 @@ class RunConfig:
         except json.JSONDecodeError as error:
             raise ValueError(f"{path}: not valid JSON ({error})") from None
         return cls.from_dict(values)
+
+
+def _in_section(section: str, error: ValueError) -> str:
+    """A section's error (``gamma=2.0 must ...``) naming the field by its path (``RunConfig.algorithm.``)."""
+    message = str(error)
+    named = re.match(r"[a-z_0-9]+[=\[]", message)
+    return f"RunConfig.{section}.{message}" if named else f"RunConfig.{section}: {message}"
 
 
 def field_names() -> list[str]:
@@ -430,6 +459,7 @@ def train(config: RunConfig, callback: Any = None, *, resume_from: str | Path | 
     from sb3_her_ext.algorithm import BranchingIQN
 
     if resume_from is None:
+        config.check_algorithm()  # before a run folder is made
         # config.json records whether the steps were graphed
         config = dataclasses.replace(config, cuda_graph=config.resolved_cuda_graph(),
                                      device_loop=config.resolved_device_loop(),

@@ -224,3 +224,68 @@ def test_train_on_lobster_evaluates_on_the_test_split(lobster_dir: Path, tmp_pat
     assert config["hindsight"] is (config["action_face"] == "branched")  # on by default where it applies
     evaluation = json.loads((out / "evaluation.json").read_text())
     assert evaluation["eval_data"] == "test split" and evaluation["steps"] == 10 * 2
+
+
+def test_every_config_field_is_an_option_named_by_its_dotted_path() -> None:
+    from foxhunt.runs import field_names
+
+    train_help = build_parser()._subparsers._group_actions[0].choices["train"].format_help()
+    for name in field_names():
+        assert "--" + name.replace("_", "-") in train_help, name
+    assert "Adam's learning rate" in train_help  # the field's docstring is its help
+    config = _train_config(["--algorithm.learning-rate", "1e-3", "--env.episode-length", "200",
+                            "--policy.net-arch", "[32, 32]", "--no-policy.popart", "--env.market",
+                            '{"signal_strength": 0.5}'])
+    assert config.algorithm.learning_rate == 1e-3 and config.env.episode_length == 200
+    assert config.policy.net_arch == [32, 32] and config.policy.popart is False
+    assert config.resolved_env_kwargs() == {"episode_length": 200, "signal_strength": 0.5}
+    assert config.resolved_model_kwargs()["learning_rate"] == 1e-3
+
+
+def test_hyperparams_set_fields_by_dotted_or_bare_name() -> None:
+    config = _train_config(["--hyperparams", "algorithm.gamma:0.9", "episode_length:100", "batch_size:32",
+                            "iqr_bonus:[0.1, 0.0]", "env.market.signal_strength:0.25", "--seed", "4"])
+    assert config.algorithm.gamma == 0.9 and config.env.episode_length == 100 and config.seed == 4
+    assert config.algorithm.batch_size == 32 and config.algorithm.iqr_bonus == [0.1, 0.0]
+    assert config.env.market == {"signal_strength": 0.25}
+    # an option given wins over --hyperparams
+    assert _train_config(["--hyperparams", "steps:50", "--steps", "60"]).steps == 60
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--n-envs", "0"], r"--n-envs=0 must be >= 1$"),
+    (["--algorithm.gamma", "2"], r"--algorithm\.gamma=2\.0 must lie in \[0, 1\]$"),
+    (["--algorithm.batch-size", "64", "--algorithm.buffer-size", "10"],
+     r"--algorithm\.buffer-size=10 must be >= batch_size=64$"),
+    (["--env.max-position", "-1"], r"--env\.max-position=-1\.0 must be > 0$"),
+    (["--algorithm.buffer-size", "x"], r"invalid int value"),
+    (["--hyperparams", "gama:0.9"], r"--hyperparams gama: no config field of that name"),
+    (["--hyperparams", "n_quantiles:4x"], r"--policy\.n-quantiles='4x' must be an integer"),
+    (["--hyperparams", "gamma"], r"--hyperparams 'gamma' must be KEY:VALUE"),
+])
+def test_bad_options_name_the_option_typed(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                           argv: list[str], message: str) -> None:
+    argv = ["train", *argv, "--out", str(tmp_path / "run"), "--no-progress"]
+    if "invalid int value" in message:
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert re.search(message, capsys.readouterr().err)
+    else:
+        assert_user_error(capsys, argv, message)
+    assert not (tmp_path / "run").exists()
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert re.fullmatch(r"foxhunt \S+\n", capsys.readouterr().out)
+
+
+def test_a_best_config_of_a_study_trains_with_config(tmp_path: Path) -> None:
+    """``best_config.json`` is a RunConfig JSON: ``foxhunt train --config`` takes it, with options over it."""
+    path = RunConfig(steps=50, action_face="joint", algorithm={"learning_rate": 5e-4},
+                     policy={"net_arch": [8, 8]}).save(tmp_path / "best_config.json")
+    config = _train_config(["--config", str(path), "--eval-split", "test", "--algorithm.gamma", "0.95"])
+    assert config == RunConfig(steps=50, action_face="joint", eval_split="test",
+                               algorithm={"learning_rate": 5e-4, "gamma": 0.95}, policy={"net_arch": [8, 8]})

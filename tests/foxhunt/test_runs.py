@@ -46,6 +46,37 @@ def test_a_resumed_run_equals_the_uninterrupted_one(uninterrupted: Path, tmp_pat
     )
 
 
+def _old_format(config: dict) -> dict:
+    """A ``config.json`` as the version before the config tree wrote it: the run's fields and three flat dicts
+    of overrides (these are :func:`small_config`'s)."""
+    old = {name: value for name, value in config.items() if name not in ("env", "algorithm", "policy")}
+    return {**old, "model_kwargs": dict(SMALL_MODEL_KWARGS), "policy_kwargs": {},
+            "env_kwargs": {"episode_length": 60}}
+
+
+def test_a_config_json_of_the_old_format_loads_as_the_same_config(tmp_path: Path) -> None:
+    config = small_config(tmp_path / "run")
+    (tmp_path / "old.json").write_text(json.dumps(_old_format(config.to_dict())))
+    assert RunConfig.load(tmp_path / "old.json") == config
+    assert config.algorithm.batch_size == 16 and config.env.episode_length == 60
+    mixed = {**config.to_dict(), "model_kwargs": {"stepz": 1}}
+    with pytest.raises(ValueError, match=r"unknown RunConfig.model_kwargs keys \['stepz'\]"):
+        RunConfig.from_dict(mixed)
+
+
+def test_a_run_whose_config_json_has_the_old_format_resumes_bit_for_bit(uninterrupted: Path,
+                                                                        tmp_path: Path) -> None:
+    """A run killed under the previous version (its config.json flat) resumes under this one."""
+    out = tmp_path / "run"
+    with pytest.raises(_Crash):
+        train(small_config(out), callback=_CrashAt(470))
+    written = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps(_old_format(written)))
+    resume(out)
+    assert_same_model(uninterrupted / "model.zip", out / "model.zip")
+    assert _diagnostics(out) == _diagnostics(uninterrupted)
+
+
 def test_a_run_resumed_before_learning_starts_equals_the_uninterrupted_one(tmp_path: Path) -> None:
     """The checkpoint at 200 falls in the uniform random actions before ``learning_starts`` (the action
     space's own generator)."""
