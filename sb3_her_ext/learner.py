@@ -4,7 +4,10 @@
    step also a batch stratified by the actions of the vaccine branch;
 2. BDQ double-Q target: per branch, the online argmax over the ensemble-mean quantile-mean at ``s'``, the
    target network's quantiles at that action, averaged over branches; ``y = r + γ(1 − done)·Z'``
-   (de-normalised);
+   (de-normalised). Autoregressive branches (``branch_coupling="autoregressive"``): ``a'`` decoded greedily
+   branch by branch, ``Z'`` the last branch's (conditioned on the whole of ``a'``) and the target of the last
+   branch only; branch ``b`` before it regresses on the next branch's best value given the taken
+   ``a_0 .. a_b`` (Metz et al. 2017; :meth:`Learner._within_step_targets`);
 3. PopArt update from ``y`` (output-preserving), then ``y`` normalised (and the C51 target projected onto
    the normalised support);
 4. IQN quantiles (and C51 logits) of the taken actions; ``L = (1 − c51_alpha)·L_IQN + c51_alpha·L_C51``,
@@ -63,6 +66,11 @@ def _mean_values(net: th.nn.Module, obs: th.Tensor, taus: th.Tensor) -> th.Tenso
     if hasattr(net, "mean_values"):
         return net.mean_values(obs, taus)
     return net.quantiles(obs, taus).mean(dim=(0, -1))
+
+
+def _mean_values_given(net: th.nn.Module, obs: th.Tensor, taus: th.Tensor, prefix: th.Tensor) -> th.Tensor:
+    """``[B, NB, A]`` mean values of an autoregressive network, each branch conditioned on ``prefix``."""
+    return net.mean_values(obs, taus, prefix_actions=prefix)
 
 
 def _taken_quantiles_and_logits(net: th.nn.Module, obs: th.Tensor, taus: th.Tensor, actions: th.Tensor) -> (
@@ -145,6 +153,10 @@ class Learner:
         n_actions = th.tensor(self.action_dims, dtype=th.int64, device=device)
         #: ``[NB, A]`` True for the real actions of each branch (the others pad the shorter branches)
         self.valid_actions = th.arange(max(self.action_dims), device=device)[None, :] < n_actions[:, None]
+        #: autoregressive branches (more than one): the last branch's target crosses time steps, the earlier
+        #: ones regress on the next branch's best value (:meth:`_within_step_targets`)
+        coupled = bool(getattr(policy.q_net, "autoregressive", False))
+        self.autoregressive = coupled and len(self.action_dims) > 1
         self._rand_queue: list[th.Tensor] | None = None  # set while a graphed step runs: its static draws
         self.graphed_step: GraphedTrainStep | None = None
         self.graphed_vaccine_step: GraphedTrainStep | None = None
@@ -270,20 +282,26 @@ class Learner:
         rand = self._rand
 
         # 2. BDQ double-Q target y = r + γ(1 − done)·Z' (de-normalised)
+        autoregressive = self.autoregressive
         with th.no_grad():
-            # Double-Q per branch: the online network picks a' on the ensemble-mean quantile-mean ...
+            # Double-Q per branch: the online network picks a' on the ensemble-mean quantile-mean (greedy
+            # decoding branch by branch when the branches are autoregressive) ...
             next_q = _mean_values(q_net, batch.next_observations, rand(batch_size, n_act))  # [B, NB, A]
             next_actions = next_q.masked_fill(~self.valid_actions, -th.inf).argmax(dim=-1)  # [B, NB]
-            # ... the target network evaluates it; BDQ averages the branches.
+            # ... the target network evaluates it; BDQ averages the branches, autoregressive branches take
+            # the last one (conditioned on the whole of a')
             z_next, next_logits = _taken_quantiles_and_logits(  # [E, B, NB, N'], [B, NB, atoms]
                 q_net_target, batch.next_observations, rand(batch_size, n_target), next_actions
             )
-            z_next = z_next.mean(dim=2)  # [E, B, N']
+            z_next = z_next[:, :, -1] if autoregressive else z_next.mean(dim=2)  # [E, B, N']
             # copies only when PopArt's update below changes the statistics in place
             mu_old, sigma_old = self._popart_stats(copy=update_popart)
             not_done = (1.0 - dones)[None, :, None]
             y = rewards[None, :, None] + self.gamma * not_done * (sigma_old * z_next + mu_old)  # [E, B, N']
-            next_probs = th.softmax(next_logits, dim=-1).mean(dim=1)  # [B, atoms]
+            next_softmax = th.softmax(next_logits, dim=-1)  # [B, NB, atoms]
+            next_probs = next_softmax[:, -1] if autoregressive else next_softmax.mean(dim=1)  # [B, atoms]
+            within = self._within_step_targets(batch.observations, actions, batch_size) if autoregressive \
+                else None
 
         # 3. PopArt update from y, then y (and the C51 target) in the normalised space
         if update_popart and self.guard is not None:
@@ -298,6 +316,18 @@ class Learner:
             c51_rewards = (rewards + self.gamma * (1.0 - dones) * mu_old - mu) / sigma
             target_probs = c51_project(next_probs, c51_rewards, dones, self.gamma * sigma_old / sigma,
                                        policy.support)
+            y_norm = y_norm[:, :, None, :].expand(-1, -1, n_branches, -1)  # [E, B, NB, N']
+            target_probs = target_probs[:, None, :].expand(-1, n_branches, -1)  # [B, NB, atoms]
+            if within is not None:
+                # branches before the last: the next branch's best value given their prefix, in the same
+                # normalised space (no reward, no discount: the same time step)
+                z_within, within_logits = within  # [E, B, NB - 1, N'], [B, NB - 1, atoms]
+                y_within = ((sigma_old * z_within + mu_old) - mu) / sigma
+                shift = ((mu_old - mu) / sigma) * th.ones_like(rewards)[:, None]  # [B, 1]
+                probs_within = c51_project(th.softmax(within_logits, dim=-1), shift,
+                                           th.zeros_like(dones)[:, None], sigma_old / sigma, policy.support)
+                y_norm = th.cat([y_within, y_norm[:, :, -1:]], dim=2)
+                target_probs = th.cat([probs_within, target_probs[:, -1:]], dim=1)
 
         # 4. quantiles and C51 logits of the taken actions; the mixed per-sample loss and TD errors
         taus = rand(batch_size, n_quantiles)
@@ -306,18 +336,39 @@ class Learner:
         )
         l_q = quantile_huber_loss(
             z_taken,
-            y_norm[:, :, None, :].expand(-1, -1, n_branches, -1),
+            y_norm,
             taus[None, :, None, :].expand_as(z_taken),
             compiled=self.compile_loss,
             values=values,
         ).mean(dim=(0, 2))  # [B]
-        l_c51 = c51_cross_entropy(logits_taken, target_probs[:, None, :].expand_as(logits_taken)).mean(dim=1)
+        l_c51 = c51_cross_entropy(logits_taken, target_probs).mean(dim=1)
         per_sample = (1.0 - self.c51_alpha) * l_q + self.c51_alpha * l_c51
         if not values:
             return DistributionalLoss(per_sample, l_q, l_c51, None)
-        td = y_norm.mean(dim=-1)[:, :, None] - z_taken.detach().mean(dim=-1)  # [E, B, NB]
+        td = y_norm.mean(dim=-1) - z_taken.detach().mean(dim=-1)  # [E, B, NB]
         td_abs = td.abs().mean(dim=0)  # [B, NB]
         return DistributionalLoss(per_sample, l_q, l_c51, td_abs)
+
+    def _within_step_targets(self, obs: th.Tensor, actions: th.Tensor, batch_size: int) -> (
+        tuple[th.Tensor, th.Tensor]
+    ):
+        """Autoregressive branches' targets inside one time step (Metz et al. 2017): branch ``b < NB - 1``
+        regresses on ``max_a Q_{b+1}(s, a_0 .. a_b, a)``, the online network choosing ``a`` (double Q) and
+        the target network valuing it, both conditioned on the taken ``a_0 .. a_b``.
+
+        :param obs: ``[B, D]`` the batch's observations.
+        :param actions: ``[B, NB]`` the taken actions (the prefixes).
+        :param batch_size: ``B``.
+        :return: the target network's quantiles ``[E, B, NB - 1, N']`` and C51 logits ``[B, NB - 1, atoms]``
+            of branches ``1 .. NB - 1`` at their online argmax.
+        """
+        policy = self.policy
+        values = _mean_values_given(self.q_net, obs, self._rand(batch_size, policy.n_quantiles_act), actions)
+        best = values.masked_fill(~self.valid_actions, -th.inf).argmax(dim=-1)  # [B, NB], given a_{<b}
+        z, logits = self.q_net_target.taken_quantiles_and_logits(
+            obs, self._rand(batch_size, policy.n_quantiles_target), best, prefix_actions=actions
+        )
+        return z[:, :, 1:], logits[:, 1:]
 
     def _guarded_state(self) -> list[th.Tensor]:
         """Everything a gradient step changes besides gradients: both networks' parameters, optimizer state,
@@ -392,7 +443,10 @@ class Learner:
     def _step_rand_shapes(self, batch_size: int) -> list[tuple[int, ...]]:
         """Shapes of a gradient step's generator draws, in the order :meth:`loss` draws them."""
         policy = self.policy
-        counts = (policy.n_quantiles_act, policy.n_quantiles_target, policy.n_quantiles)
+        counts: tuple[int, ...] = (policy.n_quantiles_act, policy.n_quantiles_target)
+        if self.autoregressive:  # the within-step targets' two draws
+            counts += (policy.n_quantiles_act, policy.n_quantiles_target)
+        counts += (policy.n_quantiles,)
         return [(batch_size, n) for n in counts]
 
     def _vaccine_rand_shapes(self, batch_size: int) -> list[tuple[int, ...]]:

@@ -13,6 +13,15 @@ Data flow of :class:`BranchingQNetwork` for a batch of ``B`` observations, ``NB`
 
 All branches run together: each per-branch layer is one stacked weight ``[NB, in, out]`` applied with a
 single batched matmul, so there is no Python loop over branches in ``forward``.
+
+Branch coupling (``branch_coupling``): ``"independent"`` (BDQ) gives each branch its values averaged over
+the other branches' choices. ``"autoregressive"`` (Metz et al. 2017, Q-Transformer) conditions branch ``b`` on
+the sub-actions of the branches before it: the one-hot of ``a_0 .. a_{b-1}`` enters branch ``b``'s first
+hidden layer (a per-branch weight ``[NB, NB * A, H1]`` masked to the earlier branches, zero at
+initialisation, so an untrained network starts as the independent one). Given actions (training: the taken
+ones) the pass is teacher-forced; without them the network decodes greedily, branch by branch (``NB``
+passes of the branch MLPs: a loop over the few branches, not over rows), and every output of branch ``b``
+is then conditioned on the greedy ``a_0 .. a_{b-1}``.
 """
 
 from __future__ import annotations
@@ -28,6 +37,9 @@ import cuda_ext
 from sb3_her_ext.fused import TakenQuantileHead, block_samples, blocked_mean_tau_embedding
 from sb3_her_ext.popart import PopArt
 from sb3_her_ext.validation import check_positive
+
+#: The ways the action branches can be coupled (see the module docstring).
+BRANCH_COUPLINGS = ("independent", "autoregressive")
 
 
 def quantile_iqr(samples: th.Tensor) -> th.Tensor:
@@ -112,6 +124,8 @@ class BranchingQNetwork(nn.Module):
         statistics fitted once by :meth:`fit_observation_normalizer` (identity until then). Raw features of
         very different scales (prices in ticks, log sizes, an imbalance in [-1, 1]) otherwise saturate the
         ``tanh`` bottleneck and drown the small ones.
+    :param branch_coupling: ``"independent"`` (BDQ branches) or ``"autoregressive"`` (each branch
+        conditioned on the earlier branches' sub-actions; see the module docstring).
     """
 
     def __init__(
@@ -127,8 +141,11 @@ class BranchingQNetwork(nn.Module):
         activation_fn: type[nn.Module] = nn.ReLU,
         shared_tau_embedding: bool = True,
         normalize_observations: bool = False,
+        branch_coupling: str = "independent",
     ) -> None:
         super().__init__()
+        if branch_coupling not in BRANCH_COUPLINGS:
+            raise ValueError(f"branch_coupling={branch_coupling!r} must be one of {BRANCH_COUPLINGS}")
         for name, value in (
             ("obs_dim", obs_dim),
             ("n_market_features", n_market_features),
@@ -213,6 +230,21 @@ class BranchingQNetwork(nn.Module):
             self.register_buffer("obs_normalizer_fitted", th.zeros((), dtype=th.bool))
         #: host copy of ``obs_normalizer_fitted`` (read without a device sync)
         self.observation_normalizer_fitted = not self.normalize_observations
+        self.branch_coupling = branch_coupling
+        #: whether branch ``b`` sees the sub-actions of branches ``< b`` (created last: the independent
+        #: network's parameters are initialised exactly as before)
+        self.autoregressive = branch_coupling == "autoregressive"
+        if self.autoregressive:
+            n_codes = n_branches * n_actions
+            self.prefix_weight = nn.Parameter(th.zeros(n_branches, n_codes, self.net_arch[0]))
+            code_branch = th.arange(n_codes) // n_actions
+            code_action = th.arange(n_codes) % n_actions
+            real = code_action < th.tensor(self.action_dims)[code_branch]
+            earlier = code_branch[None, :] < th.arange(n_branches)[:, None]  # [NB, NB * A]
+            self.register_buffer("prefix_mask", (earlier & real[None, :]).float().unsqueeze(-1),
+                                 persistent=False)  # [NB, NB * A, 1]
+            self.register_buffer("prefix_offsets", th.arange(n_branches) * n_actions, persistent=False)
+            self.register_buffer("prefix_codes", th.arange(n_codes), persistent=False)
 
     def fit_observation_normalizer(self, observations: th.Tensor, min_std: float = 1e-6) -> None:
         """Fit the input standardisation to ``observations`` (mean and standard deviation per feature).
@@ -262,12 +294,19 @@ class BranchingQNetwork(nn.Module):
         """
         object.__setattr__(self, "popart", popart)
 
-    def branch_features(self, obs: th.Tensor) -> th.Tensor:
+    def branch_features(self, obs: th.Tensor, prefix_actions: th.Tensor | None = None) -> th.Tensor:
         """Per-branch features after bottleneck and MLP.
 
         :param obs: ``[B, D]`` observations.
+        :param prefix_actions: autoregressive coupling: ``[B, NB]`` int64 sub-actions, branch ``b``
+            conditioned on columns ``< b`` (required then; :meth:`decode` finds the greedy ones); ignored
+            otherwise.
         :return: ``[NB, B, H]`` with ``H = net_arch[-1]``.
         """
+        return self._branch_mlp(self._trunk_input(obs), prefix_actions)
+
+    def _trunk_input(self, obs: th.Tensor) -> th.Tensor:
+        """The branch MLPs' input: ``[NB, B, W + P]`` (bottleneck outputs and the portfolio features)."""
         if obs.dim() != 2 or obs.shape[1] != self.obs_dim:
             raise ValueError(f"obs.shape={tuple(obs.shape)} must be [B, {self.obs_dim}]")
         if self.normalize_observations:
@@ -277,12 +316,69 @@ class BranchingQNetwork(nn.Module):
         x = self.bottleneck(market)  # [NB, B, W]
         if portfolio.shape[1] > 0:
             x = th.cat([x, portfolio.unsqueeze(0).expand(self.n_branches, -1, -1)], dim=-1)
+        return x
+
+    def _branch_mlp(self, x: th.Tensor, prefix_actions: th.Tensor | None) -> th.Tensor:
+        """The branch MLPs on their input ``x`` (``[NB, B, W + P]``), with the sub-action prefix."""
+        if self.autoregressive:
+            if prefix_actions is None:
+                raise ValueError("branch_coupling='autoregressive' needs the prefix actions [B, NB]")
+            if prefix_actions.shape != (x.shape[1], self.n_branches):
+                raise ValueError(f"prefix_actions.shape={tuple(prefix_actions.shape)} must be "
+                                 f"[B={x.shape[1]}, NB={self.n_branches}]")
         relu = isinstance(self.activation, nn.ReLU)
-        for layer in self.hidden:
+        for i, layer in enumerate(self.hidden):
+            x = layer(x)
+            if i == 0 and self.autoregressive:
+                x = x + self._prefix_term(prefix_actions)
             # ReLU in place on the layer's fresh output (the product's backward does not need it): no second
             # [NB, B, H] buffer
-            x = layer(x).relu_() if relu else self.activation(layer(x))
+            x = x.relu_() if relu else self.activation(x)
         return x
+
+    def _prefix_term(self, actions: th.Tensor) -> th.Tensor:
+        """Each branch's first-layer contribution of the earlier branches' sub-actions, ``[NB, B, H1]``."""
+        rows = actions.long() + self.prefix_offsets  # [B, NB]: each sub-action's code
+        one_hot = (rows.unsqueeze(-1) == self.prefix_codes).to(self.prefix_weight.dtype).sum(dim=1)
+        return th.matmul(one_hot, self.prefix_weight * self.prefix_mask)  # [B, C] @ [NB, C, H1]
+
+    def decode(self, obs: th.Tensor, taus: th.Tensor) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+        """Greedy decoding branch by branch: ``a_b`` maximises branch ``b``'s mean value given ``a_{<b}``.
+
+        Independent branches need one pass (each branch's argmax); autoregressive ones ``NB`` passes of the
+        branch MLPs (the trunk's bottleneck once), the last of which conditions every branch on its final
+        prefix.
+
+        :param obs: ``[B, D]`` observations.
+        :param taus: ``[B, N]`` quantile fractions of the mean values.
+        :return: ``(features [NB, B, H], actions [B, NB] int64, values [B, NB, A])``: the features and
+            normalised mean values of every branch given the greedy prefix (padded actions ``-inf``).
+        """
+        x = self._trunk_input(obs)
+        batch = x.shape[1]
+        embedding = self._mean_tau_embedding(taus, batch)
+        actions = th.zeros(batch, self.n_branches, dtype=th.int64, device=obs.device)
+        columns = th.arange(self.n_branches, device=obs.device)
+        passes = self.n_branches if self.autoregressive else 1
+        for b in range(passes):
+            features = self._branch_mlp(x, actions if self.autoregressive else None)
+            values = self._mean_values_from(features, embedding)
+            if self.padded_actions:
+                values = values.masked_fill(~self.action_mask, -math.inf)
+            greedy = values.argmax(dim=-1)  # [B, NB]
+            if not self.autoregressive:
+                return features, greedy, values
+            actions = th.where(columns == b, greedy, actions)  # branch b's choice, given a_{<b}
+        return features, actions, values
+
+    def _features(self, obs: th.Tensor, taus: th.Tensor, prefix_actions: th.Tensor | None) -> th.Tensor:
+        """Branch features: teacher-forced on ``prefix_actions`` when given, greedily decoded when not
+        (autoregressive coupling); the plain features for independent branches."""
+        if not self.autoregressive:
+            return self.branch_features(obs)
+        if prefix_actions is not None:
+            return self.branch_features(obs, prefix_actions)
+        return self.decode(obs, taus)[0]
 
     def bottleneck(self, market: th.Tensor) -> th.Tensor:
         """Per-branch ``tanh(x_market @ W_b)``, zero-padded to the widest branch.
@@ -331,22 +427,27 @@ class BranchingQNetwork(nn.Module):
         out = out.reshape(batch, n_taus, n_branches, self.n_ensemble, self.max_actions)
         return out.permute(3, 0, 2, 4, 1)  # [E, B, NB, A, N]
 
-    def quantiles(self, obs: th.Tensor, taus: th.Tensor) -> th.Tensor:
+    def quantiles(self, obs: th.Tensor, taus: th.Tensor,
+                  prefix_actions: th.Tensor | None = None) -> th.Tensor:
         """IQN quantile values of every ensemble head, branch and action.
 
         :param obs: ``[B, D]`` observations.
         :param taus: ``[B, N]`` quantile fractions in [0, 1].
+        :param prefix_actions: autoregressive coupling: the sub-actions each branch is conditioned on
+            (None: the greedy ones, decoded at ``taus``); ignored for independent branches.
         :return: ``[E, B, NB, A, N]`` in the PopArt-normalised space; padded actions are 0.
         """
-        return self._iqn_from_features(self.branch_features(obs), taus)
+        return self._iqn_from_features(self._features(obs, taus, prefix_actions), taus)
 
-    def c51_logits(self, obs: th.Tensor) -> th.Tensor:
+    def c51_logits(self, obs: th.Tensor, prefix_actions: th.Tensor | None = None) -> th.Tensor:
         """C51 logits of every branch and action.
 
         :param obs: ``[B, D]`` observations.
+        :param prefix_actions: autoregressive coupling: ``[B, NB]`` sub-actions each branch is conditioned on
+            (required then).
         :return: ``[B, NB, A, n_atoms]``; padded actions are all-zero logits.
         """
-        features = self.branch_features(obs)
+        features = self.branch_features(obs, prefix_actions)
         return self._c51_from_features(features)
 
     def _c51_from_features(self, features: th.Tensor) -> th.Tensor:
@@ -356,14 +457,16 @@ class BranchingQNetwork(nn.Module):
             logits = logits * self.action_mask[:, None, :, None]
         return logits.transpose(0, 1)
 
-    def quantiles_and_logits(self, obs: th.Tensor, taus: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+    def quantiles_and_logits(self, obs: th.Tensor, taus: th.Tensor,
+                             prefix_actions: th.Tensor | None = None) -> tuple[th.Tensor, th.Tensor]:
         """Both heads from one pass through the shared branch trunk (cheaper than two calls).
 
         :param obs: ``[B, D]`` observations.
         :param taus: ``[B, N]`` quantile fractions.
+        :param prefix_actions: as in :meth:`quantiles`.
         :return: ``(quantiles [E, B, NB, A, N], c51_logits [B, NB, A, n_atoms])``.
         """
-        features = self.branch_features(obs)
+        features = self._features(obs, taus, prefix_actions)
         return self._iqn_from_features(features, taus), self._c51_from_features(features)
 
     def _iqn_output_layer(self) -> tuple[th.Tensor, th.Tensor]:
@@ -404,7 +507,7 @@ class BranchingQNetwork(nn.Module):
         return embedding.view(batch, taus.shape[1], -1, self.net_arch[-1])
 
     def taken_quantiles_and_logits(
-        self, obs: th.Tensor, taus: th.Tensor, actions: th.Tensor
+        self, obs: th.Tensor, taus: th.Tensor, actions: th.Tensor, prefix_actions: th.Tensor | None = None
     ) -> tuple[th.Tensor, th.Tensor]:
         """Quantiles and C51 logits of one action per branch (the training step's pass).
 
@@ -414,9 +517,11 @@ class BranchingQNetwork(nn.Module):
         :param obs: ``[B, D]`` observations.
         :param taus: ``[B, N]`` quantile fractions.
         :param actions: ``[B, NB]`` int64 action of each branch.
+        :param prefix_actions: autoregressive coupling: the sub-actions each branch is conditioned on (None:
+            ``actions`` themselves, teacher forcing); ignored for independent branches.
         :return: ``(quantiles [E, B, NB, N], c51_logits [B, NB, n_atoms])``.
         """
-        features = self.branch_features(obs)  # [NB, B, H]
+        features = self.branch_features(obs, actions if prefix_actions is None else prefix_actions)
         batch, n_taus = taus.shape[0], taus.shape[-1]
         if taus.dim() != 2 or taus.shape[0] != features.shape[1]:
             raise ValueError(f"taus.shape={tuple(taus.shape)} must be [B={features.shape[1]}, N]")
@@ -484,7 +589,8 @@ class BranchingQNetwork(nn.Module):
             raise ValueError(f"taus.shape={tuple(taus.shape)} must be [B={batch}, N]")
         return blocked_mean_tau_embedding(taus, self.cos_frequencies, weight, self.net_arch[-1])
 
-    def mean_values(self, obs: th.Tensor, taus: th.Tensor) -> th.Tensor:
+    def mean_values(self, obs: th.Tensor, taus: th.Tensor,
+                    prefix_actions: th.Tensor | None = None) -> th.Tensor:
         """Ensemble-mean quantile-mean of every branch and action (for greedy choices).
 
         Equals ``quantiles(obs, taus).mean(dim=(0, -1))`` up to rounding: the output layer is linear, so
@@ -493,10 +599,21 @@ class BranchingQNetwork(nn.Module):
 
         :param obs: ``[B, D]`` observations.
         :param taus: ``[B, N]`` quantile fractions.
+        :param prefix_actions: as in :meth:`quantiles` (None with autoregressive coupling: greedy decoding,
+            whose branch-by-branch argmax of these values is the greedy joint action).
         :return: ``[B, NB, A]`` in the normalised space; padded actions are 0.
         """
-        features = self.branch_features(obs)  # [NB, B, H]
-        embedding = self._mean_tau_embedding(taus, features.shape[1])  # [B, G, H]
+        if self.autoregressive and prefix_actions is None:
+            values = self.decode(obs, taus)[2]  # the last pass's values: every branch given its final prefix
+            return values.masked_fill(~self.action_mask, 0.0) if self.padded_actions else values
+        features = self.branch_features(obs, prefix_actions)  # [NB, B, H]
+        return self._mean_values_from(features, self._mean_tau_embedding(taus, features.shape[1]))
+
+    def _mean_values_from(self, features: th.Tensor, embedding: th.Tensor) -> th.Tensor:
+        """:param features: ``[NB, B, H]``.
+        :param embedding: ``[B, G, H]`` mean tau embedding (:meth:`_mean_tau_embedding`).
+        :return: ``[B, NB, A]`` normalised mean values; padded actions are 0.
+        """
         weight, bias = self._iqn_output_layer()  # [NB, H, E, A], [NB, E, A]
         n_branches, hidden_dim = weight.shape[:2]
         mixed = embedding.permute(1, 0, 2) * features  # [NB, B, H]
@@ -506,6 +623,10 @@ class BranchingQNetwork(nn.Module):
 
     def action_stats(self, obs: th.Tensor, taus: th.Tensor) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
         """Action values and uncertainty statistics for action selection.
+
+        With autoregressive coupling every branch's statistics are conditioned on the greedy sub-actions of
+        the branches before it (decoded at ``taus``), so the per-branch argmax of ``q`` is the greedy joint
+        action; an exploring branch does not re-condition the later ones.
 
         :param obs: ``[B, D]`` observations.
         :param taus: ``[B, K]`` quantile fractions.

@@ -140,6 +140,11 @@ class BranchingIQNPolicy(BasePolicy):
     :param normalize_observations: standardise every observation feature with a mean and standard
         deviation fitted once, on the replay buffer's rows when training starts (see
         :meth:`BranchingQNetwork.fit_observation_normalizer`); False feeds the raw observations.
+    :param branch_coupling: ``"independent"`` (BDQ: each branch valued over the others' choices) or
+        ``"autoregressive"`` (branch ``b`` conditioned on the sub-actions of branches ``< b``; acting decodes
+        greedily branch by branch, the target's argmax the same way, and each earlier branch is trained
+        towards the next branch's best value given its prefix; see :mod:`sb3_her_ext.networks` and
+        :meth:`sb3_her_ext.learner.Learner.loss`).
     """
 
     q_net: BranchingQNetwork
@@ -171,6 +176,7 @@ class BranchingIQNPolicy(BasePolicy):
         normalize_images: bool = False,
         shared_tau_embedding: bool = True,
         normalize_observations: bool = True,
+        branch_coupling: str = "independent",
     ) -> None:
         if not isinstance(observation_space, spaces.Box):
             raise ValueError(f"observation_space={observation_space} is not supported (Box only)")
@@ -228,6 +234,7 @@ class BranchingIQNPolicy(BasePolicy):
             activation_fn=activation_fn,
             shared_tau_embedding=shared_tau_embedding,
             normalize_observations=bool(normalize_observations),
+            branch_coupling=branch_coupling,
         )
         self._build(lr_schedule)
 
@@ -331,6 +338,7 @@ class BranchingIQNPolicy(BasePolicy):
                 optimizer_kwargs=self.optimizer_kwargs,
                 shared_tau_embedding=self.net_args["shared_tau_embedding"],
                 normalize_observations=self.net_args["normalize_observations"],
+                branch_coupling=self.net_args["branch_coupling"],
             )
         )
         return data
