@@ -145,11 +145,14 @@ class ScoreCallback(BaseCallback):
     :param cap_seconds: training seconds after which the run stops unscored.
     :param learning_starts: the model's ``learning_starts`` (the warm-up's end).
     :param device: the training device (synchronised before each clock read).
+    :param stop_at_target: stop the run at the first score ``>= target`` (False: train on to the budget or
+        the cap, recording the whole curve; the time to the target is still the first crossing).
     """
 
     def __init__(self, scorer: HeldOutScorer, every: int, target: float, cap_seconds: float,
-                 learning_starts: int, device: str) -> None:
+                 learning_starts: int, device: str, stop_at_target: bool = True) -> None:
         super().__init__()
+        self.stop_at_target = bool(stop_at_target)
         self.scorer, self.every, self.target, self.cap = scorer, int(every), float(target), float(cap_seconds)
         self.learning_starts = int(learning_starts)
         self.sync = synchronizer(device)
@@ -183,9 +186,10 @@ class ScoreCallback(BaseCallback):
         point = {"steps": steps, "train_s": train_s, "share": share,
                  "updates": float(getattr(self.model, "_n_updates", math.nan))}
         self.points.append(point)
-        if share >= self.target:
+        if share >= self.target and self.reached is None:
             self.reached = point
-            return False
+            if self.stop_at_target:
+                return False
         return train_s < self.cap
 
 
@@ -225,7 +229,7 @@ def run_one(agent: str, seed: int, setup: harness.MarketSetup, budget: harness.B
         model.diagnostics_interval = 0
     learning_starts = int(model.learning_starts)
     callback = ScoreCallback(scorer, args.score_every, args.target, args.cap_seconds, learning_starts,
-                             budget.device)
+                             budget.device, stop_at_target=not args.run_to_budget)
     if loop == harness.LOOP_DEVICE:
         from sb3_her_ext import device_loop
 
@@ -237,7 +241,7 @@ def run_one(agent: str, seed: int, setup: harness.MarketSetup, budget: harness.B
     model.learn(budget.steps, callback=callback, log_interval=10**9)
     wall = time.perf_counter() - began
     unscored = not callback.points or callback.points[-1]["steps"] < model.num_timesteps
-    if callback.reached is None and unscored:
+    if (callback.reached is None or args.run_to_budget) and unscored:
         # the last stretch after the last score: score the end of training too
         train_s = callback.train_seconds()
         began = time.perf_counter()
@@ -245,7 +249,7 @@ def run_one(agent: str, seed: int, setup: harness.MarketSetup, budget: harness.B
         callback.score_s += time.perf_counter() - began
         callback.points.append({"steps": int(model.num_timesteps), "train_s": train_s, "share": share,
                                 "updates": float(getattr(model, "_n_updates", math.nan))})
-        if share >= args.target and train_s <= args.cap_seconds:
+        if callback.reached is None and share >= args.target and train_s <= args.cap_seconds:
             callback.reached = callback.points[-1]
     reached = callback.reached
     return {
@@ -265,12 +269,16 @@ def summarise(runs: Sequence[dict[str, Any]], cap: float) -> dict[str, Any]:
     seconds = sorted(r["seconds"] if r["reached"] else math.inf for r in runs)
     steps = sorted(r["steps"] if r["reached"] else math.inf for r in runs)
     reached = [r for r in runs if r["reached"]]
+    finals = [float(r["final_share"]) for r in runs]
     return {
         "seeds": len(runs), "reached": len(reached),
         "median_s": statistics.median(seconds), "min_s": seconds[0], "max_s": seconds[-1],
         "median_steps": statistics.median(steps),
         "best_share_mean": float(np.mean([r["best_share"] for r in runs])),
         "best_share_std": float(np.std([r["best_share"] for r in runs], ddof=1)) if len(runs) > 1 else 0.0,
+        "final_share_mean": float(np.mean(finals)),
+        "final_share_std": float(np.std(finals, ddof=1)) if len(runs) > 1 else 0.0,
+        "final_shares": finals, "train_s_mean": float(np.mean([r["trained_s"] or 0.0 for r in runs])),
         "score_s": float(sum(r["score_s"] for r in runs)), "cap_s": cap,
     }
 
@@ -282,7 +290,8 @@ def _seconds(value: float, cap: float) -> str:
 def table(rows: dict[str, dict[str, Any]], runs: dict[str, list[dict[str, Any]]], target: float) -> str:
     """A markdown table: per agent the median (min-max) seconds and steps to the target, and per seed."""
     head = ["agent", "reached", f"median s to {100 * target:.0f} %", "min - max s", "median env steps",
-            "best share (mean ± std)", "per seed s", "warm-up s", "steady s / 1k steps", "scoring s"]
+            "best share (mean ± std)", "final share (mean ± std)", "per seed s", "trained s (mean)",
+            "warm-up s", "steady s / 1k steps", "scoring s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for agent, row in rows.items():
         cap = row["cap_s"]
@@ -294,7 +303,9 @@ def table(rows: dict[str, dict[str, Any]], runs: dict[str, list[dict[str, Any]]]
             agent, f"{row['reached']}/{row['seeds']}", _seconds(row["median_s"], cap),
             f"{_seconds(row['min_s'], cap)} - {_seconds(row['max_s'], cap)}",
             "–" if not math.isfinite(steps) else f"{steps:,.0f}",
-            f"{100 * row['best_share_mean']:.1f} ± {100 * row['best_share_std']:.1f} %", per_seed,
+            f"{100 * row['best_share_mean']:.1f} ± {100 * row['best_share_std']:.1f} %",
+            f"{100 * row['final_share_mean']:.1f} ± {100 * row['final_share_std']:.1f} %", per_seed,
+            f"{row['train_s_mean']:.1f}",
             f"{np.mean(warm):.2f}" if warm else "–", f"{np.mean(steady):.3f}" if steady else "–",
             f"{row['score_s']:.1f}",
         ]) + " |")
@@ -315,6 +326,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--target", type=float, default=0.5, help="share of the oracle's held-out PnL")
     parser.add_argument("--score-every", type=int, default=32_768, help="env steps between scores")
     parser.add_argument("--cap-seconds", type=float, default=1200.0, help="training seconds per run")
+    parser.add_argument("--run-to-budget", action="store_true",
+                        help="train on past the target to --steps (or the cap): the share at the budget too")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--quick", action="store_true", help="a tiny CPU smoke run")
     args = parser.parse_args(argv)
@@ -353,8 +366,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 runs.setdefault(agent, []).append(run)
                 shown = _seconds(run["seconds"] if run["reached"] else math.inf, args.cap_seconds)
                 print(f"strength {strength:g} {agent} seed {seed}: {shown} s, best share "
-                      f"{100 * run['best_share']:.1f} %, trained {run['trained_steps']:,} steps, "
-                      f"scoring {run['score_s']:.1f} s", flush=True)
+                      f"{100 * run['best_share']:.1f} %, final {100 * run['final_share']:.1f} %, trained "
+                      f"{run['trained_steps']:,} steps in {run['trained_s'] or 0:.1f} s, scoring "
+                      f"{run['score_s']:.1f} s", flush=True)
+                result["markets"][f"{strength:g}"] = {"oracle_pnl": scorer.oracle_pnl, "runs": runs}
+                write_json(args.out, result)  # what is done survives a command cut short
         rows = {agent: summarise(agent_runs, args.cap_seconds) for agent, agent_runs in runs.items()}
         print(f"\n{setup.describe()}; oracle held-out PnL {scorer.oracle_pnl:,.0f}")
         print(table(rows, runs, args.target) + "\n", flush=True)

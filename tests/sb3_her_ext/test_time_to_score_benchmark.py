@@ -76,15 +76,16 @@ class _FakeScorer:
         return self.shares.pop(0)
 
 
-@pytest.mark.parametrize("shares,cap,stops_at,reached", [
-    ([0.1, 0.3, 0.6, 0.9], 1e9, 2, True),  # stops at the first score >= 0.5
-    ([0.1, 0.2, 0.3], 0.0, 0, False),  # past the cap after the first score
+@pytest.mark.parametrize("shares,cap,stop,stops_at,reached", [
+    ([0.1, 0.3, 0.6, 0.9], 1e9, True, 2, True),  # stops at the first score >= 0.5
+    ([0.1, 0.2, 0.3], 0.0, True, 0, False),  # past the cap after the first score
+    ([0.1, 0.6, 0.2, 0.3, 0.0, 0.0, 0.0, 0.0, 0.0], 1e9, False, 8, True),  # on to the budget: all scored
 ])
-def test_callback_stops_at_the_target_or_the_cap(shares: list, cap: float, stops_at: int,
+def test_callback_stops_at_the_target_or_the_cap(shares: list, cap: float, stop: bool, stops_at: int,
                                                  reached: bool) -> None:
     bench = _module()
     callback = bench.ScoreCallback(_FakeScorer(shares), every=10, target=0.5, cap_seconds=cap,
-                                   learning_starts=10, device="cpu")
+                                   learning_starts=10, device="cpu", stop_at_target=stop)
     callback.model = SimpleNamespace(_n_updates=0)
     callback._on_training_start()
     results = []
@@ -97,17 +98,21 @@ def test_callback_stops_at_the_target_or_the_cap(shares: list, cap: float, stops
     assert len(callback.points) == stops_at + 1
     assert [p["steps"] for p in callback.points] == [10 * (k + 1) for k in range(stops_at + 1)]
     assert (callback.reached is not None) == reached
+    if reached:
+        assert callback.reached["share"] >= 0.5 and callback.reached is next(
+            p for p in callback.points if p["share"] >= 0.5)  # the first crossing
     assert callback.warmup_s is not None
 
 
 def test_summary_counts_unreached_seeds_as_over_the_cap() -> None:
     bench = _module()
-    runs = [{"reached": True, "seconds": s, "steps": 100 * s, "best_share": 0.6, "score_s": 1.0}
-            for s in (3.0, 5.0)] + [{"reached": False, "seconds": None, "steps": None, "best_share": 0.2,
-                                     "score_s": 1.0}]
+    runs = [{"reached": True, "seconds": s, "steps": 100 * s, "best_share": 0.6, "final_share": 0.5,
+             "trained_s": s, "score_s": 1.0} for s in (3.0, 5.0)]
+    runs.append({"reached": False, "seconds": None, "steps": None, "best_share": 0.2, "final_share": 0.1,
+                 "trained_s": 60.0, "score_s": 1.0})
     row = bench.summarise(runs, cap=60.0)
     assert row["reached"] == 2 and row["median_s"] == 5.0 and row["min_s"] == 3.0 and math.isinf(row["max_s"])
-    assert row["median_steps"] == 500
+    assert row["median_steps"] == 500 and row["final_shares"] == [0.5, 0.5, 0.1]
     assert bench.summarise(runs[1:] + runs[2:], cap=60.0)["median_s"] == math.inf
 
 
@@ -123,12 +128,13 @@ def test_timing_breakdown_separates_warm_up_first_chunk_and_steady_rate() -> Non
 def test_quick_run_writes_its_table_json(tmp_path: Path) -> None:
     bench = _module()
     out = tmp_path / "tts.json"
-    result = bench.main(["--quick", "--agents", "iqn_joint,dqn", "--out", str(out)])
+    result = bench.main(["--quick", "--agents", "iqn_joint,dqn", "--run-to-budget", "--out", str(out)])
     data = json.loads(out.read_text())
     market = data["markets"]["2"]
     assert set(market["summary"]) == {"iqn_joint", "dqn"}
     for runs in market["runs"].values():
         (run,) = runs
-        assert run["points"] and run["trained_steps"] > 0 and run["score_s"] > 0
+        assert run["points"] and run["trained_steps"] == 600 and run["score_s"] > 0
+        assert run["points"][-1]["steps"] == 600 and run["final_share"] == run["points"][-1]["share"]
         assert all(math.isfinite(p["share"]) for p in run["points"])
     assert result["target"] == 0.5 and market["oracle_pnl"] > 0
