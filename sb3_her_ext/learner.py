@@ -7,7 +7,7 @@
    (de-normalised). Autoregressive branches (``branch_coupling="autoregressive"``): ``a'`` decoded greedily
    branch by branch, ``Z'`` the last branch's (conditioned on the whole of ``a'``) and the target of the last
    branch only; branch ``b`` before it regresses on the next branch's best value given the taken
-   ``a_0 .. a_b`` (Metz et al. 2017; :meth:`Learner._within_step_targets`);
+   ``a_0 .. a_b`` (Metz et al. 2017; the online network's, :meth:`Learner._within_step_targets`);
 3. PopArt update from ``y`` (output-preserving), then ``y`` normalised (and the C51 target projected onto
    the normalised support);
 4. IQN quantiles (and C51 logits) of the taken actions; ``L = (1 − c51_alpha)·L_IQN + c51_alpha·L_C51``,
@@ -353,22 +353,27 @@ class Learner:
         tuple[th.Tensor, th.Tensor]
     ):
         """Autoregressive branches' targets inside one time step (Metz et al. 2017): branch ``b < NB - 1``
-        regresses on ``max_a Q_{b+1}(s, a_0 .. a_b, a)``, the online network choosing ``a`` (double Q) and
-        the target network valuing it, both conditioned on the taken ``a_0 .. a_b``.
+        regresses on ``max_a Q_{b+1}(s, a_0 .. a_b, a)``, conditioned on the taken ``a_0 .. a_b``.
+
+        The online network (no gradient) gives these values: a step has no discount and no reward between
+        branches, and the target network would add one target-update lag per branch before the first branch
+        saw the last one's value (3 lags for 4 branches; measured on the H200, the target network's version
+        never left flat within 256k steps). Only the last branch's target crosses time steps, through the
+        target network.
 
         :param obs: ``[B, D]`` the batch's observations.
         :param actions: ``[B, NB]`` the taken actions (the prefixes).
         :param batch_size: ``B``.
-        :return: the target network's quantiles ``[E, B, NB - 1, N']`` and C51 logits ``[B, NB - 1, atoms]``
-            of branches ``1 .. NB - 1`` at their online argmax.
+        :return: quantiles ``[E, B, NB - 1, N']`` and C51 logits ``[B, NB - 1, atoms]`` of branches
+            ``1 .. NB - 1`` at their argmax.
         """
         policy = self.policy
         values = _mean_values_given(self.q_net, obs, self._rand(batch_size, policy.n_quantiles_act), actions)
         best = values.masked_fill(~self.valid_actions, -th.inf).argmax(dim=-1)  # [B, NB], given a_{<b}
-        z, logits = self.q_net_target.taken_quantiles_and_logits(
+        z, logits = self.q_net.taken_quantiles_and_logits(
             obs, self._rand(batch_size, policy.n_quantiles_target), best, prefix_actions=actions
         )
-        return z[:, :, 1:], logits[:, 1:]
+        return z[:, :, 1:].detach(), logits[:, 1:].detach()
 
     def _guarded_state(self) -> list[th.Tensor]:
         """Everything a gradient step changes besides gradients: both networks' parameters, optimizer state,
