@@ -1,8 +1,11 @@
 """``foxhunt evaluate``: score a run's model (or a saved model) beside baselines on held-out data.
 
-``foxhunt evaluate RUN_DIR`` reads the run's ``config.json`` (env settings, training data and market seed)
-and ``model.zip``; ``foxhunt evaluate MODEL.zip`` takes the presets' env settings. The report
-(``report.md``, ``evaluation.json``, ``eval_*.png``) goes into the run folder, or ``--out``.
+``foxhunt evaluate RUN_DIR`` reads the run's ``config.json`` and ``model.zip`` and, unless told otherwise,
+evaluates as the run's own final evaluation did: its env settings, data, held-out split or market, books,
+evaluation steps and seed, so with no options it reproduces the run's ``evaluation.json``. ``foxhunt evaluate
+MODEL.zip`` takes the presets' env settings. Each evaluation gets a folder of its own,
+``RUN_DIR/evaluations/<stamp>/`` (beside the model for a ``.zip``; ``--out`` names another), so the run's own
+report is never overwritten.
 """
 
 from __future__ import annotations
@@ -59,24 +62,33 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("target", help="a run folder (with config.json and model.zip) or a model .zip")
     p.add_argument("--data", default=None,
                    help="'synthetic' or a LOBSTER folder (default: the run's data, else synthetic)")
-    p.add_argument("--split", default="test", choices=SPLITS,
-                   help="LOBSTER split (default: test)")
+    p.add_argument("--split", default=None, choices=SPLITS,
+                   help="held-out data: a LOBSTER split, or on synthetic data 'validation' for the third "
+                   "market (default: the run's eval_split, else test)")
     p.add_argument("--baselines", nargs="*", default=["flat", "random", "buy_and_hold"],
                    choices=BASELINES, help="baselines run beside the model (default: flat random "
                    "buy_and_hold; the oracle joins on a planted-signal market)")
     p.add_argument("--models", nargs="*", default=[], help="other saved models to compare (.zip)")
-    p.add_argument("--steps", type=int, default=None, help="steps per book (default: one episode)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="steps per book (default: the run's eval_steps, else one episode)")
     p.add_argument("--n-envs", type=int, default=None,
-                   help="books (default: synthetic 16; LOBSTER: the split's disjoint episode windows)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the episode windows and the random baseline")
+                   help="books (default: the run's n_envs; for a model .zip synthetic 16, LOBSTER the "
+                   "split's disjoint episode windows)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="seed of the episode windows and the random baseline (default: the run's evaluation "
+                   "seed, its seed + 1000; for a model .zip 0)")
     p.add_argument("--market-seed", type=int, default=None,
-                   help="synthetic evaluation market's seed (default: the training market's seed + 1)")
+                   help="synthetic evaluation market's seed (default: the training market's seed + 1, + 2 "
+                   "for --split validation)")
     p.add_argument("--signal-strength", type=float, default=None,
                    help="synthetic: planted-signal strength (default: the run's, else 0)")
     p.add_argument("--signal-horizon", type=int, default=None,
                    help="synthetic: planted-signal horizon in steps (default: the run's, else 1)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
-    p.add_argument("--out", default=None, help="report folder (default: the run folder, or beside the model)")
+    p.add_argument("--device", default=None,
+                   help="cpu or cuda (default: the run's device where it exists here, else cpu)")
+    p.add_argument("--out", default=None,
+                   help="report folder, new or empty (default: a new RUN_DIR/evaluations/<stamp>/, or "
+                   "evaluations/<stamp>/ beside the model)")
     p.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True, help="write the PNGs")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=False,
                    help="show progress bars (default: off)")
@@ -87,7 +99,7 @@ def _check(args: argparse.Namespace) -> None:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ValueError(f"--{name.replace('_', '-')}={value} must be >= 1")
-    if not 0 <= args.seed < 2**32:
+    if args.seed is not None and not 0 <= args.seed < 2**32:
         raise ValueError(f"--seed={args.seed} must lie in [0, 2**32)")
     if args.signal_strength is not None and args.signal_strength < 0:
         raise ValueError(f"--signal-strength={args.signal_strength} must be >= 0")
@@ -95,18 +107,14 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError(f"--signal-horizon={args.signal_horizon} must be >= 1")
 
 
-def run(args: argparse.Namespace) -> int:
-    """``foxhunt evaluate``: evaluate, write the report, print a summary.
+def _settings(args: argparse.Namespace) -> dict[str, Any]:
+    """What to evaluate and how: the options given, else the run's own evaluation settings (a run folder)
+    or the presets' (a model ``.zip``)."""
+    import torch
 
-    :param args: parsed ``evaluate`` arguments.
-    :return: the exit status (0).
-    """
     from foxhunt import presets
-    from foxhunt.evaluation.api import evaluate_policies, split_env_kwargs
-    from foxhunt.evaluation.report import held_out_line, print_evaluation, write_report
-    from foxhunt.runs import RunConfig
+    from foxhunt.runs import RunConfig, eval_seed
 
-    _check(args)
     target = Path(args.target)
     if target.is_dir():
         config_path = target / "config.json"
@@ -114,42 +122,86 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"{str(target)!r} is a folder without config.json and model.zip "
                              "(not a run folder)")
         config = RunConfig.load(config_path)
-        model_path, out = target / "model.zip", Path(args.out) if args.out else target
-        env_kwargs, data = config.resolved_env_kwargs(), args.data or config.data
-        market_steps = config.synthetic_market_steps
-    elif target.suffix == ".zip" and target.is_file():
-        model_path, out = target, Path(args.out) if args.out else target.with_suffix("")
-        env_kwargs, data = RunConfig().resolved_env_kwargs(), args.data or "synthetic"
-        market_steps = presets.SYNTHETIC_MARKET_STEPS
-    else:
-        raise ValueError(f"target={str(target)!r} must be a run folder or a model .zip")
+        usable = config.device == "cpu" or torch.cuda.is_available()
+        return dict(
+            model=target / "model.zip", home=target, env_kwargs=config.resolved_env_kwargs(),
+            data=config.data, market_steps=config.synthetic_market_steps, split=config.eval_split,
+            n_envs=config.n_envs, steps=config.eval_steps, seed=eval_seed(config),
+            device=config.device if usable else "cpu",
+        )
+    if target.suffix == ".zip" and target.is_file():
+        return dict(
+            model=target, home=target.parent, env_kwargs=RunConfig().resolved_env_kwargs(), data="synthetic",
+            market_steps=presets.SYNTHETIC_MARKET_STEPS, split="test", n_envs=None, steps=None, seed=0,
+            device="cpu",
+        )
+    raise ValueError(f"target={str(target)!r} must be a run folder or a model .zip")
+
+
+def _check_out(out: str | None) -> None:
+    """``--out`` must be a new or empty folder: an evaluation never overwrites another report."""
+    if out is not None and Path(out).exists() and (not Path(out).is_dir() or any(Path(out).iterdir())):
+        raise ValueError(f"--out={out!r} must be a new or empty folder (an evaluation never overwrites "
+                         "another report)")
+
+
+def _report_folder(out: str | None, home: Path) -> Path:
+    """``out`` (created), else a new ``home/evaluations/<YYYYmmdd-HHMMSS>-<6 hex>/``."""
+    from foxhunt.run_folder import unique_run_folder
+
+    if out is None:
+        return unique_run_folder(home / "evaluations")
+    Path(out).mkdir(parents=True, exist_ok=True)
+    return Path(out)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``foxhunt evaluate``: evaluate, write the report into a folder of its own, print a summary.
+
+    :param args: parsed ``evaluate`` arguments.
+    :return: the exit status (0).
+    """
+    from foxhunt.evaluation.api import evaluate_policies, split_env_kwargs
+    from foxhunt.evaluation.report import held_out_line, print_evaluation, write_report
+
+    _check(args)
+    _check_out(args.out)
+    settings = _settings(args)
+    data = args.data or settings["data"]
+    split = args.split or settings["split"]
     synthetic = data == "synthetic"
     if not synthetic and not Path(data).is_dir():
         raise ValueError(f"--data={data!r} must be 'synthetic' or a folder of LOBSTER files")
-    config_kwargs, market_kwargs = split_env_kwargs(env_kwargs)
+    config_kwargs, market_kwargs = split_env_kwargs(settings["env_kwargs"])
     train_seed = int(market_kwargs.pop("market_seed", 0) or 0)
     if synthetic:
-        market_kwargs.setdefault("num_steps", market_steps)
+        market_kwargs.setdefault("num_steps", settings["market_steps"])
         for name in ("signal_strength", "signal_horizon"):
             if getattr(args, name) is not None:
                 market_kwargs[name] = getattr(args, name)
     else:
         for name in ("signal_strength", "signal_horizon", "num_steps"):
             market_kwargs.pop(name, None)
-    market_seed = train_seed + 1 if args.market_seed is None else args.market_seed
+    market_seed = args.market_seed
+    if market_seed is None:  # as foxhunt.runs.eval_market_seed: the test market, or a third for validation
+        market_seed = train_seed + (2 if split == "validation" else 1)
+    device = args.device or settings["device"]
 
-    models = {"policy": load_model(model_path, args.device)}
+    model_path = settings["model"]
+    models = {"policy": load_model(model_path, device)}
     for path in args.models:
         name = Path(path).stem if Path(path).stem not in models else str(path)
-        models[name] = load_model(path, args.device)
+        models[name] = load_model(path, device)
+    steps = args.steps if args.steps is not None else settings["steps"]
     evaluation = evaluate_policies(
-        models, data, baselines=args.baselines, n_envs=args.n_envs,
-        steps=args.steps, seed=args.seed, market_seed=market_seed,
-        train_market_seed=train_seed if synthetic else None, split=args.split, env_kwargs=config_kwargs,
-        market_kwargs=market_kwargs, device=args.device, progress=args.progress,
+        models, data, baselines=args.baselines,
+        n_envs=args.n_envs if args.n_envs is not None else settings["n_envs"],
+        steps=steps, seed=args.seed if args.seed is not None else settings["seed"], market_seed=market_seed,
+        train_market_seed=train_seed if synthetic else None, split=split, env_kwargs=config_kwargs,
+        market_kwargs=market_kwargs, device=device, progress=args.progress,
     )
-    title = f"Evaluation of {model_path}"
-    paths = write_report(evaluation, out, "policy", title, plots=args.plots)
+    out = _report_folder(args.out, settings["home"])
+    paths = write_report(evaluation, out, "policy", f"Evaluation of {model_path}", plots=args.plots)
     held_out = held_out_line(evaluation.setup)
     print_evaluation(evaluation, "policy", f"evaluation: deterministic policy, {held_out}")
     print(f"\nreport: {paths['report']}")

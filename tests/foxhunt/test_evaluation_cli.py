@@ -58,3 +58,28 @@ def test_evaluate_refuses_bad_targets_and_values(tmp_path: Path, run_dir: Path,
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert err.startswith("foxhunt: error: ") and message in err, (argv, err)
+
+
+def test_evaluate_a_run_folder_keeps_the_runs_report_and_reuses_its_settings(
+    run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With no options, ``foxhunt evaluate RUN_DIR`` evaluates as the run did (its books, steps, seed, market,
+    env settings), so it reproduces the run's numbers, into a new ``evaluations/<stamp>/`` each time."""
+    own_report = (run_dir / "report.md").read_text()
+    own = json.loads((run_dir / "evaluation.json").read_text())
+    assert main(["evaluate", str(run_dir), "--no-plots"]) == 0
+    assert main(["evaluate", str(run_dir), "--no-plots"]) == 0
+    capsys.readouterr()
+    folders = sorted((run_dir / "evaluations").iterdir())
+    assert len(folders) == 2 and all((folder / "report.md").is_file() for folder in folders)
+    assert (run_dir / "report.md").read_text() == own_report
+    for folder in folders:
+        again = json.loads((folder / "evaluation.json").read_text())
+        assert again["setup"] == own["setup"]
+        assert again["policies"] == own["policies"]
+
+
+def test_evaluate_refuses_an_out_folder_that_holds_a_report(run_dir: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["evaluate", str(run_dir), "--out", str(run_dir), "--no-plots"]) == 2
+    assert "must be a new or empty folder" in capsys.readouterr().err
