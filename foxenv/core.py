@@ -6,8 +6,11 @@ Timing of a step (book ``b`` at episode step ``t`` reads market row ``i = offset
    ``direction * magnitude * max_position``.
 2. Marketable orders (Market, IoC) execute immediately against snapshot ``i`` (taker fee). A Market or
    IoC action cancels any resting order first.
-3. A LimitMaker action posts (or keeps, when its target is unchanged) one post-only order priced off
-   snapshot ``i``; its queue ahead starts at the visible size at its price in snapshot ``i``.
+3. A LimitMaker action posts one post-only order priced off snapshot ``i``'s own-side touch
+   (:func:`~foxenv.matching.limit_maker_tick`: one tick behind, at, or one tick inside it by urgency); its
+   queue ahead starts at the visible size at its price in snapshot ``i``. The same target again keeps the
+   order and its queue while it is at or ahead of that price, and re-pegs it there (a new order, a new
+   queue) once the touch has moved away from it: a maker order follows the book, it is never left behind.
 4. The market advances to row ``i + 1``; the resting order meets that row's flow (``exec_*``,
    ``cancel_*`` around ``flow_ref_tick[i + 1]``): cancellations at its price first shrink the queue
    ahead by the ProbQueue split (visible size = size at its price in snapshot ``i``), then executions at
@@ -324,15 +327,20 @@ class BatchedLOB(AcceleratedStep):
         )
         taker_reached = marketable & (wanted == need) & (reachable >= wanted)
 
-        # The resting order: kept on an unchanged LimitMaker target, replaced on a changed one, and
+        # The resting order: kept (with its queue) on an unchanged LimitMaker target while it is at or
+        # ahead of where this urgency prices a new one, re-pegged there (a new order, a new queue) once the
+        # own touch moved away from it by more than the urgency's offset, replaced on a changed target, and
         # cancelled by any other action. A new one is priced off the own touch (matching.limit_maker_tick).
         is_maker = is_maker > 0
-        keep = is_maker & (state.order_target == target) & (state.order_side != 0)
-        post = is_maker & (side != 0) & ~keep
-        order_side = torch.where(post, side, state.order_side * keep)
         maker_tick = torch.addcmul(
             torch.where(buy, best_bid, best_ask), side, torch.addcmul(improve, aggressive, wide)
         )
+        behind = side * (maker_tick - state.order_tick) > 0  # a buy below / a sell above the new price
+        if cfg.order_latency:  # an order in flight (order_ahead < 0) arrives at its price; re-pegged after
+            behind = behind & (state.order_ahead >= 0)
+        keep = is_maker & (state.order_target == target) & (state.order_side != 0) & ~behind
+        post = is_maker & (side != 0) & ~keep
+        order_side = torch.where(post, side, state.order_side * keep)
         order_tick = torch.where(post, maker_tick, state.order_tick)
         own = tables.sides.index_select(0, side_row + (order_side <= 0))  # resting buys queue at the bids
         elsewhere = own[:, :levels] != order_tick[:, None]

@@ -261,12 +261,14 @@ class SingleBook:
 
         # The resting order.
         is_maker = is_maker > 0
-        keep = is_maker and s["order_target"] == target and s["order_side"] != 0
+        # kept while at or ahead of this urgency's price, re-pegged there once the touch moved away (core.py)
+        maker_tick = (best_bid if buy else best_ask) + side * (improve + aggressive * wide)
+        in_flight = cfg.order_latency and s["order_ahead"] < 0  # arrives at its price; re-pegged after
+        behind = side * (maker_tick - s["order_tick"]) > 0 and not in_flight
+        keep = is_maker and s["order_target"] == target and s["order_side"] != 0 and not behind
         post = is_maker and side != 0 and not keep
         order_side = side if post else s["order_side"] * keep
-        order_tick = (best_bid if buy else best_ask) + side * (improve + aggressive * wide) if post else (
-            s["order_tick"]
-        )
+        order_tick = maker_tick if post else s["order_tick"]
         own = self._sides[side_row + (order_side <= 0)].tolist()
         at_tick = zip(own[:levels], own[levels:], strict=True)
         visible = sum((size for tick, size in at_tick if tick == order_tick), 0.0)  # one level at most: exact

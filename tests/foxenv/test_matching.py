@@ -269,3 +269,52 @@ def test_resting_order_far_off_the_flow_grid_is_traded_through_at_the_grid_edge(
     _, _, _, _, info = act(env, LONG, SMALL, MAKER, NORMAL)
     assert info["position"].item() == 25.0
     assert info["cash"].item() == pytest.approx(-25 * 100.00, abs=1e-9)
+
+
+# ---------------------------------------------------------------------------- LimitMaker re-peg
+
+FALLING_ASK = [[(100.02, 10.0), (100.03, 20.0)], [(100.01, 8.0), (100.02, 20.0)],
+               [(99.98, 7.0), (99.99, 20.0)], [(99.98, 7.0), (99.99, 20.0)],
+               [(100.00, 7.0), (100.01, 20.0)], [(100.00, 7.0), (100.01, 20.0)]]
+FALLING_BID = [[(100.00, 10.0)], [(99.99, 10.0)]] + [[(99.96, 10.0)]] * 4
+
+
+def test_a_repeated_sell_limit_maker_follows_a_falling_ask() -> None:
+    """A sell at the ask (normal urgency), repeated while the ask falls from 100.02 to 99.98, is re-pegged to
+    each new ask with a new queue (the size visible there); it is never left above the market."""
+    env = make_env(make_market(FALLING_BID, FALLING_ASK))
+    for ask, visible in ((100.02, 10.0), (100.01, 8.0), (99.98, 7.0)):
+        _, _, _, _, info = act(env, SHORT, SMALL, MAKER, NORMAL)
+        assert info["order_active"].item() and info["order_remaining"].item() == 25.0
+        assert info["order_price"].item() == pytest.approx(ask, abs=1e-9)
+        assert info["order_queue_ahead"].item() == visible
+
+
+def test_a_repeated_limit_maker_keeps_its_queue_while_the_touch_stays_or_moves_toward_it() -> None:
+    """Same ask (row 3): kept with its queue consumed by the executions; the ask rising past it (row 4):
+    kept too, the order is then ahead of the touch, not behind it."""
+    market = make_market(FALLING_BID, FALLING_ASK, exec_ask={4: {99.98: 3.0}})
+    env = make_env(market)
+    for _ in range(3):
+        act(env, SHORT, SMALL, MAKER, NORMAL)
+    _, _, _, _, info = act(env, SHORT, SMALL, MAKER, NORMAL)  # row 3: ask unchanged at 99.98
+    assert info["order_price"].item() == pytest.approx(99.98, abs=1e-9)
+    assert info["order_queue_ahead"].item() == 4.0  # 7 ahead, 3 executed
+    _, _, _, _, info = act(env, SHORT, SMALL, MAKER, NORMAL)  # row 4: ask 100.00, above the order
+    assert info["order_price"].item() == pytest.approx(99.98, abs=1e-9)
+
+
+def test_a_passive_order_is_kept_until_the_touch_moves_beyond_its_offset() -> None:
+    """Posted aggressively (one tick inside), then repeated passively (one tick behind): the order is ahead
+    of where passive would price it, so it keeps its place."""
+    env = make_env(flat_market(4, BID, ASK))
+    _, _, _, _, info = act(env, LONG, SMALL, MAKER, AGGRESSIVE)
+    assert info["order_price"].item() == pytest.approx(100.01, abs=1e-9)
+    _, _, _, _, info = act(env, LONG, SMALL, MAKER, PASSIVE)
+    assert info["order_price"].item() == pytest.approx(100.01, abs=1e-9)
+    # and the reverse: posted passively (99.99), repeated at normal urgency, it is re-pegged to the bid
+    env = make_env(flat_market(4, BID, ASK))
+    act(env, LONG, SMALL, MAKER, PASSIVE)
+    _, _, _, _, info = act(env, LONG, SMALL, MAKER, NORMAL)
+    assert info["order_price"].item() == pytest.approx(100.00, abs=1e-9)
+    assert info["order_queue_ahead"].item() == 10.0
