@@ -7,7 +7,8 @@
 - :func:`make_core` builds the core from a data source and settings: every face builds through it.
 - :func:`load_market` reads LOBSTER files or generates a synthetic market (:class:`MarketData`).
 - :mod:`foxenv.spec` is the action and info contract (branch names, nvec, magnitudes, info keys).
-- :mod:`foxenv.metrics` scores runs (Sharpe, drawdown, turnover, hit rate, action mix).
+- :mod:`foxenv.metrics` defines every metric once, with its unit (Sharpe, Sortino, drawdown, turnover,
+  hit rate, action mix with labels).
 
 Attributes are imported lazily, so ``import foxenv`` only registers the Gymnasium id.
 """

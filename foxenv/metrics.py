@@ -1,15 +1,21 @@
-"""Trading metrics: pure functions over per-step series of one book or a batch of books.
+"""Trading metrics: the one definition of each, and the vocabulary that names them with their units.
 
-Every function takes numpy arrays or torch tensors (any device; they are copied to the host as
-float64, so never call these inside an env step). Time runs along the last axis: a ``[T]`` input
-gives a Python ``float``, a ``[B, T]`` (or any ``[..., T]``) input gives an ``np.ndarray`` of
-shape ``[...]``, one value per book.
+Pure functions over per-step series of one book or a batch of books. Every function takes numpy arrays or
+torch tensors (any device; they are copied to the host as float64, so never call these inside an env step).
+Time runs along the last axis: a ``[T]`` input gives a Python ``float``, a ``[B, T]`` (or any ``[..., T]``)
+input gives an ``np.ndarray`` of shape ``[...]``, one value per book. :mod:`foxhunt.evaluation.metrics`
+applies them to a recorded run (``foxhunt evaluate``, ``foxhunt rollout``); :data:`UNITS` is the vocabulary.
+
+Risk ratios are of per-step PnL in currency (the books start with no capital, so there is no return
+series): Sharpe = mean / sample std, Sortino = mean / downside deviation, zero risk-free rate. These are
+the formulas of empyrical's ``sharpe_ratio`` / ``sortino_ratio``; the library is not used because its
+drawdown and return statistics need a capital base these books do not have, and for the two ratios it
+would add scipy, bottleneck, peewee and pytz to a package that needs only numpy.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import torch
@@ -18,6 +24,86 @@ from foxenv.spec import ACTION_NVEC, BRANCH_NAMES
 
 ArrayLike = np.ndarray | torch.Tensor | Sequence[float]
 
+#: Trading seconds in a day (one 6.5 h session) and in a year (252 sessions): the clock that annualises.
+TRADING_SECONDS_PER_DAY = 6.5 * 3600
+TRADING_SECONDS_PER_YEAR = 252 * TRADING_SECONDS_PER_DAY
+#: The label of each value of each branch of foxenv's action, for action mixes.
+ACTION_LABELS: dict[str, tuple[str, ...]] = {
+    "direction": ("short", "flat", "long"),
+    "magnitude": ("quarter", "half", "full"),
+    "order": ("market", "limit_maker", "ioc"),
+    "urgency": ("passive", "normal", "aggressive"),
+}
+assert tuple(ACTION_LABELS) == BRANCH_NAMES and all(
+    len(labels) == n for labels, n in zip(ACTION_LABELS.values(), ACTION_NVEC, strict=True)
+)
+
+#: The vocabulary: every metric a run is scored with and its unit ("{currency}": :func:`currency_of`).
+UNITS: dict[str, str] = {
+    "pnl": "{currency}, after fees, summed over books",
+    "pnl_per_book": "{currency}, after fees, mean over books",
+    "pnl_per_episode": "{currency}, after fees, mean over episode windows",
+    "pnl_bps_of_notional": "bps of the notional traded",
+    "sharpe": "per step (mean / sample std of the step PnL, pooled over book-steps)",
+    "sharpe_annualised": "per year (x sqrt(steps per 252 x 6.5 h)); only when the distinct market time "
+    "evaluated covers a trading day (6.5 h), else n/a",
+    "sortino": "per step (mean / downside deviation of the step PnL, pooled over book-steps)",
+    "sortino_annualised": "per year, as sharpe_annualised",
+    "max_drawdown": "{currency}, mean over books of each book's largest fall of cumulative PnL",
+    "max_drawdown_worst": "{currency}, the worst book",
+    "turnover": "lots traded per book per step",
+    "notional_traded": "{currency}, summed over books",
+    "hit_rate": "share of closed trades with PnL > 0",
+    "trades": "closed trades (count)",
+    "fills": "book-steps in which the position changed (count)",
+    "fees": "{currency} paid (negative = net rebate)",
+    "spread_cost": "{currency}: fill prices against the pre-trade mid (negative = price improvement)",
+    "maker_share": "share of traded lots filled by LimitMaker orders (the rest: Market / IoC takers)",
+    "resting_share": "share of book-steps that end with an unfilled LimitMaker order resting",
+    "resting_distance": "ticks the resting order sits behind its own-side touch after the step (negative: "
+    "inside the spread), mean over the book-steps with one",
+    "time_in_market": "share of book-steps with a position",
+    "mean_abs_position": "lots",
+    "mean_episode_reward": "the env's reward units, mean over finished episodes",
+    "episodes_finished": "episodes that ended, full or terminated (count)",
+    "steps": "book-steps recorded (vector steps x books)",
+    "independent_steps": "distinct market rows stepped from",
+    "episodes": "episode windows (books x episodes, the last may be partial)",
+    "step_seconds": "seconds of the data's clock per market step",
+    "action_mix": "share of book-steps choosing each value, per branch, in the order of action_labels",
+}
+
+
+def currency_of(market_name: str) -> str:
+    """The currency a market's prices (and so every PnL) are in: ``"USD"`` for LOBSTER data (US equities),
+    ``"synthetic currency units"`` for the built-in generator or anything else.
+
+    :param market_name: ``MarketData.name``.
+    """
+    return "USD" if str(market_name).startswith("LOBSTER") else "synthetic currency units"
+
+
+def units(currency: str) -> dict[str, str]:
+    """:data:`UNITS` with the currency named.
+
+    :param currency: e.g. ``currency_of(market.name)``.
+    """
+    return {name: unit.format(currency=currency) for name, unit in UNITS.items()}
+
+
+def annualisation(step_seconds: float, sample_seconds: float) -> float | None:
+    """The factor that annualises a per-step ratio, ``sqrt(TRADING_SECONDS_PER_YEAR / step_seconds)``, or
+    ``None`` where the sample does not support it: less than one trading day of distinct market time
+    (scaling minutes of data to a year says nothing), or no clock.
+
+    :param step_seconds: seconds of one market step.
+    :param sample_seconds: distinct market time the ratio was measured on, in seconds.
+    """
+    if not (step_seconds and step_seconds > 0 and np.isfinite(step_seconds)):
+        return None
+    if not sample_seconds >= TRADING_SECONDS_PER_DAY:
+        return None
+    return float(np.sqrt(TRADING_SECONDS_PER_YEAR / step_seconds))
 
 
 def _as_float64(values: ArrayLike, name: str, min_steps: int = 1) -> np.ndarray:
@@ -73,13 +159,39 @@ def sharpe_ratio(returns: ArrayLike, periods_per_year: float | None = None) -> f
     return _scalar_or_array(np.asarray(ratio))
 
 
-def max_drawdown(equity: ArrayLike) -> float | np.ndarray:
+def sortino_ratio(returns: ArrayLike, periods_per_year: float | None = None) -> float | np.ndarray:
+    """Sortino ratio of per-step returns (or PnL): ``mean / sqrt(mean(min(r, 0) ** 2))``, zero target.
+
+    A series without a loss has Sortino 0 when its mean is 0 and ``+inf`` otherwise.
+
+    :param returns: ``[..., T]`` per-step returns, ``T >= 1``.
+    :param periods_per_year: when given, the ratio is annualised by ``sqrt(periods_per_year)``.
+    :return: the Sortino ratio, a float for a ``[T]`` input, else an array of shape ``[...]``.
+    """
+    series = _as_float64(returns, "returns")
+    if periods_per_year is not None and not periods_per_year > 0:
+        raise ValueError(f"periods_per_year={periods_per_year} must be > 0")
+    mean = series.mean(axis=-1)
+    downside = np.sqrt((np.minimum(series, 0.0) ** 2).mean(axis=-1))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(downside > 0, mean / np.where(downside > 0, downside, 1.0), np.sign(mean) * np.inf)
+    ratio = np.where((downside == 0) & (mean == 0), 0.0, ratio)
+    if periods_per_year is not None:
+        ratio = ratio * np.sqrt(periods_per_year)
+    return _scalar_or_array(np.asarray(ratio))
+
+
+def max_drawdown(equity: ArrayLike, initial: float | None = None) -> float | np.ndarray:
     """Largest fall of an equity curve from its running peak, in the curve's own units (currency).
 
     :param equity: ``[..., T]`` equity (or cumulative PnL) after each step.
+    :param initial: the equity before the first step (a fall from it counts), e.g. 0 for cumulative PnL;
+        ``None``: the curve starts at its first value.
     :return: ``max_t (max_{s <= t} equity_s - equity_t) >= 0``, per book.
     """
     curve = _as_float64(equity, "equity")
+    if initial is not None:
+        curve = np.concatenate([np.full((*curve.shape[:-1], 1), float(initial)), curve], axis=-1)
     running_peak = np.maximum.accumulate(curve, axis=-1)
     return _scalar_or_array((running_peak - curve).max(axis=-1))
 
@@ -163,67 +275,20 @@ def action_mix(actions: ArrayLike, nvec: Sequence[int] = ACTION_NVEC) -> np.ndar
     return frequencies
 
 
-def summarize(
-    *,
-    step_pnl: ArrayLike,
-    positions: ArrayLike,
-    trade_pnl: ArrayLike,
-    trade_closed: ArrayLike,
-    episode_starts: ArrayLike | None = None,
-    actions: ArrayLike | None = None,
-    episode_rewards: ArrayLike | None = None,
-    nvec: Sequence[int] = ACTION_NVEC,
-    branch_names: Sequence[str] = BRANCH_NAMES,
-    periods_per_year: float | None = None,
-) -> dict[str, Any]:
-    """Summarise a run of one book (``[T]`` inputs) or many (``[B, T]``) in one flat dict.
+def action_labels(
+    nvec: Sequence[int] = ACTION_NVEC, branch_names: Sequence[str] = BRANCH_NAMES
+) -> dict[str, list[str]]:
+    """The label of each column of an :func:`action_mix` row, by branch: :data:`ACTION_LABELS` for
+    foxenv's branches, the value's index for any other.
 
-    Per-book metrics are averaged over books (``hit_rate`` pools all closed trades instead, so a
-    book without trades does not make it NaN).
-
-    :param step_pnl: ``[..., T]`` change of equity (currency) in each step.
-    :param positions: ``[..., T]`` position (lots) after each step.
-    :param trade_pnl: ``[..., T]`` realised PnL of the trade closed in each step.
-    :param trade_closed: ``[..., T]`` bool, a trade closed in the step.
-    :param episode_starts: optional ``[..., T]`` bool, the step began a new episode (for the turnover).
-    :param actions: optional ``[..., T, n_branches]`` actions taken, for the action mix.
-    :param episode_rewards: optional 1-D total reward of each finished episode.
-    :param nvec: choices per branch (for the action mix).
-    :param branch_names: names of the branches (keys of the action mix).
-    :param periods_per_year: annualises the Sharpe ratio when given.
-    :return: a dict with ``sharpe``, ``max_drawdown``, ``turnover`` (lots per step), ``total_pnl``,
-        ``hit_rate``, ``num_trades``, ``steps``, optionally ``episodes``, ``mean_episode_reward``
-        and ``action_mix`` (``{branch name: [frequency of each value]}``).
+    :param nvec: choices per branch.
+    :param branch_names: names of the branches.
+    :return: ``{branch name: [label of each value]}``.
     """
-    pnl = _as_float64(step_pnl, "step_pnl", min_steps=2)
-    cumulative = np.cumsum(pnl, axis=-1)
-    closed = _as_float64(trade_closed, "trade_closed") != 0
-    pnls = _as_float64(trade_pnl, "trade_pnl")
-    path = _as_float64(positions, "positions")
-    for name, series in (("positions", path), ("trade_pnl", pnls), ("trade_closed", closed)):
-        if series.shape != pnl.shape:
-            raise ValueError(
-                f"{name} has shape {series.shape}, step_pnl has shape {pnl.shape}; they must match"
-            )
-    num_steps = pnl.shape[-1]
-    summary: dict[str, Any] = {
-        "steps": int(pnl.size),
-        "sharpe": float(np.mean(sharpe_ratio(pnl, periods_per_year))),
-        "max_drawdown": float(np.mean(max_drawdown(cumulative))),
-        "turnover": float(np.mean(turnover(path, episode_starts=episode_starts))) / num_steps,
-        "total_pnl": float(cumulative[..., -1].mean()),
-        "hit_rate": float(hit_rate(pnls.reshape(-1), closed.reshape(-1))),
-        "num_trades": int(closed.sum()),
-    }
-    if episode_rewards is not None:
-        rewards = _as_float64(episode_rewards, "episode_rewards", min_steps=0).reshape(-1)
-        summary["episodes"] = int(rewards.size)
-        summary["mean_episode_reward"] = float(rewards.mean()) if rewards.size else float("nan")
-    if actions is not None:
-        if len(branch_names) != len(nvec):
-            raise ValueError(f"branch_names={tuple(branch_names)} must name each of the {len(nvec)} branches")
-        table = action_mix(actions, nvec)
-        summary["action_mix"] = {
-            name: table[branch, : int(nvec[branch])].tolist() for branch, name in enumerate(branch_names)
-        }
-    return summary
+    if len(branch_names) != len(nvec):
+        raise ValueError(f"branch_names={tuple(branch_names)} must name each of the {len(nvec)} branches")
+    labels = {}
+    for name, size in zip(branch_names, nvec, strict=True):
+        known = ACTION_LABELS.get(name, ())
+        labels[name] = list(known) if len(known) == size else [str(value) for value in range(int(size))]
+    return labels

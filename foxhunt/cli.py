@@ -228,12 +228,14 @@ def train(args: argparse.Namespace) -> Any:
 
 
 def rollout(args: argparse.Namespace) -> dict[str, Any]:
-    """``foxhunt rollout``: a uniformly random policy, scored by foxenv.metrics.
+    """``foxhunt rollout``: a uniformly random policy on ``foxhunt train``'s env settings, scored as
+    ``foxhunt evaluate`` scores (one vocabulary, units printed).
 
     :param args: parsed command-line arguments.
     :return: the metrics printed.
     """
     from foxhunt.evaluation.rollout import print_summary, random_rollout
+    from foxhunt.runs import RunConfig
 
     for name, least in (("steps", 2), ("n_envs", 1), ("threads", 1)):
         if getattr(args, name) < least:
@@ -241,9 +243,11 @@ def rollout(args: argparse.Namespace) -> dict[str, Any]:
     if not 0 <= args.seed < 2**32:
         raise ValueError(f"--seed={args.seed} must lie in [0, 2**32)")
     check_device(args.device, "--device")
+    defaults = RunConfig()  # foxhunt train's env settings and synthetic market
+    market = {"market_steps": defaults.synthetic_market_steps} if args.data == "synthetic" else {}
     summary = random_rollout(
         num_steps=args.steps, num_envs=args.n_envs, data=args.data, seed=args.seed,
-        device=args.device, progress=args.progress,
+        device=args.device, progress=args.progress, **market, **defaults.resolved_env_kwargs(),
     )
     print_summary(f"random rollout: {args.steps} steps x {args.n_envs} books on {args.data}", summary)
     return summary
@@ -290,7 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation_cli.add_parser(sub)
     rollout_parser = sub.add_parser(
         "rollout", help="score a uniformly random policy",
-        description="Run a uniformly random policy on the vector env and print foxenv.metrics.",
+        description="Run a uniformly random policy on foxhunt train's env settings and print its metrics "
+        "(the names and units of foxhunt evaluate's report).",
     )
     rollout_parser.add_argument("--data", default="synthetic",
                                 help="'synthetic' (built-in generator) or a LOBSTER folder "

@@ -11,17 +11,17 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from foxenv.metrics import ACTION_LABELS  # noqa: E402
 from foxhunt.evaluation.api import Evaluation  # noqa: E402
 from foxhunt.evaluation.metrics import BRANCH_NAMES, episode_pnl  # noqa: E402
 
-_VALUE_NAMES = {
-    "direction": ("short", "flat", "long"),
-    "magnitude": ("1/4", "1/2", "full"),
-    "order": ("Market", "LimitMaker", "IoC"),
-    "urgency": ("low", "mid", "high"),
-}
 _STYLE = {"flat": ("0.55", ":"), "random": ("tab:red", "--"), "buy_and_hold": ("tab:brown", "-."),
           "oracle": ("tab:green", "-")}
+
+
+def _currency(evaluation: Evaluation) -> str:
+    """The currency of the evaluation's PnL (``foxenv.metrics.currency_of`` its market)."""
+    return next(iter(evaluation.results.values())).metrics.get("currency", "currency")
 
 
 def _style(name: str, index: int) -> tuple[str, str]:
@@ -57,11 +57,11 @@ def plot_equity(evaluation: Evaluation, path: Path) -> Path:
             axis.axvline(boundary, color="0.85", linewidth=0.8, zorder=0)
         axis.grid(alpha=0.3)
     top.axhline(0, color="black", linewidth=0.6)
-    top.set_ylabel("equity, summed over books (currency)")
+    top.set_ylabel(f"equity, summed over books ({_currency(evaluation)})")
     top.set_title(f"Equity after fees: {evaluation.setup['books']} books, {evaluation.setup['market']}"
                   "\n(grey lines: episode boundaries, all books restart together)", fontsize=10)
     top.legend(loc="upper left", fontsize=9)
-    bottom.set_ylabel("drawdown (currency)")
+    bottom.set_ylabel(f"drawdown ({_currency(evaluation)})")
     bottom.set_xlabel("step (each step moves every book once)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -86,7 +86,7 @@ def plot_position(evaluation: Evaluation, name: str, path: Path, book: int = 0, 
                 label=f"bought ({int(buys.sum())})")
     top.scatter(x[sells], mid_before[sells], marker="v", color="tab:red", s=28, zorder=3,
                 label=f"sold ({int(sells.sum())})")
-    top.set_ylabel("mid price (currency)")
+    top.set_ylabel(f"mid price ({_currency(evaluation)})")
     top.legend(loc="best", fontsize=9)
     top.grid(alpha=0.3)
     top.set_title(f"{name}: book {book}, first {steps} steps (episode start row "
@@ -114,7 +114,7 @@ def plot_action_mix(evaluation: Evaluation, path: Path) -> Path:
             color, _ = _style(name, list(evaluation.results).index(name))
             axis.bar(np.arange(3) + (i - (len(names) - 1) / 2) * width, shares, width, color=color,
                      label=name if b == 0 else None)
-        axis.set_xticks(range(3), _VALUE_NAMES[branch])
+        axis.set_xticks(range(3), ACTION_LABELS[branch])
         axis.set_title(branch)
         axis.set_ylim(0, 1)
         axis.grid(axis="y", alpha=0.3)
@@ -138,7 +138,7 @@ def plot_episode_pnl(evaluation: Evaluation, path: Path) -> Path:
         axis.scatter(i + 1 + jitter.uniform(-0.15, 0.15, v.size), v, s=10, alpha=0.6, color=color)
     axis.set_xticks(range(1, len(names) + 1), names)
     axis.axhline(0, color="black", linewidth=0.6)
-    axis.set_ylabel("PnL per episode window (currency, after fees)")
+    axis.set_ylabel(f"PnL per episode window ({_currency(evaluation)}, after fees)")
     axis.set_title(f"Per-episode PnL ({values[0].size} windows of up to {evaluation.setup['episode_length']} "
                    "steps, the same for every policy)", fontsize=10)
     axis.grid(axis="y", alpha=0.3)

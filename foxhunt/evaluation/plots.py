@@ -42,14 +42,15 @@ def plot_training(diagnostics_path: str | Path, out_path: str | Path, hindsight:
     fig, axes = plt.subplots(2, 2, figsize=(11, 7), constrained_layout=True)
     ax = axes[0, 0]
     ax.plot(steps, _series(records, "ep_rew_mean"), marker=".")
-    ax.set(title="episode reward (mean of last 100)", xlabel="env steps")
+    ax.set(title="episode reward (mean of last 100)", xlabel="env steps",
+           ylabel="reward per episode (env reward units)")
     ax = axes[0, 1]
     ax.plot(steps, _series(records, "l_q"), label="IQN")
     ax.plot(steps, _series(records, "l_c51"), label="C51")
-    ax.set(title="losses", xlabel="env steps", yscale="log")
+    ax.set(title="losses", xlabel="env steps", ylabel="loss per gradient step (log scale)", yscale="log")
     ax.legend()
     ax = axes[1, 0]
-    ax.set(title="hindsight rows per interval", xlabel="env steps")
+    ax.set(title="hindsight rows per interval", xlabel="env steps", ylabel="rows injected per log interval")
     if hindsight:
         for kind in ("backward", "forward", "relabel"):
             ax.plot(steps, _series(records, "hindsight", kind), label=kind)
@@ -61,7 +62,8 @@ def plot_training(diagnostics_path: str | Path, out_path: str | Path, hindsight:
     ax = axes[1, 1]
     for name in records[-1].get("eps", {}):
         ax.plot(steps, _series(records, "eps", name), label=name)
-    ax.set(title="exploration ε per branch", xlabel="env steps", ylim=(0, 1.05))
+    ax.set(title="exploration ε per branch", xlabel="env steps", ylabel="ε (share of random actions)",
+           ylim=(0, 1.05))
     ax.legend()
     out_path = Path(out_path)
     fig.savefig(out_path, dpi=100)

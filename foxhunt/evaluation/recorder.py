@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from foxenv.config import EnvConfig
 from foxenv.data.market import MarketData
 from foxenv.features import market_features, portfolio_features
+from foxenv.spec import MAGNITUDES
 
 #: Per-step series of a :class:`Recording`, each ``[N, B]`` (``actions``: ``[N, B, 4]`` int8).
 SERIES = (
@@ -42,6 +43,8 @@ SERIES = (
     "trade_pnl",  # PnL of the trade closed in the step (currency)
     "episode_start",  # the step is an episode's first (bool)
     "alive",  # the book was still in its episode (bool; False after an early termination)
+    "order_active",  # an unfilled LimitMaker order rests after the step (bool)
+    "order_distance",  # ticks that order sits behind its own-side touch after the step (0 without one)
     "actions",  # the action taken (int8, [N, B, 4])
 )
 
@@ -207,10 +210,11 @@ def record(policy: Any, market: MarketData, *, num_books: int = 16, num_steps: i
     market_mid = (lob.market.bid_price[:, 0] + lob.market.ask_price[:, 0]) / 2
     shape = (steps, int(num_books))
     series = {name: torch.zeros(shape, dtype=torch.float64, device=dev) for name in SERIES}
-    for name in ("trade_closed", "episode_start", "alive"):
+    for name in ("trade_closed", "episode_start", "alive", "order_active"):
         series[name] = torch.zeros(shape, dtype=torch.bool, device=dev)
     series["actions"] = torch.zeros((*shape, 4), dtype=torch.int8, device=dev)
     dev_offsets = offsets.to(dev)
+    magnitudes = torch.tensor(MAGNITUDES, dtype=torch.float64, device=dev) * config.max_position
     policy.reset(int(num_books), dev)
     started = time.perf_counter()
     for t in tqdm(range(steps), desc=f"evaluate {policy.name}", disable=not progress):
@@ -229,6 +233,12 @@ def record(policy: Any, market: MarketData, *, num_books: int = 16, num_steps: i
         action = policy.act(obs, episode_start)
         obs, reward, terminated, _, info = lob.step(action)
         is_maker = action[:, 2] == 1
+        # the resting order (only a LimitMaker action leaves one) works toward the action's target
+        target = (action[:, 0] - 1).double() * magnitudes[action[:, 1].long()]
+        resting = info["order_active"] & alive
+        order_side = torch.sign(target - info["position"]) * resting
+        touch = torch.where(order_side > 0, info["best_bid"], info["best_ask"])
+        distance = torch.round(order_side * (touch - info["order_price"]) / lob.market.tick_size)
         lots = (info["position"] - prev_position).abs() * alive
         fees = info["fees"] * alive
         # cash falls by the fill notional plus fees; the fill notional against the pre-trade mid is the cost
@@ -249,6 +259,8 @@ def record(policy: Any, market: MarketData, *, num_books: int = 16, num_steps: i
             "trade_pnl": info["trade_pnl"] * alive,
             "episode_start": episode_start,
             "alive": alive,
+            "order_active": resting,
+            "order_distance": distance * resting,
         }
         for name, value in row.items():
             series[name][t] = value

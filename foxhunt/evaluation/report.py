@@ -7,15 +7,20 @@ import math
 from pathlib import Path
 from typing import Any
 
+from foxenv.metrics import units
 from foxhunt.evaluation.api import Evaluation
-from foxhunt.evaluation.metrics import UNITS
 
 #: Metrics in the report's table, in order.
 TABLE_METRICS = (
     "pnl", "pnl_per_episode", "pnl_bps_of_notional", "sharpe", "sharpe_annualised", "sortino",
     "max_drawdown", "turnover", "notional_traded", "hit_rate", "trades", "fills", "fees", "spread_cost",
-    "maker_share", "time_in_market", "mean_abs_position",
+    "maker_share", "resting_share", "resting_distance", "time_in_market", "mean_abs_position",
 )
+
+
+def _units(evaluation: Evaluation, main: str) -> dict[str, str]:
+    """The vocabulary's units with the evaluation's currency named."""
+    return units(evaluation.results[main].metrics.get("currency", "currency"))
 
 
 def _clean(value: Any) -> Any:
@@ -59,7 +64,7 @@ def json_document(evaluation: Evaluation, main: str) -> dict[str, Any]:
         "eval_data": held_out_line(evaluation.setup),
         "policy": main,
         **evaluation.results[main].metrics,
-        "units": UNITS,
+        "units": _units(evaluation, main),
         **evaluation.to_json(),
     })
 
@@ -108,6 +113,7 @@ def markdown(evaluation: Evaluation, main: str, title: str, figures: dict[str, P
     """The text of ``report.md``."""
     setup = evaluation.setup
     names = list(evaluation.results)
+    named_units = _units(evaluation, main)
     lines = [
         f"# {title}",
         "",
@@ -130,12 +136,17 @@ def markdown(evaluation: Evaluation, main: str, title: str, figures: dict[str, P
     ]
     for metric in TABLE_METRICS:
         row = [_fmt(evaluation.results[n].metrics.get(metric)) for n in names]
-        lines.append(f"| {metric} | " + " | ".join(row) + f" | {UNITS.get(metric, '')} |")
+        lines.append(f"| {metric} | " + " | ".join(row) + f" | {named_units.get(metric, '')} |")
     lines += comparison_lines(evaluation)
     lines += ["## Action mix (share of book-steps per value)", ""]
     for name in names:
         mix = evaluation.results[name].metrics["action_mix"]
-        shown = "; ".join(f"{b}: " + "/".join(f"{v:.2f}" for v in values) for b, values in mix.items())
+        labels = evaluation.results[name].metrics.get("action_labels", {})
+        shown = "; ".join(
+            f"{b}: " + ", ".join(f"{label} {v:.2f}" for label, v in
+                                 zip(labels.get(b, range(len(values))), values, strict=True))
+            for b, values in mix.items()
+        )
         lines.append(f"- {name}: {shown}")
     lines += ["", "## Figures", ""]
     captions = {

@@ -1,4 +1,5 @@
-"""A uniformly random policy on the vector env (``foxhunt rollout``), scored with :mod:`foxenv.metrics`.
+"""A uniformly random policy on the vector env (``foxhunt rollout``), scored like every evaluation
+(:func:`foxhunt.evaluation.metrics.compute_metrics`: the vocabulary and units of :mod:`foxenv.metrics`).
 
 It is the baseline every trained agent should beat, and a quick end-to-end check of an env setup. The
 rollout is one call of the evaluation recorder (:func:`foxhunt.evaluation.recorder.record`): series on the
@@ -8,6 +9,7 @@ env's device, copied to the host once at the end.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import torch
@@ -16,8 +18,8 @@ from foxenv import metrics
 from foxenv.config import EnvConfig
 from foxenv.data.market import MarketData
 from foxenv.gym_env import DataSource
-from foxhunt.evaluation.baselines import NVEC, RandomPolicy
-from foxhunt.evaluation.metrics import BRANCH_NAMES
+from foxhunt.evaluation.baselines import RandomPolicy
+from foxhunt.evaluation.metrics import compute_metrics
 from foxhunt.evaluation.recorder import Recording, record
 
 
@@ -65,10 +67,9 @@ def random_rollout(
     :param market_steps: ``load_market``'s ``num_steps`` (length of the market timeline; the name
         ``num_steps`` is taken by the rollout length).
     :param kwargs: :class:`~foxenv.config.EnvConfig` fields and ``load_market`` options.
-    :return: :func:`foxenv.metrics.summarize`'s dict (``sharpe``, ``max_drawdown``, ``turnover``,
-        ``total_pnl``, ``hit_rate``, ``num_trades``, ``steps``, ``episodes``, ``mean_episode_reward``,
-        ``action_mix``) plus ``num_envs``, ``num_steps``, ``seed``, ``device``, ``market`` and
-        ``book_steps_per_second``. Per-step quantities are in currency (PnL) and lots (turnover).
+    :return: :func:`~foxhunt.evaluation.metrics.compute_metrics`'s dict (units:
+        :data:`foxenv.metrics.UNITS`) plus ``mean_episode_reward`` over the ``episodes_finished``, and
+        ``num_envs``, ``num_steps``, ``seed``, ``device``, ``market`` and ``book_steps_per_second``.
     """
     if int(num_steps) != num_steps or num_steps < 2:
         raise ValueError(f"num_steps={num_steps} must be an integer >= 2")
@@ -85,23 +86,17 @@ def random_rollout(
         market = load_market(data, seed=market_kwargs.pop("market_seed", 0), device=device, **market_kwargs)
     rec = record(RandomPolicy(seed), market, num_books=num_envs, num_steps=int(num_steps), seed=seed,
                  env_kwargs=config_kwargs, device=device, progress=progress)
-    s = rec.series
-    summary = metrics.summarize(
-        step_pnl=s["step_pnl"].T,
-        positions=s["position"].T,
-        trade_pnl=s["trade_pnl"].T,
-        trade_closed=s["trade_closed"].T,
-        episode_starts=s["episode_start"].T,
-        actions=s["actions"],
-        episode_rewards=finished_episode_rewards(rec),
-        nvec=NVEC,
-        branch_names=BRANCH_NAMES,
+    summary = compute_metrics(rec)
+    rewards = finished_episode_rewards(rec)
+    summary.update(
+        mean_episode_reward=float(rewards.mean()) if rewards.numel() else float("nan"),
+        episodes_finished=int(rewards.numel()),
     )
     summary.update(
         num_envs=rec.num_books,
         num_steps=int(num_steps),
         seed=int(seed),
-        device=str(s["equity"].device),
+        device=str(rec.series["equity"].device),
         market=market.name,
         book_steps_per_second=rec.num_books * int(num_steps) / max(rec.elapsed_s, 1e-9),
     )
@@ -109,15 +104,24 @@ def random_rollout(
 
 
 def print_summary(title: str, summary: dict[str, Any]) -> None:
-    """Print a metrics dict, one ``key: value`` per line."""
+    """Print a metrics dict, one ``name: value unit`` per line (units of :data:`foxenv.metrics.UNITS`, the
+    currency named; the action mix with its labels)."""
+    named = metrics.units(summary.get("currency", "currency"))
+    labels = summary.get("action_labels", {})
     print(f"\n{title}")
     for key, value in summary.items():
+        if key in ("action_labels", "currency"):
+            continue
+        unit = named.get(key, "")
+        if key == "book_steps_per_second":
+            unit = "book-steps per second of wall time"
         if isinstance(value, float):
-            print(f"  {key:>22}: {value:.6g}")
+            shown = f"{value:.6g}" if math.isfinite(value) else "n/a"
+            print(f"  {key:>22}: {shown}  {unit}".rstrip())
         elif isinstance(value, dict):
-            print(f"  {key:>22}:")
+            print(f"  {key:>22}:  {unit}".rstrip())
             for name, row in value.items():
-                shown = [round(v, 3) for v in row] if isinstance(row, list) else row
-                print(f"  {name:>24}  {shown}")
+                names = labels.get(name, [str(i) for i in range(len(row))])
+                print(f"  {name:>24}  " + "  ".join(f"{n} {v:.3f}" for n, v in zip(names, row, strict=True)))
         else:
-            print(f"  {key:>22}: {value}")
+            print(f"  {key:>22}: {value}  {unit}".rstrip())

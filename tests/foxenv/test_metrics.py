@@ -102,39 +102,35 @@ def test_action_mix_uneven_branches_and_errors() -> None:
         metrics.action_mix(np.array([[0.0, 1.0, 0.0, 0.0]]))
 
 
-def test_summarize_hand_computed() -> None:
-    step_pnl = np.array([[1.0, -2.0, 3.0], [0.0, 0.0, 0.0]])
-    positions = np.array([[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
-    trade_pnl = np.array([[0.0, -1.0, 0.0], [0.0, 0.0, 0.0]])
-    trade_closed = np.array([[False, True, False], [False, False, False]])
-    actions = np.zeros((2, 3, 4), dtype=np.int64)
-    summary = metrics.summarize(
-        step_pnl=step_pnl,
-        positions=positions,
-        trade_pnl=trade_pnl,
-        trade_closed=trade_closed,
-        actions=actions,
-        episode_rewards=[1.0, 2.0],
-    )
-    # book 0: mean 2/3, sample std sqrt(((1/3)^2 + (8/3)^2 + (7/3)^2) / 2) = sqrt(19/3); book 1: 0
-    assert summary["sharpe"] == pytest.approx((2.0 / 3.0) / math.sqrt(19.0 / 3.0) / 2.0)
-    # book 0 cumulative 1, -1, 2 -> drawdown 2; book 1: 0
-    assert summary["max_drawdown"] == pytest.approx(1.0)
-    # book 0 turnover 2 lots over 3 steps, book 1: 0 -> mean 1 lot / 3 steps
-    assert summary["turnover"] == pytest.approx(1.0 / 3.0)
-    assert summary["total_pnl"] == pytest.approx(1.0)
-    assert summary["hit_rate"] == 0.0
-    assert summary["num_trades"] == 1
-    assert summary["steps"] == 6
-    assert summary["episodes"] == 2
-    assert summary["mean_episode_reward"] == pytest.approx(1.5)
-    assert summary["action_mix"]["direction"] == [1.0, 0.0, 0.0]
-    assert list(summary["action_mix"]) == ["direction", "magnitude", "order", "urgency"]
+def test_sortino_hand_computed() -> None:
+    # mean 0.5; downside deviation sqrt((1 + 4) / 4)
+    assert metrics.sortino_ratio([2.0, -1.0, -2.0, 3.0]) == pytest.approx(0.5 / math.sqrt(5.0 / 4.0))
+    assert metrics.sortino_ratio([2.0, -1.0, -2.0, 3.0], periods_per_year=9) == pytest.approx(
+        3 * 0.5 / math.sqrt(5.0 / 4.0))
+    ratio = metrics.sortino_ratio(np.array([[1.0, 2.0], [0.0, 0.0], [-1.0, -1.0]]))
+    assert ratio.tolist() == [math.inf, 0.0, -1.0]
 
 
-def test_summarize_rejects_series_of_another_shape() -> None:
-    series = np.zeros((2, 5))
-    with pytest.raises(ValueError, match=r"positions has shape \(2, 4\), step_pnl has shape \(2, 5\)"):
-        metrics.summarize(step_pnl=series, positions=np.zeros((2, 4)), trade_pnl=series, trade_closed=series)
-    with pytest.raises(ValueError, match=r"trade_closed has shape \(5,\)"):
-        metrics.summarize(step_pnl=series, positions=series, trade_pnl=series, trade_closed=np.zeros(5))
+def test_max_drawdown_counts_a_fall_from_the_initial_equity() -> None:
+    # cumulative PnL -1, -3, 2: from its first value the fall is 2; from the initial 0 it is 3
+    assert metrics.max_drawdown([-1.0, -3.0, 2.0]) == 2.0
+    assert metrics.max_drawdown([-1.0, -3.0, 2.0], initial=0.0) == 3.0
+    assert metrics.max_drawdown(np.array([[-1.0, -3.0], [1.0, 2.0]]), initial=0.0).tolist() == [3.0, 0.0]
+
+
+def test_annualisation_only_where_the_sample_covers_a_trading_day() -> None:
+    assert metrics.annualisation(10.0, 4 * 10.0) is None  # 40 s of data
+    assert metrics.annualisation(10.0, 6.5 * 3600) == pytest.approx(math.sqrt(252 * 6.5 * 3600 / 10.0))
+    assert metrics.annualisation(float("nan"), 1e9) is None and metrics.annualisation(0.0, 1e9) is None
+
+
+def test_the_vocabulary_names_units_and_labels() -> None:
+    assert metrics.currency_of("LOBSTER GOOG_2012-06-21_34200000_57600000") == "USD"
+    assert metrics.currency_of("synthetic seed=0 steps=20000 levels=10") == "synthetic currency units"
+    named = metrics.units("USD")
+    assert named["pnl"].startswith("USD") and "{" not in "".join(named.values())
+    assert metrics.action_labels()["order"] == ["market", "limit_maker", "ioc"]
+    assert metrics.action_labels((2, 5), ("direction", "x")) == {"direction": ["0", "1"],
+                                                                 "x": ["0", "1", "2", "3", "4"]}
+    with pytest.raises(ValueError, match="branch_names"):
+        metrics.action_labels((3,), ("a", "b"))

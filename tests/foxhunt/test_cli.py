@@ -50,6 +50,10 @@ def test_rollout_prints_metrics(capsys: pytest.CaptureFixture[str]) -> None:
     text = capsys.readouterr().out
     for metric in ("sharpe", "max_drawdown", "hit_rate", "action_mix", "direction"):
         assert metric in text, metric
+    # one vocabulary with units: evaluate's names, the currency named, the action mix labelled
+    assert "total_pnl" not in text
+    assert "pnl_per_book" in text and "synthetic currency units, after fees, mean over books" in text
+    assert "short " in text and "limit_maker " in text and "lots traded per book per step" in text
 
 
 def test_train_rejects_a_missing_data_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

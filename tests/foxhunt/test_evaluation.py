@@ -27,6 +27,7 @@ def hand_recording(step_pnl: list[list[float]], episode_length: int, policy: str
     values["step_pnl"] = pnl
     values["alive"] = torch.ones(shape, dtype=torch.bool)
     values["trade_closed"] = torch.zeros(shape, dtype=torch.bool)
+    values["order_active"] = torch.zeros(shape, dtype=torch.bool)
     values["actions"] = torch.zeros((*shape, 4), dtype=torch.int8)
     for name, value in series.items():
         values[name] = torch.tensor(value, dtype=values[name].dtype if name != "actions" else torch.int8)
@@ -53,8 +54,12 @@ def test_metrics_of_a_hand_worked_series() -> None:
     assert m["pnl_bps_of_notional"] == pytest.approx(1e4 * 2.0 / 4000.0)
     assert m["sharpe"] == pytest.approx(samples.mean() / samples.std(ddof=1))
     assert m["sortino"] == pytest.approx(0.5 / math.sqrt((1 + 4) / 4))
-    # annualised by the clock: 10 s per step, 252 x 6.5 h a year
-    assert m["sharpe_annualised"] == pytest.approx(m["sharpe"] * math.sqrt(252 * 6.5 * 3600 / 10.0))
+    # 4 steps of 10 s are no sample to annualise from: n/a (the rule of foxenv.metrics.annualisation)
+    assert math.isnan(m["sharpe_annualised"]) and math.isnan(m["sortino_annualised"])
+    # on a clock of one 6.5 h session per step the 4 distinct steps cover 4 days: annualised by sqrt(252)
+    daily = compute_metrics(rec, step_seconds=6.5 * 3600)
+    assert daily["sharpe_annualised"] == pytest.approx(m["sharpe"] * math.sqrt(252))
+    assert daily["sortino_annualised"] == pytest.approx(m["sortino"] * math.sqrt(252))
     assert m["max_drawdown"] == 3.0 and m["max_drawdown_worst"] == 3.0
     assert m["turnover"] == 40.0 / 4 and m["notional_traded"] == 4000.0
     assert m["fees"] == 2.0 and m["maker_share"] == 0.25
@@ -62,7 +67,44 @@ def test_metrics_of_a_hand_worked_series() -> None:
     assert m["time_in_market"] == 0.75 and m["mean_abs_position"] == 10.0
     assert m["action_mix"]["direction"] == [0.25, 0.25, 0.5]
     assert m["action_mix"]["order"] == [0.5, 0.5, 0.0]
+    assert m["action_labels"]["order"] == ["market", "limit_maker", "ioc"]
+    assert m["action_labels"]["direction"] == ["short", "flat", "long"]
     assert m["steps"] == 4 and m["episodes"] == 1
+    assert m["currency"] == "synthetic currency units" and m["resting_share"] == 0.0
+    assert math.isnan(m["resting_distance"])
+
+
+def test_resting_order_metrics_by_hand() -> None:
+    # 2 books, 2 steps: orders rest in 3 of the 4 book-steps, 2, 0 and -1 ticks behind their own touch
+    rec = hand_recording([[0.0, 0.0], [0.0, 0.0]], episode_length=2,
+                         order_active=[[True, True], [False, True]], order_distance=[[2.0, 0.0], [0.0, -1.0]])
+    m = compute_metrics(rec)
+    assert m["resting_share"] == 0.75 and m["resting_distance"] == pytest.approx(1.0 / 3.0)
+
+
+class PassiveSell:
+    """A LimitMaker sell of a quarter of max_position, one tick behind the ask, every step."""
+
+    name = "passive_sell"
+
+    def reset(self, num_books: int, device: torch.device) -> None:
+        self._action = torch.tensor([[0, 0, 1, 0]], device=device).expand(num_books, 4).contiguous()
+
+    def act(self, obs: torch.Tensor, episode_start: torch.Tensor) -> torch.Tensor:
+        return self._action
+
+
+def test_a_resting_order_follows_a_falling_market_and_is_measured() -> None:
+    # the ask falls a tick a step and nothing trades: the sell, re-pegged one tick behind each ask, sits
+    # 2 ticks behind the next snapshot's ask after every step (a stale order would drift 2, 3, 4, ... away)
+    bids = [[(100.00 - 0.01 * t, 500.0)] for t in range(8)]
+    asks = [[(100.02 - 0.01 * t, 500.0)] for t in range(8)]
+    rec = record(PassiveSell(), make_market(bids, asks), num_books=1, num_steps=4,
+                 env_kwargs={"episode_length": 4, "levels": 1}, offsets=torch.zeros(1, 1, dtype=torch.int64))
+    assert rec.series["order_active"].all()
+    assert rec.series["order_distance"][:, 0].tolist() == [2.0, 2.0, 2.0, 2.0]
+    m = compute_metrics(rec)
+    assert m["resting_share"] == 1.0 and m["resting_distance"] == 2.0
 
 
 def test_episode_pnl_and_paired_comparison_by_hand() -> None:

@@ -19,16 +19,18 @@ def market() -> MarketData:
 
 def test_random_rollout_returns_finite_consistent_metrics(market: MarketData) -> None:
     summary = random_rollout(num_steps=40, num_envs=4, data=market, seed=0, progress=False, episode_length=20)
-    for key in ("sharpe", "max_drawdown", "turnover", "total_pnl", "hit_rate", "mean_episode_reward",
-                "book_steps_per_second"):
+    for key in ("sharpe", "max_drawdown", "turnover", "pnl", "pnl_per_book", "hit_rate",
+                "mean_episode_reward", "book_steps_per_second"):
         assert math.isfinite(summary[key]), key
     assert summary["steps"] == 160 and summary["num_envs"] == 4 and summary["num_steps"] == 40
     # every book finished exactly two 20-step episodes
-    assert summary["episodes"] == 8
+    assert summary["episodes"] == summary["episodes_finished"] == 8
     # reward = change of equity (reward_scale 1, no penalty), and every episode finished:
     # the summed episode rewards are the summed PnL of all books
-    assert summary["mean_episode_reward"] * 8 == pytest.approx(summary["total_pnl"] * 4, rel=1e-4, abs=1e-3)
-    assert summary["max_drawdown"] >= 0.0 and summary["turnover"] > 0.0 and summary["num_trades"] > 0
+    assert summary["mean_episode_reward"] * 8 == pytest.approx(summary["pnl"], rel=1e-4, abs=1e-3)
+    assert summary["pnl_per_book"] * 4 == pytest.approx(summary["pnl"])
+    assert summary["max_drawdown"] >= 0.0 and summary["turnover"] > 0.0 and summary["trades"] > 0
+    assert summary["currency"] == "synthetic currency units" and 0.0 <= summary["resting_share"] <= 1.0
     assert 0.0 <= summary["hit_rate"] <= 1.0
     assert list(summary["action_mix"]) == ["direction", "magnitude", "order", "urgency"]
     for frequencies in summary["action_mix"].values():
@@ -50,7 +52,7 @@ def test_random_rollout_on_synthetic_data_and_bad_length() -> None:
     summary = random_rollout(num_steps=25, num_envs=2, seed=0, progress=False, market_steps=300,
                              episode_length=50)
     assert summary["market"].startswith("synthetic")
-    assert math.isfinite(summary["sharpe"]) and summary["episodes"] == 0
+    assert math.isfinite(summary["sharpe"]) and summary["episodes_finished"] == 0
     with pytest.raises(ValueError, match="num_steps=1"):
         random_rollout(num_steps=1, progress=False)
 

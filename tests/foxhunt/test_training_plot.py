@@ -35,6 +35,12 @@ def test_hindsight_panel_draws_the_counts_when_on(monkeypatch: pytest.MonkeyPatc
     assert [line.get_label() for line in axes[2].lines] == ["backward", "forward", "relabel"]
 
 
+def test_every_panel_labels_both_axes(monkeypatch: pytest.MonkeyPatch, diagnostics: Path,
+                                      tmp_path: Path) -> None:
+    for axis in _drawn(monkeypatch, diagnostics, tmp_path / "training.png"):
+        assert axis.get_xlabel() == "env steps" and axis.get_ylabel(), axis.get_title()
+
+
 def test_hindsight_panel_says_off_when_off(monkeypatch: pytest.MonkeyPatch, diagnostics: Path,
                                            tmp_path: Path) -> None:
     axes = _drawn(monkeypatch, diagnostics, tmp_path / "training.png", hindsight=False)
