@@ -19,7 +19,8 @@ Splits (``--splits``, comma separated):
 
 Agents (``--agents``): ``iqn`` (foxhunt's default agent: :class:`foxhunt.runs.RunConfig`'s resolved
 BranchingIQN, action face, presets and training loop), ``dqn`` (SB3 DQN) and ``qrdqn`` (sb3-contrib QR-DQN)
-over the 81 joint actions with the same widths, batch, buffer, learning rate and replay ratio. Each trains
+over the 81 joint actions with the same widths, batch, buffer, learning rate and replay ratio (QR-DQN with 32
+quantiles, as the benchmarks' peer). Each trains
 ``--seeds`` seeds for ``--steps`` env steps on ``--n-envs`` books.
 
 Scoring: every policy runs on every disjoint ``--episode-length`` window of the test session once
@@ -54,6 +55,8 @@ AGENTS = ("iqn", "dqn", "qrdqn")
 #: Baselines scored beside the agents; the paired comparisons are against the first two.
 BASELINES = ("flat", "imbalance", "market_maker", "random", "buy_and_hold")
 COMPARED = ("flat", "imbalance")
+#: QR-DQN's quantiles (benchmarks/train_step.py's peer).
+QRDQN_QUANTILES = 32
 #: DQN / QR-DQN arguments taken from the default agent's resolved settings (same budget and replay ratio).
 SHARED_DQN_KWARGS = ("learning_rate", "buffer_size", "learning_starts", "batch_size", "gamma", "train_freq",
                      "gradient_steps", "target_update_interval", "exploration_fraction",
@@ -203,7 +206,9 @@ def train_agent(agent: str, market: Any, seed: int, levels: int, args: argparse.
         env = LOBVecEnv(args.n_envs, device=args.device, seed=seed, data=market, action_face="joint",
                         **env_kwargs)
         kwargs = {k: model_kwargs[k] for k in SHARED_DQN_KWARGS if k in model_kwargs}
-        policy_kwargs = {"net_arch": list(config.resolved_policy_kwargs()["net_arch"])}
+        policy_kwargs: dict[str, Any] = {"net_arch": list(config.resolved_policy_kwargs()["net_arch"])}
+        if agent == "qrdqn":  # the benchmarks' peer: sb3-contrib's default 200 runs ~20x slower on a CPU
+            policy_kwargs["n_quantiles"] = QRDQN_QUANTILES
         if agent == "dqn":
             from stable_baselines3 import DQN as cls
         else:
