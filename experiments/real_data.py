@@ -288,16 +288,26 @@ def summarise(evaluations: Sequence[Any], agents: Sequence[str], seeds: Sequence
     return {"rows": rows, "comparisons": comparisons, "family": family}
 
 
+def _rule(setup: dict[str, Any]) -> str:
+    fit = setup.get("fitted_baselines", {}).get("imbalance")
+    if not fit:
+        return "n/a"
+    return f"{fit['order']} orders above |imbalance| {fit['threshold']:g} (fit PnL {fit['fit_pnl']:,.0f})"
+
+
 def combined_setup(evaluations: Sequence[Any]) -> dict[str, Any]:
     """The setup of one fold's evaluation, or the folds' markets, steps and windows together."""
     if len(evaluations) == 1:
-        return {**evaluations[0].setup, "folds": 1}
+        setup = evaluations[0].setup
+        if "imbalance" in setup.get("fitted_baselines", {}):
+            setup["fitted_baselines"]["imbalance"]["rule"] = _rule(setup)
+        return {**setup, "folds": 1}
     setups = [evaluation.setup for evaluation in evaluations]
-    thresholds = [s.get("fitted_baselines", {}).get("imbalance", {}).get("threshold") for s in setups]
+    rules = [_rule(s) for s in setups]
     return {"market": " | ".join(s["market"] for s in setups), "folds": len(setups),
             "market_steps": sum(s["market_steps"] for s in setups),
             "windows": sum(s["windows"] for s in setups), "episode_length": setups[0]["episode_length"],
-            "fitted_baselines": {"imbalance": {"threshold": "/".join(map(str, thresholds))}},
+            "fitted_baselines": {"imbalance": {"rule": "; ".join(rules)}},
             "per_fold": setups}
 
 
@@ -319,10 +329,9 @@ def markdown(spec: SplitSpec, summary: dict[str, Any], setup: dict[str, Any],
         "",
         f"Test: {setup['market']} ({setup['market_steps']:,} steps of {args.step_seconds:g} s), "
         f"**{setup['windows']} independent windows** of {setup['episode_length']} steps; "
-        f"levels {spec.levels or 'all'}; "
-        f"{args.seeds} seeds x {args.steps:,} env steps on {args.n_envs} books ({args.device}); imbalance "
-        f"threshold {fitted.get('threshold', 'n/a')} fitted on the training session. Agents: mean ± std over "
-        "seeds.",
+        f"levels {spec.levels or 'all'}; {args.seeds} seeds x {args.steps:,} env steps on {args.n_envs} "
+        f"books ({args.device}); the imbalance rule fitted on the training session: "
+        f"{fitted.get('rule', 'n/a')}. Agents: mean ± std over seeds.",
         "",
         "| policy | seeds | " + " | ".join(title for _, title, _ in TABLE) + " |",
         "|---|---|" + "---|" * len(TABLE),

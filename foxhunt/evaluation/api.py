@@ -275,7 +275,8 @@ def evaluate_policies(
                                           **market_options)
             rule, scores = fit_imbalance_rule(fit_market, config_kwargs, seed=seed, device=device)
             baseline_policies[name] = rule
-            fitted[name] = {"threshold": rule.threshold, "fit_pnl_by_threshold": scores,
+            fitted[name] = {"threshold": rule.threshold, "order": ("market", "limit_maker")[rule.order],
+                            "fit_pnl": max(scores.values()), "fit_pnl_by_rule": scores,
                             "fit_market": fit_market.name, "fit_steps": int(fit_market.num_steps)}
         else:
             baseline_policies[name] = make_baseline(name, seed=seed)

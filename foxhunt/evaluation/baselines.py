@@ -27,7 +27,9 @@ BASELINES = ("flat", "random", "buy_and_hold", "oracle", "imbalance", "market_ma
 #: Baselines that read the same signal as the agent (the imbalance rule is fitted on the fit data).
 SIGNAL_BASELINES = ("imbalance", "market_maker")
 #: Thresholds of ``|top-of-book imbalance|`` the imbalance rule is fitted over.
-IMBALANCE_THRESHOLDS = (0.0, 0.25, 0.5, 0.75, 0.9)
+IMBALANCE_THRESHOLDS = (0.0, 0.25, 0.5, 0.75, 0.9, 0.95)
+#: Order types the imbalance rule is fitted over: Market (pays the spread), post-only LimitMaker at the touch.
+IMBALANCE_ORDERS = (0, 1)
 #: Column of the position among the portfolio features, counted from the end of the observation.
 POSITION_FROM_END = -8
 
@@ -165,8 +167,10 @@ class OraclePolicy:
 
 
 class ImbalancePolicy:
-    """Trades the top-of-book imbalance: all in on its side when ``|imbalance| > threshold`` (Market orders),
-    keeps a position while the imbalance still points its way, flat otherwise.
+    """Trades the top-of-book imbalance: all in on its side when ``|imbalance| > threshold``, keeps a position
+    while the imbalance still points its way, flat otherwise; with Market orders (``order=0``, all of the gap
+    at once) or post-only LimitMaker orders at the own touch (``order=1``, which earn the spread instead of
+    paying it but may not fill).
 
     The imbalance ``(bid size - ask size) / (bid size + ask size)`` of the best levels is the observation's
     market feature ``4 * levels``; the agent sees it too, so an agent that cannot beat this one-line rule has
@@ -174,14 +178,18 @@ class ImbalancePolicy:
 
     :param threshold: in ``[0, 1)``.
     :param levels: book levels of the observation (``EnvConfig.levels``).
+    :param order: 0 Market, 1 LimitMaker.
     """
 
     name = "imbalance"
 
-    def __init__(self, threshold: float = 0.5, levels: int = 10) -> None:
+    def __init__(self, threshold: float = 0.5, levels: int = 10, order: int = 0) -> None:
         if not 0.0 <= float(threshold) < 1.0:
             raise ValueError(f"threshold={threshold} must lie in [0, 1)")
+        if order not in IMBALANCE_ORDERS:
+            raise ValueError(f"order={order!r} must be 0 (Market) or 1 (LimitMaker)")
         self.threshold = float(threshold)
+        self.order = int(order)
         self.imbalance_column = 4 * int(levels)
 
     def reset(self, num_books: int, device: torch.device) -> None:
@@ -197,7 +205,8 @@ class ImbalancePolicy:
         actions = torch.zeros((obs.shape[0], 4), dtype=torch.int64, device=obs.device)
         actions[:, 0] = target.long() + 1
         actions[:, 1] = 2  # full size
-        actions[:, 3] = 2  # Market, all of the gap at once
+        actions[:, 2] = self.order
+        actions[:, 3] = 2 if self.order == 0 else 1  # Market: all of the gap at once; LimitMaker: the touch
         return actions
 
 
@@ -240,20 +249,23 @@ class MarketMakerPolicy:
 
 
 def fit_imbalance_rule(market: Any, env_kwargs: dict[str, Any] | None = None, *,
-                       thresholds: tuple[float, ...] = IMBALANCE_THRESHOLDS, num_books: int | None = None,
+                       thresholds: tuple[float, ...] = IMBALANCE_THRESHOLDS,
+                       orders: tuple[int, ...] = IMBALANCE_ORDERS, num_books: int | None = None,
                        seed: int = 0, device: str | torch.device = "cpu") -> tuple[ImbalancePolicy,
-                                                                                     dict[float, float]]:
-    """The imbalance rule with the threshold that made the most PnL after fees on ``market`` (the fit data).
+                                                                                     dict[str, float]]:
+    """The imbalance rule with the threshold and order type that made the most PnL after fees on ``market``
+    (the fit data).
 
-    Each threshold is scored by the recorder on disjoint episode windows covering ``market`` once.
+    Each candidate is scored by the recorder on disjoint episode windows covering ``market`` once.
 
     :param market: the fit market (never the data the rule is then scored on).
     :param env_kwargs: :class:`~foxenv.config.EnvConfig` fields (``levels``, fees, ``episode_length``).
     :param thresholds: candidates in ``[0, 1)``.
+    :param orders: order types tried (0 Market, 1 LimitMaker).
     :param num_books: books (default: every disjoint window of ``market``, at most 64).
     :param seed: seed of the windows.
     :param device: device of the runs.
-    :return: ``(rule, {threshold: fit PnL})``.
+    :return: ``(rule, {"market@0.5": fit PnL, "limit_maker@0.9": ..., ...})``.
     """
     from foxenv.config import EnvConfig
     from foxhunt.evaluation.recorder import record
@@ -263,13 +275,14 @@ def fit_imbalance_rule(market: Any, env_kwargs: dict[str, Any] | None = None, *,
     config["episode_length"] = max(length, 1)
     levels = int(config.get("levels", EnvConfig().levels))
     books = num_books or max(1, min(64, (market.num_steps - 1) // config["episode_length"]))
-    scores: dict[float, float] = {}
-    for threshold in thresholds:
-        recording = record(ImbalancePolicy(threshold, levels), market, num_books=books, seed=seed,
-                           env_kwargs=config, device=device)
-        scores[float(threshold)] = float(recording.series["step_pnl"].sum())
-    best = max(scores, key=lambda t: scores[t])
-    return ImbalancePolicy(best, levels), scores
+    candidates = {f"{('market', 'limit_maker')[order]}@{float(threshold):g}":
+                  ImbalancePolicy(threshold, levels, order) for order in orders for threshold in thresholds}
+    scores: dict[str, float] = {}
+    for key, rule in candidates.items():
+        recording = record(rule, market, num_books=books, seed=seed, env_kwargs=config, device=device)
+        scores[key] = float(recording.series["step_pnl"].sum())
+    best = max(scores, key=lambda k: scores[k])
+    return candidates[best], scores
 
 
 class ModelPolicy:

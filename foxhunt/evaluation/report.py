@@ -127,7 +127,8 @@ def markdown(evaluation: Evaluation, main: str, title: str, figures: dict[str, P
         f"- seed {setup['seed']} (episode windows, random baseline); device {setup['device']}",
         *[f"- note: {note}" for note in setup.get("notes", [])],
         *[f"- {name} fitted on {fit['fit_market']} ({fit['fit_steps']:,} steps): threshold "
-          f"{fit['threshold']:g}" for name, fit in setup.get("fitted_baselines", {}).items()],
+          f"{fit['threshold']:g}, {fit['order']} orders, fit PnL {fit['fit_pnl']:,.0f}"
+          for name, fit in setup.get("fitted_baselines", {}).items()],
         "",
         "## Metrics",
         "",

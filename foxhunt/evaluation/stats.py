@@ -151,7 +151,9 @@ def paired_windows(policy_pnl: torch.Tensor, baseline_pnl: torch.Tensor, starts:
     tail = (1.0 - level) / 2.0
     low, high = torch.quantile(means, torch.tensor([tail, 1.0 - tail], dtype=means.dtype,
                                                    device=means.device)).tolist()
-    below, above = float((means <= 0).double().mean()), float((means >= 0).double().mean())
+    # a bootstrap p-value cannot resolve below one resample: 0 resamples across 0 reads as p = 1 / resamples
+    below = max(float((means <= 0).double().mean()), 1.0 / resamples)
+    above = max(float((means >= 0).double().mean()), 1.0 / resamples)
     error = float(means.std())
     row.update(ci_low=low, ci_high=high, block=block, standard_error=error,
                p_value=min(1.0, 2.0 * min(below, above)),

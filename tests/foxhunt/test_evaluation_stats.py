@@ -18,6 +18,7 @@ from foxhunt.evaluation.baselines import (
 )
 from foxhunt.evaluation.report import markdown
 from foxhunt.evaluation.stats import (
+    RESAMPLES,
     block_bootstrap_means,
     block_length,
     correct,
@@ -61,7 +62,7 @@ def test_one_window_gets_no_interval_and_a_constant_edge_is_significant() -> Non
     assert one["verdict"].startswith("edge over flat: not testable (1 independent window")
     constant = paired_windows(torch.full((4, 3), 2.0), torch.zeros(4, 3), torch.arange(12).reshape(4, 3) * 10,
                               10, baseline="flat")
-    assert constant["ci_low"] == constant["ci_high"] == 2.0 and constant["p_value"] == 0.0
+    assert constant["ci_low"] == constant["ci_high"] == 2.0 and constant["p_value"] == 2 / RESAMPLES
     correct({"p": [constant]})
     assert constant["verdict"].startswith("edge over flat: positive, significant at 95 %")
     noise = paired_windows(torch.tensor([[1.0, -1.0, 2.0, -2.0, 0.5, -0.5]]), torch.zeros(1, 6),
@@ -135,6 +136,11 @@ def test_imbalance_rule_trades_the_imbalance_side_and_holds_while_it_points_its_
     assert actions[:, 2].tolist() == [0] * 4
     with pytest.raises(ValueError, match="threshold=1.0"):
         ImbalancePolicy(1.0)
+    maker = ImbalancePolicy(0.5, levels=2, order=1)
+    maker.reset(4, torch.device("cpu"))
+    posted = maker.act(obs, torch.zeros(4, dtype=torch.bool))
+    assert posted[:, 0].tolist() == [2, 0, 2, 1] and posted[:, 2].tolist() == [1] * 4  # LimitMaker
+    assert posted[:, 3].tolist() == [1] * 4  # at the own touch
 
 
 def test_market_maker_quotes_the_side_that_closes_and_alternates_from_flat() -> None:
@@ -157,7 +163,8 @@ def test_the_imbalance_rule_is_fitted_on_fit_data_and_earns_a_planted_signal() -
     fit = generate_synthetic(3_000, levels=2, seed=0, **planted)
     env = {"episode_length": 200, "levels": 2}
     rule, scores = fit_imbalance_rule(fit, env)
-    assert set(scores) == set(IMBALANCE_THRESHOLDS) and scores[rule.threshold] == max(scores.values())
+    assert len(scores) == 2 * len(IMBALANCE_THRESHOLDS)
+    assert scores[f"{('market', 'limit_maker')[rule.order]}@{rule.threshold:g}"] == max(scores.values())
     evaluation = evaluate_policies({"flat_model": "flat"}, "synthetic", baselines=("imbalance",), n_envs=4,
                                    steps=400, market_seed=1, train_market_seed=0, env_kwargs=env,
                                    market_kwargs={"num_steps": 3_000, **planted})
