@@ -1,7 +1,7 @@
 """Time to a score: seconds and env steps until the held-out share of the oracle's PnL first reaches 50 %.
 
 For each planted market (``--strengths``, horizon ``--signal-horizon``), agent (``--agents``, the names of
-:func:`experiments.harness.agent_spec`: ``iqn_joint`` the default agent on the joint face, ``iqn`` the
+:mod:`experiments.agents`: ``iqn_joint`` the default agent on the joint face, ``iqn`` the
 branched presets, ``dqn``, ``qrdqn``, and ``--agent-kwargs`` custom ones) and seed, one ``learn`` call trains
 on the training market (synthetic seed ``--train-market-seed``) and a callback scores the greedy policy every
 ``--score-every`` env steps on the held-out market (seed ``--eval-market-seed``): the same books, windows and
@@ -46,19 +46,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _common.py beside th
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's packages
 from _common import default_out, machine_info, synchronizer, write_json  # noqa: E402
 
-from experiments import _common as options  # noqa: E402
-from experiments import harness  # noqa: E402
+from experiments import options, results, runner  # noqa: E402
+from experiments.agents import Agent  # noqa: E402
+from foxhunt.envs import decode_joint  # noqa: E402
 
 RESULTS = default_out("time_to_score")
-#: the joint face's code of the four branches: ``27 d + 9 m + 3 o + u``
-JOINT_CODES = (27, 9, 3, 1)
 
 
 class GreedyDevicePolicy:
     """A model's greedy policy as a recorder policy, acting on device tensors (no numpy round trip).
 
     Works for BranchingIQN (either face), SB3 DQN and sb3-contrib QR-DQN: each policy's ``_predict`` on a
-    float32 batch; joint codes (``[B]`` or ``[B, 1]``) are decoded to the four branches.
+    float32 batch; joint codes (``[B]`` or ``[B, 1]``) are decoded to the four branches
+    (:func:`foxhunt.envs.decode_joint`, unchecked: the policy's greedy codes, no host sync).
 
     :param model: the model.
     :param name: its name in recordings.
@@ -69,8 +69,7 @@ class GreedyDevicePolicy:
         self.name = name
 
     def reset(self, num_books: int, device: th.device) -> None:
-        """Prepare the joint decoding table on ``device``."""
-        self._codes = th.tensor(JOINT_CODES, dtype=th.int64, device=device)
+        """Nothing to prepare."""
 
     def act(self, obs: th.Tensor, episode_start: th.Tensor) -> th.Tensor:
         """``[B, 4]`` greedy actions."""
@@ -79,39 +78,37 @@ class GreedyDevicePolicy:
             action = policy._predict(obs.to(policy.device, th.float32), deterministic=True)
         action = action.to(obs.device).long()
         if action.numel() == obs.shape[0]:
-            action = (action.reshape(-1, 1) // self._codes) % 3
+            return decode_joint(action, obs.shape[0], check_range=False)
         return action.reshape(obs.shape[0], 4)
 
 
 class HeldOutScorer:
     """The held-out market, its windows and the oracle's PnL on them; scores a model's greedy policy.
 
-    :param setup: the markets (a planted signal).
-    :param budget: env settings and device.
-    :param settings: books, steps and seed of the windows.
+    :param setup: the markets (a planted signal), env settings, device, and the books, steps and seed of the
+        windows.
     """
 
-    def __init__(self, setup: harness.MarketSetup, budget: harness.Budget,
-                 settings: harness.EvalSettings) -> None:
+    def __init__(self, setup: runner.Setup) -> None:
         from foxhunt.evaluation import build_market
         from foxhunt.evaluation.api import _oracle_for, split_env_kwargs
 
         if not setup.planted:
             raise ValueError(f"signal_strength={setup.signal_strength}: time to score needs a planted market")
-        env_kwargs = budget.run_config(0).resolved_env_kwargs()
+        env_kwargs = setup.config(Agent("scorer"), 0).resolved_env_kwargs()
         env_kwargs.pop("market_seed", None)
         config, extra = split_env_kwargs(env_kwargs)
-        market_options = {**extra, **setup.market_kwargs()}
+        market_options = {**extra, **setup.market_kwargs(), "num_steps": setup.market_steps}
         if "levels" in config:
             market_options.setdefault("levels", config["levels"])
-        self.market = build_market(setup.data, market_seed=setup.eval_market_seed, device=budget.device,
+        self.market = build_market(setup.data, market_seed=setup.eval_market_seed, device=setup.device,
                                    **market_options)
         config["episode_length"] = min(int(config.get("episode_length", 500)), self.market.num_steps - 1)
         self.config = config
-        self.books = settings.n_envs or 16
-        self.steps = settings.steps
-        self.seed = settings.seed
-        self.device = budget.device
+        self.books = setup.eval_envs or 16
+        self.steps = setup.eval_steps
+        self.seed = setup.eval_seed
+        self.device = setup.device
         oracle = _oracle_for(market_options, config)
         assert oracle is not None  # planted
         self.oracle_pnl = self.pnl(oracle)
@@ -216,29 +213,26 @@ def timing_breakdown(points: Sequence[dict[str, float]], warmup_s: float | None,
     return {"warmup_s": warmup_s, "first_chunk_s": first, "steady_s_per_kstep": steady}
 
 
-def run_one(agent: str, seed: int, setup: harness.MarketSetup, budget: harness.Budget, scorer: HeldOutScorer,
+def run_one(agent: Agent, seed: int, setup: runner.Setup, scorer: HeldOutScorer,
             args: argparse.Namespace) -> dict[str, Any]:
     """Train ``agent`` with ``seed`` until it scores ``args.target`` (or the cap); its record."""
-    spec_ = harness.agent_spec(agent)
     th.manual_seed(seed)
-    market = setup.train_market(budget.device)
-    loop = budget.loop_of(agent)
-    env = harness.make_train_env(market, setup, budget, seed, loop, spec_.face)
-    model = harness.build_model(spec_, env, budget, seed, None)
+    loop = setup.loop_of(agent)
+    model = runner.build(agent, seed, setup)
     if hasattr(model, "diagnostics_interval"):
         model.diagnostics_interval = 0
     learning_starts = int(model.learning_starts)
     callback = ScoreCallback(scorer, args.score_every, args.target, args.cap_seconds, learning_starts,
-                             budget.device, stop_at_target=not args.run_to_budget)
-    if loop == harness.LOOP_DEVICE:
+                             setup.device, stop_at_target=not args.run_to_budget)
+    if loop == runner.LOOP_DEVICE:
         from sb3_her_ext import device_loop
 
         frequency = model.train_freq.frequency
-        stride = max(args.score_every // (4 * budget.n_envs), 1)
+        stride = max(args.score_every // (4 * setup.n_envs), 1)
         stride = max(stride // frequency, 1) * frequency  # the fused graph needs a multiple of train_freq
         device_loop.configure(model, callback_stride=stride, stats_interval=max(args.score_every, 1))
     began = time.perf_counter()
-    model.learn(budget.steps, callback=callback, log_interval=10**9)
+    model.learn(setup.steps, callback=callback, log_interval=10**9)
     wall = time.perf_counter() - began
     unscored = not callback.points or callback.points[-1]["steps"] < model.num_timesteps
     if (callback.reached is None or args.run_to_budget) and unscored:
@@ -253,7 +247,7 @@ def run_one(agent: str, seed: int, setup: harness.MarketSetup, budget: harness.B
             callback.reached = callback.points[-1]
     reached = callback.reached
     return {
-        "agent": agent, "seed": seed, "loop": loop, "reached": reached is not None,
+        "agent": agent.name, "seed": seed, "loop": loop, "reached": reached is not None,
         "seconds": reached["train_s"] if reached else None, "steps": reached["steps"] if reached else None,
         "best_share": max((p["share"] for p in callback.points), default=math.nan),
         "final_share": callback.points[-1]["share"] if callback.points else math.nan,
@@ -316,9 +310,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command line (the experiments' market, budget and evaluation options, plus the ones here)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    options.add_market_arguments(parser)
-    options.add_budget_arguments(parser)
-    options.add_eval_arguments(parser)
+    options.add_arguments(parser)
     parser.set_defaults(signal_horizon=5, seeds=5, steps=512_000, n_envs=64, market_steps=100_000)
     parser.add_argument("--strengths", type=float, nargs="+", default=[2.0, 1.0],
                         help="planted signal strengths, one market each (overrides --signal-strength)")
@@ -330,7 +322,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="train on past the target to --steps (or the cap): the share at the budget too")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--quick", action="store_true", help="a tiny CPU smoke run")
-    args = parser.parse_args(argv)
+    args = options.parse(parser, argv)
     if args.quick:
         args.device, args.seeds, args.steps, args.n_envs, args.market_steps = "cpu", 1, 600, 4, 2_000
         args.strengths, args.score_every, args.learning_starts, args.batch_size = [2.0], 200, 200, 16
@@ -339,33 +331,29 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.score_every < 1 or args.target <= 0 or args.cap_seconds <= 0:
         parser.error(f"--score-every {args.score_every}, --target {args.target} and --cap-seconds "
                      f"{args.cap_seconds} must be positive")
-    return options.check_args(parser, args)
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Run every market, agent and seed; print the tables; write the JSON."""
     args = parse_args(argv)
     th.set_num_threads(args.threads)
-    options.define_agents(args)
-    agents = [a.strip() for a in args.agents.split(",") if a.strip()]
-    for agent in agents:
-        harness.agent_spec(agent)  # an unknown name fails before any training
-    budget = options.budget_of(args)
-    settings = options.eval_settings(args)
+    roster = options.roster_of(args)
+    agents = [roster.get(a.strip()) for a in args.agents.split(",") if a.strip()]  # unknown: fails first
     result: dict[str, Any] = {"command": "python benchmarks/time_to_score.py " + " ".join(
         argv if argv is not None else sys.argv[1:]), "machine": machine_info(),
-        "provenance": harness.provenance(), "target": args.target, "markets": {}}
+        "provenance": results.provenance(), "target": args.target, "markets": {}}
     for strength in args.strengths:
         args.signal_strength = strength
-        setup = options.market_setup(args)
-        scorer = HeldOutScorer(setup, budget, settings)
+        setup = options.setup_of(args)
+        scorer = HeldOutScorer(setup)
         runs: dict[str, list[dict[str, Any]]] = {}
         for agent in agents:
             for seed in range(args.seeds):
-                run = run_one(agent, seed, setup, budget, scorer, args)
-                runs.setdefault(agent, []).append(run)
+                run = run_one(agent, seed, setup, scorer, args)
+                runs.setdefault(agent.name, []).append(run)
                 shown = _seconds(run["seconds"] if run["reached"] else math.inf, args.cap_seconds)
-                print(f"strength {strength:g} {agent} seed {seed}: {shown} s, best share "
+                print(f"strength {strength:g} {agent.name} seed {seed}: {shown} s, best share "
                       f"{100 * run['best_share']:.1f} %, final {100 * run['final_share']:.1f} %, trained "
                       f"{run['trained_steps']:,} steps in {run['trained_s'] or 0:.1f} s, scoring "
                       f"{run['score_s']:.1f} s", flush=True)

@@ -14,10 +14,10 @@ policy on the same held-out windows. Criteria, required of every seed:
 Prints PASS/FAIL per criterion with the numbers; writes ``exploration.json`` and ``exploration.png`` into
 ``--out`` (default ``runs/experiments/exploration``).
 
-The market, budget, held-out evaluation, ``--device-loop``, ``--env-cuda-graph``, ``--env-kwargs`` and
-``--agent-kwargs`` options are those of ``experiments.learning`` (``experiments/_common.py``): ``--agent``
-may name a custom agent; ``exploration.json`` records its recipe and the loop that trained it. Under the
-device loop an evaluation epoch runs at the first callback stride at or past its mark (its step recorded).
+The market, budget, held-out evaluation, ``--device-loop``, ``--env-kwargs`` and ``--agent-kwargs`` options
+are those of ``experiments.learning`` (:mod:`experiments.options`): ``--agent`` may name a custom agent;
+``exploration.json`` records it and the loop that trained it. Each run trains through :mod:`foxhunt.runs`
+into ``<out>/<agent>/seed<k>/``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from experiments import _common, harness
+from experiments import options, results, runner
+from experiments.runner import CurveCallback
+from foxhunt.evaluation.api import split_env_kwargs
 
 #: Evaluation epochs per run.
 EPOCHS = 5
@@ -118,17 +120,37 @@ def plot(epochs: Sequence[Sequence[dict[str, Any]]], marks: Sequence[int], path:
     return path
 
 
+class GraphCounter(CurveCallback):
+    """A :class:`~experiments.runner.CurveCallback` that also keeps every CUDA graph a graphed BranchingIQN
+    captured (gradient steps, fused collect + train blocks): more than one per step kind is a recapture."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.graphs: list[Any] = []  # the graph objects themselves: an id() could be reused after a free
+
+    def _on_step(self) -> bool:
+        graphs = [getattr(getattr(self.model, name, None), "graph", None)
+                  for name in ("_graphed_step", "_graphed_vaccine_step")]
+        if hasattr(self.model, "collector"):
+            block = self.model.collector.block
+        else:
+            from sb3_her_ext import graphed_loop
+
+            block = graphed_loop.block_of(self.model)
+        graphs += list(block.graphs.values()) if block is not None else []
+        self.graphs += [g for g in graphs if g is not None and not any(g is known for known in self.graphs)]
+        return super()._on_step()
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command line."""
     parser = argparse.ArgumentParser(prog="python -m experiments.exploration",
                                      description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--out", default="runs/experiments/exploration")
     parser.add_argument("--agent", default="iqn", help="agent name as in experiments.learning (custom too)")
-    _common.add_market_arguments(parser)
-    _common.add_budget_arguments(parser)
-    _common.add_eval_arguments(parser)
+    options.add_arguments(parser)
     parser.add_argument("--no-progress", action="store_true")
-    return _common.check_args(parser, parser.parse_args(argv))
+    return options.parse(parser, argv)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -137,18 +159,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    origin = harness.provenance()  # the code as it was when the run started
-    _common.define_agents(args)
-    harness.agent_spec(args.agent)
-    setup = _common.market_setup(args)
-    budget = _common.budget_of(args)
-    settings = _common.eval_settings(args)
+    origin = results.provenance()  # the code as it was when the run started
+    agent = options.roster_of(args).get(args.agent)
+    setup = options.setup_of(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    market = setup.train_market(args.device)
-    env_kwargs = budget.run_config(0).resolved_env_kwargs()
-    env_kwargs.pop("market_seed", None)
-    loop = budget.loop_of(args.agent)
+    env_kwargs, market_kwargs = split_env_kwargs(setup.config(agent, 0).resolved_env_kwargs())
+    market_kwargs.pop("market_seed", None)
+    if setup.synthetic:
+        market_kwargs["num_steps"] = setup.market_steps
+    loop = setup.loop_of(agent)
     print(f"{setup.describe()}\n{args.agent} x seeds {list(range(args.seeds))}; {args.steps} steps x "
           f"{args.n_envs} books on {args.device} ({loop} loop); output {out}")
 
@@ -162,35 +182,33 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         def at_epoch(model: Any, k: int, scores: list[dict[str, Any]] = scores, marks: list[int] = marks) -> (
             None
         ):
-            result = evaluate(model, setup.data, n_envs=settings.n_envs, steps=settings.steps,
-                              seed=settings.seed, market_seed=setup.eval_market_seed, split="test",
-                              env_kwargs=env_kwargs, market_kwargs=setup.market_kwargs(), device=args.device,
+            result = evaluate(model, setup.data, n_envs=setup.eval_envs, steps=setup.eval_steps,
+                              seed=setup.eval_seed, market_seed=setup.eval_market_seed, split="test",
+                              env_kwargs=env_kwargs, market_kwargs=market_kwargs, device=args.device,
                               name="policy")
             scores.append(result.metrics)
             marks.append(int(model.num_timesteps))
 
-        run = harness.train_agent(args.agent, seed, market, setup, budget, out, checkpoints=EPOCHS,
-                                  at_checkpoint=at_epoch)
+        counter = GraphCounter(args.steps, checkpoints=EPOCHS, at_checkpoint=at_epoch)
+        runner.train(agent, seed, setup, out / args.agent / f"seed{seed}", counter)
         epochs.append(scores)
-        captures.append(run.graph_captures)
+        captures.append(len(counter.graphs))
 
-    cuda = torch.device(args.device).type == "cuda" and harness.agent_spec(args.agent).kind == "iqn"
+    cuda = torch.device(args.device).type == "cuda" and agent.algorithm == "iqn"
     verdicts = judge(epochs, captures, cuda)
     for label, passed, numbers in verdicts:
         print(f"{'n/a ' if passed is None else 'PASS' if passed else 'FAIL'}  {label}: {numbers}")
     title = (f"exploration criteria, {args.agent}: {setup.describe()}; {args.steps} steps x {args.n_envs} "
              f"books, {args.seeds} seeds, {loop} loop")
     plot(epochs, marks, out / "exploration.png", title)
-    command = _common.command_line("exploration", argv)
-    payload = {"experiment": "exploration", "command": command, "args": vars(args),
-               "provenance": origin, "market": setup.describe(),
-               "agent": vars(harness.agent_spec(args.agent)), "env_overrides": budget.env_overrides,
-               "loop": loop,
+    payload = {"experiment": "exploration", "command": options.command_line("exploration", argv),
+               "args": vars(args), "provenance": origin, "market": setup.describe(), "agent": agent.record(),
+               "env_overrides": setup.env_kwargs, "loop": loop,
                "verdicts": [{"criterion": c, "pass": p, "numbers": n} for c, p, n in verdicts],
                "epoch_steps": marks, "graph_captures": captures,
                "epochs": [[{k: e[k] for k in ("sharpe", "pnl", "trades", "action_mix")} for e in run]
                           for run in epochs]}
-    harness.write_json(out / "exploration.json", payload)
+    results.write_json(out / "exploration.json", payload)
     print(f"written: {out}/exploration.json, exploration.png")
     return payload
 

@@ -9,18 +9,20 @@ hindsight on (``iqn``) and off (``iqn-no_hindsight``). From each run's ``diagnos
    (``backward + forward + relabel`` counts, which the buffer only makes on trade-close steps) > 0, in
    every seed;
 2. *l_q no worse*: the IQN loss trajectory with hindsight is not worse than without: per seed the mean
-   ``l_q`` over the intervals both runs logged; a one-sided paired t-test over seeds (H1: with hindsight
-   higher) and a one-sided Wilcoxon signed-rank test over every (seed, interval) pair; the same over the
-   last third of the intervals; PASS when no test finds it higher at the 5 % level.
+   ``l_q`` over the intervals both runs logged; one-sided paired sign-flip permutation tests (H1: with
+   hindsight higher) over the seeds' means and over every (seed, interval) pair (exact up to 2^12 sign
+   patterns, else 20,000 seeded draws); the same over the last third of the intervals; PASS when no test
+   finds it higher at the 5 % level.
 
 Prints PASS/FAIL per criterion with the numbers; writes ``hindsight.json`` and ``hindsight.png`` into
 ``--out`` (default ``runs/experiments/hindsight``).
 
 ``--agent NAME`` compares another BranchingIQN agent (a custom one from ``--agent-kwargs NAME=JSON``
 too) with hindsight on and off: the arms are ``NAME`` and ``NAME-no_hindsight`` (or ``NAME+hindsight``
-and ``NAME`` when ``NAME`` has hindsight off). The market, budget, ``--device-loop``, ``--env-cuda-graph``,
-``--env-kwargs`` and ``--agent-kwargs`` options are those of ``experiments.learning``
-(``experiments/_common.py``); ``hindsight.json`` records the arms, their recipes and loops.
+and ``NAME`` when ``NAME`` has hindsight off). The market, budget, ``--device-loop``, ``--env-kwargs`` and
+``--agent-kwargs`` options are those of ``experiments.learning`` (:mod:`experiments.options`); each run
+trains through :mod:`foxhunt.runs` into ``<out>/<arm>/seed<k>/``; ``hindsight.json`` records the arms and
+their loops.
 """
 
 from __future__ import annotations
@@ -35,14 +37,16 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from experiments import _common, harness
+from experiments import options, results, runner
 
 #: Criterion 1's window: environment steps within which hindsight must have injected.
 INJECTION_WINDOW = 10_000
 #: Significance level of "worse" in criterion 2.
 ALPHA = 0.05
-#: The default arms (``--agent iqn``): :func:`experiments.harness.hindsight_arms` gives any agent's.
+#: The default arms (``--agent iqn``): :meth:`experiments.agents.Roster.hindsight_arms` gives any agent's.
 ON, OFF = "iqn", "iqn-no_hindsight"
+#: Sign patterns a permutation test enumerates exactly; beyond, it draws this many at random (seeded).
+EXACT_PATTERNS = 4096
 
 
 def read_diagnostics(path: Path) -> list[dict[str, Any]]:
@@ -61,10 +65,22 @@ def lq_curve(lines: Sequence[dict[str, Any]]) -> dict[int, float]:
     return {int(line["step"]): float(line["l_q"]) for line in lines if line.get("l_q") is not None}
 
 
+def sign_flip_p(differences: Sequence[float]) -> float:
+    """One-sided p-value of a paired sign-flip permutation test of ``mean(differences) > 0``: the share of
+    sign patterns whose mean is at least the observed one (every pattern up to :data:`EXACT_PATTERNS`, else
+    that many seeded random ones and the observed one)."""
+    d = np.asarray(differences, dtype=float)
+    if 2 ** d.size <= EXACT_PATTERNS:
+        signs = 1 - 2 * ((np.arange(2 ** d.size)[:, None] >> np.arange(d.size)) & 1)
+    else:
+        draws = np.random.default_rng(0).choice([-1.0, 1.0], size=(EXACT_PATTERNS, d.size))
+        signs = np.vstack([np.ones(d.size), draws])
+    means = (signs * d).mean(axis=1)
+    return float(np.mean(means >= d.mean() - 1e-12 * np.abs(d).max()))
+
+
 def _paired(on: Sequence[dict[int, float]], off: Sequence[dict[int, float]], tail: float) -> dict[str, Any]:
     """Per-seed means over the last ``tail`` share of the intervals both runs logged, and the tests."""
-    from scipy import stats
-
     seed_means_on, seed_means_off, diffs = [], [], []
     for curve_on, curve_off in zip(on, off, strict=True):
         steps = sorted(set(curve_on) & set(curve_off))
@@ -80,11 +96,10 @@ def _paired(on: Sequence[dict[int, float]], off: Sequence[dict[int, float]], tai
         "intervals_paired": len(diffs),
     }
     if len(seed_means_on) >= 2:
-        result["t_test_p_on_higher"] = float(
-            stats.ttest_rel(seed_means_on, seed_means_off, alternative="greater").pvalue)
+        result["seeds_p_on_higher"] = sign_flip_p(np.subtract(seed_means_on, seed_means_off))
     if len(diffs) >= 2 and any(d != 0 for d in diffs):
-        result["wilcoxon_p_on_higher"] = float(stats.wilcoxon(diffs, alternative="greater").pvalue)
-    p_values = [result[k] for k in ("t_test_p_on_higher", "wilcoxon_p_on_higher") if k in result]
+        result["intervals_p_on_higher"] = sign_flip_p(diffs)
+    p_values = [result[k] for k in ("seeds_p_on_higher", "intervals_p_on_higher") if k in result]
     # with too few pairs for a test, "no worse" falls back to the sign of the mean difference
     result["pass"] = all(p >= ALPHA for p in p_values) if p_values else bool(result["mean_difference"] <= 0)
     return result
@@ -142,39 +157,35 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", default="runs/experiments/hindsight")
     parser.add_argument("--agent", default=ON,
                         help="the BranchingIQN agent compared with hindsight on and off (custom ones too)")
-    _common.add_market_arguments(parser)
-    _common.add_budget_arguments(parser)
+    options.add_arguments(parser, evaluation=False)
     parser.add_argument("--reuse", action="store_true",
-                        help="read the diagnostics of runs already finished in --out with the same budget, "
-                             "loop and recipe instead of training them again")
+                        help="read the diagnostics of runs already finished in --out with the same agent and "
+                             "config instead of training them again")
     parser.add_argument("--no-progress", action="store_true")
-    return _common.check_args(parser, parser.parse_args(argv))
+    return options.parse(parser, argv)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Run both arms over the seeds, check the criteria, write the JSON and the figure."""
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    origin = harness.provenance()  # the code as it was when the run started
-    _common.define_agents(args)
-    on, off = harness.hindsight_arms(args.agent)
-    setup = _common.market_setup(args)
-    budget = _common.budget_of(args)
+    origin = results.provenance()  # the code as it was when the run started
+    roster = options.roster_of(args)
+    on, off = roster.hindsight_arms(args.agent)
+    setup = options.setup_of(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    market = setup.train_market(args.device)
     seeds = list(range(args.seeds))
-    loops = {arm: budget.loop_of(arm) for arm in (on, off)}
+    loops = {arm: setup.loop_of(roster.get(arm)) for arm in (on, off)}
     print(f"{setup.describe()}\narms {on} (hindsight on) / {off} (off) x seeds {seeds}; {args.steps} steps x "
           f"{args.n_envs} books on {args.device} (loops: {loops}); output {out}")
     lines: dict[str, list[list[dict[str, Any]]]] = {on: [], off: []}
-    for agent, seed in tqdm([(a, s) for s in seeds for a in (on, off)], desc="training",
-                            disable=args.no_progress):
-        path = out / agent / f"seed{seed}" / "diagnostics.jsonl"
-        done = harness.finished_record(agent, seed, out, args.steps, budget) if args.reuse else None
-        if done is None or not path.is_file():
-            path = harness.train_agent(agent, seed, market, setup, budget, out).folder / "diagnostics.jsonl"
-        lines[agent].append(read_diagnostics(path))
+    for arm, seed in tqdm([(a, s) for s in seeds for a in (on, off)], desc="training",
+                          disable=args.no_progress):
+        agent, folder = roster.get(arm), out / arm / f"seed{seed}"
+        if not (args.reuse and runner.load(agent, seed, setup, folder)):
+            runner.train(agent, seed, setup, folder)
+        lines[arm].append(read_diagnostics(folder / "diagnostics.jsonl"))
 
     injected = [injections(run) for run in lines[on]]
     crit1 = {"injections_within_10k": injected, "pass": all(n > 0 for n in injected),
@@ -188,32 +199,33 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                                                                                       "relabel")))
                for line in run if line.get("hindsight")] for run in lines[on]]
     title = (f"hindsight kill criteria, {on} vs {off}: {setup.describe()}; {args.steps} steps x "
-             f"{args.n_envs} books, {len(seeds)} seeds, {_common.loop_summary(loops)} loop")
+             f"{args.n_envs} books, {len(seeds)} seeds, loops {loops}")
     plot(curves_on, curves_off, counts, out / "hindsight.png", title)
 
-    command = _common.command_line("hindsight", argv)
+    def pval(result: dict[str, Any], key: str) -> str:
+        return f"{result.get(key, float('nan')):.3f}"
+
     verdicts = [
         (f"1. injections > 0 within {INJECTION_WINDOW} steps (every seed)", crit1["pass"],
          f"injections per seed {injected}" + ("" if crit1["covered"] else f"; only {args.steps} steps ran")),
         ("2. l_q with hindsight no worse than without", crit2["pass"],
          f"mean l_q on {np.round(crit2['mean_lq_on'], 4).tolist()} vs off "
          f"{np.round(crit2['mean_lq_off'], 4).tolist()}; mean difference {crit2['mean_difference']:+.4f}; "
-         f"paired t p(on higher)={crit2.get('t_test_p_on_higher', float('nan')):.3f}, Wilcoxon over "
-         f"{crit2['intervals_paired']} intervals p={crit2.get('wilcoxon_p_on_higher', float('nan')):.3f}; "
-         f"last third: mean difference {late['mean_difference']:+.4f}, paired t p="
-         f"{late.get('t_test_p_on_higher', float('nan')):.3f}, Wilcoxon over {late['intervals_paired']} "
-         f"intervals p={late.get('wilcoxon_p_on_higher', float('nan')):.3f}"),
+         f"sign-flip p(on higher) over seeds {pval(crit2, 'seeds_p_on_higher')}, over "
+         f"{crit2['intervals_paired']} intervals {pval(crit2, 'intervals_p_on_higher')}; last third: mean "
+         f"difference {late['mean_difference']:+.4f}, p over seeds {pval(late, 'seeds_p_on_higher')}, over "
+         f"{late['intervals_paired']} intervals {pval(late, 'intervals_p_on_higher')}"),
     ]
     for label, passed, numbers in verdicts:
         print(f"{'PASS' if passed else 'FAIL'}  {label}: {numbers}")
-    payload = {"experiment": "hindsight", "command": command, "args": vars(args),
-               "provenance": origin, "market": setup.describe(),
-               "arms": {"on": on, "off": off}, "agents": {a: vars(harness.agent_spec(a)) for a in (on, off)},
-               "env_overrides": budget.env_overrides, "loops": loops,
+    payload = {"experiment": "hindsight", "command": options.command_line("hindsight", argv),
+               "args": vars(args), "provenance": origin, "market": setup.describe(),
+               "arms": {"on": on, "off": off}, "agents": {a: roster.get(a).record() for a in (on, off)},
+               "env_overrides": setup.env_kwargs, "loops": loops,
                "criteria": {"injections": crit1, "l_q": crit2},
                "verdicts": [{"criterion": c, "pass": p, "numbers": n} for c, p, n in verdicts],
                "curves": {"on": curves_on, "off": curves_off}}
-    harness.write_json(out / "hindsight.json", payload)
+    results.write_json(out / "hindsight.json", payload)
     print(f"written: {out}/hindsight.json, hindsight.png")
     return payload
 

@@ -365,8 +365,11 @@ def make_env(config: RunConfig, seed: int, split: str) -> Any:
     if not Path(config.data).is_dir():
         raise ValueError(f"data={config.data!r} must be 'synthetic' or a folder of LOBSTER files")
     from foxenv.data import load_market
+    from foxenv.factory import MARKET_KWARGS
 
-    market = load_market(config.data, split=split, device=config.device)
+    # the market's own options (messages per step, ...) load it; the rest configure the env
+    market_kwargs = {k: env_kwargs.pop(k) for k in MARKET_KWARGS if k in env_kwargs and k != "market_seed"}
+    market = load_market(config.data, split=split, device=config.device, **market_kwargs)
     # a short split (the LOBSTER sample's test split has ~300 steps) gets episodes that fit in it
     env_kwargs["episode_length"] = min(env_kwargs["episode_length"], market.num_steps - 1)
     return env_class(config.n_envs, device=config.device, seed=seed, data=market, **env_kwargs)

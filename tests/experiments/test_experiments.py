@@ -1,4 +1,4 @@
-"""The experiment harness: agent recipes, criteria logic on hand-made numbers, and a tiny end-to-end run."""
+"""The experiments: agent recipes, criteria logic on hand-made numbers, and a tiny end-to-end run."""
 
 from __future__ import annotations
 
@@ -6,29 +6,40 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
-from experiments import harness
+from experiments import results
+from experiments.agents import builtin_agent
 from experiments.exploration import judge
-from experiments.hindsight import compare_lq, injections
+from experiments.hindsight import compare_lq, injections, sign_flip_p
+from experiments.runner import Setup
 
 
-def test_agent_recipes() -> None:
-    lean = harness.agent_spec("iqn_lean")
-    assert lean.model_kwargs["hindsight"] is False
-    assert lean.model_kwargs["c51_alpha"] == 0.0 and lean.model_kwargs["vaccine_interval"] == 0
-    assert lean.model_kwargs["boltzmann_branches"] == []
-    assert set(lean.model_kwargs["exploration_mults"].values()) == {1.0}
-    assert lean.policy_kwargs["n_ensemble"] == 1 and lean.policy_kwargs["popart"] is False
-    assert "per_alpha" not in lean.model_kwargs  # prioritized replay stays in the lean configuration
-    assert harness.agent_spec("iqn").model_kwargs == {"hindsight": True}
-    off = harness.agent_spec("iqn-no_popart")
-    assert off.policy_kwargs == {"popart": False} and off.model_kwargs == {"hindsight": True}
-    back = harness.agent_spec("iqn_lean+hindsight")
-    assert back.model_kwargs["hindsight"] is True and back.policy_kwargs["popart"] is False
-    assert harness.agent_spec("iqn_lean+popart").policy_kwargs.get("popart", True) is True
-    assert harness.agent_spec("dqn").kind == "dqn"
-    with pytest.raises(ValueError, match="nope"):
-        harness.agent_spec("nope")
+def test_agent_recipes_and_their_configs() -> None:
+    lean = builtin_agent("iqn_lean")
+    assert lean.model["hindsight"] is False
+    assert lean.model["c51_alpha"] == 0.0 and lean.model["vaccine_interval"] == 0
+    assert lean.model["boltzmann_branches"] == []
+    assert set(lean.model["exploration_mults"].values()) == {1.0}
+    assert lean.policy["n_ensemble"] == 1 and lean.policy["popart"] is False
+    assert "per_alpha" not in lean.model  # prioritized replay stays in the lean configuration
+    assert builtin_agent("iqn").model == {"hindsight": True}
+    off = builtin_agent("iqn-no_popart")
+    assert off.policy == {"popart": False} and off.model == {"hindsight": True}
+    back = builtin_agent("iqn_lean+hindsight")
+    assert back.model["hindsight"] is True and back.policy["popart"] is False
+    assert builtin_agent("iqn_lean+popart").policy.get("popart", True) is True
+    assert builtin_agent("dqn").algorithm == "dqn" and builtin_agent("nope") is None
+    # an agent is a RunConfig: its settings over the shared ones
+    setup = Setup(steps=400, n_envs=2, model_kwargs={"learning_rate": 1e-3})
+    config = setup.config(lean, 3)
+    assert config.seed == 3 and config.resolved_hindsight() is False
+    assert config.resolved_model_kwargs()["c51_alpha"] == 0.0
+    assert config.resolved_model_kwargs()["learning_rate"] == 1e-3
+    assert config.resolved_policy_kwargs()["n_ensemble"] == 1
+    assert setup.config(builtin_agent("iqn"), 0).resolved_hindsight() is True
+    peer = setup.config(builtin_agent("dqn"), 0)
+    assert peer.resolved_action_face() == "joint" and peer.resolved_device_loop() is False
 
 
 def test_summary_shares_of_the_oracle() -> None:
@@ -39,13 +50,21 @@ def test_summary_shares_of_the_oracle() -> None:
     class E:
         results = {"a/seed0": R(50.0), "a/seed1": R(30.0), "flat": R(0.0), "oracle": R(100.0)}
 
-    rows = harness.summarise(E(), ["a"], [0, 1])
+    rows = results.summarise(E(), ["a"], [0, 1])
     assert rows["a"]["oracle_share"]["mean"] == pytest.approx(0.4)
     assert rows["a"]["pnl"]["std"] == pytest.approx(14.142, rel=1e-3)
     assert rows["oracle"]["baseline"] and rows["oracle"]["oracle_share"]["mean"] == 1.0
-    table = harness.markdown_table(rows)
+    table = results.markdown_table(rows)
     assert "| a | 2 | 40 ± 14 |" in table and "40.0 ± 14.1 %" in table
     assert "| – |" in table  # no maker share recorded
+
+
+def test_sign_flip_p_values() -> None:
+    assert sign_flip_p([1.0, 2.0, 3.0]) == pytest.approx(1 / 8)  # exact: only the observed signs reach it
+    assert sign_flip_p([-1.0, -2.0, -3.0]) == 1.0
+    assert sign_flip_p([1.0, -1.0]) == pytest.approx(3 / 4)
+    many = sign_flip_p([1.0] * 20)  # drawn patterns: only the observed one reaches the mean
+    assert many == pytest.approx(1 / 4097)
 
 
 def test_hindsight_criteria_numbers() -> None:
@@ -57,6 +76,7 @@ def test_hindsight_criteria_numbers() -> None:
     assert compare_lq(same, worse)["pass"]
     result = compare_lq(worse, same)
     assert not result["pass"] and result["mean_difference"] > 0
+    assert result["intervals_p_on_higher"] == pytest.approx(1 / 512)
 
 
 def test_exploration_criteria_numbers() -> None:
@@ -72,29 +92,31 @@ def test_exploration_criteria_numbers() -> None:
 
 TINY = ["--agents", "iqn_lean,dqn", "--seeds", "1", "--steps", "300", "--n-envs", "4",
         "--market-steps", "2000", "--signal-strength", "0.5", "--signal-horizon", "3", "--eval-envs", "4",
-        "--eval-steps", "60", "--no-progress"]
+        "--eval-steps", "60", "--episode-length", "60", "--no-progress"]
 
 
 @pytest.mark.slow
 def test_learning_end_to_end_tiny(tmp_path: Path) -> None:
-    """A few hundred steps, one seed, two agents: every output file appears and the table has all rows."""
-    import torch
-
+    """A few hundred steps, one seed, two agents: every run folder is foxhunt.runs', every output file
+    appears, the table has all rows, and --reuse loads the runs instead of training them."""
     from experiments.learning import main
 
     out = tmp_path / "tiny"
     threads = torch.get_num_threads()  # main() sets its own thread count; the session keeps its own
     try:
         payload = main(["--out", str(out), *TINY])
-        again = main(["--out", str(out), *TINY, "--reuse"])  # loads the two runs instead of training
+        again = main(["--out", str(out), *TINY, "--reuse"])
     finally:
         torch.set_num_threads(threads)
     for name in ("results.json", "results.md", "bars.png", "curves.png"):
         assert (out / name).is_file(), name
+    for name in ("config.json", "model.zip", "diagnostics.jsonl", "evaluation.json", "training.png",
+                 "run.json"):
+        assert (out / "iqn_lean" / "seed0" / name).is_file(), name  # foxhunt.runs.train's run folder
     assert (out / "dqn" / "seed0" / "model.zip").is_file()
-    assert (out / "iqn_lean" / "seed0" / "diagnostics.jsonl").is_file()
+    assert json.loads((out / "dqn" / "seed0" / "config.json").read_text())["action_face"] == "joint"
     summary = json.loads((out / "results.json").read_text())["summary"]
-    assert set(summary) == {"iqn_lean", "dqn", "flat", "random", "buy_and_hold", "oracle"}
+    assert {"iqn_lean", "dqn", "flat", "random", "oracle"} <= set(summary)
     assert summary["oracle"]["oracle_share"]["mean"] == 1.0
     assert payload["evaluation"]["setup"]["market_seed"] == 1
     assert payload["evaluation"]["setup"]["train_market_seed"] == 0

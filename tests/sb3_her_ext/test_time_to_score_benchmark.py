@@ -8,6 +8,7 @@ import math
 import sys
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
+from typing import Any
 
 import pytest
 import torch as th
@@ -23,34 +24,29 @@ def _module() -> ModuleType:
     return module
 
 
-def _small(bench: ModuleType) -> tuple:
-    from experiments import harness
+def _small(signal_strength: float = 2.0) -> Any:
+    from experiments.runner import Setup
 
-    setup = harness.MarketSetup("synthetic", 2.0, 5, 2_000)
-    budget = harness.Budget(steps=400, n_envs=4, overrides={"learning_starts": 100, "batch_size": 16},
-                            net_arch=[16])
-    settings = harness.EvalSettings(2, 40, 1000)
-    return setup, budget, settings
+    return Setup(signal_strength=signal_strength, signal_horizon=5, market_steps=2_000, steps=400, n_envs=4,
+                 model_kwargs={"learning_starts": 100, "batch_size": 16}, net_arch=[16], eval_envs=2,
+                 eval_steps=40, eval_seed=1000)
 
 
 def test_the_oracle_pnl_is_the_one_evaluate_policies_scores() -> None:
     bench = _module()
-    setup, budget, settings = _small(bench)
-    scorer = bench.HeldOutScorer(setup, budget, settings)
-    from experiments import harness
+    setup = _small()
+    scorer = bench.HeldOutScorer(setup)
+    from experiments import results
 
-    evaluation = harness.evaluate_models({}, setup, budget, settings)
+    evaluation = results.evaluate({}, setup)
     assert scorer.oracle_pnl == pytest.approx(evaluation.results["oracle"].metrics["pnl"], rel=1e-12)
     assert scorer.oracle_pnl > 0
 
 
 def test_the_scorer_refuses_a_market_without_a_planted_signal() -> None:
-    from experiments import harness
-
     bench = _module()
-    _, budget, settings = _small(bench)
     with pytest.raises(ValueError, match="signal_strength=0"):
-        bench.HeldOutScorer(harness.MarketSetup("synthetic", 0.0, 5, 2_000), budget, settings)
+        bench.HeldOutScorer(_small(0.0))
 
 
 def test_greedy_device_policy_decodes_joint_codes() -> None:
