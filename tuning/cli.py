@@ -2,19 +2,18 @@
 
 One process is one worker. Several workers share a study through a common storage::
 
-    # one host, one worker per GPU (all with --resume, so whichever starts first creates the study)
-    for k in 0 1 2 3; do
-        foxhunt tune --storage postgresql://user@dbhost/foxhunt --study-name s1 --resume \\
-            --device cuda:$k --sampler-seed $k &
-    done
+    # one host, one worker per visible GPU (tuning.workers)
+    foxhunt tune --storage postgresql://user@dbhost/foxhunt --study-name s1 --resume --n-workers auto
 
-Several hosts run the same command against the same PostgreSQL URL (each with its own ``--sampler-seed``
-and ``--out``); a worker killed mid-trial has its trial re-run by another worker after ``--grace-period``.
+Several hosts run the same command against the same PostgreSQL URL; a worker killed mid-trial has its
+trial re-run by another worker after ``--grace-period``. Each trial's draws are seeded by the sampler seed
+and the trial's number, so workers and resumed studies with one seed propose new parameters.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -54,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="trials this worker runs (default: 20 unless --timeout is given)")
     study.add_argument("--timeout", type=float, default=None, help="seconds after which no new trial starts")
     study.add_argument("--sampler-seed", type=int, default=None,
-                       help="the sampler's seed; give each worker its own (default: --seed)")
+                       help="the sampler's seed; each trial draws from (seed, trial number), so workers "
+                       "and resumed studies propose new parameters (default: --seed)")
     study.add_argument("--config", default=None,
                        help="base RunConfig JSON that every trial starts from (the run options override it)")
     study.add_argument("--space", default=None, help="YAML or JSON file overriding the search space")
@@ -84,10 +84,25 @@ def build_parser() -> argparse.ArgumentParser:
                        help="re-runs of one dead worker's trial (default: 3)")
     study.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                        help="progress bar over trials (default: on)")
+    study.add_argument("--n-workers", default="1",
+                       help="worker processes sharing the study: N, or 'auto' (--workers-per-gpu on each "
+                       "visible GPU); --n-trials is then their total (default: 1, this process)")
+    study.add_argument("--workers-per-gpu", type=int, default=1,
+                       help="workers on each GPU with --n-workers auto (default: 1)")
     study.add_argument("--debug", action="store_true",
                        help="on an error, show the traceback instead of one line")
     add_config_options(p.add_argument_group("run options (the base config of every trial)"), skip=NOT_OPTIONS)
     return p
+
+
+def full_run_config(args: argparse.Namespace) -> RunConfig:
+    """The config whose evaluation and checkpoints ``best_config.json`` takes: ``--config`` or the defaults
+    (a trial's ``--eval-steps`` and its no-checkpoints are its budget, not the full run's).
+
+    :param args: parsed ``tune`` arguments.
+    :return: the config.
+    """
+    return RunConfig.load(args.config) if args.config else RunConfig()
 
 
 def base_config(args: argparse.Namespace) -> RunConfig:
@@ -136,16 +151,28 @@ def run(args: argparse.Namespace) -> int:
     :param args: parsed ``tune`` arguments, or ``foxhunt``'s with the unparsed ``tune_args``.
     :return: the exit status.
     """
+    import torch as th
+
     from tuning.space import load_space
-    from tuning.study import tune
+    from tuning.study import StudyFailed, tune
+    from tuning.workers import launch, parse_n_workers, worker_devices
 
     if hasattr(args, "tune_args"):
         args = build_parser().parse_args(args.tune_args)
+    n_workers = parse_n_workers(args.n_workers)
     config = base_config(args)
     settings = settings_from_args(args, config.seed)
     space = load_space(args.space)
-    tune(config, space, settings)
-    return 0
+    try:
+        if n_workers == 1:
+            tune(config, space, settings, full=full_run_config(args))
+            return 0
+        device = getattr(args, "device", None)
+        devices = worker_devices(n_workers, device, th.cuda.device_count(), args.workers_per_gpu)
+        return launch(config, space, settings, devices, full=full_run_config(args))
+    except StudyFailed as error:
+        print(f"foxhunt: error: {error}", file=sys.stderr)
+        return 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -159,6 +186,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    import sys
-
     sys.exit(main())

@@ -153,11 +153,11 @@ class Objective:
 
     def __call__(self, trial: optuna.Trial) -> float:
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
-        config = self.config(trial)
-        trial.set_user_attr("run_config", config.to_dict())
-        callback = TrialEvalCallback(trial, config, self.metric, self.n_evaluations, self.evaluate)
-        Path(self.trials_dir).mkdir(parents=True, exist_ok=True)
         try:
+            config = self.config(trial)
+            trial.set_user_attr("run_config", config.to_dict())
+            callback = TrialEvalCallback(trial, config, self.metric, self.n_evaluations, self.evaluate)
+            Path(self.trials_dir).mkdir(parents=True, exist_ok=True)
             # train prints its evaluation: it goes to the trial's log, the study prints one line per trial
             with (
                 open(Path(self.trials_dir) / f"{trial.number:05d}.log", "w") as log,
@@ -170,6 +170,7 @@ class Objective:
         except optuna.TrialPruned:
             raise
         except Exception as error:
-            trial.set_user_attr("error", f"{type(error).__name__}: {error}")
+            message = " ".join(str(error).split())  # one line, also for errors without a message
+            trial.set_user_attr("error", f"{type(error).__name__}: {message}".rstrip(": "))
             raise
         return math.nan if value is None else value

@@ -117,10 +117,12 @@ def test_missing_space_file_is_named(tmp_path: Path) -> None:
 
 
 def test_samplers_pruners_and_the_retry_callback() -> None:
-    from tuning.study import RetryCallback, make_pruner, make_sampler
+    from tuning.study import RetryCallback, TrialSeededSampler, make_base_sampler, make_pruner, make_sampler
 
-    assert isinstance(make_sampler("tpe", 0), optuna.samplers.TPESampler)
-    assert isinstance(make_sampler("random", 0), optuna.samplers.RandomSampler)
+    assert isinstance(make_base_sampler("tpe", 0), optuna.samplers.TPESampler)
+    assert isinstance(make_base_sampler("random", 0), optuna.samplers.RandomSampler)
+    for name in ("tpe", "random"):  # each trial's draws come from a sampler of its own seed
+        assert isinstance(make_sampler(name, 0), TrialSeededSampler)
     assert isinstance(make_pruner("median"), optuna.pruners.MedianPruner)
     assert isinstance(make_pruner("hyperband"), optuna.pruners.HyperbandPruner)
     assert isinstance(make_pruner("none"), optuna.pruners.NopPruner)
