@@ -269,7 +269,9 @@ def storage_errors(url: str) -> Iterator[None]:
     """
     try:
         yield
-    except sqlalchemy.exc.SQLAlchemyError as error:
+    except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as error:
+        if isinstance(error, optuna.exceptions.StorageInternalError) and error.__cause__ is not None:
+            error = error.__cause__  # optuna's wrapper of the database's error
         raise OSError(f"storage={shown_url(url)!r} failed: {one_line(error, url)} (a read-only or full "
                       "storage, or a lost server; the trials it completed are kept)") from None
 
@@ -279,7 +281,8 @@ def shown_url(url: str) -> str:
     try:
         import sqlalchemy
 
-        return sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
+        parsed = sqlalchemy.engine.make_url(url)
+        return url if parsed.password is None else parsed.render_as_string(hide_password=True)
     except Exception:  # not parseable: nothing to hide
         return url
 
@@ -627,8 +630,8 @@ def tune(
     space, notes = fit_space(space, base)
     check_space(space, base)
     tag = f"{settings.worker}: " if settings.worker else ""
-    for note in notes:
-        print(f"{tag}{note}")
+    for note in notes if not settings.worker else ():  # a launcher's workers: the launcher said them
+        print(note)
     out = Path(settings.out)
     out.mkdir(parents=True, exist_ok=True)
     url = settings.storage_url()

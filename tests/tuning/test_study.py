@@ -10,7 +10,10 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+import tuning.objective
+from foxhunt.checkpoint import list_checkpoints
 from foxhunt.cli import build_parser
+from foxhunt.cli import main as foxhunt_main
 from foxhunt.runs import RunConfig, train
 from tuning.cli import run
 from tuning.evaluation import held_out_metrics
@@ -69,6 +72,10 @@ def test_tiny_study_completes_and_resume_adds_trials(
         assert (evaluation["setup"]["market_seed"], evaluation["setup"]["train_market_seed"]) == (2, 0)
     assert best.eval_split == "validation" and study.user_attrs["eval_split"] == "validation"
     assert f"foxhunt train --config {out / 'best_config.json'} --eval-split test" in printed
+    assert study.metric_names == ["sharpe"]  # the objective's name in optuna-dashboard
+    # the joint face (the default) has no vaccine; the budget of 200 steps fixes the target update interval
+    assert "vaccine_interval" not in study.best_params and best.model_kwargs["target_update_interval"] == 50
+    assert "vaccine_interval not searched" in printed and "target_update_interval fixed at 50" in printed
 
     with pytest.raises(ValueError, match="'foxhunt' already exists.*--resume"):
         _tune(tiny_files, out, "--n-trials", "1")
@@ -77,6 +84,11 @@ def test_tiny_study_completes_and_resume_adds_trials(
     assert _tune(tiny_files, out, "--n-trials", "1", "--resume", "--pruner", "none") == 0
     study = optuna.load_study(study_name="foxhunt", storage=storage)
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 3
+    assert study.trials[2].params not in (study.trials[0].params, study.trials[1].params)  # new parameters
+    other_space = tiny_files[1].with_name("other.yaml")
+    other_space.write_text(tiny_files[1].read_text().replace("choices: [8, 16]", "choices: [8, 32]"))
+    with pytest.raises(ValueError, match="searches space parameter 'net_width'"):
+        _tune((tiny_files[0], other_space), out, "--n-trials", "1", "--resume")
 
 
 def test_pruner_stops_a_clearly_worse_trial(tiny_files: tuple[Path, Path], tmp_path: Path) -> None:
@@ -125,34 +137,26 @@ def test_pruner_stops_a_clearly_worse_trial(tiny_files: tuple[Path, Path], tmp_p
     assert all(list(t.intermediate_values) == [1, 2] for t in (study.trials[0], study.trials[2]))
 
 
-def test_a_raising_trial_fails_is_not_retried_and_the_worker_goes_on(
-    tiny_files: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_a_raising_trial_fails_is_not_retried_and_a_study_of_failures_exits_1(
+    tiny_files: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config, _ = tiny_files
-    space = tmp_path / "bad.yaml"
-    space.write_text("net_width: 8\nhindsight: false\nbatch_size: {type: categorical, choices: [0, -1]}\n")
-    assert (
-        main(
-            [
-                "tune",
-                "--config",
-                str(config),
-                "--space",
-                str(space),
-                "--out",
-                str(tmp_path / "s"),
-                "--n-trials",
-                "2",
-                "--no-progress",
-            ]
-        )
-        == 0
-    )
-    printed = capsys.readouterr().out
-    assert "trial 0 FAIL (ValueError: batch_size=" in printed and "trial 1 FAIL" in printed
-    study = optuna.load_study(study_name="foxhunt", storage=f"sqlite:///{tmp_path / 's' / 'study.db'}")
+    def broken_train(config: RunConfig, callback: object = None) -> Path:
+        raise RuntimeError(f"no market for {config.out}")
+
+    monkeypatch.setattr(tuning.objective, "train", broken_train)
+    config, space = tiny_files
+    out = tmp_path / "s"
+    argv = ["tune", "--config", str(config), "--space", str(space), "--out", str(out), "--n-trials", "2",
+            "--no-progress"]
+    assert foxhunt_main(argv) == 1
+    captured = capsys.readouterr()
+    assert "trial 0 FAIL (RuntimeError: no market for" in captured.out and "trial 1 FAIL" in captured.out
+    assert captured.err == (f"foxhunt: error: every trial of study 'foxhunt' failed (2); the first, trial 0: "
+                            f"RuntimeError: no market for {out / 'trials' / '00000'}\n")
+    study = optuna.load_study(study_name="foxhunt", storage=f"sqlite:///{out / 'study.db'}")
     assert [t.state for t in study.trials] == [TrialState.FAIL] * 2  # no WAITING re-run was queued
-    assert not (tmp_path / "s" / "best_config.json").exists()
+    assert not (out / "best_config.json").exists()
 
 
 @pytest.mark.parametrize(
@@ -207,10 +211,16 @@ def test_a_study_can_be_scored_on_the_test_data_when_asked(tiny_files: tuple[Pat
 def test_a_trial_is_the_run_that_best_config_reproduces(
     tiny_files: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    """Evaluations during training leave its random streams alone: ``train(best_config)`` scores the same."""
-    assert _tune(tiny_files, tmp_path / "s", "--n-trials", "1", "--pruner", "none") == 0
+    """Evaluations during training leave its random streams alone: ``train(best_config)`` scores the same
+    on the trial's evaluation steps; best_config.json itself has the full run's evaluation and checkpoints
+    (the --config file's eval_steps=20, the default checkpoint_every), not the trial's budget."""
+    assert _tune(tiny_files, tmp_path / "s", "--n-trials", "1", "--pruner", "none", "--eval-steps", "10") == 0
     study = optuna.load_study(study_name="foxhunt", storage=f"sqlite:///{tmp_path / 's' / 'study.db'}")
     assert len(study.trials[0].intermediate_values) == 1
+    trial = study.trials[0].user_attrs["run_config"]
+    assert (trial["eval_steps"], trial["checkpoint_every"]) == (10, 0)
     config = RunConfig.load(tmp_path / "s" / "best_config.json")
-    run = train(dataclasses.replace(config, out=str(tmp_path / "again"), progress=False))
+    assert (config.eval_steps, config.checkpoint_every) == (20, RunConfig().checkpoint_every)
+    run = train(dataclasses.replace(config, out=str(tmp_path / "again"), progress=False, eval_steps=10))
+    assert list_checkpoints(run)  # the full run can be resumed
     assert json.loads((run / "evaluation.json").read_text())["sharpe"] == study.best_value
