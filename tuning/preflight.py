@@ -1,12 +1,13 @@
 """Before the first trial: the space fitted to the study's action face and trial budget, every value checked.
 
 :func:`fit_space` leaves out what a trial cannot use and says so: on the joint action face the branched
-parameters (:func:`tuning.space.face_space`) and :data:`JOINT_INERT`; ``target_update_interval`` is searched
-only up to a quarter of the trial's steps (:data:`MIN_TARGET_UPDATES`), so that every trial updates its
-target network. :func:`check_space` then builds BranchingIQN (on the CPU, with a replay buffer of one batch)
-at every corner of every parameter (``low``, the highest reachable value, each choice, each constant) over
-the study's base config: a value no trial can use is one ``ValueError`` naming the parameter and the value,
-before any trial runs, instead of a study of failed trials.
+parameters (:data:`tuning.space.BRANCHED_PARAMS`: per-branch exploration, the vaccine, hindsight);
+``algorithm.target_update_interval`` is searched only up to a quarter of the trial's steps
+(:data:`MIN_TARGET_UPDATES`), so that every trial updates its target network. :func:`check_space` then
+builds BranchingIQN (on the CPU, with a replay buffer of one batch) at every corner of every parameter
+(``low``, the highest reachable value, each choice, each constant) over the study's base config: a value no
+trial can use is one ``ValueError`` naming the parameter and the value, before any trial runs, instead of a
+study of failed trials.
 """
 
 from __future__ import annotations
@@ -21,12 +22,11 @@ import optuna
 from foxhunt.runs import RunConfig, make_env
 from tuning.space import HINDSIGHT_FIELDS, Param, face_space, to_run_config
 
-#: Parameters that do nothing on the joint action face (its preset turns the vaccine off: the vaccine
-#: stratifies a batch by the values of one of four branches, and the joint face has one branch of 81).
-JOINT_INERT: tuple[str, ...] = ("vaccine_interval",)
+#: The searched target network interval (environment steps).
+TARGET_UPDATE = "algorithm.target_update_interval"
 
-#: A trial updates its target network at least this many times: ``target_update_interval`` (environment
-#: steps) is searched up to ``steps // MIN_TARGET_UPDATES``.
+#: A trial updates its target network at least this many times: ``algorithm.target_update_interval``
+#: (environment steps) is searched up to ``steps // MIN_TARGET_UPDATES``.
 MIN_TARGET_UPDATES = 4
 
 
@@ -39,26 +39,22 @@ def fit_space(space: Mapping[str, Param | Any], base: RunConfig) -> tuple[dict[s
     """
     face = base.resolved_action_face()
     fitted = face_space(space, face)
-    notes = []
-    if face == "joint":
-        for name in JOINT_INERT:
-            if fitted.get(name) is not None:
-                notes.append(f"{name} not searched: it does nothing on the joint action face")
-                fitted[name] = None
-    spec = fitted.get("target_update_interval")
+    dropped = [name for name, spec in space.items() if spec is not None and fitted.get(name) is None]
+    notes = [f"not searched on the {face} action face, where they do nothing: {', '.join(dropped)}"
+             for _ in [0] if dropped]
+    spec = fitted.get(TARGET_UPDATE)
     bound = max(base.steps // MIN_TARGET_UPDATES, 1)
     if isinstance(spec, Param) and spec.type == "int" and spec.high > bound:
         why = f"a trial of {base.steps} steps updates its target network at least {MIN_TARGET_UPDATES} times"
         if spec.low >= bound:
-            fitted["target_update_interval"] = bound
-            notes.append(f"target_update_interval fixed at {bound}, not searched in "
-                         f"[{spec.low}, {spec.high}]: {why}")
+            fitted[TARGET_UPDATE] = bound
+            notes.append(f"{TARGET_UPDATE} fixed at {bound}, not searched in [{spec.low}, {spec.high}]: "
+                         + why)
         else:
             step = int(spec.step or 1)
             high = spec.low + (bound - spec.low) // step * step
-            fitted["target_update_interval"] = dataclasses.replace(spec, high=high)
-            notes.append(f"target_update_interval searched in [{spec.low}, {high}], not up to {spec.high}: "
-                         + why)
+            fitted[TARGET_UPDATE] = dataclasses.replace(spec, high=high)
+            notes.append(f"{TARGET_UPDATE} searched in [{spec.low}, {high}], not up to {spec.high}: {why}")
     return fitted, notes
 
 
@@ -118,7 +114,7 @@ def check_space(space: Mapping[str, Param | Any], base: RunConfig) -> None:
     # the spaces of the env the trials train on; built once, on the CPU (only its spaces are used)
     cpu = dataclasses.replace(base, device="cpu", device_loop=False, cuda_graph=False)
     env = make_env(cpu, base.seed, split=base.train_split())
-    hindsight_names = {f"hindsight_{field}" for field in HINDSIGHT_FIELDS}
+    hindsight_names = {f"hindsight.{field}" for field in HINDSIGHT_FIELDS}
     try:
         for name, value in candidates:
             values = {name: value}

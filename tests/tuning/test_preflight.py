@@ -11,11 +11,11 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from foxhunt.cli import build_parser
 from foxhunt.cli import main as foxhunt_main
 from foxhunt.runs import RunConfig
 from tests.tuning.conftest import TINY_CONFIG
 from tuning.cli import base_config
+from tuning.cli import build_parser as tune_parser
 from tuning.preflight import MIN_TARGET_UPDATES, check_space, fit_space
 from tuning.space import DEFAULT_SPACE, Param, load_space, suggest
 from tuning.study import make_sampler, make_storage, space_record
@@ -27,7 +27,7 @@ def _trials(storage: str, sampler: optuna.samplers.BaseSampler, n_trials: int) -
     space = load_space()
 
     def objective(trial: optuna.Trial) -> float:
-        return float(suggest(trial, space, action_face="branched")["learning_rate"])
+        return float(suggest(trial, space, action_face="branched")["algorithm.learning_rate"])
 
     study.optimize(objective, n_trials=n_trials)
 
@@ -58,40 +58,43 @@ def test_a_resumed_study_proposes_new_parameters(tmp_path: Path, name: str) -> N
 
 def test_the_space_fits_the_face_and_the_budget() -> None:
     joint, notes = fit_space(load_space(), RunConfig(steps=20_000, action_face="joint"))
-    assert joint["vaccine_interval"] is None and joint["exploration_mult_direction"] is None
-    assert joint["target_update_interval"] == Param("int", 250, 5000, log=True)
-    assert any("vaccine_interval not searched" in note for note in notes)
-    assert any("target_update_interval searched in [250, 5000]" in note for note in notes)
+    assert joint["algorithm.vaccine_interval"] is None
+    assert joint["algorithm.exploration_mults.direction"] is None
+    assert joint["algorithm.target_update_interval"] == Param("int", 250, 5000, log=True)
+    assert any(note.startswith("not searched on the joint action face")
+               and "algorithm.vaccine_interval" in note for note in notes)
+    assert any("algorithm.target_update_interval searched in [250, 5000]" in note for note in notes)
     branched, _ = fit_space(load_space(), RunConfig(steps=200_000, action_face="branched"))
-    assert branched["vaccine_interval"] == DEFAULT_SPACE["vaccine_interval"]
-    assert branched["target_update_interval"] == DEFAULT_SPACE["target_update_interval"]  # within budget
+    assert branched["algorithm.vaccine_interval"] == DEFAULT_SPACE["algorithm.vaccine_interval"]
+    assert branched["algorithm.target_update_interval"] == DEFAULT_SPACE["algorithm.target_update_interval"]
     small, notes = fit_space(load_space(), RunConfig(steps=400, action_face="branched"))
-    assert small["target_update_interval"] == 400 // MIN_TARGET_UPDATES
-    assert any("target_update_interval fixed at 100" in note for note in notes)
-    stepped, _ = fit_space({"target_update_interval": Param("int", 100, 5000, step=300)},
+    assert small["algorithm.target_update_interval"] == 400 // MIN_TARGET_UPDATES
+    assert any("algorithm.target_update_interval fixed at 100" in note for note in notes)
+    stepped, _ = fit_space({"algorithm.target_update_interval": Param("int", 100, 5000, step=300)},
                            RunConfig(steps=4000))
-    assert stepped["target_update_interval"] == Param("int", 100, 1000, step=300)  # a reachable high
+    # the highest value the step reaches
+    assert stepped["algorithm.target_update_interval"] == Param("int", 100, 1000, step=300)
 
 
 def test_action_face_option_reaches_the_base_config() -> None:
-    args = build_parser().parse_args(["tune", "--action-face", "branched"])
+    args = tune_parser().parse_args(["--action-face", "branched"])
     assert base_config(args).action_face == "branched"
-    assert base_config(build_parser().parse_args(["tune"])).action_face is None
+    assert base_config(tune_parser().parse_args([])).action_face is None
 
 
 @pytest.mark.parametrize(
     ("entries", "line"),
     [
         ('{"learning_rate": "fast"}',
-         "space parameter 'learning_rate'='fast' cannot be used: learning_rate='fast' must be a number"),
+         "space parameter 'algorithm.learning_rate'='fast' cannot be used: "),
         ('{"gamma": {"type": "float", "low": 1.5, "high": 2}}',
-         "space parameter 'gamma'=1.5 cannot be used: gamma=1.5 must lie in [0, 1]"),
+         "space parameter 'algorithm.gamma'=1.5 cannot be used: "),
         ('{"learning_rate": {"type": "float", "low": 1e-4, "high": Infinity}}',
-         "space parameter 'learning_rate': high=inf must be finite"),
+         "space parameter 'algorithm.learning_rate': high=inf must be finite"),
         ('{"batch_size": {"type": "categorical", "choices": [16, 0]}}',
-         "space parameter 'batch_size'=0 cannot be used: batch_size=0 must be an integer >= 1"),
+         "space parameter 'algorithm.batch_size'=0 cannot be used: "),
         ('{"net_width": {"type": "categorical", "choices": [16, "wide"]}}',
-         "space parameter 'net_width'='wide' cannot be used"),
+         "space parameter 'policy.net_width'='wide' cannot be used"),
     ],
 )
 def test_a_value_no_trial_can_use_is_one_line_before_any_trial(

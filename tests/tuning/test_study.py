@@ -74,8 +74,10 @@ def test_tiny_study_completes_and_resume_adds_trials(
     assert f"foxhunt train --config {out / 'best_config.json'} --eval-split test" in printed
     assert study.metric_names == ["sharpe"]  # the objective's name in optuna-dashboard
     # the joint face (the default) has no vaccine; the budget of 200 steps fixes the target update interval
-    assert "vaccine_interval" not in study.best_params and best.model_kwargs["target_update_interval"] == 50
-    assert "vaccine_interval not searched" in printed and "target_update_interval fixed at 50" in printed
+    assert "algorithm.vaccine_interval" not in study.best_params
+    assert best.algorithm.target_update_interval == 50
+    assert "not searched on the joint action face" in printed
+    assert "algorithm.target_update_interval fixed at 50" in printed
 
     with pytest.raises(ValueError, match="'foxhunt' already exists.*--resume"):
         _tune(tiny_files, out, "--n-trials", "1")
@@ -87,7 +89,7 @@ def test_tiny_study_completes_and_resume_adds_trials(
     assert study.trials[2].params not in (study.trials[0].params, study.trials[1].params)  # new parameters
     other_space = tiny_files[1].with_name("other.yaml")
     other_space.write_text(tiny_files[1].read_text().replace("choices: [8, 16]", "choices: [8, 32]"))
-    with pytest.raises(ValueError, match="searches space parameter 'net_width'"):
+    with pytest.raises(ValueError, match="searches space parameter 'policy.net_width'"):
         _tune((tiny_files[0], other_space), out, "--n-trials", "1", "--resume")
 
 

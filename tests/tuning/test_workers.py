@@ -100,7 +100,7 @@ def test_launcher_runs_cpu_workers_as_processes_on_one_storage(
     assert len(workers) == 2 and all(w.split(":")[1] != str(launcher.pid) for w in workers)
     assert len({json.dumps(t.params, sort_keys=True) for t in study.trials}) == 4
     assert "worker 1/2: pid" in log and "worker 2/2: pid" in log and log.count("\nbest sharpe=") == 1
-    assert log.count("vaccine_interval not searched") == 1  # said once, by the launcher
+    assert log.count("not searched on the joint action face") == 1  # said once, by the launcher
     best = RunConfig.load(out / "best_config.json")  # written once, by the launcher, with the full budget
     assert best.eval_steps == 20 and best.checkpoint_every == RunConfig().checkpoint_every
 
