@@ -160,15 +160,19 @@ def run(args: argparse.Namespace) -> int:
     if hasattr(args, "tune_args"):
         args = build_parser().parse_args(args.tune_args)
     n_workers = parse_n_workers(args.n_workers)
+    devices = None
+    if n_workers != 1:
+        device = getattr(args, "device", None)
+        devices = worker_devices(n_workers, device, th.cuda.device_count(), args.workers_per_gpu)
+        if device is None and n_workers is None:
+            args.device = "cuda"  # workers on GPUs: a GPU run's sizes unless given (config_from_args)
     config = base_config(args)
     settings = settings_from_args(args, config.seed)
     space = load_space(args.space)
     try:
-        if n_workers == 1:
+        if devices is None:
             tune(config, space, settings, full=full_run_config(args))
             return 0
-        device = getattr(args, "device", None)
-        devices = worker_devices(n_workers, device, th.cuda.device_count(), args.workers_per_gpu)
         return launch(config, space, settings, devices, full=full_run_config(args))
     except StudyFailed as error:
         print(f"foxhunt: error: {error}", file=sys.stderr)

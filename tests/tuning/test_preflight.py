@@ -145,6 +145,16 @@ def test_workers_devices_for_any_number_of_gpus() -> None:
     assert shares(10, 4) == [3, 3, 2, 2] and shares(2, 4) == [1, 1] and shares(None, 2) == [None, None]
 
 
+def test_auto_workers_without_a_gpu_is_one_line(capsys: pytest.CaptureFixture[str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert foxhunt_main(["tune", "--n-workers", "auto", "--no-progress"]) == 2
+    assert capsys.readouterr().err == ("foxhunt: error: --n-workers=auto starts one worker per visible GPU, "
+                                       "and no GPU is visible (give --n-workers N for CPU workers)\n")
+
+
 def test_a_postgresql_url_without_its_driver_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     for module in ("psycopg", "psycopg2"):
         monkeypatch.setitem(sys.modules, module, None)  # import psycopg: ImportError
