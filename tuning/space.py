@@ -168,6 +168,8 @@ def parse_param(name: str, spec: Any) -> Param | Any:
         if isinstance(spec, list | dict):
             raise ValueError(f"space parameter {name!r}: {spec!r} must be a spec mapping or a constant")
         return spec
+    if set(spec) == {"name", "attributes"}:  # Optuna's distribution JSON (distribution_to_json)
+        return param_of_distribution(name, spec)
     unknown = sorted(set(spec) - _SPEC_KEYS)
     if unknown:
         raise ValueError(
@@ -215,6 +217,27 @@ def parse_param(name: str, spec: Any) -> Param | Any:
         log=log,
         step=step,
     )
+
+
+def param_of_distribution(name: str, spec: Mapping[str, Any]) -> Param:
+    """A space file's entry in Optuna's distribution JSON (``{"name": "FloatDistribution", "attributes":
+    {...}}``, as ``optuna.distributions.distribution_to_json`` writes it and the study records its space).
+
+    :param name: the parameter's name (quoted in errors).
+    :param spec: the entry.
+    :return: the parameter.
+    """
+    try:
+        distribution = optuna.distributions.json_to_distribution(json.dumps(spec))
+    except Exception as error:  # optuna raises ValueError, KeyError, TypeError on a malformed entry
+        raise ValueError(f"space parameter {name!r}: {dict(spec)!r} is not an Optuna distribution: "
+                         f"{type(error).__name__}: {error}") from None
+    if isinstance(distribution, optuna.distributions.CategoricalDistribution):
+        return Param("categorical", choices=tuple(distribution.choices))
+    kind = "int" if isinstance(distribution, optuna.distributions.IntDistribution) else "float"
+    step = None if distribution.step in (None, 1) and kind == "int" else distribution.step
+    return parse_param(name, {"type": kind, "low": distribution.low, "high": distribution.high,
+                              "log": distribution.log, **({"step": step} if step is not None else {})})
 
 
 def load_space(path: str | Path | None = None) -> dict[str, Param | Any]:

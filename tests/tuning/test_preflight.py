@@ -126,6 +126,30 @@ def test_the_space_is_recorded_as_optuna_distribution_json() -> None:
     )
 
 
+def test_a_space_file_may_give_optuna_distribution_json(tmp_path: Path) -> None:
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    distributions = {
+        "algorithm.learning_rate": FloatDistribution(1e-4, 1e-3, log=True),
+        "algorithm.batch_size": IntDistribution(16, 64, step=16),
+        "policy.net_width": CategoricalDistribution([8, 16]),
+    }
+    to_json = optuna.distributions.distribution_to_json
+    entries = {name: json.loads(to_json(d)) for name, d in distributions.items()}
+    path = tmp_path / "space.json"
+    path.write_text(json.dumps({**entries, "algorithm.gamma": 0.97}))
+    space = load_space(path)
+    assert space["algorithm.learning_rate"] == Param("float", 1e-4, 1e-3, log=True)
+    assert space["algorithm.batch_size"] == Param("int", 16, 64, step=16)
+    assert space["policy.net_width"] == Param("categorical", choices=(8, 16))
+    record = space_record({name: space[name] for name in distributions})  # the study's record: the same JSON
+    assert {name: json.loads(text) for name, text in record.items()} == entries
+    bad = {"name": "FloatDistribution", "attributes": {"low": 0.9}}
+    path.write_text(json.dumps({"algorithm.gamma": bad}))
+    with pytest.raises(ValueError, match="'algorithm.gamma': .* is not an Optuna distribution"):
+        load_space(path)
+
+
 def test_workers_devices_for_any_number_of_gpus() -> None:
     assert worker_devices(None, None, 8) == [f"cuda:{k}" for k in range(8)]
     assert worker_devices(None, "cuda", 3, workers_per_gpu=2) == ["cuda:0", "cuda:0", "cuda:1", "cuda:1",
