@@ -62,7 +62,7 @@ from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.type_aliases import RolloutReturn, TrainFreq, TrainFrequencyUnit
 
 from sb3_her_ext.device_env import DeviceVecEnv, is_device_vec_env
-from sb3_her_ext.exploration import branch_epsilons, select_actions
+from sb3_her_ext.exploration import branch_epsilons
 from sb3_her_ext.replay import PrioritizedHindsightReplayBuffer
 
 __all__ = [
@@ -239,13 +239,12 @@ def explore(model: Any, obs: th.Tensor, exploration_rate: th.Tensor | None = Non
     :return: ``[N, NB]`` int64 actions on the device.
     """
     with th.no_grad():
-        q, iqr, ens_std = model.policy.action_stats(obs)
         if branch_rates is None:
             branch_rates = branch_epsilons(
                 model.exploration_rate if exploration_rate is None else exploration_rate, model._mults
             )
-        actions = select_actions(
-            q, iqr, ens_std, model._n_actions, branch_rates, model._boltzmann,
+        actions, iqr, ens_std = model.policy.explore(
+            obs, model._n_actions, branch_rates, model._boltzmann,
             model.iqr_bonus if iqr_bonus is None else iqr_bonus, model.ensemble_bonus, model._generator,
         )
         model.diagnostics.add_selection(iqr, ens_std, model._valid_actions)

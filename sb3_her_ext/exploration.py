@@ -113,6 +113,7 @@ def select_actions(
     iqr_bonus: float | th.Tensor,
     ensemble_bonus: float,
     generator: th.Generator | None,
+    uniforms: tuple[th.Tensor, th.Tensor] | None = None,
 ) -> th.Tensor:
     """Exploratory actions through ``cuda_ext.branch_select``.
 
@@ -128,11 +129,16 @@ def select_actions(
         may round once (a fused multiply-add) where this rounds twice.
     :param ensemble_bonus: weight ``β`` of the ensemble-std bonus.
     :param generator: generator on ``q``'s device for the uniforms (``None``: the global one).
+    :param uniforms: ``(u_explore, u_action)``, each ``[B, NB]`` float32, drawn by the caller (autoregressive
+        branches select branch by branch with one draw); None: drawn here from ``generator``.
     :return: ``[B, NB]`` int64 actions.
     """
     batch, n_branches = q.shape[0], q.shape[1]
-    u_explore = th.rand((batch, n_branches), generator=generator, device=q.device, dtype=th.float32)
-    u_action = th.rand((batch, n_branches), generator=generator, device=q.device, dtype=th.float32)
+    if uniforms is None:
+        u_explore = th.rand((batch, n_branches), generator=generator, device=q.device, dtype=th.float32)
+        u_action = th.rand((batch, n_branches), generator=generator, device=q.device, dtype=th.float32)
+    else:
+        u_explore, u_action = uniforms
     iqr, alpha = iqr.float(), iqr_bonus
     if isinstance(iqr_bonus, th.Tensor):
         iqr, alpha = iqr * iqr_bonus, 1.0

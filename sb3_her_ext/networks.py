@@ -621,21 +621,24 @@ class BranchingQNetwork(nn.Module):
         out = out.view(n_branches, -1, self.n_ensemble, self.max_actions).mean(dim=2)  # [NB, B, A]
         return out.transpose(0, 1)
 
-    def action_stats(self, obs: th.Tensor, taus: th.Tensor) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+    def action_stats(self, obs: th.Tensor, taus: th.Tensor, prefix_actions: th.Tensor | None = None) -> (
+        tuple[th.Tensor, th.Tensor, th.Tensor]
+    ):
         """Action values and uncertainty statistics for action selection.
 
-        With autoregressive coupling every branch's statistics are conditioned on the greedy sub-actions of
-        the branches before it (decoded at ``taus``), so the per-branch argmax of ``q`` is the greedy joint
-        action; an exploring branch does not re-condition the later ones.
+        With autoregressive coupling every branch's statistics are conditioned on ``prefix_actions`` (None:
+        the greedy sub-actions of the branches before it, decoded at ``taus``, so the per-branch argmax of
+        ``q`` is the greedy joint action).
 
         :param obs: ``[B, D]`` observations.
         :param taus: ``[B, K]`` quantile fractions.
+        :param prefix_actions: as in :meth:`quantiles`.
         :return: ``(q, iqr, ens_std)``, each ``[B, NB, A]``: ``q`` the ensemble mean of the quantile mean,
             ``iqr`` the inter-quartile range of the ensemble-mean quantiles, ``ens_std`` the (population) std
             over the ensemble of the per-head means; all de-normalised when a PopArt is attached (the spreads
             scaled by ``sigma``). Padded actions: ``q = -inf``, ``iqr = ens_std = 0``.
         """
-        values = self.quantiles(obs, taus)  # [E, B, NB, A, K]
+        values = self.quantiles(obs, taus, prefix_actions)  # [E, B, NB, A, K]
         head_means = values.mean(dim=-1)  # [E, B, NB, A]
         q = head_means.mean(dim=0)
         iqr = quantile_iqr(values.mean(dim=0))

@@ -19,6 +19,7 @@ from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
 from torch import nn
 
 from sb3_her_ext.branches import branch_action_dims, branch_index, default_branch_names
+from sb3_her_ext.exploration import select_actions
 from sb3_her_ext.fused import TakenQuantileHead as _TakenQuantileHead
 from sb3_her_ext.networks import BranchingQNetwork, BranchLinear, _taken_logits, quantile_iqr
 from sb3_her_ext.popart import PopArt
@@ -313,6 +314,44 @@ class BranchingIQNPolicy(BasePolicy):
         """
         flat = self._flat_obs(obs)
         return self.q_net.action_stats(flat, self.sample_taus(flat.shape[0], self.n_quantiles_act))
+
+    def explore(
+        self, obs: PyTorchObs, n_actions: th.Tensor, eps: th.Tensor, boltzmann: th.Tensor,
+        iqr_bonus: float | th.Tensor, ensemble_bonus: float, generator: th.Generator | None,
+    ) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+        """Exploratory actions (:func:`~sb3_her_ext.exploration.select_actions` on :meth:`action_stats`).
+
+        Autoregressive branches select branch by branch: branch ``b``'s statistics are conditioned on the
+        sub-actions already selected, explored ones included, so an exploring direction is followed by the
+        sizes and orders valued for it (one draw of the uniforms, ``NB`` passes of the network).
+
+        :param obs: observations ``[B, *obs_shape]``.
+        :param n_actions: ``[NB]`` int64 actions per branch.
+        :param eps: ``[NB]`` float32 per-branch ε.
+        :param boltzmann: ``[NB]`` bool Boltzmann branches.
+        :param iqr_bonus: the IQR bonus weight (number or 0-dim tensor).
+        :param ensemble_bonus: the ensemble-std bonus weight.
+        :param generator: the generator of the uniforms.
+        :return: ``(actions [B, NB] int64, iqr, ens_std)``: the statistics of the (last) pass for diagnostics.
+        """
+        flat = self._flat_obs(obs)
+        taus = self.sample_taus(flat.shape[0], self.n_quantiles_act)
+        if not self.q_net.autoregressive:
+            q, iqr, ens_std = self.q_net.action_stats(flat, taus)
+            actions = select_actions(q, iqr, ens_std, n_actions, eps, boltzmann, iqr_bonus, ensemble_bonus,
+                                     generator)
+            return actions, iqr, ens_std
+        shape = (flat.shape[0], self.n_branches)
+        uniforms = (th.rand(shape, generator=generator, device=flat.device, dtype=th.float32),
+                    th.rand(shape, generator=generator, device=flat.device, dtype=th.float32))
+        actions = th.zeros(shape, dtype=th.int64, device=flat.device)
+        columns = th.arange(self.n_branches, device=flat.device)
+        for b in range(self.n_branches):
+            q, iqr, ens_std = self.q_net.action_stats(flat, taus, actions)
+            chosen = select_actions(q, iqr, ens_std, n_actions, eps, boltzmann, iqr_bonus, ensemble_bonus,
+                                    generator, uniforms=uniforms)
+            actions = th.where(columns == b, chosen, actions)  # branch b, given the selected a_{<b}
+        return actions, iqr, ens_std
 
     def _get_constructor_parameters(self) -> dict[str, Any]:
         data = super()._get_constructor_parameters()

@@ -117,6 +117,29 @@ def test_taken_quantiles_are_the_teacher_forced_ones() -> None:
         net.branch_features(obs)
 
 
+def test_exploring_branches_condition_the_later_ones_on_the_explored_sub_actions() -> None:
+    env = LOBVecEnv(2, seed=0, data="synthetic", num_steps=500, episode_length=20)
+    model = _model(env)
+    policy = model.policy
+    with th.no_grad():
+        policy.q_net.prefix_weight.normal_(std=3.0)  # a strong prefix: later branches follow the first
+    obs = th.randn(64, env.observation_space.shape[0])
+    eps = th.tensor([1.0, 0.0, 0.0, 0.0])  # the first branch explores always, the others are greedy
+    generator = th.Generator().manual_seed(0)
+    th.manual_seed(1)  # the acting fractions come from the global generator
+    boltzmann = th.zeros(4, dtype=th.bool)
+    actions, _, _ = policy.explore(obs, model._n_actions, eps, boltzmann, 0.0, 0.0, generator)
+    assert len(set(actions[:, 0].tolist())) == 3  # uniform over the first branch
+    th.manual_seed(1)
+    taus = policy.sample_taus(64, policy.n_quantiles_act)
+    # every later branch is greedy given the selected (explored) prefix ...
+    q, _, _ = policy.q_net.action_stats(obs, taus, actions)
+    assert th.equal(q[:, 1:].argmax(dim=-1), actions[:, 1:])
+    # ... where the greedy prefix's statistics would have chosen otherwise for some rows
+    greedy_q, _, _ = policy.q_net.action_stats(obs, taus)
+    assert not th.equal(greedy_q[:, 1:].argmax(dim=-1), actions[:, 1:])
+
+
 def _model(env, **kwargs) -> BranchingIQN:
     policy = dict(net_arch=[16], n_ensemble=2, n_cos=8, n_quantiles=4, n_quantiles_target=4,
                   n_quantiles_act=4, n_atoms=11, **AR)
