@@ -339,8 +339,9 @@ def markdown(spec: SplitSpec, summary: dict[str, Any], setup: dict[str, Any],
     for name, row in summary["rows"].items():
         cells = [_cell(row[m], fmt, row["seeds"]) for m, _, fmt in TABLE]
         lines.append(f"| {name} | {row['seeds'] or 'baseline'} | " + " | ".join(cells) + " |")
-    lines += ["", "Paired over windows (agent's seed-mean PnL minus the baseline's, per window; 95 % "
-              f"circular block bootstrap; Holm over {summary['family']} comparisons):", "",
+    lines += ["", "Paired over windows (agent's seed-mean PnL minus the baseline's, per window; CI: "
+              "unadjusted 95 % circular block bootstrap; p and verdict: Holm over "
+              f"{summary['family']} comparisons):", "",
               "| agent | baseline | mean difference / window | CI | p (Holm) | verdict | power |",
               "|---|---|---|---|---|---|---|"]
     for agent, group in summary["comparisons"].items():

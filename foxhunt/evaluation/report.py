@@ -90,7 +90,7 @@ def comparison_lines(evaluation: Evaluation) -> list[str]:
     lines = ["", "## Paired comparison (per-window PnL, policy minus baseline, same windows)", "",
              f"**{windows} independent window(s)** of {setup['episode_length']} steps (disjoint; every "
              f"policy ran on the same ones). Intervals: {100 * level:g} % circular block bootstrap over the "
-             f"time-ordered windows; {_correction(setup)}.", ""]
+             f"time-ordered windows (unadjusted); {_correction(setup)}; verdicts use the corrected p.", ""]
     if windows < 2:
         lines += ["With one window there is no interval and no verdict: evaluate a longer split, shorter "
                   "episodes or finer steps.", ""]
