@@ -354,24 +354,33 @@ def markdown(spec: SplitSpec, summary: dict[str, Any], setup: dict[str, Any],
 
 
 def figure(results: dict[str, Any], path: Path) -> Path:
-    """Mean PnL per window of every agent (seed mean ± std) and baseline, one panel per split."""
+    """Each agent's paired edge per window (seed-mean PnL minus the baseline's) over flat and over the
+    imbalance rule, with its 95 % interval, one panel per split: the evidence the verdicts read."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(results), figsize=(5.0 * len(results), 3.8), squeeze=False)
     for axis, (split, result) in zip(axes[0], results.items(), strict=True):
-        rows = result["summary"]["rows"]
-        names = list(rows)
-        means = [rows[n]["pnl_per_episode"]["mean"] for n in names]
-        errors = [rows[n]["pnl_per_episode"]["std"] for n in names]
-        colors = ["tab:blue" if rows[n]["seeds"] else "0.6" for n in names]
-        axis.bar(names, means, yerr=errors, color=colors, capsize=3)
+        comparisons = result["summary"]["comparisons"]
+        for k, baseline in enumerate(COMPARED):
+            rows = [(agent, row) for agent, group in comparisons.items() for row in group
+                    if row["baseline"] == baseline]
+            x = np.arange(len(rows)) + (k - 0.5) * 0.3
+            means = np.array([row["mean_difference"] for _, row in rows])
+            low = np.array([row["ci_low"] if row["ci_low"] is not None else row["mean_difference"]
+                            for _, row in rows])
+            high = np.array([row["ci_high"] if row["ci_high"] is not None else row["mean_difference"]
+                             for _, row in rows])
+            axis.errorbar(x, means, yerr=[means - low, high - means], fmt="o", capsize=4,
+                          label=f"minus {baseline}")
         axis.axhline(0.0, color="black", linewidth=0.8)
+        axis.set_xticks(np.arange(len(comparisons)), list(comparisons))
         axis.set_title(f"{split}: {result['setup']['windows']} windows")
         axis.set_ylabel("PnL after fees per window (currency)")
-        axis.tick_params(axis="x", rotation=45)
+        axis.legend(fontsize=8)
+    fig.suptitle("Paired edge per window, 95 % block-bootstrap interval (unadjusted)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
