@@ -60,11 +60,18 @@ if JOINT_WEIGHTS != tuple(int(np.prod(spec.ACTION_NVEC[i + 1:])) for i in range(
 
 
 @functools.cache
-def _joint_tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(weights, nvec)`` int64 on ``device``, made once per device (an env makes them when it is built, so
-    no step, not even a CUDA-graph capture, copies them to the device)."""
+def _tables_on(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     return (torch.tensor(JOINT_WEIGHTS, dtype=torch.int64, device=device),
             torch.tensor(spec.ACTION_NVEC, dtype=torch.int64, device=device))
+
+
+def _joint_tables(device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(weights, nvec)`` int64 on ``device``, made once per device (an env makes them when it is built, so
+    no step, not even a CUDA-graph capture, copies them to the device)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:  # "cuda" and "cuda:0" share one pair
+        device = torch.device("cuda", torch.cuda.current_device())
+    return _tables_on(device)
 
 
 def decode_joint(codes: Any, num_envs: int, *, check_range: bool = True, name: str = "actions") -> (
