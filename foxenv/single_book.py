@@ -6,9 +6,10 @@ arithmetic. :class:`SingleBook` follows the core's step line by line on Python f
 per-market tables (:class:`~foxenv.tables.MarketTables`, read once as numpy), so every value equals the
 core's bit for bit: IEEE ``+ - * /``, ``min`` and ``max`` round alike on both. What IEEE leaves to the
 implementation is left to PyTorch itself, on tiny tensors: the two sums over the levels of
-:func:`~foxenv.matching.walk_book` (whose result depends on the summation order) and the ProbQueue powers
-(PyTorch special-cases some exponents); the visible size at a price, a sum with one non-zero term at most,
-is exact in any order.
+:func:`~foxenv.matching.walk_book` when a walk reaches more than one level (the result then depends on the
+summation order) and the ProbQueue powers of a resting order (PyTorch special-cases some exponents). A sum
+with one non-zero term (a walk within one level, the visible size at a price) is exact in any order, and
+zero to a positive power is zero: those stay on Python floats.
 
 The core stays the reference: the state lives here while the lean step steps, :meth:`SingleBook.store`
 writes it into the core (through its ``state_dict``), and a step first takes the core's state again
@@ -218,6 +219,8 @@ class SingleBook:
             for total, size in zip(cumulative, sizes, strict=True)
         ]
         notional = [amount * tick for amount, tick in zip(taken, ticks, strict=True)]
+        if sum(amount != 0.0 for amount in taken) <= 1:  # one level reached: a sum exact in any order
+            return sum(taken, 0.0), sum(notional, 0.0), cumulative[-1]
         filled, cost = torch.tensor([taken, notional], dtype=torch.float64).sum(dim=1).tolist()
         return filled, cost, cumulative[-1]
 
