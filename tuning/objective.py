@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import sqlalchemy.exc
 from stable_baselines3.common.callbacks import BaseCallback
 
 from foxhunt.runs import RunConfig, check_eval_split, train
@@ -133,6 +134,9 @@ class Objective:
     n_evaluations: int = 4
     evaluate: Evaluate = held_out_metrics
     eval_split: str = "validation"
+    storage_error: BaseException | None = dataclasses.field(default=None, init=False)
+    """The storage's error that ended a trial (read-only, full, lost): the study stops on it
+    (:func:`tuning.study.optimize`), since the next trial would meet it too."""
 
     def __post_init__(self) -> None:
         check_metric(self.metric)
@@ -170,6 +174,9 @@ class Objective:
         except optuna.TrialPruned:
             raise
         except Exception as error:
+            if isinstance(error, optuna.exceptions.StorageInternalError | sqlalchemy.exc.SQLAlchemyError):
+                self.storage_error = error  # not the trial's failure: nothing could record it
+                raise
             message = " ".join(str(error).split())  # one line, also for errors without a message
             trial.set_user_attr("error", f"{type(error).__name__}: {message}".rstrip(": "))
             raise

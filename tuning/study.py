@@ -645,6 +645,8 @@ def tune(
                               settings.eval_split)
         started = time.perf_counter()
         optimize(study, objective, settings, tag)
+        if objective.storage_error is not None:
+            raise objective.storage_error
         if settings.write_outputs:
             write_outputs(study, settings, full)
         print(f"{tag}study {settings.study_name}: {state_counts(study)} in the storage; this worker "
@@ -671,6 +673,9 @@ def optimize(study: optuna.Study, objective: Objective, settings: StudySettings,
     )
 
     def report(study: optuna.Study, trial: FrozenTrial) -> None:
+        if objective.storage_error is not None:  # said by tune, as one line
+            study.stop()
+            return
         bar.update(1)
         best = ""
         try:

@@ -203,3 +203,36 @@ def test_a_read_only_storage_is_one_line(tmp_path: Path, capsys: pytest.CaptureF
     assert err.count("\n") == 1 and "readonly database" in err and f"storage={url!r} failed" in err, err
     assert optuna.load_study(study_name="foxhunt", storage=f"sqlite:///{db}").get_trials(
         states=(TrialState.RUNNING, TrialState.COMPLETE)) == []
+
+
+def test_a_full_storage_is_one_line_and_keeps_what_it_holds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SQLite's own "database or disk is full" (SQLITE_FULL, what a full disk gives), from a page cap."""
+    import sqlalchemy
+
+    db = tmp_path / "study.db"
+    study = optuna.create_study(study_name="foxhunt", storage=f"sqlite:///{db}", direction="maximize")
+    study.add_trial(optuna.trial.create_trial(value=1.0, params={}, distributions={}))
+    config = tmp_path / "base.json"
+    config.write_text(json.dumps(TINY_CONFIG))
+    space = tmp_path / "space.yaml"
+    space.write_text("net_width: 8\nbatch_size: 16\n")
+
+    def cap_pages(connection: object, _: object) -> None:  # no page beyond those the file has
+        cursor = connection.cursor()
+        pages = cursor.execute("PRAGMA page_count").fetchone()[0]
+        cursor.execute(f"PRAGMA max_page_count = {pages}")
+        cursor.close()
+
+    sqlalchemy.event.listen(sqlalchemy.engine.Engine, "connect", cap_pages)
+    try:
+        argv = ["tune", "--config", str(config), "--space", str(space), "--storage", f"sqlite:///{db}",
+                "--resume", "--out", str(tmp_path / "out"), "--no-progress", "--n-trials", "3"]
+        assert foxhunt_main(argv) == 2
+    finally:
+        sqlalchemy.event.remove(sqlalchemy.engine.Engine, "connect", cap_pages)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "database or disk is full" in err and "failed" in err, err
+    kept = optuna.load_study(study_name="foxhunt", storage=f"sqlite:///{db}")
+    assert kept.trials[0].state == TrialState.COMPLETE and kept.trials[0].value == 1.0
