@@ -350,7 +350,25 @@ def markdown(spec: SplitSpec, summary: dict[str, Any], setup: dict[str, Any],
             p = "n/a" if row["p_holm"] is None else f"{row['p_holm']:.3g}"
             lines.append(f"| {agent} | {row['baseline']} | {row['mean_difference']:+,.1f} | {ci} | {p} | "
                          f"{row['verdict']} | {row['power']} |")
+    lines += ["", f"**Verdict:** {headline(summary, setup['windows'])}"]
     return "\n".join(lines) + "\n"
+
+
+def headline(summary: dict[str, Any], windows: int) -> str:
+    """One sentence for the split: which agents beat flat and the imbalance rule (Holm-corrected), or that no
+    edge is detectable with this many windows."""
+    rows = [(agent, row) for agent, group in summary["comparisons"].items() for row in group]
+    winners = [f"{agent} over {row['baseline']}" for agent, row in rows
+               if row["p_holm"] is not None and row["p_holm"] < 0.05 and row["mean_difference"] > 0]
+    beats_both = sorted({agent for agent, _ in rows
+                         if all(f"{agent} over {b}" in winners for b in COMPARED)})
+    if beats_both:
+        return (f"{', '.join(beats_both)}: positive held-out PnL after fees above flat and the imbalance "
+                f"rule, significant at 95 % (Holm over {summary['family']}; {windows} windows)")
+    found = f" (only {', '.join(winners)})" if winners else ""
+    return (f"no agent shows an edge over both flat and the imbalance rule detectable with {windows} windows "
+            f"at 95 % (Holm over {summary['family']}){found}; the power column says how many windows each "
+            "observed effect would need")
 
 
 def figure(results: dict[str, Any], path: Path) -> Path:

@@ -41,6 +41,7 @@ def test_real_data_experiment_runs_every_split_and_writes_tables_with_verdicts(t
                 assert f"Holm over {2 * len(names)} comparisons" in row["verdict"]
         text = (out / f"{split}.md").read_text()
         assert "independent windows" in text and "edge over flat" in text and "bps of notional" in text
+        assert "**Verdict:** " in text
         assert json.loads((out / f"{split}.json").read_text())["spec"]["name"] == split
     assert results["cross-ticker"]["spec"]["levels"] == 1
     assert "BBB" in results["cross-ticker"]["setup"]["market"]
@@ -77,3 +78,19 @@ def test_walk_forward_over_exported_days_pools_every_test_day(tmp_path) -> None:
     assert summary["rows"]["flat"]["pnl"]["mean"] == 0.0
     with pytest.raises(SystemExit):
         real_data.parse_args(["--splits", "walk-forward"])  # needs --days
+
+
+def test_the_headline_names_only_agents_significantly_above_both_baselines() -> None:
+    def row(baseline: str, mean: float, p: float | None) -> dict:
+        return {"baseline": baseline, "mean_difference": mean, "p_holm": p}
+
+    summary = {"family": 4, "comparisons": {
+        "a": [row("flat", 3.0, 0.01), row("imbalance", 2.0, 0.02)],
+        "b": [row("flat", 3.0, 0.01), row("imbalance", 2.0, 0.2)],
+    }}
+    assert real_data.headline(summary, 40).startswith("a: positive held-out PnL after fees above flat")
+    summary["comparisons"]["a"][1] = row("imbalance", -2.0, 0.01)  # significant, but below the rule
+    text = real_data.headline(summary, 40)
+    assert text.startswith("no agent shows an edge") and "(only a over flat, b over flat)" in text
+    summary["comparisons"] = {"a": [row("flat", 1.0, None), row("imbalance", 1.0, None)]}
+    assert "detectable with 1 windows" in real_data.headline(summary, 1)
