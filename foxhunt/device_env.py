@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from stable_baselines3.common.vec_env.base_vec_env import VecEnvObs, VecEnvStepReturn
 
+from foxenv import spec
 from foxenv.data.market import MarketData
 from foxhunt.envs import LOBVecEnv, decode_joint
 from sb3_her_ext.device_env import TIMEOUT_KEY, DeviceStep
@@ -70,6 +71,8 @@ class DeviceLOBVecEnv(LOBVecEnv):
         super().__init__(num_envs, device=device, seed=seed, data=data, action_face=action_face, **env_kwargs)
         # where a host sync is free (CPU), reset only at steps where a book finished, as the numpy face does
         self._host_sync = self.device.type == "cpu"
+        #: the tensor faces' action range check where a host read would sync (foxenv.spec.ActionRangeFlag)
+        self._action_flag = spec.ActionRangeFlag(self.device, joint=action_face == "joint")
         self._ep_return_t = torch.zeros(self.num_envs, dtype=torch.float64, device=self.device)
         self._ep_length_t = torch.zeros(self.num_envs, dtype=torch.int64, device=self.device)
         self._stats_on = "both"  # which face holds the running episode stats: "both", "numpy", "device"
@@ -91,6 +94,7 @@ class DeviceLOBVecEnv(LOBVecEnv):
 
         :return: ``[num_envs, D]`` float32 observations.
         """
+        self.check_action_flag()
         obs = super().reset()
         self._ep_return_t.zero_()
         self._ep_length_t.zero_()
@@ -103,6 +107,7 @@ class DeviceLOBVecEnv(LOBVecEnv):
 
         :return: ``(obs, reward, done, infos)`` as numpy.
         """
+        self.check_action_flag()
         if self._stats_on == "device":
             self._episode_return[:] = self._ep_return_t.cpu().numpy()
             self._episode_length[:] = self._ep_length_t.cpu().numpy()
@@ -120,18 +125,33 @@ class DeviceLOBVecEnv(LOBVecEnv):
         return self._obs_t
 
     def branch_actions(self, actions: torch.Tensor) -> torch.Tensor:
-        """The four-branch actions of a tensor face's ``actions``: on the joint face the ``[N]`` or
-        ``[N, 1]`` codes decoded on the device by :func:`~foxhunt.envs.decode_joint` (static shapes; the
-        range checked as the core checks ranges, only with its ``validate_actions``: no host sync on an
-        accelerator).
+        """The four-branch actions of a tensor face's ``actions``, checked as every foxenv face checks them:
+        an integer dtype and the face's shape on the host; the range on the host where the core validates
+        actions (the CPU), else in a device flag raised at the next sync point (:meth:`check_action_flag`: no
+        host sync on an accelerator). On the joint face the ``[N]`` or ``[N, 1]`` codes are decoded on the
+        device by :func:`~foxhunt.envs.decode_joint` (static shapes).
 
         :param actions: the actions the tensor face was given.
-        :return: ``[N, 4]`` int64 actions (on the branched face ``actions`` as given).
-        :raises ValueError: from :func:`~foxhunt.envs.decode_joint`, naming the bad codes.
+        :return: ``[N, 4]`` int64 actions on :attr:`device`.
+        :raises ValueError: naming ``actions``, for a float, bool or badly shaped tensor, or (CPU) a value
+            out of range.
         """
-        if self.action_face != "joint":
-            return actions
-        return decode_joint(actions.to(self.device), self.num_envs, check_range=self.lob.validate_actions)
+        joint = self.action_face == "joint"
+        host_check = self.lob.validate_actions
+        if joint and host_check:
+            return decode_joint(actions.to(self.device) if isinstance(actions, torch.Tensor) else actions,
+                                self.num_envs, check_range=True)
+        values = spec.check_action_tensor(actions, self.num_envs, joint=joint).to(self.device, torch.int64)
+        if host_check:
+            spec.check_action_values(values, joint=joint)
+        else:
+            values = self._action_flag.record(values)
+        return decode_joint(values, self.num_envs, check_range=False) if joint else values
+
+    def check_action_flag(self) -> None:
+        """Raise the ``ValueError`` of the first out-of-range action a tensor step took on an accelerator (a
+        sync; called at the env's sync points and the device loop's flushes)."""
+        self._action_flag.raise_if_set()
 
     def step_tensors(self, actions: torch.Tensor) -> DeviceStep:
         """Step every book on ``actions`` with same-step autoreset (no host sync on an accelerator).
@@ -176,8 +196,8 @@ class DeviceLOBVecEnv(LOBVecEnv):
         replayed (graphs do not nest), and the start offsets are drawn inside, from the generators
         :meth:`graph_generators` lists. On a CPU (never captured) the same draws as :meth:`step_tensors`.
 
-        :param actions: ``[N, 4]`` int64 actions on :attr:`device` (from the policy: not validated); on the
-            joint face ``[N]`` or ``[N, 1]`` codes (:meth:`branch_actions`).
+        :param actions: ``[N, 4]`` int64 actions on :attr:`device`, checked as :meth:`step_tensors` checks
+            them; on the joint face ``[N]`` or ``[N, 1]`` codes (:meth:`branch_actions`).
         :return: the step, as :meth:`step_tensors`.
         """
         lob = self.lob
@@ -243,6 +263,7 @@ class DeviceLOBVecEnv(LOBVecEnv):
 
         :return: a state for :meth:`load_state_dict`.
         """
+        self.check_action_flag()
         return {**super().state_dict(), "obs": self._obs_t.cpu().numpy()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -262,6 +283,7 @@ class DeviceLOBVecEnv(LOBVecEnv):
 
         :return: ``([N] float64 returns, [N] int64 lengths)``.
         """
+        self.check_action_flag()
         if self._stats_on == "device":
             # copies: on a CPU .numpy() would share the tensors, which the next step changes in place
             return self._ep_return_t.cpu().numpy().copy(), self._ep_length_t.cpu().numpy().copy()

@@ -18,7 +18,7 @@ import os
 import pathlib
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -41,7 +41,7 @@ from sb3_her_ext.exploration import (
     resolve_exploration_mults,
 )
 from sb3_her_ext.graphed_step import GraphedTrainStep
-from sb3_her_ext.guard import NanGuard, NonFiniteError
+from sb3_her_ext.guard import NanGuard, NonFiniteError, named_state, refuse_nonfinite
 from sb3_her_ext.learner import DistributionalLoss, Learner
 from sb3_her_ext.policy import BranchingIQNPolicy
 from sb3_her_ext.replay import HindsightConfig, PrioritizedHindsightReplayBuffer
@@ -640,14 +640,20 @@ class BranchingIQN(OffPolicyAlgorithm):
         """
         if self.guard is not None:
             self.guard.raise_if_tripped()
-        tensors = {f"parameter {name}": p for name, p in self.policy.named_parameters()}
-        buffers = self.policy.named_buffers()
-        tensors.update({f"buffer {name}": b for name, b in buffers if b.is_floating_point()})
-        names = list(tensors)
-        finite = th.stack([th.isfinite(t).all() for t in tensors.values()]).tolist() if names else []
-        bad = [name for name, ok in zip(names, finite, strict=True) if not ok]
-        if bad:
-            raise NonFiniteError(f"the model holds non-finite values in {len(bad)} tensors: {bad[:5]}")
+        refuse_nonfinite(named_state(self.policy, self.policy.optimizer), self.guard, self._n_gradient_steps,
+                         "checkpoint")
+
+    def save(self, path: str | pathlib.Path | io.BufferedIOBase, exclude: Iterable[str] | None = None,
+             include: Iterable[str] | None = None) -> None:
+        """SB3's ``save``, refusing a model that holds a NaN or inf (the error names the tensor and the
+        gradient step it went bad: :func:`~sb3_her_ext.guard.refuse_nonfinite`).
+
+        :param path: the file (``.zip``) or an open file.
+        :param exclude: attributes not to save.
+        :param include: attributes to save that would be left out.
+        """
+        refuse_nonfinite(named_state(self.policy, self.policy.optimizer), self.guard, self._n_gradient_steps)
+        super().save(path, exclude, include)
 
     # ------------------------------------------------------------------ replay buffer files
 

@@ -368,6 +368,9 @@ def flush(model: Any, state: _LoopState, log_interval: int | None) -> tuple[int,
     guard = getattr(model, "guard", None)
     if guard is not None:  # a sync point: the NaN guard's flags (see sb3_her_ext.guard)
         guard.raise_if_tripped()
+    check_actions = getattr(model.env, "check_action_flag", None)  # an env's own device flags, if it has any
+    if callable(check_actions):
+        check_actions()
     due = bool(log_interval) and model._episode_num // log_interval > before // log_interval
     return n_new, due
 

@@ -33,7 +33,7 @@ from torch import nn
 
 from sb3_her_ext.diagnostics import TrainingDiagnostics
 from sb3_her_ext.graphed_step import GraphedTrainStep, StaticBatch, StepOutputs
-from sb3_her_ext.guard import NanGuard
+from sb3_her_ext.guard import NanGuard, named_state
 from sb3_her_ext.losses import c51_cross_entropy, c51_project, quantile_huber_loss
 from sb3_her_ext.policy import BranchingIQNPolicy
 from sb3_her_ext.vaccine import GradVac, assign_flat_grad, flat_grad
@@ -136,6 +136,8 @@ class Learner:
     ) -> None:
         self.policy = policy
         self.guard = guard
+        if guard is not None:  # what the guard vouches for when it raises
+            guard.watch(lambda: named_state(policy, policy.optimizer))
         #: the online and target networks the step trains and reads (the policy's)
         self.q_net: nn.Module = policy.q_net
         self.q_net_target: nn.Module = policy.q_net_target
@@ -225,8 +227,9 @@ class Learner:
         optimizer = self.policy.optimizer
         guard = self.guard
         masked = guard is not None and not guard.immediate
-        # the guard's masked mode (GPU): the state this step changes, to restore if it meets a NaN or inf
-        state = guard.snapshot(self._guarded_state()) if masked and guard is not None else None
+        # the state this step changes, to restore if it meets a NaN or inf: all of it in the guard's masked
+        # mode (GPU), what changes before the optimizer step in its immediate mode (CPU: PopArt, GradVac)
+        state = None if guard is None else guard.snapshot(*self._guarded_state(before_optimizer=not masked))
         # 2.-4. double-Q target, PopArt update, IQN + C51 loss of the taken actions, weighted
         result = self.loss(batch, update_popart=True)
         loss = (result.per_sample * weights).mean()
@@ -242,7 +245,7 @@ class Learner:
         if guard is not None and guard.immediate:
             guard.check_step(loss, grad_norm)  # raises before the optimizer changes anything
         optimizer.step()
-        if state is not None and guard is not None:
+        if masked and state is not None and guard is not None:
             guard.commit(state, loss, grad_norm)
         assert result.td_abs is not None
         # Detached outputs: a graph's static outputs live as long as the graph, and an output that kept its
@@ -306,8 +309,8 @@ class Learner:
         # 3. PopArt update from y, then y (and the C51 target) in the normalised space
         if update_popart and self.guard is not None:
             self.guard.check_targets(y)  # on the CPU: raises before PopArt's statistics change
-        if update_popart and popart is not None:
-            popart.update(y)  # output-preserving: rescales the online output layers
+        if update_popart and popart is not None:  # output-preserving: rescales the online output layers
+            popart.update(y, check=self.guard.check_popart if self.guard is not None else None)
 
         with th.no_grad():
             mu, sigma = self._popart_stats(copy=False)  # used right here, before any further update
@@ -375,18 +378,32 @@ class Learner:
         )
         return z[:, :, 1:].detach(), logits[:, 1:].detach()
 
-    def _guarded_state(self) -> list[th.Tensor]:
-        """Everything a gradient step changes besides gradients: both networks' parameters, optimizer state,
-        PopArt and GradVac buffers."""
+    def _guarded_state(self, before_optimizer: bool = False) -> tuple[list[th.Tensor], list[str]]:
+        """Everything a gradient step changes besides gradients, and the names: both networks' parameters,
+        optimizer state, PopArt and GradVac buffers (``before_optimizer``: only what changes before the
+        optimizer step, PopArt's statistics and rescaled layers and GradVac's buffers).
+
+        :return: ``(tensors, names)``.
+        """
+        popart = self.policy.popart
+        vaccine = [(f"vaccine.{name}", b.data) for name, b in self.vaccine.named_buffers()]
+        if before_optimizer:
+            rescaled = popart.rescaled_tensors() if popart is not None else []
+            named = [(f"popart tensor {i}", t) for i, t in enumerate(rescaled)] + vaccine
+            return [t for _, t in named], [name for name, _ in named]
+        names = {id(p): name for name, p in self.policy.named_parameters()}
         optimizer_state = [
-            value for per_param in self.policy.optimizer.state.values() for value in per_param.values()
+            (f"optimizer {names.get(id(param), '?')}.{key}", value)
+            for param, per_param in self.policy.optimizer.state.items() for key, value in per_param.items()
             if isinstance(value, th.Tensor)
         ]
-        popart = self.policy.popart
-        buffers = [*(popart.buffers() if popart is not None else ()), *self.vaccine.buffers()]
+        popart_buffers = [(f"popart.{name}", b.data) for name, b in popart.named_buffers()] if popart else []
         # PopArt rescales the output layers of both networks
-        params = [*self.q_net.parameters(), *self.q_net_target.parameters()]
-        return [p.data for p in params] + optimizer_state + [b.data for b in buffers]
+        params = [(f"q_net.{name}", p.data) for name, p in self.q_net.named_parameters()]
+        params += [(f"q_net_target.{name}", p.data) for name, p in self.q_net_target.named_parameters()]
+        # the optimizer's state last: it appears after the first step, and the earlier names keep their places
+        named = params + popart_buffers + vaccine + optimizer_state
+        return [t for _, t in named], [name for name, _ in named]
 
     def _rand(self, *shape: int) -> th.Tensor:
         """Uniform ``[0, 1)`` quantile fractions from the model's generator (a graphed step's static draws,

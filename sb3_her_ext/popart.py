@@ -12,6 +12,8 @@ the online network's (normalised) outputs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch as th
 from torch import nn
 
@@ -84,8 +86,17 @@ class PopArt(nn.Module):
         """
         return (rewards - (1.0 - discounts) * self.mu) / self.sigma
 
+    def rescaled_tensors(self) -> list[th.Tensor]:
+        """Everything :meth:`update` writes: the statistics and the registered layers' weights and biases.
+
+        :return: the tensors (``mu``, ``nu``, ``sigma``, then each layer's ``weight`` and ``bias``).
+        """
+        layers = [t.data for layer in self._layers for t in (layer.weight, layer.bias)]
+        return [self.mu, self.nu, self.sigma, *layers]
+
     @th.no_grad()
-    def update(self, targets: th.Tensor) -> None:
+    def update(self, targets: th.Tensor,
+               check: Callable[[th.Tensor, th.Tensor, th.Tensor], None] | None = None) -> None:
         """Update ``mu``/``sigma`` from a batch of de-normalised targets, preserving registered outputs.
 
         ``mu <- (1 - beta) mu + beta mean(targets)``, ``nu <- (1 - beta) nu + beta mean(targets^2)``,
@@ -93,15 +104,22 @@ class PopArt(nn.Module):
         ``W <- W sigma_old / sigma``, ``b <- (sigma_old b + mu_old - mu) / sigma``.
 
         :param targets: any-shaped tensor of target returns (de-normalised), at least one element.
+        :param check: called with the new ``(mu, nu, sigma)`` before anything is written (the NaN guard's
+            :meth:`~sb3_her_ext.guard.NanGuard.check_popart`: finite targets can still overflow ``nu``).
         """
         if targets.numel() == 0:
             raise ValueError(f"targets.shape={tuple(targets.shape)} must hold at least one value")
         targets = targets.detach().to(self.mu.dtype)
         old_mu, old_sigma = self.mu.clone(), self.sigma.clone()
         # (1 - beta) * m + beta * mean as one lerp each; few ops, as this runs in every train step
-        self.mu.lerp_(targets.mean(), self.beta)
-        self.nu.lerp_(targets.square().mean(), self.beta)
-        th.sqrt(th.addcmul(self.nu, self.mu, self.mu, value=-1.0).clamp_(min=self.eps**2), out=self.sigma)
+        mu = th.lerp(self.mu, targets.mean(), self.beta)
+        nu = th.lerp(self.nu, targets.square().mean(), self.beta)
+        sigma = th.sqrt(th.addcmul(nu, mu, mu, value=-1.0).clamp_(min=self.eps**2))
+        if check is not None:
+            check(mu, nu, sigma)
+        self.mu.copy_(mu)
+        self.nu.copy_(nu)
+        self.sigma.copy_(sigma)
         if self._layers:
             scale = old_sigma / self.sigma
             shift = (old_mu - self.mu) / self.sigma

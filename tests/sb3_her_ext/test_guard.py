@@ -18,7 +18,7 @@ from foxhunt.device_env import DeviceLOBVecEnv
 from sb3_her_ext import BranchingIQN
 from sb3_her_ext.device_env import DeviceStep
 from sb3_her_ext.diagnostics import read_diagnostics
-from sb3_her_ext.guard import NanGuard, NonFiniteError
+from sb3_her_ext.guard import NanGuard, NonFiniteError, named_state, nonfinite_tensors
 
 TINY_POLICY = dict(net_arch=[16], n_ensemble=2, n_cos=8, n_quantiles=4, n_quantiles_target=4,
                    n_quantiles_act=4, n_atoms=11)
@@ -226,3 +226,76 @@ def test_device_loop_refuses_non_finite_rows(field: str, mode: str) -> None:
         with pytest.raises(NonFiniteError, match="from env 2 at step 24"):
             model.check_finite()
     assert model.num_timesteps <= 40  # raised at the first sync point (the diagnostics line at 40)
+
+
+# ---------------------------------------------------------------------- what the guard vouches for (issue 26)
+class HugeRewardEnv(BadEnv):
+    """Finite rewards of 1e30: the targets are finite, PopArt's second moment (their square) is not."""
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
+        obs, reward, terminated, truncated, info = super().step(action)
+        return obs, reward * 1e30, terminated, truncated, info
+
+
+def masked_guard(model: BranchingIQN) -> NanGuard:
+    guard = model.guard = model.learner.guard = NanGuard("cpu", immediate=False)
+    guard.watch(lambda: named_state(model.policy, model.policy.optimizer))
+    return guard
+
+
+def test_popart_overflow_is_refused_before_the_statistics_change() -> None:
+    """The issue's reward_scale=1e30 example: the guard used to call inf statistics the last good ones."""
+    model = BranchingIQN("MlpPolicy", DummyVecEnv([HugeRewardEnv, HugeRewardEnv]), **TINY)
+    with pytest.raises(NonFiniteError, match=r"non-finite PopArt statistics \(PopArt nu\) at gradient step "
+                       r"1: .*PopArt statistics are the last good ones \(checked finite\)"):
+        model.learn(40)
+    popart = model.policy.popart
+    assert (popart.mu.item(), popart.nu.item(), popart.sigma.item()) == (0.0, 1.0, 1.0)  # never updated
+    assert not nonfinite_tensors(named_state(model.policy, model.policy.optimizer))
+
+
+def test_masked_mode_restores_an_overflowed_popart_and_names_it(tmp_path: Path) -> None:
+    model = BranchingIQN("MlpPolicy", DummyVecEnv([HugeRewardEnv, HugeRewardEnv]),
+                         **{**TINY, "learning_starts": 30})
+    masked_guard(model)
+    model.learn(29)
+    model._fit_observation_normalizer()  # as the first train() would
+    good = params_of(model)
+    model.replay_buffer.rewards[: model.replay_buffer.size()] = 1e30
+    model.train(2, model.batch_size)
+    assert_same(good, params_of(model))  # PopArt's buffers are in the state dict: restored
+    with pytest.raises(NonFiniteError, match=r"model state after the optimizer step \(popart\.nu\) at "
+                       r"gradient step 1: .*last good ones \(checked finite\)"):
+        model.guard.raise_if_tripped()
+
+
+def test_the_guard_names_state_that_is_not_good_instead_of_vouching_for_it(tmp_path: Path) -> None:
+    model = trained_model()
+    steps = int(model.guard.steps)
+    with th.no_grad():  # as an optimizer step that overflowed would leave it
+        model.policy.q_net.hidden[0].weight[0, 0] = float("inf")
+    with pytest.raises(NonFiniteError, match=rf"but the model already holds non-finite values in "
+                       rf"q_net\.hidden\.0\.weight.*made so by gradient step {steps}: it is not usable"):
+        model.train(1, model.batch_size)
+    with pytest.raises(NonFiniteError, match=rf"refusing to save a model with non-finite values in "
+                       rf"q_net\.hidden\.0\.weight.*it went bad at gradient step {steps}"):
+        model.save(tmp_path / "model.zip")
+    assert not (tmp_path / "model.zip").exists()
+
+
+def test_save_refuses_a_non_finite_model_without_a_guard(tmp_path: Path) -> None:
+    model = BranchingIQN("MlpPolicy", DummyVecEnv([HugeRewardEnv, HugeRewardEnv]), **TINY, nan_guard=False)
+    model.learn(40)  # nothing stops it: PopArt's statistics overflow and the network follows
+    with pytest.raises(NonFiniteError, match=r"refusing to save a model with non-finite values in .*"
+                       r"the NaN guard was off \(nan_guard=False\), so the step it went bad is unknown"):
+        model.save(tmp_path / "model.zip")
+    assert not (tmp_path / "model.zip").exists()
+
+
+def test_save_refuses_state_changed_outside_training(tmp_path: Path) -> None:
+    model = trained_model()
+    model.save(tmp_path / "good.zip")
+    model.policy.optimizer.state[next(iter(model.policy.optimizer.state))]["exp_avg_sq"].fill_(float("nan"))
+    with pytest.raises(NonFiniteError, match=r"non-finite values in optimizer .*\.exp_avg_sq; every gradient "
+                       r"step the NaN guard checked left it finite"):
+        model.save(tmp_path / "bad.zip")
