@@ -8,12 +8,18 @@ A run folder's checkpoints::
                                _last_obs, episode count, schedule progress
             replay_buffer.pkl  model.save_replay_buffer: storage, priorities, hindsight state
             state.pt           RNG states, env state, diagnostics accumulators (foxhunt.training_state)
-            manifest.json      step, diagnostics offset, SHA-256 and size of every other file
+            manifest.json      step, diagnostics offset, SHA-256 and size of every other file, and the
+                               run's fingerprint (foxhunt.fingerprint: config, market, face, env, code)
 
 A checkpoint is built in a hidden ``.tmp-*`` folder beside the others, every file fsync'ed, the manifest
 written last, then renamed into place (``os.replace``): a folder named ``step_*`` is always complete. A
 checkpoint is taken at the start of a rollout (after the previous rollout's gradient steps), the one
 point where a new ``learn`` call picks up exactly where the old one was.
+
+:func:`load_checkpoint` compares the fingerprint of the manifest and of the replay buffer with the run's
+config as it is now and refuses a difference in one line naming the field (a ``config.json`` edited after the
+run started: another ``market_seed`` would carry the old market's books, buffer and schedules on another
+market); ``allow_market_change`` lets the market differ, and the books then start afresh on the new one.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from typing import Any
 import torch as th
 from stable_baselines3.common.callbacks import BaseCallback
 
-from foxhunt import training_state
+from foxhunt import fingerprint, training_state
 from sb3_her_ext import device_loop
 from sb3_her_ext.checksum import sha256_prefix as sha256_file
 
@@ -104,7 +110,16 @@ def read_manifest(checkpoint: str | Path) -> dict[str, Any]:
     missing = sorted(set(CHECKPOINT_FILES) - set(manifest["files"]))
     if missing:
         raise CheckpointError(f"checkpoint {checkpoint}: {manifest_path} lists no {missing}")
+    if not isinstance(manifest.get("step"), int) or isinstance(manifest.get("step"), bool):
+        raise CheckpointError(f"checkpoint {checkpoint}: {manifest_path} has step={manifest.get('step')!r}, "
+                              "not an integer")
     for name, expected in manifest["files"].items():
+        size = expected.get("bytes") if isinstance(expected, dict) else None
+        if name not in CHECKPOINT_FILES or not (isinstance(expected, dict) and isinstance(
+                expected.get("sha256"), str) and isinstance(size, int) and not isinstance(size, bool)):
+            raise CheckpointError(f"checkpoint {checkpoint}: {manifest_path} has a malformed entry {name!r}: "
+                                  f"{expected!r} (each of {list(CHECKPOINT_FILES)} needs a 'sha256' string "
+                                  "and a 'bytes' integer)")
         path = checkpoint / name
         if not path.is_file():
             raise CheckpointError(f"checkpoint {checkpoint}: {path} is missing")
@@ -158,6 +173,7 @@ def write_checkpoint(run_dir: str | Path, model: Any, diagnostics_path: str | Pa
             "diagnostics_offset": _file_size(Path(diagnostics_path)) if diagnostics_path else 0,
             "time": time.time(),
             "files": files,
+            "fingerprint": fingerprint.of(model),
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
         _fsync(tmp / MANIFEST)
@@ -195,7 +211,9 @@ def prune_checkpoints(run_dir: str | Path, keep: int) -> None:
             shutil.rmtree(leftover, ignore_errors=True)
 
 
-def load_checkpoint(checkpoint: str | Path, env: Any, device: str, **load_kwargs: Any) -> tuple[Any, dict]:
+def load_checkpoint(checkpoint: str | Path, env: Any, device: str, *,
+                    expected_fingerprint: dict[str, Any] | None = None, allow_market_change: bool = False,
+                    **load_kwargs: Any) -> tuple[Any, dict]:
     """A :class:`~sb3_her_ext.BranchingIQN` as it was when ``checkpoint`` was written, on ``env``.
 
     Restores the model (``force_reset=False``: the env is not reset, ``_last_obs`` stays), its replay
@@ -205,19 +223,35 @@ def load_checkpoint(checkpoint: str | Path, env: Any, device: str, **load_kwargs
     :param checkpoint: the checkpoint folder.
     :param env: a fresh training env built from the run's config.
     :param device: the run's device.
+    :param expected_fingerprint: the run's fingerprint now (:func:`foxhunt.fingerprint.run_fingerprint`);
+        the manifest's and the replay buffer's must equal it (None: not checked).
+    :param allow_market_change: the market may differ: the model, buffer and schedules go on, the books
+        start afresh on the new market (the env is reset, its saved state left out).
     :param load_kwargs: attributes to set on the loaded model (``diagnostics_path``, ``tensorboard_log``).
     :return: ``(model, manifest)``.
     :raises CheckpointError: when a file differs from the manifest.
+    :raises FingerprintMismatch: when the checkpoint was made on something else (naming the field).
     """
     from sb3_her_ext.algorithm import BranchingIQN
 
     checkpoint = Path(checkpoint)
     manifest = read_manifest(checkpoint)
-    model = BranchingIQN.load(checkpoint / "model.zip", env=env, device=device, force_reset=False,
+    fix = "put config.json back as it was, or start a new run (foxhunt train --config FILE)"
+    changed: list[str] = []
+    if expected_fingerprint is not None:
+        changed = fingerprint.compare(manifest.get("fingerprint"), expected_fingerprint,
+                                      what=f"checkpoint {checkpoint}", fix=fix,
+                                      allow_market_change=allow_market_change)
+    model = BranchingIQN.load(checkpoint / "model.zip", env=env, device=device, force_reset=bool(changed),
                               **load_kwargs)
     model.load_replay_buffer(checkpoint / "replay_buffer.pkl")
+    if expected_fingerprint is not None:
+        fingerprint.compare(fingerprint.of(model.replay_buffer), expected_fingerprint,
+                            what=f"replay buffer {checkpoint / 'replay_buffer.pkl'}", fix=fix,
+                            allow_market_change=allow_market_change)
     state = th.load(checkpoint / "state.pt", weights_only=False)  # our own file, its SHA-256 checked
-    training_state.set_env_state(model.get_env(), state["env"])
+    if not changed:  # on a new market the books start afresh (load reset the env)
+        training_state.set_env_state(model.get_env(), state["env"])
     training_state.set_rng_state(model, state["rng"])
     if model.num_timesteps != manifest["step"]:
         raise CheckpointError(

@@ -223,7 +223,11 @@ def train(args: argparse.Namespace) -> Any:
                 f"--resume {args.resume} continues that run as its config.json says: {', '.join(extra)} "
                 "cannot be given with it"
             )
-        return resume(args.resume, progress=given.get("progress"))
+        return resume(args.resume, progress=given.get("progress"),
+                      allow_market_change=args.allow_market_change)
+    if args.allow_market_change:
+        raise ValueError("--allow-market-change goes with --resume RUN_DIR (a new run has no market to "
+                         "change)")
     return train_run(config_from_args(args))
 
 
@@ -289,6 +293,9 @@ def build_parser() -> argparse.ArgumentParser:
     train_parser.add_argument("--resume", default=None, metavar="RUN_DIR",
                               help="continue the run in RUN_DIR from its newest checkpoint, as its "
                                    "config.json says")
+    train_parser.add_argument("--allow-market-change", action="store_true",
+                              help="with --resume: go on although config.json now names another market than "
+                                   "the checkpoint was made on (the books start afresh on it)")
     add_config_options(train_parser)
     _debug(train_parser)
     evaluation_cli.add_parser(sub)

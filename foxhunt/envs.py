@@ -38,6 +38,7 @@ from stable_baselines3.common.vec_env.base_vec_env import (
 from foxenv import spec
 from foxenv.config import EnvConfig, is_whole
 from foxenv.factory import DataSource, action_space_of, make_core, observation_space_of
+from foxhunt import fingerprint
 from foxhunt.presets import ACTION_FACES
 
 
@@ -262,6 +263,7 @@ class LOBVecEnv(VecEnv):
         """
         episode_return, episode_length = self.running_episode_stats()
         return {
+            "identity": fingerprint.env_identity(self),
             "lob": self.lob.state_dict(),
             "episode_return": episode_return,
             "episode_length": episode_length,
@@ -274,8 +276,11 @@ class LOBVecEnv(VecEnv):
         """Put back a :meth:`state_dict` taken from an env of the same market, config and size.
 
         :param state: the state.
-        :raises ValueError: when the state does not fit the env (the book core names what differs).
+        :raises ValueError: when the state does not fit the env: taken on another market or with other
+            settings (:func:`foxhunt.fingerprint.check_env_identity` names the field, old -> new), or the book
+            core's layout differs (the core names it).
         """
+        fingerprint.check_env_identity(state.get("identity"), self)
         if state["episode_return"].shape != (self.num_envs,):
             raise ValueError(
                 f"the state's env has {state['episode_return'].shape[0]} books, this one {self.num_envs}"

@@ -404,8 +404,11 @@ def _callbacks(*callbacks: Any) -> list[Any]:
     return flat
 
 
-def _restore(out: Path, config: RunConfig, env: Any, diagnostics_path: Path) -> tuple[Any, dict[str, Any]]:
-    """The model of ``out``'s newest checkpoint, on ``env``; the diagnostics file cut back to it."""
+def _restore(out: Path, config: RunConfig, env: Any, diagnostics_path: Path, expected: dict[str, Any],
+             allow_market_change: bool = False) -> tuple[Any, dict[str, Any]]:
+    """The model of ``out``'s newest checkpoint, on ``env``; the diagnostics file cut back to it. The
+    checkpoint's fingerprint must be ``expected`` (:mod:`foxhunt.fingerprint`; the market may differ with
+    ``allow_market_change``)."""
     from foxhunt.checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints
 
     checkpoint = latest_checkpoint(out)
@@ -413,8 +416,9 @@ def _restore(out: Path, config: RunConfig, env: Any, diagnostics_path: Path) -> 
         raise FileNotFoundError(
             f"{out} has no checkpoint to resume from (checkpoint_every={config.checkpoint_every})"
         )
-    model, manifest = load_checkpoint(checkpoint, env, config.device, diagnostics_path=str(diagnostics_path),
-                                      tensorboard_log=str(out / "tb"))
+    model, manifest = load_checkpoint(checkpoint, env, config.device, expected_fingerprint=expected,
+                                      allow_market_change=allow_market_change,
+                                      diagnostics_path=str(diagnostics_path), tensorboard_log=str(out / "tb"))
     prune_checkpoints(out, 0)  # only the leftovers of a killed write
     offset = manifest["diagnostics_offset"]
     size = diagnostics_path.stat().st_size if diagnostics_path.is_file() else 0
@@ -425,13 +429,16 @@ def _restore(out: Path, config: RunConfig, env: Any, diagnostics_path: Path) -> 
     return model, manifest
 
 
-def resume(run_dir: str | Path, callback: Any = None, progress: bool | None = None) -> Path:
+def resume(run_dir: str | Path, callback: Any = None, progress: bool | None = None,
+           allow_market_change: bool = False) -> Path:
     """Continue the run in ``run_dir`` from its newest checkpoint to its config's ``steps``, then finish it
     as :func:`train` does. On the CPU the result is bit for bit the uninterrupted run's.
 
     :param run_dir: a run folder written by :func:`train` (its ``config.json`` and ``checkpoints/``).
     :param callback: SB3 callback(s) passed to ``model.learn``.
     :param progress: show a progress bar (``None``: as the run's config says).
+    :param allow_market_change: go on although ``config.json`` now names another market than the checkpoint
+        was made on (else a :class:`~foxhunt.fingerprint.FingerprintMismatch` naming the field).
     :return: the run folder.
     """
     run_dir = Path(run_dir)
@@ -444,18 +451,21 @@ def resume(run_dir: str | Path, callback: Any = None, progress: bool | None = No
         config = dataclasses.replace(config, action_face="branched")  # a run from before the joint face
     if progress is not None:
         config = dataclasses.replace(config, progress=progress)
-    return train(config, callback, resume_from=run_dir)
+    return train(config, callback, resume_from=run_dir, allow_market_change=allow_market_change)
 
 
-def train(config: RunConfig, callback: Any = None, *, resume_from: str | Path | None = None) -> Path:
+def train(config: RunConfig, callback: Any = None, *, resume_from: str | Path | None = None,
+          allow_market_change: bool = False) -> Path:
     """Train BranchingIQN as ``config`` says, write the run folder, evaluate the greedy policy.
 
     :param config: the run's settings.
     :param callback: SB3 callback(s) passed to ``model.learn`` (an Optuna pruning callback, say).
     :param resume_from: continue this run folder from its newest checkpoint (``config`` is its
         ``config.json``; :func:`resume` reads it).
+    :param allow_market_change: with ``resume_from``, the market may differ from the checkpoint's.
     :return: the run folder.
     """
+    from foxhunt import fingerprint
     from foxhunt.checkpoint import CheckpointCallback
     from foxhunt.evaluation.plots import plot_training
     from foxhunt.run_folder import lock_run_folder, new_run_folder
@@ -468,6 +478,8 @@ def train(config: RunConfig, callback: Any = None, *, resume_from: str | Path | 
                                      device_loop=config.resolved_device_loop(),
                                      action_face=config.resolved_action_face(),
                                      hindsight=config.resolved_hindsight())
+    expected = fingerprint.run_fingerprint(config)  # what every artefact of the run is stamped with
+    if resume_from is None:
         out = new_run_folder(config.out)
         config.save(out / "config.json")
     else:
@@ -487,7 +499,8 @@ def train(config: RunConfig, callback: Any = None, *, resume_from: str | Path | 
                 **config.resolved_model_kwargs(),
             )
         else:
-            model, resumed = _restore(out, config, env, diagnostics_path)
+            model, resumed = _restore(out, config, env, diagnostics_path, expected, allow_market_change)
+        fingerprint.stamp(model, expected)
         checkpoints = CheckpointCallback(out, config.checkpoint_every, config.keep_checkpoints,
                                          diagnostics_path, resumed_from=resumed)
         model.learn(max(config.steps - model.num_timesteps, 0), callback=_callbacks(checkpoints, callback),
