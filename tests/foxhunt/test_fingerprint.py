@@ -59,8 +59,8 @@ def test_resume_refuses_a_config_edited_to_another_market(run: Path) -> None:
     """The issue's example: kill a run, edit env_kwargs.market_seed in config.json, --resume."""
     edit_config(run, market_seed=5)
     with pytest.raises(FingerprintMismatch, match=r"checkpoint .*step_000000200 was made with another "
-                       r"config\.env_kwargs\.market_seed: None -> 5 \(and 1 more: market\.seed\); put config\.json "
-                       r"back as it was.*or pass --allow-market-change"):
+                       r"config\.env_kwargs\.market_seed: None -> 5 \(and 1 more: market\.seed\); put "
+                       r"config\.json back as it was.*or pass --allow-market-change"):
         resume(run, progress=False)
     assert not (run / "model.zip").exists()
 
