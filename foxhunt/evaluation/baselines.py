@@ -300,6 +300,9 @@ class ModelPolicy:
     def __init__(self, model: Any, name: str = "model", deterministic: bool = True) -> None:
         if not callable(getattr(model, "predict", None)):
             raise ValueError(f"model of type {type(model).__name__} has no predict method")
+        from foxhunt.evaluation.model_file import check_action_space
+
+        check_action_space(model, name)  # a Discrete(9) model's codes are not joint actions
         self.model = model
         self.name = name
         self.deterministic = deterministic

@@ -15,36 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from foxenv.data import SPLITS
+from foxhunt.evaluation import model_file
 from foxhunt.evaluation.baselines import BASELINES
 
-#: Algorithms tried, in order, to load a ``.zip`` (module, class).
-MODEL_CLASSES = (
-    ("sb3_her_ext.algorithm", "BranchingIQN"),
-    ("stable_baselines3", "DQN"),
-    ("sb3_contrib", "QRDQN"),
-)
-
-
-def load_model(path: str | Path, device: str = "cpu") -> Any:
-    """Load a saved SB3 model, trying BranchingIQN, SB3's DQN and sb3-contrib's QR-DQN.
-
-    :param path: a ``.zip`` written by ``model.save``.
-    :param device: device of the loaded network.
-    :return: the model.
-    """
-    import importlib
-
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"model={str(path)!r} is not a file")
-    errors = []
-    for module_name, class_name in MODEL_CLASSES:
-        try:
-            cls = getattr(importlib.import_module(module_name), class_name)
-            return cls.load(path, device=device)
-        except Exception as error:  # noqa: BLE001 (try the next algorithm; all failures are reported)
-            errors.append(f"{class_name}: {type(error).__name__}: {error}"[:200])
-    raise ValueError(f"model={str(path)!r}: no known algorithm could load it ({'; '.join(errors)})")
+# loading and checking a model file: foxhunt.evaluation.model_file (re-exported for existing callers)
+from foxhunt.evaluation.model_file import MODEL_CLASSES, load_model  # noqa: E402,F401
 
 
 def add_parser(subparsers: Any) -> None:
@@ -123,17 +98,23 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
                              "(not a run folder)")
         config = RunConfig.load(config_path)
         usable = config.device == "cpu" or torch.cuda.is_available()
+        stamped, source = model_file.run_settings(config, target / "model.zip", target)
         return dict(
             model=target / "model.zip", home=target, env_kwargs=config.resolved_env_kwargs(),
             data=config.data, market_steps=config.synthetic_market_steps, split=config.eval_split,
             n_envs=config.n_envs, steps=config.eval_steps, seed=eval_seed(config),
-            device=config.device if usable else "cpu",
+            device=config.device if usable else "cpu", stamped=stamped, source=source,
         )
     if target.suffix == ".zip" and target.is_file():
+        env_kwargs, market_steps = RunConfig().resolved_env_kwargs(), presets.SYNTHETIC_MARKET_STEPS
+        stamped = model_file.saved_fingerprint(target)
+        if stamped is not None:  # a model carries its settings (issue 25)
+            env_kwargs, steps, _ = model_file.saved_env_kwargs(stamped)
+            market_steps = steps or market_steps
         return dict(
-            model=target, home=target.parent, env_kwargs=RunConfig().resolved_env_kwargs(), data="synthetic",
-            market_steps=presets.SYNTHETIC_MARKET_STEPS, split="test", n_envs=None, steps=None, seed=0,
-            device="cpu",
+            model=target, home=target.parent, env_kwargs=env_kwargs, data="synthetic",
+            market_steps=market_steps, split="test", n_envs=None, steps=None, seed=0,
+            device="cpu", stamped=stamped, source="the settings saved in the model file",
         )
     raise ValueError(f"target={str(target)!r} must be a run folder or a model .zip")
 
@@ -172,6 +153,10 @@ def run(args: argparse.Namespace) -> int:
     synthetic = data == "synthetic"
     if not synthetic and not Path(data).is_dir():
         raise ValueError(f"--data={data!r} must be 'synthetic' or a folder of LOBSTER files")
+    if not synthetic:  # a market the model's observation cannot fit, or the data it was trained on
+        model_file.check_levels(settings["env_kwargs"], data, settings["source"])
+        stamped = settings["stamped"]
+        model_file.check_held_out(stamped.get("market") if stamped else None, data, split)
     config_kwargs, market_kwargs = split_env_kwargs(settings["env_kwargs"])
     train_seed = int(market_kwargs.pop("market_seed", 0) or 0)
     if synthetic:

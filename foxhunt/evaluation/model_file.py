@@ -1,0 +1,206 @@
+"""A saved model for evaluation: loaded, and checked against what it is scored on before any step.
+
+- :func:`load_model` loads a ``.zip`` with the first algorithm that takes it (BranchingIQN, DQN, QR-DQN);
+- :func:`check_action_space`: a model's actions must be one of foxenv's faces, ``Discrete(81)`` (joint
+  codes) or ``MultiDiscrete([3, 3, 3, 3])`` (branches): an SB3 DQN over ``Discrete(9)`` is refused instead of
+  having its codes played as joint actions;
+- :func:`saved_env_kwargs`: the env settings a model was trained with, from the fingerprint in its file
+  (:mod:`foxhunt.fingerprint`: levels, step clock, episode length, max_position, fees, reward), which
+  ``foxhunt evaluate MODEL.zip`` uses;
+- :func:`check_levels`: a LOBSTER folder with fewer book levels than the model's observation holds is refused
+  in one line saying so and how to fix it (the observation layout depends on the levels: no fewer is sound);
+- :func:`check_held_out`: scoring a model on the LOBSTER data it was trained on is refused, as a synthetic
+  evaluation on the training market's seed is.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from foxenv import spec
+from foxhunt import fingerprint
+
+#: Algorithms tried, in order, to load a ``.zip`` (module, class).
+MODEL_CLASSES = (
+    ("sb3_her_ext.algorithm", "BranchingIQN"),
+    ("stable_baselines3", "DQN"),
+    ("sb3_contrib", "QRDQN"),
+)
+#: LOBSTER splits and the steps of the day each covers, as parts of ``all`` (train 0-0.8, fit its first 75 %).
+_SPLIT_PARTS = {"all": {"fit", "validation", "test"}, "train": {"fit", "validation"}, "fit": {"fit"},
+                "validation": {"validation"}, "test": {"test"}}
+
+
+def load_model(path: str | Path, device: str = "cpu") -> Any:
+    """Load a saved SB3 model, trying BranchingIQN, SB3's DQN and sb3-contrib's QR-DQN, and check that its
+    actions are one of foxenv's faces (:func:`check_action_space`).
+
+    :param path: a ``.zip`` written by ``model.save``.
+    :param device: device of the loaded network.
+    :return: the model.
+    :raises ValueError: one line, when no algorithm loads it or its action space is not foxenv's.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"model={str(path)!r} is not a file")
+    errors = []
+    for module_name, class_name in MODEL_CLASSES:
+        try:
+            cls = getattr(importlib.import_module(module_name), class_name)
+            model = cls.load(path, device=device)
+            break
+        except Exception as error:  # noqa: BLE001 (try the next algorithm; all failures are reported)
+            errors.append(f"{class_name}: {type(error).__name__}: {error}"[:200])
+    else:
+        raise ValueError(f"model={str(path)!r}: no known algorithm could load it ({'; '.join(errors)})")
+    check_action_space(model, str(path))
+    return model
+
+
+def check_action_space(model: Any, name: str = "model") -> None:
+    """A ``ValueError`` unless ``model.action_space`` is one of foxenv's faces: ``Discrete(81)`` (the joint
+    codes ``27 d + 9 m + 3 o + u``) or ``MultiDiscrete([3, 3, 3, 3])`` (a model without ``action_space`` is
+    taken as it is).
+
+    :param model: the model.
+    :param name: how the message names it.
+    """
+    space = getattr(model, "action_space", None)
+    if space is None:
+        return
+    nvec = getattr(space, "nvec", None)
+    if nvec is not None and tuple(int(n) for n in nvec) == tuple(spec.ACTION_NVEC):
+        return
+    joint = getattr(space, "n", None) == spec.JOINT_ACTIONS and int(getattr(space, "start", 0)) == 0
+    if nvec is None and joint:
+        return
+    raise ValueError(
+        f"model={name!r} acts in {fingerprint.action_space_name(space)}, which is not one of foxenv's "
+        f"action faces (joint: Discrete({spec.JOINT_ACTIONS}); branched: "
+        f"MultiDiscrete({list(spec.ACTION_NVEC)})): its actions cannot be scored as foxenv's; evaluate a "
+        "model trained on foxenv (foxhunt train, or an SB3 algorithm on foxhunt.envs.FlatActionVecEnv)"
+    )
+
+
+def saved_fingerprint(path: str | Path) -> dict[str, Any] | None:
+    """The fingerprint in a model file, or None (a file saved by another program, or before fingerprints)."""
+    return fingerprint.read_model_file(path)
+
+
+def saved_env_kwargs(stamped: Mapping[str, Any]) -> tuple[dict[str, Any], int | None, dict[str, Any]]:
+    """The env settings a model was trained with, from its fingerprint.
+
+    :param stamped: the fingerprint.
+    :return: ``(env kwargs, synthetic market steps or None, training market options)``: EnvConfig fields and
+        the step clock (``step_events`` / ``step_seconds``), as ``foxhunt evaluate`` passes them on; for a
+        synthetic model also ``market_seed`` and its generator's parameters (the planted signal).
+    """
+    # JSON holds tuples (return_horizons) as lists
+    env = {k: tuple(v) if isinstance(v, list) else v for k, v in dict(stamped.get("env") or {}).items()}
+    market = dict(stamped.get("market") or {})
+    if market.get("source") == "synthetic":
+        options = {**dict(market.get("params") or {}), "market_seed": market.get("seed", 0)}
+        return {**env, **options}, market.get("num_steps"), options
+    return env, None, dict(market.get("options") or {})
+
+
+def check_run_settings(stamped: Mapping[str, Any] | None, config_fingerprint: Mapping[str, Any],
+                       run_dir: str | Path) -> None:
+    """A run folder's ``config.json`` must still describe what its ``model.zip`` was trained with.
+
+    :param stamped: the model file's fingerprint (None: not checked).
+    :param config_fingerprint: the fingerprint of the run's config now.
+    :param run_dir: the run folder, for the message.
+    :raises FingerprintMismatch: naming the env setting or action face that differs.
+    """
+    if stamped is None:
+        return
+    fingerprint.compare({k: stamped.get(k) for k in ("env", "action_face")},
+                        {k: config_fingerprint.get(k) for k in ("env", "action_face")},
+                        what=f"{Path(run_dir) / 'model.zip'}",
+                        fix=f"put {Path(run_dir) / 'config.json'} back as it was when the model was trained")
+
+
+def file_levels(folder: str | Path) -> int:
+    """The book levels of a LOBSTER folder's orderbook file (its first line's columns / 4; no full read).
+
+    :param folder: the LOBSTER folder.
+    :return: the levels.
+    """
+    from foxenv.data.lobster import find_lobster_files
+
+    _, book = find_lobster_files(folder)
+    with book.open("rb") as handle:
+        first = handle.readline()
+    return (first.count(b",") + 1) // 4
+
+
+def check_levels(env_kwargs: Mapping[str, Any], data: str | Path, source: str) -> None:
+    """A LOBSTER folder must hold at least the levels the model's observation was built from.
+
+    :param env_kwargs: the model's env settings (``levels``).
+    :param data: the LOBSTER folder.
+    :param source: where the settings come from, for the message.
+    :raises ValueError: one line saying what differs and how to fix it.
+    """
+    levels = env_kwargs.get("levels")
+    if levels is None:
+        return
+    available = file_levels(data)
+    if available < int(levels):
+        raise ValueError(
+            f"the model was trained at levels={levels} ({source}): its observation holds {levels} book "
+            f"levels per side, but the LOBSTER files in {str(data)!r} hold {available}; fewer levels change "
+            f"the observation's layout, so it cannot be scored there: score it on data with >= {levels} "
+            f"levels, or train a model at levels={available} on these files"
+        )
+
+
+def check_held_out(trained_on: Mapping[str, Any] | None, data: str | Path, split: str) -> None:
+    """Refuse to score a model on LOBSTER steps it was trained on (as a synthetic evaluation on the training
+    market's seed is refused).
+
+    :param trained_on: the model's training market (a fingerprint's ``market``; None: not checked).
+    :param data: the LOBSTER folder scored on.
+    :param split: the split scored on.
+    :raises ValueError: when the files are the training files and the splits overlap.
+    """
+    if not trained_on or trained_on.get("source") != "lobster":
+        return
+    if trained_on.get("files") != fingerprint.lobster_files(data):
+        return
+    trained_split = str(trained_on.get("split", "all"))
+    overlap = _SPLIT_PARTS.get(split, {split}) & _SPLIT_PARTS.get(trained_split, {trained_split})
+    if overlap:
+        held_out = "test" if trained_split in ("train", "fit", "validation") else None
+        fix = f"use --split {held_out}" if held_out else "score it on other files"
+        if trained_split == "fit":
+            fix = "use --split validation or --split test"
+        raise ValueError(
+            f"--split {split}: the model was trained on the {trained_split!r} split of these LOBSTER files "
+            f"(same SHA-256), so {split!r} is not held out; {fix}"
+        )
+
+
+def run_settings(config: Any, model_path: str | Path, run_dir: str | Path) -> (
+    tuple[dict[str, Any] | None, str]
+):
+    """A run folder's model: its fingerprint, checked against the run's ``config.json``.
+
+    :param config: the run's :class:`~foxhunt.runs.RunConfig`.
+    :param model_path: its ``model.zip``.
+    :param run_dir: the run folder.
+    :return: ``(the model's fingerprint, or for a model without one the training market the config names;
+        where the settings come from, for messages)``.
+    """
+    stamped = saved_fingerprint(model_path)
+    now = {"env": fingerprint.env_settings(config.resolved_env_kwargs()),
+           "action_face": config.resolved_action_face()}
+    check_run_settings(stamped, now, run_dir)
+    if stamped is None and config.data != "synthetic" and Path(config.data).is_dir():
+        stamped = {"market": {"source": "lobster", "files": fingerprint.lobster_files(config.data),
+                              "split": config.train_split()}}
+    return stamped, f"its run's config.json, {Path(run_dir) / 'config.json'}"
