@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
+from foxenv.checks import check_device, check_seed
 from foxenv.config import EnvConfig
 from foxenv.core import BatchedLOB
 from foxenv.data.market import MarketData
@@ -104,7 +105,11 @@ def make_core(
         ``market_seed``).
     :return: the core, not yet reset.
     """
+    device = check_device(device)
+    seed = check_seed(seed)
     env_config, market_kwargs = split_env_kwargs(config, kwargs)
+    if "seed" in market_kwargs:  # market_seed
+        check_seed(market_kwargs["seed"], "market_seed", optional=False)
     if isinstance(data, MarketData):
         if market_kwargs:
             given = ", ".join(

@@ -19,6 +19,7 @@ import gymnasium
 import numpy as np
 import torch
 
+from foxenv.checks import check_seed
 from foxenv.config import EnvConfig
 from foxenv.core import BatchedLOB
 from foxenv.data.market import MarketData
@@ -168,6 +169,7 @@ class LOBEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         :param options: unused.
         :return: the first observation and an empty info.
         """
+        seed = check_seed(seed)
         super().reset(seed=seed)
         obs = self._core.reset(seed=seed)
         if self._book is not None:

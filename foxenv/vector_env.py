@@ -20,6 +20,7 @@ import torch
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
+from foxenv.checks import check_device, check_seed
 from foxenv.config import EnvConfig, is_whole
 from foxenv.factory import DataSource, action_space_of, make_core, observation_space_of
 from foxenv.gym_env import RENDER_HISTORY
@@ -119,7 +120,7 @@ class LOBVectorEnv(VectorEnv):
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             modes = self.metadata["render_modes"]
             raise ValueError(f"render_mode={render_mode!r} must be None or one of {modes}")
-        self.device = torch.device(device)
+        self.device = check_device(device)
         if cuda_graph and self.device.type != "cuda":
             raise ValueError(f"cuda_graph=True needs a CUDA device, got device={self.device}")
         self.return_tensors = bool(return_tensors)
@@ -159,6 +160,7 @@ class LOBVectorEnv(VectorEnv):
         :param options: unused.
         :return: observations ``[N, D]`` and an empty info.
         """
+        seed = check_seed(seed)
         super().reset(seed=seed)
         obs = self.core.reset(seed=seed)
         if self._capture_graph:  # capture once the books hold a valid state; later resets refill the graph

@@ -38,6 +38,7 @@ import torch
 from stable_baselines3.common.vec_env.base_vec_env import VecEnvObs, VecEnvStepReturn
 
 from foxenv import spec
+from foxenv.checks import check_device
 from foxenv.data.market import MarketData
 from foxhunt.envs import LOBVecEnv, decode_joint
 from sb3_her_ext.device_env import TIMEOUT_KEY, DeviceStep
@@ -66,7 +67,7 @@ class DeviceLOBVecEnv(LOBVecEnv):
         for field, value in (("compile", compile), ("cuda_graph", cuda_graph)):
             if not isinstance(value, bool):
                 raise ValueError(f"{field}={value!r} must be a bool")
-        if cuda_graph and torch.device(device).type != "cuda":
+        if cuda_graph and check_device(device).type != "cuda":
             raise ValueError(f"cuda_graph=True needs a CUDA device, got device={device}")
         super().__init__(num_envs, device=device, seed=seed, data=data, action_face=action_face, **env_kwargs)
         # where a host sync is free (CPU), reset only at steps where a book finished, as the numpy face does

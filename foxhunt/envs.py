@@ -36,6 +36,7 @@ from stable_baselines3.common.vec_env.base_vec_env import (
 )
 
 from foxenv import spec
+from foxenv.checks import check_device, check_seed
 from foxenv.config import EnvConfig, is_whole
 from foxenv.factory import DataSource, action_space_of, make_core, observation_space_of
 from foxhunt import fingerprint
@@ -158,7 +159,8 @@ class LOBVecEnv(VecEnv):
         if not isinstance(action_face, str) or action_face not in ACTION_FACES:
             raise ValueError(f"action_face={action_face!r} must be one of {list(ACTION_FACES)}")
         num_envs = int(num_envs)
-        self.device = torch.device(device)
+        self.device = check_device(device)
+        seed = check_seed(seed)
         self.lob = make_core(data, num_envs, device=self.device, seed=seed, **env_kwargs)
         self.config: EnvConfig = self.lob.config
         self.render_mode = None

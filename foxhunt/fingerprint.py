@@ -213,15 +213,20 @@ def _differences(old: Any, new: Any, path: str = "") -> list[tuple[str, Any, Any
 
 
 def _is_market(path: str) -> bool:
-    if path.startswith("market.") or path == "market":
+    """Whether a differing fingerprint field is the market's (``market.*``, the data, the market options)."""
+    parts = path.split(".")
+    if parts[0] == "market":
         return True
-    if path.startswith("config.") and path.split(".")[1] in MARKET_CONFIG_FIELDS:
+    if parts[0] != "config" or len(parts) < 2:
+        return False
+    if parts[1] in MARKET_CONFIG_FIELDS:
         return True
-    if path.startswith("config.env_kwargs."):
+    if parts[1:3] == ["env", "market"] or parts[1:3] == ["env", "market_seed"]:  # env.market.<option>
+        return True
+    if parts[1] == "env_kwargs" and len(parts) > 2:  # a config of the flat layout
         from foxhunt.evaluation.api import split_env_kwargs
 
-        key = path.split(".")[2]
-        return key != "levels" and key in split_env_kwargs({key: None})[1]
+        return parts[2] != "levels" and parts[2] in split_env_kwargs({parts[2]: None})[1]
     return False
 
 

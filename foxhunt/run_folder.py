@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import secrets
+import shutil
 import time
 from pathlib import Path
 from typing import IO
@@ -85,3 +86,12 @@ def lock_run_folder(path: str | Path) -> IO[str]:
         handle.close()
         raise ValueError(f"run folder {str(path)!r} is in use by another training process") from None
     return handle
+
+
+def discard_run_folder(path: str | Path) -> None:
+    """Remove the folder of a run that failed before it began to learn (nothing in it is worth keeping: its
+    config, its lock and the logs' first lines), so that neither ``--out`` nor ``--resume`` meets it later.
+
+    :param path: the run folder :func:`new_run_folder` made.
+    """
+    shutil.rmtree(path, ignore_errors=True)

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch as th
 
+from foxenv.checks import check_device
 from foxhunt import presets
 from foxhunt.config import (
     AlgorithmSettings,
@@ -142,6 +143,7 @@ class RunConfig:
                 self._set_legacy(legacy, values)
         resolve_action_face(self.action_face, "RunConfig.action_face")
         check_fields(self, "RunConfig.")
+        check_device(self.device, "RunConfig.device", available=False)  # "gpu" never reaches torch's parser
         for name in SECTIONS:
             check_fields(getattr(self, name), f"RunConfig.{name}.")
         for name in ("checkpoint_every", "keep_checkpoints"):
@@ -468,9 +470,11 @@ def train(config: RunConfig, callback: Any = None, *, resume_from: str | Path | 
     from foxhunt import fingerprint
     from foxhunt.checkpoint import CheckpointCallback
     from foxhunt.evaluation.plots import plot_training
-    from foxhunt.run_folder import lock_run_folder, new_run_folder
+    from foxhunt.preflight import check_run
+    from foxhunt.run_folder import discard_run_folder, lock_run_folder, new_run_folder
     from sb3_her_ext.algorithm import BranchingIQN
 
+    check_run(config)  # every option and the memory, before anything is made
     if resume_from is None:
         config.check_algorithm()  # before a run folder is made
         # config.json records whether the steps were graphed
@@ -479,13 +483,12 @@ def train(config: RunConfig, callback: Any = None, *, resume_from: str | Path | 
                                      action_face=config.resolved_action_face(),
                                      hindsight=config.resolved_hindsight())
     expected = fingerprint.run_fingerprint(config)  # what every artefact of the run is stamped with
-    if resume_from is None:
-        out = new_run_folder(config.out)
-        config.save(out / "config.json")
-    else:
-        out = Path(resume_from)
+    out = new_run_folder(config.out) if resume_from is None else Path(resume_from)
     lock = lock_run_folder(out)  # a second process resuming this run while it goes on is refused
+    learning = False
     try:
+        if resume_from is None:
+            config.save(out / "config.json")
         th.set_num_threads(config.threads)
         diagnostics_path = out / "diagnostics.jsonl"
 
@@ -503,10 +506,16 @@ def train(config: RunConfig, callback: Any = None, *, resume_from: str | Path | 
         fingerprint.stamp(model, expected)
         checkpoints = CheckpointCallback(out, config.checkpoint_every, config.keep_checkpoints,
                                          diagnostics_path, resumed_from=resumed)
+        learning = True
         model.learn(max(config.steps - model.num_timesteps, 0), callback=_callbacks(checkpoints, callback),
                     progress_bar=config.progress, reset_num_timesteps=resumed is None)
         model.log_diagnostics()  # the last, partial interval
         model.save(out / "model.zip")
+    except BaseException:
+        if resume_from is None and not learning:  # a failed start leaves no half-made run folder
+            lock.close()
+            discard_run_folder(out)
+        raise
     finally:
         lock.close()
     plot_training(out / "diagnostics.jsonl", out / "training.png", hindsight=config.resolved_hindsight())

@@ -16,6 +16,7 @@ import dataclasses
 import io
 import os
 import pathlib
+import pickle
 import time
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
@@ -687,15 +688,21 @@ class BranchingIQN(OffPolicyAlgorithm):
         :raises ChecksumError: the file's bytes differ from its checksum (the message names the file).
         :raises NonFiniteError: the loaded buffer holds values no push writes (the message names the file).
         """
-        name = "the given file object"
+        name, sealed = "the given file object", True
         if isinstance(path, str | pathlib.Path):
             file = self._replay_file(path, reading=True)
             name = str(file)
-            if checksum.verify_trailer(file) is None:
-                warnings.warn(f"{file} carries no SHA-256 (saved before checksums?): loaded unverified",
-                              stacklevel=2)
+            sealed = checksum.verify_trailer(file) is not None
         previous = self.replay_buffer
-        super().load_replay_buffer(path, truncate_last_traj)
+        try:
+            super().load_replay_buffer(path, truncate_last_traj)
+        except (EOFError, pickle.UnpicklingError, AttributeError, ImportError, IndexError) as error:
+            self.replay_buffer = previous  # a file cut short loses its trailer too: not taken for an old one
+            raise checksum.ChecksumError(f"replay buffer file {name} cannot be read ({type(error).__name__}: "
+                                         f"{error}): it is truncated or not a replay buffer") from None
+        if not sealed:
+            warnings.warn(f"{name} carries no SHA-256 (saved before checksums?): loaded unverified",
+                          stacklevel=2)
         buffer = self.replay_buffer
         if isinstance(buffer, PrioritizedHindsightReplayBuffer):
             bad = buffer.invalid_fields()

@@ -8,7 +8,13 @@ from typing import Any
 import numpy as np
 from stable_baselines3.common.vec_env import unwrap_vec_normalize
 
-from sb3_her_ext.validation import check_learning_rate, check_real, is_whole
+from sb3_her_ext.validation import (
+    check_device,
+    check_known_kwargs,
+    check_learning_rate,
+    check_real,
+    is_whole,
+)
 
 
 def _pair(value: float | Sequence[float], field: str) -> tuple[float, float]:
@@ -82,6 +88,9 @@ def check_arguments(
     cuda_graph: Any,
     nan_guard: Any,
     graph_collect: Any = None,
+    device: Any = "auto",
+    policy: Any = None,
+    policy_kwargs: Any = None,
     **_: Any,
 ) -> dict[str, Any]:
     """Check BranchingIQN's arguments; a ValueError names the argument and its value.
@@ -90,6 +99,13 @@ def check_arguments(
         and the ``(start, end)`` pairs ``iqr_bonus_range`` and ``per_beta_range``.
     """
     check_learning_rate_schedule(learning_rate)
+    check_device("device", device)
+    if policy == "MlpPolicy" or isinstance(policy, type):
+        from sb3_her_ext.policy import BranchingIQNPolicy
+
+        target = BranchingIQNPolicy if policy == "MlpPolicy" else policy
+        check_known_kwargs("policy_kwargs", policy_kwargs, target,
+                           skip=("observation_space", "action_space", "lr_schedule"))
     for field, number in (
         ("c51_alpha", c51_alpha),
         ("exploration_initial_eps", exploration_initial_eps),

@@ -59,3 +59,50 @@ def check_learning_rate(name: str, value: Any, progress: float | None = None) ->
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"{name}={value!r}{where} must be finite and > 0")
     return float(value)
+
+
+def check_device(name: str, value: Any) -> None:
+    """A ValueError naming ``name`` unless ``value`` is ``"auto"``, a device torch can parse that is the CPU
+    or an available CUDA device (``"gpu"`` used to reach torch's parser and its list of every device type).
+
+    :param name: the argument's name, quoted in the error.
+    :param value: a string or ``torch.device``.
+    """
+    import torch
+
+    if isinstance(value, str) and value == "auto":
+        return
+    if not isinstance(value, str | torch.device):
+        raise ValueError(f"{name}={value!r} must be 'auto', 'cpu' or 'cuda' (a string or torch.device)")
+    try:
+        device = torch.device(value)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"{name}={value!r} must be 'auto', 'cpu', 'cuda' or 'cuda:K'") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{name}={value!r}: no CUDA device is available (use 'cpu' or 'auto')")
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"{name}={value!r} must be 'auto', 'cpu', 'cuda' or 'cuda:K'")
+
+
+def check_known_kwargs(name: str, kwargs: Any, target: Any, skip: tuple[str, ...] = ()) -> None:
+    """A ValueError naming ``name`` and the keys ``target`` does not take (instead of its ``TypeError``).
+
+    :param name: the argument's name (``policy_kwargs``).
+    :param kwargs: the keyword arguments (None: nothing to check).
+    :param target: the callable they go to (a class: its ``__init__``).
+    :param skip: parameters the caller fills itself.
+    """
+    import inspect
+
+    if kwargs is None:
+        return
+    if not isinstance(kwargs, dict):
+        raise ValueError(f"{name}={kwargs!r} must be a dict")
+    parameters = inspect.signature(target).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return
+    known = sorted(set(parameters) - {"self", *skip})
+    unknown = sorted(set(kwargs) - set(known))
+    if unknown:
+        raise ValueError(f"{name} holds unknown keys {unknown}; {getattr(target, '__name__', target)} takes "
+                         f"{known}")

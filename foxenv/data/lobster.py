@@ -373,6 +373,17 @@ class _Source:
         return f"{self.label} file {self.path.name} line {row + 1}"
 
 
+def _undecodable(path: Path) -> tuple[int, int, int]:
+    """``(line, character, byte)`` of the first byte of ``path`` that is not UTF-8 (0-based line)."""
+    with path.open("rb") as handle:
+        for row, line in enumerate(handle):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as error:
+                return row, error.start, line[error.start]
+    return 0, 0, 0
+
+
 def _read_numeric(source: _Source) -> np.ndarray:
     """Read a header-less numeric CSV into a float64 array, naming the first bad cell on failure.
 
@@ -389,6 +400,10 @@ def _read_numeric(source: _Source) -> np.ndarray:
         raise ValueError(f"{label} file {path.name} is empty") from error
     except pd.errors.ParserError as error:
         raise ValueError(f"{label} file {path.name}: rows of unequal length ({error})") from error
+    except UnicodeDecodeError:
+        row, column, byte = _undecodable(path)
+        raise ValueError(f"{source.where(row)}, character {column + 1}: byte 0x{byte:02x} is not UTF-8 text "
+                         "(a LOBSTER file holds ASCII numbers)") from None
     except ValueError:
         # A non-numeric cell: parse as text to name it.
         text = pd.read_csv(path, header=None, engine="c", dtype=str, keep_default_na=False)

@@ -78,6 +78,7 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
+from foxenv.checks import check_seed
 from foxenv.data.market import FLOW_WIDTH, MarketData
 
 _HALF = FLOW_WIDTH // 2
@@ -413,6 +414,7 @@ def generate_synthetic(
     :return: the timeline, validated, on ``device``.
     :raises ValueError: on a bad argument or profile knob, naming it and its value.
     """
+    seed = check_seed(seed, "seed", optional=False)
     if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
         raise ValueError(f"num_steps={num_steps!r} must be a positive int")
     if isinstance(levels, bool) or not isinstance(levels, int) or levels < 1:

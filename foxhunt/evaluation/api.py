@@ -230,6 +230,11 @@ def evaluate_policies(
     :param level: confidence level of the intervals and verdicts.
     :return: the :class:`Evaluation`.
     """
+    from foxenv.checks import check_device, check_seed
+
+    seed = check_seed(seed, optional=False)
+    market_seed = check_seed(market_seed, "market_seed", optional=False)
+    device = check_device(device)
     config_kwargs, extra_market = split_env_kwargs(env_kwargs)
     market_options = {**extra_market, **dict(market_kwargs or {})}
     market_options.pop("market_seed", None)

@@ -80,6 +80,11 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError(f"--signal-strength={args.signal_strength} must be >= 0")
     if args.signal_horizon is not None and args.signal_horizon < 1:
         raise ValueError(f"--signal-horizon={args.signal_horizon} must be >= 1")
+    from foxenv.checks import check_device
+    from foxhunt.preflight import check_evaluation_size
+
+    check_device(args.device, "--device")  # before any model is loaded
+    check_evaluation_size(args.steps, args.n_envs, args.device)
 
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
