@@ -83,8 +83,9 @@ def _check(args: argparse.Namespace) -> None:
     from foxenv.checks import check_device
     from foxhunt.preflight import check_evaluation_size
 
-    check_device(args.device, "--device")  # before any model is loaded
-    check_evaluation_size(args.steps, args.n_envs, args.device)
+    if args.device is not None:
+        check_device(args.device, "--device")  # before any model is loaded
+    check_evaluation_size(args.steps, args.n_envs, args.device or "cpu")
 
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:

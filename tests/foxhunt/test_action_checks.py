@@ -9,7 +9,7 @@ import torch
 
 from foxenv import spec
 from foxhunt.device_env import DeviceLOBVecEnv
-from foxhunt.envs import FlatActionVecEnv, LOBVecEnv
+from foxhunt.envs import LOBVecEnv
 
 ENV = dict(seed=0, data="synthetic", num_steps=600, episode_length=20)
 
@@ -18,7 +18,7 @@ JOINT_BAD = [
     (torch.full((4,), -1), r"actions\[0\]=-1 out of range"),
     (torch.full((4,), 1.5), r"actions dtype torch.float32 must be an integer dtype"),
     (torch.ones(4, dtype=torch.bool), r"actions dtype torch.bool must be an integer dtype"),
-    (torch.ones(4, 4, dtype=torch.int64), r"actions shape \(4, 4\): the joint face takes codes"),
+    (torch.ones(4, 4, dtype=torch.int64), r"actions has shape \(4, 4\); the joint face takes"),
 ]
 BRANCHED_BAD = [
     (torch.full((4, 4), 3), r"actions\[0, 0\]=3 out of range: direction=3 must lie in \[0, 3\)"),
@@ -45,15 +45,15 @@ def test_the_tensor_faces_refuse_what_the_numpy_face_refuses(step: str, face: st
 
 @pytest.mark.parametrize("codes", [[81] * 4, [-1] * 4, [1.5] * 4])
 def test_the_numpy_joint_faces_refuse_them_too(codes: list) -> None:
-    for env in (DeviceLOBVecEnv(4, action_face="joint", **ENV), FlatActionVecEnv(LOBVecEnv(4, **ENV))):
+    for env in (DeviceLOBVecEnv(4, action_face="joint", **ENV), LOBVecEnv(4, action_face="joint", **ENV)):
         env.reset()
         with pytest.raises(ValueError, match="codes|actions"):
             env.step(np.asarray(codes))
 
 
 def test_a_whole_float_code_is_refused_as_on_every_face() -> None:
-    with pytest.raises(ValueError, match="must be integers"):
-        FlatActionVecEnv(LOBVecEnv(4, **ENV)).step_async(np.array([3.0, 3.0, 3.0, 3.0]))
+    with pytest.raises(ValueError, match="must be an integer dtype"):
+        LOBVecEnv(4, action_face="joint", **ENV).step_async(np.array([3.0, 3.0, 3.0, 3.0]))
 
 
 @pytest.mark.parametrize(("face", "actions", "shown"), [

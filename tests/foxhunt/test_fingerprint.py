@@ -34,9 +34,9 @@ def run(crashed: Path, tmp_path: Path) -> Path:
     return copy
 
 
-def edit_config(run: Path, **env_kwargs: object) -> None:
+def edit_config(run: Path, **env: object) -> None:
     values = json.loads((run / "config.json").read_text())
-    values["env_kwargs"].update(env_kwargs)
+    values["env"].update(env)
     (run / "config.json").write_text(json.dumps(values))
 
 
@@ -59,7 +59,7 @@ def test_resume_refuses_a_config_edited_to_another_market(run: Path) -> None:
     """The issue's example: kill a run, edit env_kwargs.market_seed in config.json, --resume."""
     edit_config(run, market_seed=5)
     with pytest.raises(FingerprintMismatch, match=r"checkpoint .*step_000000200 was made with another "
-                       r"config\.env_kwargs\.market_seed: None -> 5 \(and 1 more: market\.seed\); put "
+                       r"config\.env\.market_seed: None -> 5 \(and 1 more: market\.seed\); put "
                        r"config\.json back as it was.*or pass --allow-market-change"):
         resume(run, progress=False)
     assert not (run / "model.zip").exists()
@@ -77,7 +77,7 @@ def test_an_explicit_market_change_resumes_on_the_new_market(run: Path) -> None:
 def test_a_change_of_settings_is_refused_even_with_a_market_change(run: Path, field: str, value: int,
                                                                     shown: str) -> None:
     edit_config(run, **{field: value})
-    with pytest.raises(FingerprintMismatch, match=rf"config\.env_kwargs\.{shown}"):
+    with pytest.raises(FingerprintMismatch, match=rf"config\.env\.{shown}"):
         resume(run, progress=False, allow_market_change=True)
 
 
@@ -99,9 +99,9 @@ def test_a_replay_buffer_of_another_run_is_refused(run: Path) -> None:
 
 
 def fingerprint_sha(path: Path) -> str:
-    from foxhunt.checksums import sha256_file
+    from sb3_her_ext.checksum import sha256_prefix
 
-    return sha256_file(path)
+    return sha256_prefix(path)
 
 
 @pytest.mark.parametrize("entry", [None, "abc", {"sha256": "x"}, {"sha256": 3, "bytes": 1},

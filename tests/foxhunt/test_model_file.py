@@ -14,7 +14,7 @@ from stable_baselines3.common.vec_env import DummyVecEnv
 
 from foxhunt import fingerprint
 from foxhunt.cli import main
-from foxhunt.envs import FlatActionVecEnv, LOBVecEnv
+from foxhunt.envs import LOBVecEnv
 from foxhunt.evaluation import model_file
 from foxhunt.runs import RunConfig
 from sb3_her_ext import BranchingIQN
@@ -28,7 +28,7 @@ EVALUATE = ["--steps", "4", "--n-envs", "2", "--no-plots", "--baselines", "flat"
 def saved_model(path: Path, stamp: bool = True, **env_kwargs: object) -> Path:
     """An untrained joint-face BranchingIQN on a synthetic env with ``env_kwargs``, saved (and stamped as
     foxhunt train stamps its models)."""
-    env = FlatActionVecEnv(LOBVecEnv(2, seed=0, num_steps=400, **{"episode_length": 30, **env_kwargs}))
+    env = LOBVecEnv(2, seed=0, num_steps=400, action_face="joint", **{"episode_length": 30, **env_kwargs})
     model = BranchingIQN("MlpPolicy", env, policy_kwargs=TINY_POLICY, buffer_size=100, batch_size=8,
                          learning_starts=10, seed=0)
     if stamp:

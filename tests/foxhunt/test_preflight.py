@@ -31,9 +31,9 @@ def free_23_gb(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize(("overrides", "option"), [
     (dict(n_envs=10**9), "--n-envs"),
-    (dict(model_kwargs={"buffer_size": 10**10}), "model_kwargs.buffer_size"),
+    (dict(model_kwargs={"buffer_size": 10**10}), "--algorithm.buffer-size"),
     (dict(eval_steps=10**11), "--eval-steps"),
-    (dict(synthetic_market_steps=10**10), "synthetic_market_steps"),
+    (dict(synthetic_market_steps=10**10), "--synthetic-market-steps"),
 ])
 def test_a_run_too_large_for_memory_is_refused_before_any_work(tmp_path: Path, free_23_gb: None,
                                                                  overrides: dict, option: str) -> None:
@@ -61,8 +61,8 @@ def test_evaluate_on_a_missing_gpu_is_one_line(tmp_path: Path, capsys: pytest.Ca
 
 
 @pytest.mark.parametrize(("overrides", "match"), [
-    (dict(policy_kwargs={"n_heads": 3}), r"RunConfig\.policy_kwargs holds unknown keys \['n_heads'\]"),
-    (dict(model_kwargs={"lr": 1e-3}), r"RunConfig\.model_kwargs holds unknown keys \['lr'\]"),
+    (dict(policy_kwargs={"n_heads": 3}), r"unknown RunConfig\.policy_kwargs keys \['n_heads'\]"),
+    (dict(model_kwargs={"lr": 1e-3}), r"unknown RunConfig\.model_kwargs keys \['lr'\]"),
     (dict(device="gpu"), r"RunConfig\.device='gpu' must be 'cpu', 'cuda' or 'cuda:K'"),
 ])
 def test_every_option_is_checked_before_the_folder_is_made(tmp_path: Path, overrides: dict,
