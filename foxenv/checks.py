@@ -49,9 +49,9 @@ def check_device(value: Any, name: str = "device", *, available: bool = True) ->
     try:
         device = torch.device(value)
     except (RuntimeError, ValueError):
-        raise ValueError(f"{name}={value!r} must be 'cpu', 'cuda' or 'cuda:K'") from None
+        raise ValueError(f"{name}={value!r} must be cpu or cuda (cuda:K for the K-th GPU)") from None
     if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"{name}={value!r} must be 'cpu', 'cuda' or 'cuda:K'")
+        raise ValueError(f"{name}={value!r} must be cpu or cuda (cuda:K for the K-th GPU)")
     if device.type == "cuda" and available:
         if not torch.cuda.is_available():
             raise ValueError(f"{name}={value!r}: no CUDA device is available (use 'cpu')")

@@ -30,7 +30,6 @@ from typing import Any
 
 import torch as th
 
-from foxenv.checks import check_device
 from foxhunt import presets
 from foxhunt.config import (
     AlgorithmSettings,
@@ -143,7 +142,6 @@ class RunConfig:
                 self._set_legacy(legacy, values)
         resolve_action_face(self.action_face, "RunConfig.action_face")
         check_fields(self, "RunConfig.")
-        check_device(self.device, "RunConfig.device", available=False)  # "gpu" never reaches torch's parser
         for name in SECTIONS:
             check_fields(getattr(self, name), f"RunConfig.{name}.")
         for name in ("checkpoint_every", "keep_checkpoints"):

@@ -77,11 +77,11 @@ def check_device(name: str, value: Any) -> None:
     try:
         device = torch.device(value)
     except (RuntimeError, ValueError):
-        raise ValueError(f"{name}={value!r} must be 'auto', 'cpu', 'cuda' or 'cuda:K'") from None
+        raise ValueError(f"{name}={value!r} must be auto, cpu or cuda (cuda:K for the K-th GPU)") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"{name}={value!r}: no CUDA device is available (use 'cpu' or 'auto')")
     if device.type not in ("cpu", "cuda", "mps"):
-        raise ValueError(f"{name}={value!r} must be 'auto', 'cpu', 'cuda' or 'cuda:K'")
+        raise ValueError(f"{name}={value!r} must be auto, cpu or cuda (cuda:K for the K-th GPU)")
 
 
 def check_known_kwargs(name: str, kwargs: Any, target: Any, skip: tuple[str, ...] = ()) -> None:

@@ -63,7 +63,7 @@ def test_evaluate_on_a_missing_gpu_is_one_line(tmp_path: Path, capsys: pytest.Ca
 @pytest.mark.parametrize(("overrides", "match"), [
     (dict(policy_kwargs={"n_heads": 3}), r"unknown RunConfig\.policy_kwargs keys \['n_heads'\]"),
     (dict(model_kwargs={"lr": 1e-3}), r"unknown RunConfig\.model_kwargs keys \['lr'\]"),
-    (dict(device="gpu"), r"RunConfig\.device='gpu' must be 'cpu', 'cuda' or 'cuda:K'"),
+    (dict(device="gpu"), r"RunConfig\.device='gpu' must be cpu or cuda"),
 ])
 def test_every_option_is_checked_before_the_folder_is_made(tmp_path: Path, overrides: dict,
                                                            match: str) -> None:
@@ -89,7 +89,7 @@ ENV = dict(num_steps=300, episode_length=20)
     (lambda: LOBVecEnv(2, seed=True, **ENV), r"seed=True must be an integer .* not a bool"),
     (lambda: LOBVecEnv(2, seed=2**64, **ENV), r"seed=18446744073709551616 must lie in \[0, 2\*\*32\)"),
     (lambda: LOBVecEnv(2, market_seed=-1, **ENV), r"market_seed=-1 must lie in \[0, 2\*\*32\)"),
-    (lambda: LOBVecEnv(2, device="gpu", **ENV), r"device='gpu' must be 'cpu', 'cuda' or 'cuda:K'"),
+    (lambda: LOBVecEnv(2, device="gpu", **ENV), r"device='gpu' must be cpu or cuda \(cuda:K for the K-th"),
     (lambda: foxenv.make_vec(2, device="gpu", **ENV), r"device='gpu' must be"),
     (lambda: foxenv.make_vec(2, seed=1.5, **ENV), r"seed=1.5 must be an integer"),
     (lambda: gym.make("foxenv/LOB-v0", **ENV).reset(seed=2**64), r"seed=18446744073709551616 must lie"),
@@ -108,7 +108,7 @@ def test_seeds_and_devices_are_one_line_errors_naming_the_field(build, match: st
 
 def test_branching_iqn_names_its_device_and_unknown_policy_kwargs() -> None:
     env = LOBVecEnv(2, seed=0, **ENV)
-    with pytest.raises(ValueError, match=r"device='gpu' must be 'auto', 'cpu', 'cuda' or 'cuda:K'"):
+    with pytest.raises(ValueError, match=r"device='gpu' must be auto, cpu or cuda \(cuda:K"):
         BranchingIQN("MlpPolicy", env, device="gpu", buffer_size=100, batch_size=8)
     with pytest.raises(ValueError, match=r"policy_kwargs holds unknown keys \['foo'\]; BranchingIQNPolicy "):
         BranchingIQN("MlpPolicy", env, policy_kwargs={"foo": 1}, buffer_size=100, batch_size=8)
