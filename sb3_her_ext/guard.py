@@ -274,10 +274,9 @@ class NanGuard:
         """
         if not self.immediate:
             return
-        finite = th.stack([th.isfinite(v).reshape(()) for v in (mu, nu, sigma)])
-        if not bool(finite.all()):
-            index = int((~finite).to(th.int64).argmax())
-            raise NonFiniteError(self._message(_POPART, int(self.steps) + 1, index))
+        if not bool(th.isfinite(mu * 0.0 + nu * 0.0 + sigma * 0.0)):  # x * 0 is NaN exactly for NaN and inf
+            finite = [bool(th.isfinite(v)) for v in (mu, nu, sigma)]
+            raise NonFiniteError(self._message(_POPART, int(self.steps) + 1, finite.index(False)))
 
     def restore(self) -> None:
         """Put the last :meth:`snapshot` back (no sync)."""
@@ -311,10 +310,9 @@ class NanGuard:
         # device types, not devices ("cuda" != "cuda:0"); a host tensor (a non-fused optimizer's step count)
         # is left out: a skipped step still advances it
         tensors = list(tensors)
-        names = list(names) if names is not None else [f"state tensor {i}" for i in range(len(tensors))]
         kept = [i for i, t in enumerate(tensors) if t.device.type == self.device.type]
         state = [tensors[i] for i in kept]
-        self._names = [names[i] for i in kept]
+        self._names = [names[i] for i in kept] if names is not None else [f"state tensor {i}" for i in kept]
         if [(b.shape, b.dtype) for b in self._backup] != [(t.shape, t.dtype) for t in state]:
             # the old copies stay alive: a captured CUDA graph may still write to them
             self._retired.append(self._backup)

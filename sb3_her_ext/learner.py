@@ -378,19 +378,18 @@ class Learner:
         )
         return z[:, :, 1:].detach(), logits[:, 1:].detach()
 
-    def _guarded_state(self, before_optimizer: bool = False) -> tuple[list[th.Tensor], list[str]]:
+    def _guarded_state(self, before_optimizer: bool = False) -> tuple[list[th.Tensor], list[str] | None]:
         """Everything a gradient step changes besides gradients, and the names: both networks' parameters,
         optimizer state, PopArt and GradVac buffers (``before_optimizer``: only what changes before the
         optimizer step, PopArt's statistics and rescaled layers and GradVac's buffers).
 
-        :return: ``(tensors, names)``.
+        :return: ``(tensors, names)`` (``before_optimizer``: names None).
         """
         popart = self.policy.popart
-        vaccine = [(f"vaccine.{name}", b.data) for name, b in self.vaccine.named_buffers()]
-        if before_optimizer:
+        if before_optimizer:  # every step on the CPU: no names (only the masked mode's messages use them)
             rescaled = popart.rescaled_tensors() if popart is not None else []
-            named = [(f"popart tensor {i}", t) for i, t in enumerate(rescaled)] + vaccine
-            return [t for _, t in named], [name for name, _ in named]
+            return [*rescaled, *(b.data for b in self.vaccine.buffers())], None
+        vaccine = [(f"vaccine.{name}", b.data) for name, b in self.vaccine.named_buffers()]
         names = {id(p): name for name, p in self.policy.named_parameters()}
         optimizer_state = [
             (f"optimizer {names.get(id(param), '?')}.{key}", value)

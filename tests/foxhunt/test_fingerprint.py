@@ -128,3 +128,14 @@ def test_an_env_state_of_another_market_or_setting_is_refused_naming_it(other: d
     with pytest.raises(FingerprintMismatch, match=r"the env state was taken from another env: " + shown):
         LOBVecEnv(2, **{**ENV, **other}).load_state_dict(state)
     LOBVecEnv(2, **ENV).load_state_dict(state)  # the same env takes it
+
+
+def test_the_cli_refuses_the_edited_run_in_one_line(run: Path, capsys: pytest.CaptureFixture) -> None:
+    from foxhunt.cli import main
+
+    edit_config(run, market_seed=5)
+    assert main(["train", "--resume", str(run), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "config.env.market_seed: None -> 5" in err
+    assert main(["train", "--allow-market-change", "--no-progress"]) == 2
+    assert "--allow-market-change goes with --resume RUN_DIR" in capsys.readouterr().err
