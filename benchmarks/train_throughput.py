@@ -4,10 +4,10 @@ Rows, at each number of books and device:
 
 * ``BranchingIQN device loop``: ``DeviceLOBVecEnv`` (tensor face; on CUDA its step CUDA-graphed with the
   autoreset, and the model's gradient steps graphed, ``cuda_graph=True``), collected by
-  :mod:`sb3_her_ext.device_loop`;
+  :mod:`sb3_her_ext.collect`;
 * ``BranchingIQN one graph``: the device loop's model and env with ``graph_collect=True`` and callbacks every
   ``train_freq`` vector steps: each rollout and its gradient steps are one CUDA graph replay
-  (:mod:`sb3_her_ext.graphed_loop`; CUDA only, its warm-up covers every graph it captures);
+  (:mod:`sb3_her_ext.collect.fused`; CUDA only, its warm-up covers every graph it captures);
 * ``BranchingIQN SB3 loop``: the same model on ``LOBVecEnv`` (SB3's numpy ``collect_rollouts``);
 * ``SB3 DQN`` and ``sb3-contrib QR-DQN``: on the same ``LOBVecEnv`` with the 81 joint actions of
   ``MultiDiscrete([3, 3, 3, 3])`` as ``Discrete(81)`` (``LOBVecEnv(action_face="joint")``).
@@ -103,11 +103,9 @@ def make_model(row: str, books: int, device: str, market: Any, args: argparse.Na
         # the device loop alone: the fused graph (the next row) would otherwise take qualifying rollouts
         return BranchingIQN("MlpPolicy", env, cuda_graph=cuda, graph_collect=False, **iqn)
     if row == ONE_GRAPH:
-        from sb3_her_ext import device_loop
-
         env = DeviceLOBVecEnv(books, device=device, cuda_graph=True, compile=args.compile_env, **env_kwargs)
         model = BranchingIQN("MlpPolicy", env, cuda_graph=True, graph_collect=True, **iqn)
-        device_loop.configure(model, callback_stride=train_freq)  # callbacks between replays only
+        model.collector.configure(callback_stride=train_freq)  # callbacks between replays only
         return model
     if row == "BranchingIQN SB3 loop":
         return BranchingIQN("MlpPolicy", LOBVecEnv(books, device=device, **env_kwargs), **iqn)
@@ -126,16 +124,14 @@ def make_model(row: str, books: int, device: str, market: Any, args: argparse.Na
 def _fused_warmup_cycles(model: Any) -> int:
     """Rollouts the one-graph row needs before every graph of it is captured: each vaccine pattern of the
     gradient steps is its own graph (at most ``vaccine_interval`` of them), captured after its warm-up."""
-    from sb3_her_ext.graphed_loop import FusedBlock
+    from sb3_her_ext.collect import FusedBlock
 
     return max(model.vaccine_interval, 1) * (FusedBlock.WARMUP_BLOCKS + 1)
 
 
 def _graph_counts(model: Any) -> tuple[int, int, int]:
     """``(captures, replays, eager blocks)`` of the model's fused block so far (zeros before it exists)."""
-    from sb3_her_ext import graphed_loop
-
-    block = graphed_loop.block_of(model)
+    block = model.collector.block
     return (0, 0, 0) if block is None else (block.captures, block.replays, block.eager_blocks)
 
 
@@ -179,7 +175,7 @@ def time_row(model: Any, books: int, train_freq: int, gradient_steps: int, devic
     gradient_steps_before, model.gradient_steps = model.gradient_steps, 0
     try:
         if fused:  # the collect-only graph: its warm-up and capture before the pilot
-            from sb3_her_ext.graphed_loop import FusedBlock
+            from sb3_her_ext.collect import FusedBlock
 
             model.learn((FusedBlock.WARMUP_BLOCKS + 1) * cycle, reset_num_timesteps=False, log_interval=10**9)
         start = time.perf_counter()

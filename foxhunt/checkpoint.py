@@ -37,7 +37,6 @@ import torch as th
 from stable_baselines3.common.callbacks import BaseCallback
 
 from foxhunt import fingerprint, training_state
-from sb3_her_ext import device_loop
 from sb3_her_ext.checksum import sha256_prefix as sha256_file
 
 #: Folder of a run's checkpoints.
@@ -152,7 +151,7 @@ def write_checkpoint(run_dir: str | Path, model: Any, diagnostics_path: str | Pa
     """
     if hasattr(model, "check_finite"):
         model.check_finite()  # a run whose NaN guard tripped on the device never writes a checkpoint
-    device_loop.flush_action_counts(model)  # the device loop's counts since its last flush, into the state
+    model.collector.flush_action_counts()  # the device loop's counts since its last flush, into the state
     root = Path(run_dir) / CHECKPOINTS_DIR
     root.mkdir(parents=True, exist_ok=True)
     step = int(model.num_timesteps)

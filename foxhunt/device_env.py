@@ -6,7 +6,7 @@
 ``[N, 4]`` int64 action tensors with :meth:`foxenv.core.BatchedLOB.step_autoreset` and returns the
 observations, rewards, dones, final observations, info tensors and the finished episodes' return and
 length, all on the books' device. ``BranchingIQN.learn`` collects through it with
-:mod:`sb3_her_ext.device_loop` (no host sync, no Python loop over books).
+:mod:`sb3_her_ext.collect` (no host sync, no Python loop over books).
 
 Episode statistics live on the device while the tensor face steps and in numpy while the numpy face steps;
 either face hands them over to the other at its first step, so the two faces can be mixed.
@@ -17,7 +17,7 @@ sync (:meth:`~foxenv.core.BatchedLOB.step_autoreset`'s ``host_sync=False``), so 
 episode starts there.
 
 :meth:`DeviceLOBVecEnv.step_tensors_static` is the step a CUDA graph of the whole training block captures
-(:mod:`sb3_her_ext.graphed_loop`): the same step, but every piece of state it changes (the books, the
+(:mod:`sb3_her_ext.collect.fused`): the same step, but every piece of state it changes (the books, the
 running episode statistics) is written in place into tensors that stay put, so that replays of the graph
 read and write the same memory; :meth:`DeviceLOBVecEnv.pin_static_state` puts the state back into those
 tensors after any other step or reset replaced them.

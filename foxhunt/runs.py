@@ -107,7 +107,7 @@ class RunConfig:
     """Steps of each generated synthetic market."""
     device_loop: bool | None = None
     """Collect through BranchingIQN's device loop (tensors stay on the device, no per-step host sync:
-    :mod:`sb3_her_ext.device_loop`); ``None``: on exactly when the device is CUDA."""
+    :mod:`sb3_her_ext.collect`); ``None``: on exactly when the device is CUDA."""
     checkpoint_every: int = 5_000
     """Environment steps between checkpoints (and one when training ends; a default CPU run leaves three);
     0: no checkpoints."""

@@ -6,7 +6,7 @@
     model.learn(100_000, progress_bar=True)
 
 Modules: ``algorithm`` (the SB3 algorithm: acting, schedules, saving), ``arguments`` (its argument checks),
-``device_loop`` (collection on the device), ``learner`` (the
+``collect`` (collection on the device), ``learner`` (the
 gradient step), ``policy`` (the SB3 policy), ``networks`` (the branching Q-network), ``fused`` (its
 hand-written training passes), ``losses``, ``popart``, ``vaccine`` (GradVac), ``graphed_step`` (the step
 as a CUDA graph), ``exploration``, ``replay`` and ``hindsight`` (the device replay buffer), ``diagnostics``,

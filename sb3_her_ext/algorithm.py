@@ -35,8 +35,10 @@ from stable_baselines3.common.vec_env import VecEnv
 from sb3_her_ext import checksum
 from sb3_her_ext.arguments import check_arguments, reject_vec_normalize
 from sb3_her_ext.branches import branch_action_dims, branch_index, default_branch_names
+from sb3_her_ext.collect import Counters, DeviceCollector
 from sb3_her_ext.diagnostics import TrainingDiagnostics
 from sb3_her_ext.exploration import (
+    branch_epsilons,
     linear_anneal,
     resolve_boltzmann_branches,
     resolve_exploration_mults,
@@ -156,7 +158,7 @@ class BranchingIQN(OffPolicyAlgorithm):
         :meth:`check_finite`).
     :param graph_collect: with ``cuda_graph=True`` on a device vector env, run each rollout of
         ``train_freq`` vector steps together with its gradient steps as ONE CUDA graph replay
-        (:mod:`sb3_her_ext.graphed_loop`, which lists the configurations that qualify); ``None`` (default):
+        (:mod:`sb3_her_ext.collect`, which lists the configurations that qualify); ``None`` (default):
         whenever the configuration qualifies, ``False``: never; ``True``: as ``None``, ``cuda_graph=True`` is
         required, and a rollout past ``learning_starts`` that does not qualify warns once with the reason.
         A failed capture falls back to the device loop with one warning.
@@ -270,7 +272,6 @@ class BranchingIQN(OffPolicyAlgorithm):
         self.iqr_bonus = self.iqr_bonus_range[0]
         self._n_calls = 0
         self._n_gradient_steps = 0
-        self._graph_trained = False  # the fused graph already ran the coming train() call's steps
         self._last_diagnostics_step = 0
 
         if getattr(self, "action_space", None) is not None:  # unset only in `load`, which restores it all
@@ -386,6 +387,8 @@ class BranchingIQN(OffPolicyAlgorithm):
             cuda_graph=self.cuda_graph,
             guard=self.guard,
         )
+        #: collection on a device vector env (its state, its fused CUDA graphs; not saved)
+        self.collector = DeviceCollector(self)
         assert n_branches == self.q_net.n_branches, "policy and action space disagree on the branches"
 
     def _excluded_save_params(self) -> list[str]:
@@ -400,8 +403,7 @@ class BranchingIQN(OffPolicyAlgorithm):
             "_valid_actions",
             "_mults",
             "_boltzmann",
-            "_graph_trained",  # within one learn step only: a checkpoint written inside a fused rollout's
-            # callbacks must not make the resumed run skip its first train()
+            "collector",
         ]
 
     def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
@@ -464,32 +466,143 @@ class BranchingIQN(OffPolicyAlgorithm):
         if deterministic:
             return self.policy.predict(observation, state, episode_start, deterministic=True)
         self.policy.set_training_mode(False)
-        from sb3_her_ext.device_loop import explore
-
         obs_tensor, vectorized = self.policy.obs_to_tensor(observation)
-        actions = explore(self, obs_tensor)  # the device loop's selection, then one copy to the host
+        actions = self.explore(obs_tensor)  # the device loop's selection, then one copy to the host
         actions_np = actions.cpu().numpy().reshape((-1, *self.action_space.shape))
         if not vectorized:
             actions_np = actions_np.squeeze(axis=0)
         return actions_np, state
 
-    # ---- device loop hook (issue 14): a DeviceVecEnv collects on the device (sb3_her_ext.device_loop),
-    # ---- every other env through SB3's loop unchanged
+    def explore(self, obs: th.Tensor, exploration_rate: th.Tensor | None = None,
+                iqr_bonus: th.Tensor | None = None, branch_rates: th.Tensor | None = None) -> th.Tensor:
+        """Exploratory actions on the device: ``predict(obs, deterministic=False)`` without the host copy
+        (policy's action statistics, per-branch ε, Boltzmann branches and bonuses through
+        :func:`~sb3_her_ext.exploration.select_actions`; the diagnostics' selection sums).
+
+        :param obs: ``[N, D]`` observations on the model's device.
+        :param exploration_rate: ε as a 0-dim float32 device tensor (a captured graph reads it); None:
+            :attr:`exploration_rate`.
+        :param iqr_bonus: the IQR bonus weight as a 0-dim float32 device tensor; None: :attr:`iqr_bonus`.
+        :param branch_rates: the per-branch rates ``[NB]`` (a row of :meth:`branch_rates`; then
+            ``exploration_rate`` is not read): a caller acting for several steps makes them for all at once.
+        :return: ``[N, NB]`` int64 actions on the device.
+        """
+        with th.no_grad():
+            if branch_rates is None:
+                branch_rates = self.branch_rates(
+                    self.exploration_rate if exploration_rate is None else exploration_rate
+                )
+            actions, iqr, ens_std = self.policy.explore(
+                obs, self._n_actions, branch_rates, self._boltzmann,
+                self.iqr_bonus if iqr_bonus is None else iqr_bonus, self.ensemble_bonus, self._generator,
+            )
+            self.diagnostics.add_selection(iqr, ens_std, self._valid_actions)
+        return actions
+
+    def branch_rates(self, exploration_rates: th.Tensor | float) -> th.Tensor:
+        """Per-branch exploration rates ``min(1, ε·mult_b)`` on the device.
+
+        :param exploration_rates: ε: a number, a 0-dim tensor, or ``[k, 1]`` values (one per step).
+        :return: ``[NB]`` (``[k, NB]``) float32 rates.
+        """
+        return branch_epsilons(exploration_rates, self._mults)
+
+    @property
+    def generator(self) -> th.Generator:
+        """The model's generator: exploration uniforms, quantile fractions (seeded from ``seed``)."""
+        return self._generator
+
+    # ------------------------------------------------------------------ collection (sb3_her_ext.collect)
+
     def collect_rollouts(self, env: VecEnv, callback: Any, train_freq: Any, replay_buffer: ReplayBuffer,
                          action_noise: Any = None, learning_starts: int = 0,
                          log_interval: int | None = None) -> Any:
-        """SB3's ``collect_rollouts``, or :func:`sb3_her_ext.device_loop.collect_rollouts` when ``env`` is a
-        :class:`~sb3_her_ext.device_env.DeviceVecEnv` it supports."""
-        from sb3_her_ext import device_loop
-
+        """SB3's ``collect_rollouts``, or :meth:`DeviceCollector.collect_rollouts` when ``env`` is a
+        :class:`~sb3_her_ext.device_env.DeviceVecEnv` the collector supports."""
         if self.policy.observation_normalizer_pending and self.num_timesteps >= learning_starts:
             self._fit_observation_normalizer(required=False)  # before the first rollout that trains
-        if device_loop.supports(self, env, train_freq, action_noise):
-            return device_loop.collect_rollouts(self, env, callback, train_freq, replay_buffer,
-                                                learning_starts, log_interval)
+        if self.collector.supports(env, train_freq, action_noise):
+            return self.collector.collect_rollouts(env, callback, train_freq, replay_buffer, learning_starts,
+                                                   log_interval)
         return super().collect_rollouts(env, callback, train_freq, replay_buffer, action_noise,
                                         learning_starts, log_interval)
-    # ---- end of the device loop hook
+
+    def update_progress(self) -> bool:
+        """SB3's progress remaining at ``num_timesteps``.
+
+        :return: whether this ``learn``'s total is reached.
+        """
+        self._update_current_progress_remaining(self.num_timesteps, self._total_timesteps)
+        return self.num_timesteps >= self._total_timesteps
+
+    def advance_schedules(self) -> bool:
+        """Count one ``_on_step`` call and move ε, the IQR bonus and PER β to the current progress (host
+        numbers; a fused block copies them into its device tensors).
+
+        :return: whether this call updates the target network (every ``target_update_interval`` env steps).
+        """
+        self._n_calls += 1
+        progress_remaining = self._current_progress_remaining
+        self.exploration_rate = self.exploration_schedule(progress_remaining)
+        self.iqr_bonus = linear_anneal(*self.iqr_bonus_range, progress_remaining)
+        if hasattr(self.replay_buffer, "beta"):
+            self.replay_buffer.beta = linear_anneal(*self.per_beta_range, progress_remaining)
+        self.logger.record("rollout/exploration_rate", self.exploration_rate)
+        return self._n_calls % max(self.target_update_interval // self.n_envs, 1) == 0
+
+    def after_env_step(self) -> None:
+        """After each vector step: schedules, the target update when due, a diagnostics line when due."""
+        if self.advance_schedules():
+            polyak_update(self.q_net.parameters(), self.q_net_target.parameters(), self.tau)
+        if self.diagnostics_due():
+            self.log_diagnostics()
+
+    def diagnostics_due(self) -> bool:
+        """Whether a diagnostics line is due (``diagnostics_interval`` env steps since the last)."""
+        return self.num_timesteps - self._last_diagnostics_step >= self.diagnostics_interval
+
+    def record_episodes(self, episodes: Sequence[tuple[float, int]], finished: int, seconds: float) -> int:
+        """Add episodes the device collector read to SB3's statistics (``ep_info_buffer``, the count).
+
+        :param episodes: ``(return, length)`` of the last finished ones (at most the buffer's window).
+        :param finished: how many finished since the last call.
+        :param seconds: the time since the ``learn`` began (SB3's ``t``).
+        :return: the count of finished episodes so far.
+        """
+        self.ep_info_buffer.extend({"r": r, "l": length, "t": seconds} for r, length in episodes)
+        self._episode_num += finished
+        return self._episode_num
+
+    def plan_gradient_steps(self, steps: int) -> tuple[bool, ...]:
+        """The coming ``steps`` gradient steps of a fused block: whether each is a vaccine step; with any,
+        the policy in training mode and the learning rate set (what :meth:`train` does first).
+
+        :param steps: gradient steps.
+        :return: per step, whether it is a vaccine step.
+        """
+        first = self._n_gradient_steps
+        plan = tuple(self.learner.vaccine_due(first + j + 1, self.replay_buffer) for j in range(steps))
+        if plan:
+            self.policy.set_training_mode(True)
+            self._update_learning_rate(self.policy.optimizer)
+        return plan
+
+    def count_gradient_steps(self, steps: int) -> None:
+        """Count ``steps`` gradient steps a fused block ran (what :meth:`train` counts for its own)."""
+        self._n_gradient_steps += steps
+        self._n_updates += steps
+        if steps:
+            self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
+
+    def counters(self) -> Counters:
+        """The host counters and schedule values a fused block advances (:meth:`restore_counters`)."""
+        return Counters(self.num_timesteps, self._n_calls, self._current_progress_remaining,
+                        self.exploration_rate, self.iqr_bonus, self.replay_buffer.beta)
+
+    def restore_counters(self, counters: Counters) -> None:
+        """Put back :meth:`counters` (a fused block that could not run)."""
+        self.num_timesteps, self._n_calls, self._current_progress_remaining = counters[:3]
+        self.exploration_rate, self.iqr_bonus, self.replay_buffer.beta = counters[3:]
 
     def _store_transition(
         self,
@@ -511,40 +624,20 @@ class BranchingIQN(OffPolicyAlgorithm):
         super()._store_transition(replay_buffer, buffer_action, new_obs, reward, dones, infos)
 
     def _on_step(self) -> None:
-        """After each env step: target update, schedules (ε, IQR bonus, PER β), diagnostics at log points."""
-        self._n_calls += 1
-        if self._target_update_due():
-            polyak_update(self.q_net.parameters(), self.q_net_target.parameters(), self.tau)
-        self._update_schedules()
-        if self.num_timesteps - self._last_diagnostics_step >= self.diagnostics_interval:
-            self.log_diagnostics()
-
-    def _target_update_due(self) -> bool:
-        """Whether ``_on_step`` call number ``_n_calls`` updates the target network."""
-        return self._n_calls % max(self.target_update_interval // self.n_envs, 1) == 0
-
-    def _update_schedules(self) -> None:
-        """ε, the IQR bonus and PER β at the current progress (host numbers; the fused graph of
-        :mod:`sb3_her_ext.graphed_loop` copies them into its device tensors)."""
-        progress_remaining = self._current_progress_remaining
-        self.exploration_rate = self.exploration_schedule(progress_remaining)
-        self.iqr_bonus = linear_anneal(*self.iqr_bonus_range, progress_remaining)
-        if hasattr(self.replay_buffer, "beta"):
-            self.replay_buffer.beta = linear_anneal(*self.per_beta_range, progress_remaining)
-        self.logger.record("rollout/exploration_rate", self.exploration_rate)
+        """SB3's hook after each env step: :meth:`after_env_step`."""
+        self.after_env_step()
 
     # ------------------------------------------------------------------ learning
 
     def train(self, gradient_steps: int, batch_size: int = 256) -> None:
         """Run ``gradient_steps`` gradient steps on batches of ``batch_size`` (:meth:`Learner.train_step`; no
-        host sync). Right after a rollout the fused graph ran with its gradient steps
-        (:mod:`sb3_her_ext.graphed_loop`), nothing: those steps are done and counted.
+        host sync). Right after a fused rollout (:mod:`sb3_her_ext.collect`), nothing: its gradient steps
+        ran and were counted with it.
 
         :param gradient_steps: number of gradient steps.
         :param batch_size: minibatch size.
         """
-        if self._graph_trained:  # the fused graph ran these steps with its rollout (graphed_loop)
-            self._graph_trained = False
+        if self.collector.take_fused_training():  # the fused graph ran these steps with its rollout
             return
         self.policy.set_training_mode(True)
         self._update_learning_rate(self.policy.optimizer)

@@ -1,4 +1,4 @@
-"""The device vector env protocol: what :mod:`sb3_her_ext.device_loop` needs of an env to run on the device.
+"""The device vector env protocol: what :mod:`sb3_her_ext.collect` needs of an env to run on the device.
 
 A device vector env is an SB3 ``VecEnv`` (so SB3's setup, ``evaluate_policy`` and ``save``/``load`` keep
 working through its numpy face) that also steps on torch tensors on its own device, with no host copy

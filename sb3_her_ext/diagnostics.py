@@ -92,7 +92,7 @@ class TrainingDiagnostics:
         """Zero every accumulator (called after each flush).
 
         The device accumulators are zeroed in place after their first allocation: a captured CUDA graph
-        (:mod:`sb3_her_ext.graphed_loop`) keeps adding to the same tensors.
+        (:mod:`sb3_her_ext.collect.fused`) keeps adding to the same tensors.
         """
         if not hasattr(self, "_train_sums"):
             # one tensor each, so that a train step adds to them in one op: sums in _TRAIN_KEYS order,
@@ -104,10 +104,13 @@ class TrainingDiagnostics:
             }
             self._select_count = th.zeros((), dtype=th.int64, device=self.device)
         else:
-            for tensor in (self._train_sums, self._train_counts, *self._select_sums.values(),
-                           self._select_count):
+            for tensor in self.device_tensors():
                 tensor.zero_()
         self._action_counts = [np.zeros(n, dtype=np.int64) for n in self.action_dims]
+
+    def device_tensors(self) -> tuple[th.Tensor, ...]:
+        """The device accumulators (a captured graph adds to them: the same tensors for the model's life)."""
+        return (self._train_sums, self._train_counts, *self._select_sums.values(), self._select_count)
 
     def restart(self, step: int, hindsight_totals: dict[str, Any] | None = None) -> None:
         """Start a new interval at ``step`` (the start of ``learn``): rates and hindsight counts of the next

@@ -540,6 +540,16 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
         else:
             cuda_ext.per_tree_rebuild(self.storage.tree, leaves)
 
+    def host_state(self) -> tuple[bool, torch.Tensor]:
+        """What the buffer's Python keeps beside its tensors: whether the tree is stale, the last batch's
+        weights. A CUDA graph replay of an ``add`` or a ``sample`` runs no Python, so its caller puts back
+        what the captured run left (:meth:`set_host_state`)."""
+        return self._tree_stale, self.last_weights
+
+    def set_host_state(self, state: tuple[bool, torch.Tensor]) -> None:
+        """Put back a :meth:`host_state`."""
+        self._tree_stale, self.last_weights = state
+
     def refresh_tree(self) -> None:
         """Bring every node of ``tree`` up to date (``per_tree_refresh``) if a write left it stale (GPU only;
         no host sync)."""

@@ -172,16 +172,17 @@ def test_device_env_joint_tensor_face_rejects_bad_codes(market, step: str) -> No
 
 
 def test_model_learns_through_the_device_loop_on_the_joint_face(market, monkeypatch) -> None:
-    from sb3_her_ext import BranchingIQN, device_loop
+    from sb3_her_ext import BranchingIQN
+    from sb3_her_ext.collect import DeviceCollector
 
     env = DeviceLOBVecEnv(4, seed=2, data=market, action_face="joint", **PARAMS)
     model = BranchingIQN("MlpPolicy", env, hindsight=False, learning_starts=16, batch_size=16,
                          buffer_size=400, seed=0, policy_kwargs={"net_arch": [16], "n_ensemble": 2})
     assert model.branch_names == ["action"] and list(model.action_dims) == [81]
-    assert device_loop.supports(model, env, model.train_freq)
+    assert model.collector.supports(env, model.train_freq)
     calls = []
-    original = device_loop.collect_rollouts
-    monkeypatch.setattr(device_loop, "collect_rollouts",
+    original = DeviceCollector.collect_rollouts
+    monkeypatch.setattr(DeviceCollector, "collect_rollouts",
                         lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs))
     model.learn(120)
     assert calls and model.num_timesteps >= 120

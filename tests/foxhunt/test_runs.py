@@ -106,9 +106,7 @@ class _EagerFused(_CrashAt):
     """Runs the fused collect + train block eagerly (its CPU form), and crashes like :class:`_CrashAt`."""
 
     def _on_training_start(self) -> None:
-        from sb3_her_ext import graphed_loop
-
-        graphed_loop.configure(self.model, eager=True)
+        self.model.collector.configure(eager=True)
 
 
 def test_a_resumed_fused_run_equals_the_uninterrupted_one(tmp_path: Path) -> None:
@@ -130,9 +128,7 @@ class _FusedCaptures(_CrashAt):
     seen = 0
 
     def _on_training_end(self) -> None:
-        from sb3_her_ext import graphed_loop
-
-        block = graphed_loop.block_of(self.model)
+        block = self.model.collector.block
         self.seen = 0 if block is None else block.captures
 
 

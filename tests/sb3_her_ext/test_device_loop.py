@@ -4,7 +4,6 @@ callbacks, progress, save/load; warm-up draws in distribution; on CUDA no host s
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -18,9 +17,10 @@ from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper, VecFrameStac
 
 from foxhunt.device_env import DeviceLOBVecEnv
 from foxhunt.envs import LOBVecEnv
-from sb3_her_ext import BranchingIQN, device_loop
+from sb3_her_ext import BranchingIQN
+from sb3_her_ext.collect import CollectorSettings, DeviceCollector, EpisodeStats
+from sb3_her_ext.collect.episodes import random_actions, record_steps
 from sb3_her_ext.device_env import DeviceStep
-from sb3_her_ext.device_loop import DeviceLoopSettings, EpisodeStats, configure, supports
 from sb3_her_ext.diagnostics import read_diagnostics
 from tests.sb3_her_ext._op_count import OpCount, ops_of
 
@@ -99,13 +99,13 @@ def test_device_loop_equals_sb3_loop_on_the_cpu(tmp_path: Path) -> None:
 
 def test_the_hook_dispatches_on_the_env(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
-    original = device_loop.collect_rollouts
+    original = DeviceCollector.collect_rollouts
 
     def spy(*args, **kwargs):
         calls.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(device_loop, "collect_rollouts", spy)
+    monkeypatch.setattr(DeviceCollector, "collect_rollouts", spy)
     BranchingIQN("MlpPolicy", make_env(LOBVecEnv, 2), **TINY).learn(20)
     assert calls == []
     BranchingIQN("MlpPolicy", make_env(DeviceLOBVecEnv, 2), **TINY).learn(20)
@@ -115,11 +115,12 @@ def test_the_hook_dispatches_on_the_env(monkeypatch: pytest.MonkeyPatch) -> None
 def test_supports_only_what_it_can_run() -> None:
     model = BranchingIQN("MlpPolicy", make_env(), **TINY)
     steps = TrainFreq(2, TrainFrequencyUnit.STEP)
-    assert supports(model, model.env, steps)
-    assert not supports(model, make_env(LOBVecEnv), steps)
-    assert not supports(model, VecFrameStack(model.env, 2), steps)  # forwards step_tensors, but is a wrapper
-    assert not supports(model, model.env, TrainFreq(1, TrainFrequencyUnit.EPISODE))
-    assert not supports(model, model.env, steps, action_noise=object())
+    supports = model.collector.supports
+    assert supports(model.env, steps)
+    assert not supports(make_env(LOBVecEnv), steps)
+    assert not supports(VecFrameStack(model.env, 2), steps)  # forwards step_tensors, but is a wrapper
+    assert not supports(model.env, TrainFreq(1, TrainFrequencyUnit.EPISODE))
+    assert not supports(model.env, steps, action_noise=object())
 
 
 class ToyDeviceEnv(VecEnv):
@@ -219,8 +220,8 @@ def test_a_toy_device_env_learns_as_well_as_through_sb3s_loop(device: str) -> No
     kwargs = {**TOY, "device": device}
     device_model = BranchingIQN("MlpPolicy", ToyDeviceEnv(16, device), **kwargs).learn(6144)
     numpy_model = BranchingIQN("MlpPolicy", NumpyOnly(ToyDeviceEnv(16, device)), **kwargs).learn(6144)
-    assert supports(device_model, device_model.env, device_model.train_freq)
-    assert not supports(numpy_model, numpy_model.env, numpy_model.train_freq)
+    assert device_model.collector.supports(device_model.env, device_model.train_freq)
+    assert not numpy_model.collector.supports(numpy_model.env, numpy_model.train_freq)
     device_accuracy, numpy_accuracy = greedy_accuracy(device_model), greedy_accuracy(numpy_model)
     assert device_accuracy > 0.9 and numpy_accuracy > 0.9
     # both loops count the same episodes and see the same mean return range
@@ -245,11 +246,9 @@ def test_a_toy_device_env_gives_sb3s_replay_without_warm_up() -> None:
 def test_warm_up_actions_are_uniform_per_branch() -> None:
     # SB3 draws warm-up actions with action_space.sample() (numpy); the loop draws them on the device: the
     # same distribution (independent uniform per branch), other numbers
-    model = SimpleNamespace(_n_actions=th.tensor([3, 2, 5]))
     generator = th.Generator()
     generator.manual_seed(0)
-    state = SimpleNamespace(warmup_generator=generator)
-    draws = th.cat([device_loop._random_actions(model, state, 1000) for _ in range(30)])
+    draws = th.cat([random_actions(th.tensor([3, 2, 5]), generator, 1000) for _ in range(30)])
     assert draws.dtype == th.int64 and draws.shape == (30_000, 3)
     for branch, n in enumerate((3, 2, 5)):
         counts = th.bincount(draws[:, branch], minlength=n).double()
@@ -327,9 +326,9 @@ def test_explore_with_per_branch_rates_made_for_several_steps_acts_the_same() ->
         for i, rate in enumerate(rates):
             with OpCount() as count:
                 if per_branch:
-                    steps.append(device_loop.explore(model, obs, iqr_bonus=bonus, branch_rates=table[i]))
+                    steps.append(model.explore(obs, iqr_bonus=bonus, branch_rates=table[i]))
                 else:
-                    steps.append(device_loop.explore(model, obs, rate, bonus))
+                    steps.append(model.explore(obs, rate, bonus))
             n_ops.append(len(count.ops))
         sums = {k: float(v) for k, v in model.diagnostics._select_sums.items()}
         acted.append((th.stack(steps), sums, n_ops))
@@ -347,13 +346,12 @@ def test_recording_a_block_of_steps_at_once_equals_step_by_step(window: int) -> 
     done = th.rand(k, n, generator=g) < 0.4
     returns, lengths = th.randn(k, n, generator=g, dtype=th.float64), th.randint(1, 50, (k, n), generator=g)
     actions = th.randint(0, 3, (k, n, 4), generator=g)
-    states = [SimpleNamespace(stats=EpisodeStats(window, th.device("cpu")),
-                              action_counts=th.zeros(4, 3, dtype=th.int64)) for _ in range(2)]
+    one, block = (EpisodeStats(window, th.device("cpu")) for _ in range(2))
+    one_counts, block_counts = (th.zeros(4, 3, dtype=th.int64) for _ in range(2))
     for i in range(k):
-        device_loop.record_steps(states[0], done[i], returns[i], lengths[i], actions[i], values)
-    ops = ops_of(lambda: device_loop.record_steps(states[1], done, returns, lengths, actions, values))
+        record_steps(one, one_counts, done[i], returns[i], lengths[i], actions[i], values)
+    ops = ops_of(lambda: record_steps(block, block_counts, done, returns, lengths, actions, values))
     assert len(ops) <= 14, ops
-    (one, one_counts), (block, block_counts) = ((s.stats, s.action_counts) for s in states)
     assert th.equal(one.returns, block.returns) and th.equal(one.lengths, block.lengths)
     assert int(one.count) == int(block.count) == int(done.sum())
     assert th.equal(one_counts, block_counts) and int(block_counts.sum()) == k * n * 4
@@ -362,10 +360,11 @@ def test_recording_a_block_of_steps_at_once_equals_step_by_step(window: int) -> 
 
 @pytest.mark.parametrize("kwargs,field", [({"callback_stride": 0}, "callback_stride"),
                                           ({"callback_stride": 1.5}, "callback_stride"),
-                                          ({"stats_interval": 0}, "stats_interval")])
+                                          ({"stats_interval": 0}, "stats_interval"),
+                                          ({"eager": 1}, "eager")])
 def test_bad_settings_name_field_and_value(kwargs: dict, field: str) -> None:
     with pytest.raises(ValueError, match=field):
-        DeviceLoopSettings(**kwargs)
+        CollectorSettings(**kwargs)
 
 
 def test_callback_stride_and_progress_bar(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -378,11 +377,11 @@ def test_callback_stride_and_progress_bar(monkeypatch: pytest.MonkeyPatch) -> No
 
     monkeypatch.setattr(ProgressBarCallback, "_on_training_end", record_then_end)
     model = BranchingIQN("MlpPolicy", make_env(), **TINY)
-    configure(model, callback_stride=3)
+    model.collector.configure(callback_stride=3)
     recorder = Recorder()
     model.learn(120, callback=recorder, progress_bar=True)  # 30 vector steps of 4 books
     assert recorder.n_calls == 10 and recorder.seen == list(range(12, 121, 12))
-    configure(model, callback_stride=7)  # 30 is no multiple of 7: the bar still reaches the total
+    model.collector.configure(callback_stride=7)  # 30 is no multiple of 7: the bar still reaches the total
     recorder = Recorder()
     model.learn(120, callback=recorder, progress_bar=True)
     assert recorder.n_calls == 4 and recorder.seen == [28, 56, 84, 112]
@@ -403,7 +402,7 @@ class EpisodeWatcher(BaseCallback):
 
 def test_episode_stats_reach_the_host_only_at_flush_points() -> None:
     model = BranchingIQN("MlpPolicy", make_env(episode_length=5), **{**TINY, "diagnostics_interval": 10**6})
-    configure(model, stats_interval=40)  # every 10 vector steps of 4 books
+    model.collector.configure(stats_interval=40)  # every 10 vector steps of 4 books
     watcher = EpisodeWatcher()
     model.learn(200, callback=watcher)
     # the callback runs before the step's flush: it sees the counts of the flush 10 steps before
@@ -464,7 +463,7 @@ def test_no_host_sync_inside_a_vector_step_on_cuda(cuda_graph: bool) -> None:
     env = make_env(n_envs=64, device="cuda", cuda_graph=True)
     model = BranchingIQN("MlpPolicy", env, **{**TINY, "device": "cuda", "cuda_graph": cuda_graph,
                                               "diagnostics_interval": 10**9, "buffer_size": 10_000})
-    configure(model, stats_interval=10**9)
+    model.collector.configure(stats_interval=10**9)
     model.learn(64 * 20)  # warm-up: buffers, graphs (env and gradient steps) captured
     assert model._n_updates > 0
     if cuda_graph:
@@ -476,7 +475,7 @@ def test_no_host_sync_inside_a_vector_step_on_cuda(cuda_graph: bool) -> None:
     th.cuda.set_sync_debug_mode("error")
     try:
         for _ in range(5):
-            device_loop.collect_rollouts(model, env, callback, freq, model.replay_buffer, 0, None)
+            model.collector.collect_rollouts(env, callback, freq, model.replay_buffer, 0, None)
             if cuda_graph:  # a graphed gradient step between vector steps: no sync either
                 model.train(gradient_steps=1, batch_size=model.batch_size)
     finally:

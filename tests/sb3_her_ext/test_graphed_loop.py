@@ -1,4 +1,4 @@
-"""The fused collect + train block (sb3_her_ext.graphed_loop) on the CPU: the function a CUDA graph captures,
+"""The fused collect + train block (sb3_her_ext.collect.fused) on the CPU: the function a CUDA graph captures,
 run eagerly, gives the device loop's results; schedule values read from device tensors equal the Python
 schedules; configurations that do not qualify keep the device loop."""
 
@@ -14,7 +14,8 @@ from stable_baselines3.common.type_aliases import TrainFreq, TrainFrequencyUnit
 from stable_baselines3.common.utils import LinearSchedule
 
 from foxhunt.device_env import DeviceLOBVecEnv
-from sb3_her_ext import BranchingIQN, device_loop, graphed_loop
+from sb3_her_ext import BranchingIQN
+from sb3_her_ext.collect import NORMALIZER_PENDING, CaptureError, FusedBlock
 from sb3_her_ext.diagnostics import read_diagnostics
 from sb3_her_ext.exploration import branch_epsilons, linear_anneal, select_actions
 
@@ -42,9 +43,7 @@ def run(tmp_path: Path, fused: bool, total: int = 400, stride: int = 2, **kwargs
     name = "fused" if fused else "loop"
     model = BranchingIQN("MlpPolicy", make_env(), diagnostics_path=str(tmp_path / f"{name}.jsonl"),
                          diagnostics_interval=40, **{**TINY, **kwargs})
-    device_loop.configure(model, callback_stride=stride)
-    if fused:
-        graphed_loop.configure(model, eager=True)
+    model.collector.configure(callback_stride=stride, eager=fused)
     return model.learn(total, log_interval=1)
 
 
@@ -71,11 +70,11 @@ def assert_same_training(a: BranchingIQN, b: BranchingIQN) -> None:
 
 def test_the_fused_block_run_eagerly_equals_the_device_loop(tmp_path: Path) -> None:
     loop, fused = run(tmp_path, fused=False), run(tmp_path, fused=True)
-    block = graphed_loop.block_of(fused)
+    block = fused.collector.block
     # learning_starts=0: the first rollout finds an empty buffer, so the observation normalizer is fitted by
     # that rollout's train() and only the later rollouts are fused
     assert block is not None and block.eager_blocks == 400 // 8 - 1 and block.captures == 0
-    assert graphed_loop.block_of(loop) is None
+    assert loop.collector.block is None
     assert_same_training(loop, fused)
     assert fused._episode_num == 20 and int(fused.replay_buffer.hindsight_counts["relabel"]) > 0
     # diagnostics lines: the same points and the same collection numbers (a line comes after its block's
@@ -92,7 +91,7 @@ def test_the_fused_block_run_eagerly_equals_the_device_loop(tmp_path: Path) -> N
 def test_without_the_normalizer_every_rollout_is_fused(tmp_path: Path) -> None:
     policy = {**TINY["policy_kwargs"], "normalize_observations": False}
     fused = run(tmp_path, fused=True, policy_kwargs=policy)
-    block = graphed_loop.block_of(fused)
+    block = fused.collector.block
     assert block is not None and block.eager_blocks == 400 // 8
 
 
@@ -106,7 +105,7 @@ def test_the_fused_block_equals_the_device_loop_across_settings(tmp_path: Path, 
     loop = run(tmp_path, fused=False, total=240, stride=stride, **kwargs)
     fused = run(tmp_path, fused=True, total=240, stride=stride, **kwargs)
     assert_same_training(loop, fused)
-    block = graphed_loop.block_of(fused)
+    block = fused.collector.block
     assert block is not None and block.eager_blocks > 0
 
 
@@ -132,10 +131,9 @@ def test_schedule_values_read_from_device_tensors_equal_the_python_schedules() -
 
 def test_the_fused_blocks_schedule_tensor_holds_the_device_loops_values(tmp_path: Path) -> None:
     model = BranchingIQN("MlpPolicy", make_env(), **{**TINY, "train_freq": 3})
-    device_loop.configure(model, callback_stride=3)
-    graphed_loop.configure(model, eager=True)
+    model.collector.configure(callback_stride=3, eager=True)
     model.learn(12 * 5)
-    block = graphed_loop.block_of(model)
+    block = model.collector.block
     assert block is not None
     # what prepare wrote for the next block equals what the device loop's _on_step would give step by step
     start, calls = model.num_timesteps, model._n_calls
@@ -160,19 +158,19 @@ def test_configurations_that_do_not_qualify_keep_the_device_loop() -> None:
     model = BranchingIQN("MlpPolicy", make_env(), **TINY)
     freq = TrainFreq(2, TrainFrequencyUnit.STEP)
     env = model.get_env()
-    assert "CUDA" in graphed_loop.unsupported_reason(model, env, freq, 0)  # CPU without eager
-    graphed_loop.configure(model, eager=True)
-    assert "callback_stride=1" in graphed_loop.unsupported_reason(model, env, freq, 0)
-    device_loop.configure(model, callback_stride=4)
-    assert graphed_loop.unsupported_reason(model, env, freq, 0) == graphed_loop.NORMALIZER_PENDING
+    unsupported_reason = model.collector.unsupported_reason
+    assert "CUDA" in unsupported_reason(env, freq, 0)  # CPU without eager
+    model.collector.configure(eager=True)
+    assert "callback_stride=1" in unsupported_reason(env, freq, 0)
+    model.collector.configure(callback_stride=4, eager=True)
+    assert unsupported_reason(env, freq, 0) == NORMALIZER_PENDING
     model.policy.fit_observation_normalizer(th.randn(8, model.observation_space.shape[0]))
-    assert graphed_loop.unsupported_reason(model, env, freq, 0) is None
-    assert "learning_starts" in graphed_loop.unsupported_reason(model, env, freq, 10)
+    assert unsupported_reason(env, freq, 0) is None
+    assert "learning_starts" in unsupported_reason(env, freq, 10)
     # a rollout of another length than the model's train_freq is not the learn loop's (no train follows)
-    assert "not the learn loop's" in graphed_loop.unsupported_reason(
-        model, env, TrainFreq(4, TrainFrequencyUnit.STEP), 0)
+    assert "not the learn loop's" in unsupported_reason(env, TrainFreq(4, TrainFrequencyUnit.STEP), 0)
     model.graph_collect = False
-    assert graphed_loop.unsupported_reason(model, env, freq, 0) == "graph_collect=False"
+    assert unsupported_reason(env, freq, 0) == "graph_collect=False"
 
 
 @pytest.mark.parametrize("value", ["yes", 1])
@@ -199,8 +197,7 @@ class StopAt(BaseCallback):
 
 def test_callbacks_run_at_block_ends_and_can_stop_training() -> None:
     model = BranchingIQN("MlpPolicy", make_env(), **TINY)
-    device_loop.configure(model, callback_stride=4)
-    graphed_loop.configure(model, eager=True)
+    model.collector.configure(callback_stride=4, eager=True)
     callback = StopAt(3)
     model.learn(400, callback=callback)
     # every 4 vector steps (2 blocks of 2) of 4 envs; the stopping block is stored and trained (documented)
@@ -210,21 +207,20 @@ def test_callbacks_run_at_block_ends_and_can_stop_training() -> None:
 
 def test_a_failed_capture_warns_once_and_the_device_loop_takes_over(monkeypatch: pytest.MonkeyPatch) -> None:
     model = BranchingIQN("MlpPolicy", make_env(), **TINY)
-    device_loop.configure(model, callback_stride=2)
-    graphed_loop.configure(model, eager=True)
+    model.collector.configure(callback_stride=2, eager=True)
 
     def refuse(self, model, key):  # what a capture meeting a host sync does: raise, nothing of it ran
-        raise graphed_loop.CaptureError("RuntimeError: operation not permitted when stream is capturing")
+        raise CaptureError("RuntimeError: operation not permitted when stream is capturing")
 
-    monkeypatch.setattr(graphed_loop.FusedBlock, "run", refuse)
+    monkeypatch.setattr(FusedBlock, "run", refuse)
     with pytest.warns(RuntimeWarning, match="not permitted when stream is capturing") as warned:
         model.learn(80)
     assert len([w for w in warned if issubclass(w.category, RuntimeWarning)]) == 1
-    assert "capture failed" in graphed_loop.unsupported_reason(
-        model, model.get_env(), TrainFreq(2, TrainFrequencyUnit.STEP), 0)
+    assert "capture failed" in model.collector.unsupported_reason(
+        model.get_env(), TrainFreq(2, TrainFrequencyUnit.STEP), 0)
     # the host counters the failed block had advanced were put back: the device loop's run, step for step
     reference = BranchingIQN("MlpPolicy", make_env(), **TINY)  # made after: torch's global stream is seeded
-    device_loop.configure(reference, callback_stride=2)
+    reference.collector.configure(callback_stride=2)
     reference.learn(80)
     assert_same_training(reference, model)
 
@@ -232,7 +228,7 @@ def test_a_failed_capture_warns_once_and_the_device_loop_takes_over(monkeypatch:
 def _state_tensors(model: BranchingIQN) -> dict[str, th.Tensor]:
     """Every tensor a block reads and writes as state (what a CUDA graph must find at the same address)."""
     buffer, env = model.replay_buffer, model.get_env()
-    loop = device_loop.loop_state(model, th.device("cpu"))
+    loop = model.collector
     tensors = {f"policy.{k}": v for k, v in model.policy.state_dict(keep_vars=True).items()}
     tensors.update({f"vaccine.{k}": v for k, v in model.vaccine.state_dict(keep_vars=True).items()})
     for i, state in enumerate(model.policy.optimizer.state.values()):
@@ -250,7 +246,7 @@ def _state_tensors(model: BranchingIQN) -> dict[str, th.Tensor]:
                     "stats.count": loop.stats.count, "action_counts": loop.action_counts})
     tensors.update({f"env.{k}": v for k, v in env.lob._state_tensors().items()})
     tensors.update({"env.ep_return": env._ep_return_t, "env.ep_length": env._ep_length_t})
-    block = graphed_loop.block_of(model)
+    block = model.collector.block
     tensors.update({"block.obs": block.obs, "block.schedule": block.schedule})
     return tensors
 
@@ -261,8 +257,7 @@ def test_a_block_changes_its_state_only_in_place(tmp_path: Path) -> None:
     ends, hindsight rows and a diagnostics flush between blocks."""
     model = BranchingIQN("MlpPolicy", make_env(), diagnostics_interval=16,
                          **{**TINY, "tau": 0.5, "target_update_interval": 4})
-    device_loop.configure(model, callback_stride=2, stats_interval=16)
-    graphed_loop.configure(model, eager=True)
+    model.collector.configure(callback_stride=2, stats_interval=16, eager=True)
     model.learn(8 * 3)  # optimizer state and the guard's copies exist after the first blocks
     before = _state_tensors(model)
     pointers = {k: v.data_ptr() for k, v in before.items()}
@@ -272,7 +267,7 @@ def test_a_block_changes_its_state_only_in_place(tmp_path: Path) -> None:
     moved = [k for k in before if after[k] is not before[k] or after[k].data_ptr() != pointers[k]]
     assert not moved
     # 3 + 30 rollouts of 8 steps; the first (learning_starts=0: an empty buffer) fits the normalizer unfused
-    assert graphed_loop.block_of(model).eager_blocks == 33 - 1
+    assert model.collector.block.eager_blocks == 33 - 1
 
 
 def test_fused_blocks_and_device_loop_rollouts_mix(tmp_path: Path) -> None:
@@ -281,8 +276,7 @@ def test_fused_blocks_and_device_loop_rollouts_mix(tmp_path: Path) -> None:
 
     def three_learns(fused: bool) -> BranchingIQN:
         model = BranchingIQN("MlpPolicy", make_env(), **TINY)
-        device_loop.configure(model, callback_stride=2)
-        graphed_loop.configure(model, eager=True)
+        model.collector.configure(callback_stride=2, eager=True)
         for collect in (None, False, None):
             model.graph_collect = collect if fused else False
             model.learn(120, reset_num_timesteps=False)
@@ -293,8 +287,8 @@ def test_fused_blocks_and_device_loop_rollouts_mix(tmp_path: Path) -> None:
     mixed = three_learns(fused=True)
     loop = three_learns(fused=False)
     # the first rollout (learning_starts=0: an empty buffer) fits the normalizer unfused
-    assert graphed_loop.block_of(mixed).eager_blocks == 2 * 120 // 8 - 1
-    assert graphed_loop.block_of(loop) is None
+    assert mixed.collector.block.eager_blocks == 2 * 120 // 8 - 1
+    assert loop.collector.block is None
     assert_same_training(loop, mixed)
     assert th.equal(mixed.get_env().current_obs(), loop.get_env().current_obs())
 
@@ -304,11 +298,11 @@ def test_graph_collect_true_warns_once_when_a_rollout_does_not_qualify(
 ) -> None:
     model = BranchingIQN("MlpPolicy", make_env(), **TINY)
     monkeypatch.setattr(model, "graph_collect", True)  # the CPU model cannot ask for it at construction
-    graphed_loop.configure(model, eager=True)  # qualifies but for the callback stride (1, train_freq 2)
+    model.collector.configure(eager=True)  # qualifies but for the callback stride (1, train_freq 2)
     with pytest.warns(RuntimeWarning, match="callback_stride=1 is not a multiple of train_freq=2") as warned:
         model.learn(40)
     assert len([w for w in warned if "graph_collect=True" in str(w.message)]) == 1
-    assert graphed_loop.block_of(model) is None
+    assert model.collector.block is None
 
 
 @pytest.mark.parametrize("beta", [0.0, 0.4, 0.5, 0.77, 1.0])

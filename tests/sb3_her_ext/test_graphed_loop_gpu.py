@@ -1,4 +1,4 @@
-"""The fused collect + train CUDA graph (sb3_her_ext.graphed_loop) on a GPU: graph replays equal the same
+"""The fused collect + train CUDA graph (sb3_her_ext.collect.fused) on a GPU: graph replays equal the same
 blocks run eagerly, no recapture after warm-up while ε, the learning rate and β change, no host sync inside
 a replay, ``model.learn()`` on ``DeviceLOBVecEnv`` with hindsight, and a failed capture falls back.
 
@@ -17,7 +17,8 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.type_aliases import TrainFreq, TrainFrequencyUnit
 
 from foxhunt.device_env import DeviceLOBVecEnv
-from sb3_her_ext import BranchingIQN, device_loop, graphed_loop
+from sb3_her_ext import BranchingIQN
+from sb3_her_ext.collect import FusedBlock
 from sb3_her_ext.diagnostics import read_diagnostics
 
 pytestmark = pytest.mark.gpu
@@ -40,19 +41,18 @@ def make_env(n_envs: int = 64, **kwargs) -> DeviceLOBVecEnv:
 
 def fused_model(eager: bool, stride: int = 2, **kwargs) -> BranchingIQN:
     model = BranchingIQN("MlpPolicy", make_env(), **{**CHANGING, **kwargs})
-    device_loop.configure(model, callback_stride=stride, stats_interval=10**9)
-    graphed_loop.configure(model, eager=eager)
+    model.collector.configure(callback_stride=stride, stats_interval=10**9, eager=eager)
     return model
 
 
 def test_graph_replays_equal_the_same_blocks_run_eagerly() -> None:
     total = 64 * 2 * 40  # 40 blocks
     graphed = fused_model(eager=False).learn(total)
-    block = graphed_loop.block_of(graphed)
+    block = graphed.collector.block
     assert block is not None and block.captures == 2  # vaccine patterns (F, T, F) and (T, F, T)
     assert block.replays == 40 - 2 * block.WARMUP_BLOCKS and block.eager_blocks == 2 * block.WARMUP_BLOCKS
     eager = fused_model(eager=True).learn(total)  # made after: torch's global stream is seeded again
-    assert graphed_loop.block_of(eager).captures == 0
+    assert eager.collector.block.captures == 0
     # a sum tree may be left stale (subtrees marked for a rebuild that the next sample does first): the
     # captured and the eager paths leave it so at different points (seen on the H200 with no capture at all)
     graphed.replay_buffer.refresh_tree()
@@ -95,12 +95,12 @@ class ScheduleWatch(BaseCallback):
 def test_no_recapture_after_warm_up_while_the_schedules_change() -> None:
     model = fused_model(eager=False)
     model.learn(64 * 2 * 12)
-    block = graphed_loop.block_of(model)
+    block = model.collector.block
     assert block is not None
     captures, replays = block.captures, block.replays
     watch = ScheduleWatch()
     model.learn(64 * 2 * 60, callback=watch, reset_num_timesteps=False)
-    assert graphed_loop.block_of(model) is block and block.captures == captures  # zero recaptures
+    assert model.collector.block is block and block.captures == captures  # zero recaptures
     assert block.replays == replays + 60 and len(watch.seen) == 60
     for values in zip(*watch.seen, strict=True):  # ε, β and the learning rate moved block after block
         assert len(set(values)) > 50
@@ -116,7 +116,7 @@ def test_no_recapture_after_warm_up_while_the_schedules_change() -> None:
 def test_no_host_sync_inside_a_replay() -> None:
     model = fused_model(eager=False)
     model.learn(64 * 2 * 10)  # warm-up and captures
-    block = graphed_loop.block_of(model)
+    block = model.collector.block
     assert block is not None and block.captures > 0
     env, freq = model.get_env(), TrainFreq(2, TrainFrequencyUnit.STEP)
     model._total_timesteps = 10**9  # no end-of-training flush inside the checked blocks
@@ -126,7 +126,7 @@ def test_no_host_sync_inside_a_replay() -> None:
     th.cuda.set_sync_debug_mode("error")
     try:
         for _ in range(6):
-            rollout = graphed_loop.collect_and_train(model, env, callback, freq, model.replay_buffer, 0, None)
+            rollout = model.collector.collect_and_train(env, callback, freq, model.replay_buffer, 0, None)
             assert rollout is not None and rollout.continue_training
             model.train(gradient_steps=3, batch_size=model.batch_size)  # skipped: the graph trained
     finally:
@@ -144,7 +144,7 @@ def test_learn_on_the_lob_env_with_hindsight_runs_through_the_graph(tmp_path: Pa
     assert model.hindsight_config is not None and model.graph_collect is None
     model.learn(256 * 200, log_interval=10)
     assert model.policy.q_net.observation_normalizer_fitted  # fitted on the host before the first capture
-    block = graphed_loop.block_of(model)
+    block = model.collector.block
     assert block is not None and block.captures == 1 and block.replays > 150  # train_freq 1: default stride
     assert int(model.replay_buffer.hindsight_counts["relabel"]) > 0  # trade closes made hindsight rows
     assert model._episode_num == 256 * 200 // 20 and all(e["l"] == 20 for e in model.ep_info_buffer)
@@ -158,25 +158,25 @@ def test_learn_on_the_lob_env_with_hindsight_runs_through_the_graph(tmp_path: Pa
 def test_a_capture_that_syncs_falls_back_to_the_device_loop_with_one_warning(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    original = graphed_loop.FusedBlock.block
+    original = FusedBlock.block
 
     def syncing(self, model, key):  # a host read inside the block: legal eagerly, refused by a capture
         outputs = original(self, model, key)
         float(self.schedule[0])
         return outputs
 
-    monkeypatch.setattr(graphed_loop.FusedBlock, "block", syncing)
+    monkeypatch.setattr(FusedBlock, "block", syncing)
     model = fused_model(eager=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model.learn(64 * 2 * 20)
     fallbacks = [w for w in caught if "fused collect + train CUDA graph is off" in str(w.message)]
     assert len(fallbacks) == 1, [str(w.message) for w in caught]
-    block = graphed_loop.block_of(model)
+    block = model.collector.block
     assert block is not None and block.captures == 0
     assert model.num_timesteps == 64 * 2 * 20 and model._n_updates == 20 * 3
-    assert "capture failed" in graphed_loop.unsupported_reason(
-        model, model.get_env(), TrainFreq(2, TrainFrequencyUnit.STEP), 0)
+    assert "capture failed" in model.collector.unsupported_reason(
+        model.get_env(), TrainFreq(2, TrainFrequencyUnit.STEP), 0)
     model.check_finite()
 
 
@@ -188,7 +188,7 @@ def test_the_nan_guard_inside_replays_undoes_the_steps_and_raises_at_the_sync_po
 
     model = fused_model(eager=False)
     model.learn(64 * 2 * 10)  # warm-up and captures
-    block = graphed_loop.block_of(model)
+    block = model.collector.block
     assert block is not None and block.captures == 2 and model.guard is not None
     buffer = model.replay_buffer
     buffer.rewards[: buffer.size()] = float("nan")  # every stored row: the next batches meet NaN targets
@@ -201,7 +201,7 @@ def test_the_nan_guard_inside_replays_undoes_the_steps_and_raises_at_the_sync_po
     callback = model._init_callback(None)
     replays = block.replays
     for _ in range(4):
-        assert graphed_loop.collect_and_train(model, env, callback, freq, buffer, 0, None) is not None
+        assert model.collector.collect_and_train(env, callback, freq, buffer, 0, None) is not None
         model.train(gradient_steps=3, batch_size=model.batch_size)
     assert block.replays == replays + 4
     for key, value in model.q_net.state_dict().items():
