@@ -475,16 +475,13 @@ class BranchingIQN(OffPolicyAlgorithm):
 
     def explore(self, obs: th.Tensor, exploration_rate: th.Tensor | None = None,
                 iqr_bonus: th.Tensor | None = None, branch_rates: th.Tensor | None = None) -> th.Tensor:
-        """Exploratory actions on the device: ``predict(obs, deterministic=False)`` without the host copy
-        (policy's action statistics, per-branch ε, Boltzmann branches and bonuses through
-        :func:`~sb3_her_ext.exploration.select_actions`; the diagnostics' selection sums).
+        """Exploratory actions on the device: ``predict(obs, deterministic=False)`` without the host copy.
 
         :param obs: ``[N, D]`` observations on the model's device.
-        :param exploration_rate: ε as a 0-dim float32 device tensor (a captured graph reads it); None:
-            :attr:`exploration_rate`.
+        :param exploration_rate: ε as a 0-dim float32 device tensor; None: :attr:`exploration_rate`.
         :param iqr_bonus: the IQR bonus weight as a 0-dim float32 device tensor; None: :attr:`iqr_bonus`.
-        :param branch_rates: the per-branch rates ``[NB]`` (a row of :meth:`branch_rates`; then
-            ``exploration_rate`` is not read): a caller acting for several steps makes them for all at once.
+        :param branch_rates: ``[NB]`` per-branch rates, a row of :meth:`branch_rates` made for several steps
+            at once (then ``exploration_rate`` is not read).
         :return: ``[N, NB]`` int64 actions on the device.
         """
         with th.no_grad():
@@ -500,11 +497,8 @@ class BranchingIQN(OffPolicyAlgorithm):
         return actions
 
     def branch_rates(self, exploration_rates: th.Tensor | float) -> th.Tensor:
-        """Per-branch exploration rates ``min(1, ε·mult_b)`` on the device.
-
-        :param exploration_rates: ε: a number, a 0-dim tensor, or ``[k, 1]`` values (one per step).
-        :return: ``[NB]`` (``[k, NB]``) float32 rates.
-        """
+        """Per-branch exploration rates ``min(1, ε·mult_b)`` on the device: ``[NB]`` for one ε (a number or
+        0-dim tensor), ``[k, NB]`` for ``[k, 1]`` values."""
         return branch_epsilons(exploration_rates, self._mults)
 
     @property
@@ -528,19 +522,13 @@ class BranchingIQN(OffPolicyAlgorithm):
                                         learning_starts, log_interval)
 
     def update_progress(self) -> bool:
-        """SB3's progress remaining at ``num_timesteps``.
-
-        :return: whether this ``learn``'s total is reached.
-        """
+        """Set SB3's progress remaining at ``num_timesteps``; return whether the learn's total is reached."""
         self._update_current_progress_remaining(self.num_timesteps, self._total_timesteps)
         return self.num_timesteps >= self._total_timesteps
 
     def advance_schedules(self) -> bool:
         """Count one ``_on_step`` call and move ε, the IQR bonus and PER β to the current progress (host
-        numbers; a fused block copies them into its device tensors).
-
-        :return: whether this call updates the target network (every ``target_update_interval`` env steps).
-        """
+        numbers; a fused block copies them to the device); return whether the target update is due."""
         self._n_calls += 1
         progress_remaining = self._current_progress_remaining
         self.exploration_rate = self.exploration_schedule(progress_remaining)
@@ -551,35 +539,29 @@ class BranchingIQN(OffPolicyAlgorithm):
         return self._n_calls % max(self.target_update_interval // self.n_envs, 1) == 0
 
     def after_env_step(self) -> None:
-        """After each vector step: schedules, the target update when due, a diagnostics line when due."""
+        """SB3's ``_on_step``, after each vector step: schedules, the target update and a diagnostics line
+        when due."""
         if self.advance_schedules():
             polyak_update(self.q_net.parameters(), self.q_net_target.parameters(), self.tau)
         if self.diagnostics_due():
             self.log_diagnostics()
+
+    _on_step = after_env_step
 
     def diagnostics_due(self) -> bool:
         """Whether a diagnostics line is due (``diagnostics_interval`` env steps since the last)."""
         return self.num_timesteps - self._last_diagnostics_step >= self.diagnostics_interval
 
     def record_episodes(self, episodes: Sequence[tuple[float, int]], finished: int, seconds: float) -> int:
-        """Add episodes the device collector read to SB3's statistics (``ep_info_buffer``, the count).
-
-        :param episodes: ``(return, length)`` of the last finished ones (at most the buffer's window).
-        :param finished: how many finished since the last call.
-        :param seconds: the time since the ``learn`` began (SB3's ``t``).
-        :return: the count of finished episodes so far.
-        """
+        """Add the ``(return, length)`` of the last of ``finished`` episodes the device collector read, at
+        ``seconds`` into the ``learn``, to SB3's statistics; return the count of episodes so far."""
         self.ep_info_buffer.extend({"r": r, "l": length, "t": seconds} for r, length in episodes)
         self._episode_num += finished
         return self._episode_num
 
     def plan_gradient_steps(self, steps: int) -> tuple[bool, ...]:
-        """The coming ``steps`` gradient steps of a fused block: whether each is a vaccine step; with any,
-        the policy in training mode and the learning rate set (what :meth:`train` does first).
-
-        :param steps: gradient steps.
-        :return: per step, whether it is a vaccine step.
-        """
+        """Whether each of the coming ``steps`` gradient steps (of a fused block) is a vaccine step; with any,
+        the policy in training mode and the learning rate set (what :meth:`train` does first)."""
         first = self._n_gradient_steps
         plan = tuple(self.learner.vaccine_due(first + j + 1, self.replay_buffer) for j in range(steps))
         if plan:
@@ -622,10 +604,6 @@ class BranchingIQN(OffPolicyAlgorithm):
             self.guard.check_env_arrays(self.num_timesteps, observations, reward)
         self.diagnostics.add_actions(buffer_action)
         super()._store_transition(replay_buffer, buffer_action, new_obs, reward, dones, infos)
-
-    def _on_step(self) -> None:
-        """SB3's hook after each env step: :meth:`after_env_step`."""
-        self.after_env_step()
 
     # ------------------------------------------------------------------ learning
 

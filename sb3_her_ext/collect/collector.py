@@ -293,16 +293,10 @@ class DeviceCollector:
 
     def collect_and_train(self, env: Any, callback: BaseCallback, train_freq: TrainFreq, replay_buffer: Any,
                           learning_starts: int = 0, log_interval: int | None = None) -> RolloutReturn | None:
-        """One rollout of ``train_freq`` vector steps and its gradient steps as one fused block, when the
-        configuration qualifies (:meth:`unsupported_reason`); the host bookkeeping around it. The next
-        ``train`` call then only keeps count (:meth:`take_fused_training`).
+        """One rollout and its gradient steps as one fused block when the configuration qualifies
+        (:meth:`unsupported_reason`), with the host bookkeeping around it (callbacks at block ends); the next
+        ``train`` call then only keeps count. Arguments as :meth:`collect_rollouts`.
 
-        :param env: the device vector env.
-        :param callback: SB3's callback (``on_step`` at block ends, every ``callback_stride`` vector steps).
-        :param train_freq: the rollout length, in steps.
-        :param replay_buffer: the algorithm's buffer.
-        :param learning_starts: env steps of uniform random actions.
-        :param log_interval: episodes between ``dump_logs``.
         :return: SB3's ``RolloutReturn``, or None: not fused (the caller runs the device loop).
         """
         algorithm = self.algorithm
@@ -346,10 +340,7 @@ class DeviceCollector:
 
     def take_fused_training(self) -> bool:
         """Whether the last rollout was a fused block that already ran the coming ``train`` call's gradient
-        steps (then ``train`` runs none); answered once.
-
-        :return: the answer.
-        """
+        steps (then ``train`` runs none); answered once."""
         trained, self._fused_trained = self._fused_trained, False
         return trained
 

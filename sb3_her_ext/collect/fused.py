@@ -1,42 +1,34 @@
 """The fused block: one rollout of ``train_freq`` vector steps AND its ``gradient_steps`` gradient steps as
-ONE CUDA graph replay (issue 14).
+ONE CUDA graph replay (issue 14). Which rollouts run so, and how callbacks and flushes then work: see
+:mod:`sb3_her_ext.collect.collector`.
 
-The device loop runs a vector step without a host sync, but as ~40 kernel launches of acting, env step and
-replay push, and each gradient step as its own graph replay (:mod:`sb3_her_ext.graphed_step`). At a few
-books that launch latency is the whole cost. Here the block ``k = train_freq`` vector steps + ``g``
-gradient steps is :meth:`FusedBlock.block`, captured once per *key* and replayed; between replays the host
-only does bookkeeping (:class:`~sb3_her_ext.collect.DeviceCollector`).
-
-What the block does, in the device loop's order (so, run eagerly, it gives the device loop's results: same
-replay contents, same parameters; tested on the CPU): for each of the ``k`` vector steps, act (the
-algorithm's ``explore`` with ε and the IQR bonus read from device tensors), env step (the env's
-``step_tensors_static``), the NaN guard's check (with the step number read from a device tensor), replay
-push with hindsight; then the episode statistics and action counts of the ``k`` steps; then the target
-network's Polyak updates due in those steps (masked by device flags: the online network does not change
-while collecting, so applying them after the collection is the same arithmetic); then ``g`` gradient steps
+The device loop runs a vector step without a host sync, but as ~40 kernel launches, and each gradient step
+as its own graph replay (:mod:`sb3_her_ext.graphed_step`); at a few books that launch latency is the whole
+cost. Here ``k = train_freq`` vector steps + ``g`` gradient steps are :meth:`FusedBlock.block`, captured
+once per *key* and replayed. What the block does, in the device loop's order (so, run eagerly, it gives the
+device loop's results: same replay contents, same parameters; tested on the CPU): for each vector step, act
+(the algorithm's ``explore`` with ε and the IQR bonus read from device tensors), env step (the env's
+``step_tensors_static``), the NaN guard's check (its step number a device tensor), replay push with
+hindsight; then the steps' episode statistics and action counts; then the target network's Polyak updates
+due in those steps (masked by device flags: the online network does not change while collecting, so
+applying them after the collection is the same arithmetic); then ``g`` gradient steps
 (:meth:`~sb3_her_ext.learner.Learner.train_step_in_graph`: PER β read from a device tensor).
 
-Before each replay :meth:`FusedBlock.prepare` advances ``num_timesteps``, the progress, the ``_on_step``
-count and the schedules exactly as the device loop would step by step, and copies the values every step of
-the block reads (ε and the IQR bonus per step, the target update flags, PER β, the first step number) into
-one device tensor (one host-to-device copy from pinned memory, no sync); the learning rate is written in
-place into the capturable optimizer's tensor.
+Before each replay :meth:`FusedBlock.prepare` advances the host counters and schedules exactly as the device
+loop would step by step, and copies every value the block reads (ε and the IQR bonus per step, the target
+update flags, PER β, the first step number) into one device tensor (one copy from pinned memory, no sync);
+the learning rate is written in place into the capturable optimizer's tensor.
 
-Keys and captures: which of the ``g`` gradient steps are vaccine steps depends on the step count (a host
-decision), so each pattern is its own graph: at most ``vaccine_interval`` of them. Each key runs
-``WARMUP_BLOCKS`` blocks eagerly (on a side stream), then is captured once and replayed from then on: no
-recapture after that (tested). The algorithm's generator and the env's generators are registered with every
-graph (``CUDAGraph.register_generator_state``), so each replay draws fresh numbers from the same streams
-the eager block would; torch's default generator is graph-safe itself. A new env, buffer, policy or
-optimizer, or another ``train_freq``, ``gradient_steps`` or ``batch_size``, needs a new block
-(:meth:`FusedBlock.matches`; each graph keeps a memory pool of its own).
+Keys and captures: which of the ``g`` gradient steps are vaccine steps is a host decision, so each pattern
+is its own graph (at most ``vaccine_interval``). Each key runs ``WARMUP_BLOCKS`` blocks eagerly (on a side
+stream), then is captured once and replayed from then on: no recapture (tested). The algorithm's and the
+env's generators are registered with every graph, so each replay draws fresh numbers from the same streams
+the eager block would. A new env, buffer, policy or optimizer, or another ``train_freq``, ``gradient_steps``
+or ``batch_size``, needs a new block (:meth:`FusedBlock.matches`; each graph has a memory pool of its own).
 
-On a GPU the IQR bonus multiplies the IQRs before the selection kernel (see
-:func:`~sb3_her_ext.exploration.select_actions`) and PER weights are recomputed from the sampled leaves with
-β as a tensor (:meth:`~sb3_her_ext.replay.PrioritizedHindsightReplayBuffer.sample_with_beta`): each may
-differ from the device loop's in the last bit there; on the CPU both are the same numbers.
-
-Throughput: benchmarks/RESULTS.md ("BranchingIQN one graph" rows of ``benchmarks/train_throughput.py``).
+On a GPU the IQR bonus multiplies the IQRs before the selection kernel and PER weights are recomputed from
+the sampled leaves with β as a tensor: each may differ from the device loop's in the last bit there; on the
+CPU both are the same numbers. Throughput: benchmarks/RESULTS.md ("BranchingIQN one graph" rows).
 """
 
 from __future__ import annotations
