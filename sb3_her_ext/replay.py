@@ -541,9 +541,8 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
             cuda_ext.per_tree_rebuild(self.storage.tree, leaves)
 
     def host_state(self) -> tuple[bool, torch.Tensor]:
-        """What the buffer's Python keeps beside its tensors: whether the tree is stale, the last batch's
-        weights. A CUDA graph replay of an ``add`` or a ``sample`` runs no Python, so its caller puts back
-        what the captured run left (:meth:`set_host_state`)."""
+        """Whether the tree is stale, the last batch's weights: what a graph replay of ``add`` or ``sample``
+        (no Python) does not set; its caller puts back what the captured run left (:meth:`set_host_state`)."""
         return self._tree_stale, self.last_weights
 
     def set_host_state(self, state: tuple[bool, torch.Tensor]) -> None:

@@ -16,25 +16,17 @@ does the same work on device tensors. Per vector step, with no host sync and no 
    diagnostics at their interval).
 
 Gradient steps stay where SB3 runs them: ``learn`` calls ``train`` after each rollout. Where the
-configuration qualifies (:meth:`DeviceCollector.unsupported_reason` says why one does not), the rollout and
-its gradient steps run instead as ONE CUDA graph replay (:mod:`sb3_her_ext.collect.fused`), and ``train``
-then only keeps count:
-
-* a CUDA device with ``cuda_graph=True`` and ``graph_collect`` not False (or ``eager=True`` in
-  :meth:`DeviceCollector.configure`: the block run without capture, on any device; the CPU tests compare
-  that with the device loop, the GPU tests with the replays);
-* the learn loop's rollout (of the algorithm's own ``train_freq``: its gradient steps follow it), past
-  ``learning_starts`` (the random warm-up is a host decision per step), with a fitted observation
-  normalizer (a fit reads the replay rows on the host);
-* an env with the static face (:data:`~sb3_her_ext.collect.fused.STATIC_FACE`; ``DeviceLOBVecEnv`` has it);
-* a ``callback_stride`` that is a multiple of ``train_freq`` (callbacks can only run between replays);
-* no failed capture: a failed capture warns once (naming the reason) and the device loop takes over.
-
-With ``graph_collect=True`` a rollout past ``learning_starts`` that does not qualify warns once with the
-reason. Differences of a fused rollout, all at block granularity: a callback's ``on_step`` and its stop take
-effect after the block (its transitions are stored and its gradient steps done, where the device loop stores
-nothing of the step a callback stopped at); diagnostics lines, flushes and log dumps due inside a block are
-written at its end (the line then already counts the block's gradient steps).
+configuration qualifies, the rollout and its gradient steps run instead as ONE CUDA graph replay
+(:mod:`sb3_her_ext.collect.fused`), and ``train`` then only keeps count: on CUDA with ``cuda_graph=True``
+(or with ``eager=True``, on any device: the block run without capture, as the tests' reference), for the
+learn loop's own rollouts past ``learning_starts``, on an env with the static face, with a
+``callback_stride`` that is a multiple of ``train_freq`` (callbacks run between replays), until a capture
+fails (it warns once and the device loop takes over). :meth:`DeviceCollector.unsupported_reason` names what
+stops a rollout; with ``graph_collect=True`` a rollout past ``learning_starts`` that does not qualify warns
+once. A fused rollout works at block granularity: a callback's ``on_step`` and its stop take effect after
+the block (its transitions are stored and its gradient steps done, where the device loop stores nothing of
+the step a callback stopped at); diagnostics lines, flushes and log dumps due inside a block are written at
+its end (the line then already counts the block's gradient steps).
 
 What crosses to the host, and when (one sync each time):
 
@@ -175,16 +167,10 @@ class DeviceCollector:
         self.settings = settings
 
     def supports(self, env: Any, train_freq: TrainFreq, action_noise: Any = None) -> bool:
-        """Whether :meth:`collect_rollouts` can collect on ``env`` (else SB3's loop runs).
-
-        :param env: the algorithm's (vectorized) env.
-        :param train_freq: the rollout length.
-        :param action_noise: SB3's action noise (must be None).
-        :return: True for a :class:`~sb3_her_ext.device_env.DeviceVecEnv` (:func:`is_device_vec_env`: not a
-            wrapper of one) on the algorithm's device, a
-            :class:`~sb3_her_ext.replay.PrioritizedHindsightReplayBuffer`, ``train_freq`` in steps and no
-            action noise.
-        """
+        """Whether :meth:`collect_rollouts` can collect on ``env`` (else SB3's loop runs): a
+        :class:`~sb3_her_ext.device_env.DeviceVecEnv` (not a wrapper of one) on the algorithm's device, a
+        :class:`~sb3_her_ext.replay.PrioritizedHindsightReplayBuffer`, ``train_freq`` in steps, no action
+        noise."""
         algorithm = self.algorithm
         return (
             is_device_vec_env(env)
