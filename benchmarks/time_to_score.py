@@ -225,12 +225,10 @@ def run_one(agent: Agent, seed: int, setup: runner.Setup, scorer: HeldOutScorer,
     callback = ScoreCallback(scorer, args.score_every, args.target, args.cap_seconds, learning_starts,
                              setup.device, stop_at_target=not args.run_to_budget)
     if loop == runner.LOOP_DEVICE:
-        from sb3_her_ext import device_loop
-
         frequency = model.train_freq.frequency
         stride = max(args.score_every // (4 * setup.n_envs), 1)
         stride = max(stride // frequency, 1) * frequency  # the fused graph needs a multiple of train_freq
-        device_loop.configure(model, callback_stride=stride, stats_interval=max(args.score_every, 1))
+        model.collector.configure(callback_stride=stride, stats_interval=max(args.score_every, 1))
     began = time.perf_counter()
     model.learn(setup.steps, callback=callback, log_interval=10**9)
     wall = time.perf_counter() - began
