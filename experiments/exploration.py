@@ -131,12 +131,7 @@ class GraphCounter(CurveCallback):
     def _on_step(self) -> bool:
         graphs = [getattr(getattr(self.model, name, None), "graph", None)
                   for name in ("_graphed_step", "_graphed_vaccine_step")]
-        if hasattr(self.model, "collector"):
-            block = self.model.collector.block
-        else:
-            from sb3_her_ext import graphed_loop
-
-            block = graphed_loop.block_of(self.model)
+        block = getattr(getattr(self.model, "collector", None), "block", None)  # BranchingIQN's fused graphs
         graphs += list(block.graphs.values()) if block is not None else []
         self.graphs += [g for g in graphs if g is not None and not any(g is known for known in self.graphs)]
         return super()._on_step()
