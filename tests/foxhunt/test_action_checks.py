@@ -88,13 +88,14 @@ def test_the_flag_records_the_first_bad_action_only_and_replaces_bad_values() ->
 
 
 def test_the_device_loop_raises_the_flag_at_its_flush(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sb3_her_ext import BranchingIQN, device_loop
+    from sb3_her_ext import BranchingIQN
+    from sb3_her_ext.collect import collector
 
     env = DeviceLOBVecEnv(4, action_face="joint", **ENV)
     env.lob.validate_actions = False
     model = BranchingIQN("MlpPolicy", env, learning_starts=1000, buffer_size=500, seed=0,
                          policy_kwargs=dict(net_arch=[8]), diagnostics_interval=40)
-    monkeypatch.setattr(device_loop, "_random_actions", lambda model, state, n: torch.full((n, 1), 99))
+    monkeypatch.setattr(collector, "random_actions", lambda n_actions, generator, n: torch.full((n, 1), 99))
     with pytest.raises(ValueError, match=r"actions\[0\]=99 out of range"):
         model.learn(80)
     assert model.num_timesteps <= 40
