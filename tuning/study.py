@@ -628,7 +628,8 @@ def tune(
     """
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the study prints its own line per trial
     space, notes = fit_space(space, base)
-    check_space(space, base)
+    if not settings.worker:  # a launcher's workers: the launcher checked it
+        check_space(space, base)
     tag = f"{settings.worker}: " if settings.worker else ""
     for note in notes if not settings.worker else ():  # a launcher's workers: the launcher said them
         print(note)
