@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+import signal
 import sys
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -114,6 +116,11 @@ def _worker(base: RunConfig, space: Mapping[str, Any], settings: StudySettings, 
         sys.exit(2)
 
 
+def _exit_on_term(signum: int, frame: Any) -> None:
+    """SIGTERM as ``SystemExit``, so that the launcher's ``finally`` stops its workers."""
+    raise SystemExit(128 + signum)
+
+
 def launch(
     base: RunConfig,
     space: Mapping[str, Param | Any],
@@ -149,18 +156,21 @@ def launch(
     counts = shares(settings.n_trials, len(devices))
     context = multiprocessing.get_context("spawn")
     processes = []
-    for k, count in enumerate(counts):
-        name = f"worker {k + 1}/{len(counts)}"
-        worker_settings = dataclasses.replace(settings, n_trials=count, resume=True, progress=False,
-                                              write_outputs=False, worker=name)
-        worker_base = dataclasses.replace(base, device=devices[k])
-        process = context.Process(target=_worker, args=(worker_base, space, worker_settings, evaluate),
-                                  name=name)
-        process.start()
-        print(f"{name}: pid {process.pid} on {devices[k]}, {count or 'timeout-bound'} trials", flush=True)
-        processes.append(process)
+    stop_on_term = threading.current_thread() is threading.main_thread()
+    if stop_on_term:  # `kill LAUNCHER` stops its workers too (the finally below)
+        previous = signal.signal(signal.SIGTERM, _exit_on_term)
     status = 0
     try:
+        for k, count in enumerate(counts):
+            name = f"worker {k + 1}/{len(counts)}"
+            worker_settings = dataclasses.replace(settings, n_trials=count, resume=True, progress=False,
+                                                  write_outputs=False, worker=name)
+            worker_base = dataclasses.replace(base, device=devices[k])
+            process = context.Process(target=_worker, args=(worker_base, space, worker_settings, evaluate),
+                                      name=name)
+            process.start()
+            print(f"{name}: pid {process.pid} on {devices[k]}, {count or 'timeout-bound'} trials", flush=True)
+            processes.append(process)
         for process in processes:
             process.join()
             if process.exitcode != 0:
@@ -175,6 +185,8 @@ def launch(
             if process.is_alive():
                 process.terminate()
                 process.join()
+        if stop_on_term:
+            signal.signal(signal.SIGTERM, previous)
     study = optuna.load_study(study_name=settings.study_name, storage=storage)
     with storage_errors(url):
         write_outputs(study, settings, full)

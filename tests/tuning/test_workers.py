@@ -92,7 +92,12 @@ def test_launcher_runs_cpu_workers_as_processes_on_one_storage(
     out = tmp_path / "study"
     launcher = _launcher(tiny_files, out, "--storage", url, "--n-workers", "2", "--n-trials", "4",
                          "--eval-steps", "10")
-    assert launcher.wait(timeout=400) == 0, out.with_suffix(".log").read_text()
+    try:
+        assert launcher.wait(timeout=400) == 0, out.with_suffix(".log").read_text()
+    finally:
+        if launcher.poll() is None:
+            launcher.terminate()  # the launcher stops its workers on SIGTERM
+            launcher.wait(timeout=60)
     log = out.with_suffix(".log").read_text()
     study = optuna.load_study(study_name="foxhunt", storage=url)
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 4
@@ -124,6 +129,7 @@ def test_a_launched_worker_killed_mid_trial_loses_nothing_and_its_trial_is_rerun
                     states=(TrialState.RUNNING,))
             except (KeyError, Exception):  # not created yet
                 continue
+            running = [t for t in running if "worker" in t.user_attrs]  # its objective has started
             if running:
                 time.sleep(1.0)  # into the training run
                 victim = running[0]
@@ -133,7 +139,8 @@ def test_a_launched_worker_killed_mid_trial_loses_nothing_and_its_trial_is_rerun
         assert launcher.wait(timeout=400) == 1  # a worker died: said, and not 0
     finally:
         if launcher.poll() is None:
-            launcher.kill()
+            launcher.terminate()  # the launcher stops its workers on SIGTERM
+            launcher.wait(timeout=60)
     log = out.with_suffix(".log").read_text()
     study = optuna.load_study(study_name="foxhunt", storage=storage)
     trials = {t.number: t for t in study.trials}
