@@ -13,7 +13,10 @@ An action is four integers, one per branch, ``(direction, magnitude, order, urge
   at, or one tick inside the own touch (see :mod:`foxenv.matching`).
 
 Every step's info holds :data:`INFO_KEYS` (one ``[B]`` tensor each from the core, one Python scalar each
-from :class:`~foxenv.gym_env.LOBEnv`). :func:`check_actions` is the one action check every face applies.
+from :class:`~foxenv.gym_env.LOBEnv`). :func:`check_actions` is the one action check every face applies;
+the tensor faces apply it in two halves, :func:`check_action_tensor` (dtype and shape: tensor metadata) and
+:func:`check_action_values` (the range, a host read), or, where that read would sync (an accelerator, a CUDA
+graph), :class:`ActionRangeFlag`, a device flag raised at the next sync point.
 """
 
 from __future__ import annotations
