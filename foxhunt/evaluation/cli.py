@@ -117,6 +117,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         if stamped is not None:  # a model carries its settings (issue 25)
             env_kwargs, steps, _ = model_file.saved_env_kwargs(stamped)
             market_steps = steps or market_steps
+            model_file.check_data_given(stamped, args.data)
         return dict(
             model=target, home=target.parent, env_kwargs=env_kwargs, data="synthetic",
             market_steps=market_steps, split="test", n_envs=None, steps=None, seed=0,

@@ -204,3 +204,19 @@ def run_settings(config: Any, model_path: str | Path, run_dir: str | Path) -> (
         stamped = {"market": {"source": "lobster", "files": fingerprint.lobster_files(config.data),
                               "split": config.train_split()}}
     return stamped, f"its run's config.json, {Path(run_dir) / 'config.json'}"
+
+
+def check_data_given(stamped: Mapping[str, Any], data: str | None) -> None:
+    """A model trained on LOBSTER files is scored on LOBSTER data: without ``--data`` it would meet the
+    synthetic market with a real day's settings.
+
+    :param stamped: the model's fingerprint.
+    :param data: ``--data`` (None: not given).
+    :raises ValueError: naming the files it was trained on.
+    """
+    market = stamped.get("market") or {}
+    if data is None and market.get("source") == "lobster":
+        files = ", ".join(sorted(market.get("files") or {}))
+        raise ValueError(f"the model was trained on LOBSTER files ({files}, {market.get('split')!r} split): "
+                         "give --data with a LOBSTER folder (its --split test is held out when it holds "
+                         "those files)")

@@ -132,6 +132,9 @@ def test_evaluate_refuses_the_training_split_of_a_lobster_model(tmp_path: Path, 
     model.save(path)
     status, err = run_cli(capsys, "evaluate", str(path), "--data", str(folder), "--split", "train", *EVALUATE)
     assert status == 2 and "so 'train' is not held out; use --split test" in err
+    status, err = run_cli(capsys, "evaluate", str(path), *EVALUATE)  # not on the synthetic market
+    assert status == 2 and "the model was trained on LOBSTER files (TEST_2012-01-01_0_1_message_2.csv" in err
+    assert "give --data with a LOBSTER folder" in err
 
 
 def test_a_run_whose_config_changed_after_training_is_refused(tmp_path: Path, capsys) -> None:
