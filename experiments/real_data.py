@@ -113,6 +113,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=20_000, help="training env steps per run")
     parser.add_argument("--n-envs", type=int, default=16, help="books per training vector step")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--gradient-steps", type=int, default=None,
+                        help="gradient steps per vector step, every agent (default: the presets' 1)")
     parser.add_argument("--step-seconds", type=float, default=1.0, help="clock seconds per market step")
     parser.add_argument("--episode-length", type=int, default=200,
                         help="steps of a training episode and of a scored window")
@@ -126,8 +128,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", default="runs/experiments/real_data")
     parser.add_argument("--no-figure", action="store_true")
     args = parser.parse_args(argv)
-    for name in ("seeds", "steps", "n_envs", "episode_length"):
-        if getattr(args, name) < 1:
+    for name in ("seeds", "steps", "n_envs", "episode_length", "gradient_steps"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
     args.split_list = [s.strip() for s in args.splits.split(",") if s.strip()]
     args.agent_list = [a.strip() for a in args.agents.split(",") if a.strip()]
@@ -176,8 +178,10 @@ def run_config(args: argparse.Namespace, seed: int, levels: int) -> Any:
     every agent here trains with)."""
     from foxhunt.runs import RunConfig
 
+    model_kwargs = {} if args.gradient_steps is None else {"gradient_steps": args.gradient_steps}
     return RunConfig(steps=args.steps, n_envs=args.n_envs, device=args.device, seed=seed, progress=False,
-                     checkpoint_every=0, env_kwargs={"episode_length": args.episode_length, "levels": levels})
+                     checkpoint_every=0, model_kwargs=model_kwargs,
+                     env_kwargs={"episode_length": args.episode_length, "levels": levels})
 
 
 def train_agent(agent: str, market: Any, seed: int, levels: int, args: argparse.Namespace) -> Any:

@@ -51,7 +51,8 @@ def test_real_data_experiment_runs_every_split_and_writes_tables_with_verdicts(t
 
 def test_real_data_options_are_checked(capsys) -> None:  # noqa: ANN001
     for argv, match in ((["--splits", "weekly"], "weekly"), (["--agents", "ppo"], "ppo"),
-                        (["--split-times", "12:30"], "two clock times"), (["--seeds", "0"], "--seeds=0")):
+                        (["--split-times", "12:30"], "two clock times"), (["--seeds", "0"], "--seeds=0"),
+                        (["--gradient-steps", "0"], "--gradient-steps=0")):
         with pytest.raises(SystemExit):
             real_data.parse_args(argv)
         assert match in capsys.readouterr().err
@@ -65,6 +66,7 @@ def test_walk_forward_over_exported_days_pools_every_test_day(tmp_path) -> None:
     results = real_data.main([
         "--splits", "walk-forward", "--days", str(tmp_path / "days"), "--agents", "dqn", "--seeds", "2",
         "--steps", "40", "--n-envs", "2", "--step-seconds", "15.8", "--episode-length", "20",
+        "--gradient-steps", "2",
         "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "out"), "--no-figure",
     ])
     setup, summary = results["walk-forward"]["setup"], results["walk-forward"]["summary"]
@@ -78,6 +80,8 @@ def test_walk_forward_over_exported_days_pools_every_test_day(tmp_path) -> None:
     assert summary["rows"]["flat"]["pnl"]["mean"] == 0.0
     with pytest.raises(SystemExit):
         real_data.parse_args(["--splits", "walk-forward"])  # needs --days
+    args = real_data.parse_args(["--gradient-steps", "3"])
+    assert real_data.run_config(args, 0, 1).resolved_model_kwargs()["gradient_steps"] == 3
 
 
 def test_the_headline_names_only_agents_significantly_above_both_baselines() -> None:
