@@ -24,7 +24,7 @@ import re
 import sys
 import types
 import typing
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,15 +62,6 @@ def version() -> str:
 # ------------------------------------------------------------------------------------------ config options
 
 
-def _config_fields() -> Iterator[tuple[str, Any, Any, str]]:
-    """``(dotted name, type, default, docstring)`` of every leaf field of the config tree."""
-    for prefix, cls in (("", RunConfig), *((f"{name}.", section) for name, section in SECTIONS.items())):
-        hints, docs, defaults = typing.get_type_hints(cls), field_docs(cls), cls()
-        for f in dataclasses.fields(cls):
-            if f.name not in SECTIONS:
-                yield prefix + f.name, hints[f.name], getattr(defaults, f.name), docs.get(f.name, "")
-
-
 def parse_value(text: str) -> Any:
     """A command-line value: a Python/JSON literal (``3``, ``1e-4``, ``[64, 64]``, ``{"a": 1}``, ``None``,
     ``true``), else the text itself."""
@@ -81,19 +72,26 @@ def parse_value(text: str) -> Any:
         return text
 
 
-def add_config_options(parser: Any, skip: Sequence[str] = ()) -> None:
-    """One option per field of the config tree (but ``skip``), absent from the namespace unless given;
-    ``--hyperparams KEY:VALUE ...``.
+def add_field_options(parser: Any, cls: type, prefix: str = "", skip: Sequence[str] = (),
+                      helps: Mapping[str, str] | None = None) -> None:
+    """One option per field of the dataclass ``cls`` (but nested dataclasses and ``skip``), named and
+    stored by ``prefix`` + its name, absent from the namespace unless given; its doc is the help.
 
-    :param parser: the command's parser (or an argument group of it).
-    :param skip: dotted names that the command does not take.
+    :param parser: a parser (or an argument group of one).
+    :param cls: a dataclass whose fields all have defaults.
+    :param prefix: the fields' dotted prefix (``"algorithm."``).
+    :param skip: dotted names left out.
+    :param helps: field name -> help, in place of its doc (and default).
     """
-    for name, hint, default, doc in _config_fields():
-        if name in skip:
+    hints, docs, defaults = typing.get_type_hints(cls), {**field_docs(cls), **(helps or {})}, cls()
+    for f in dataclasses.fields(cls):
+        name, hint, default, doc = prefix + f.name, hints[f.name], getattr(defaults, f.name), docs.get(f.name)
+        if name in skip or dataclasses.is_dataclass(hint):
             continue
-        kind = {"type": parse_value, "metavar": "VALUE"}
+        kind: dict[str, Any] = {"type": parse_value, "metavar": "VALUE"}
         union = typing.get_origin(hint) in (typing.Union, types.UnionType)
-        scalars = set(typing.get_args(hint)) - {type(None)} if union else {hint}
+        scalars = {str if arg is Path else arg for arg in (typing.get_args(hint) if union else (hint,))}
+        scalars.discard(type(None))
         if scalars == {bool}:
             kind = {"action": argparse.BooleanOptionalAction}
         elif name in CHOICES:
@@ -101,9 +99,23 @@ def add_config_options(parser: Any, skip: Sequence[str] = ()) -> None:
         elif len(scalars) == 1 and next(iter(scalars)) in (int, float, str):
             scalar = next(iter(scalars))
             kind = {"type": scalar, "metavar": scalar.__name__.upper()}
-        shown = "" if default is None or "default:" in doc or "preset" in doc else f" (default: {default})"
-        parser.add_argument(flag(name), dest=name, default=argparse.SUPPRESS,
-                            help=(doc + shown).replace("``", "").replace("%", "%%"), **kind)
+        if f.name not in (helps or {}) and default is not None and not re.search("default:|preset", doc):
+            doc += f" (default: {default})"
+        doc = re.sub(r":\w+:`~?([\w.]+)`", r"\1", doc).replace("``", "")  # reST roles read as plain names
+        parser.add_argument(flag(name), dest=name, default=argparse.SUPPRESS, help=doc.replace("%", "%%"),
+                            **kind)
+
+
+def add_config_options(parser: Any, skip: Sequence[str] = ()) -> None:
+    """One option per field of the config tree (but ``skip``), absent from the namespace unless given;
+    ``--hyperparams KEY:VALUE ...``.
+
+    :param parser: the command's parser (or an argument group of it).
+    :param skip: dotted names that the command does not take.
+    """
+    add_field_options(parser, RunConfig, skip=skip)
+    for name, section in SECTIONS.items():
+        add_field_options(parser, section, f"{name}.", skip)
     parser.add_argument("--hyperparams", nargs="+", default=argparse.SUPPRESS, metavar="KEY:VALUE",
                         help="config fields by dotted name, as rl-zoo3's --hyperparams: "
                              "algorithm.learning_rate:1e-4 env.episode_length:200 (a name of one section "

@@ -17,6 +17,7 @@ import ast
 import dataclasses
 import inspect
 import math
+import re
 import textwrap
 import types
 import typing
@@ -292,14 +293,16 @@ def section_from_dict(cls: type, values: Any, prefix: str) -> Any:
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """The attribute docstrings of a dataclass (the string under each field), one line each.
+    """The docs of a dataclass's fields: the string under each field, else its ``:param NAME:`` line in
+    the class docstring; one line each.
 
     :param cls: a dataclass defined in a source file.
-    :return: field name -> its docstring with whitespace collapsed.
+    :return: field name -> its doc with whitespace collapsed.
     """
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     body = tree.body[0].body  # type: ignore[attr-defined]
-    docs: dict[str, str] = {}
+    params = re.findall(r":param (\w+): (.*?)(?=\n\s*:|\Z)", inspect.getdoc(cls) or "", re.S)
+    docs = {name: " ".join(text.split()) for name, text in params}
     for node, following in zip(body, body[1:], strict=False):
         if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
                 and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)

@@ -13,21 +13,35 @@ and the trial's number, so workers and resumed studies with one seed propose new
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from foxhunt.cli import add_config_options, config_from_args, report_errors
-from foxhunt.runs import EVAL_SPLITS, RunConfig
+from foxhunt.cli import add_config_options, add_field_options, config_from_args, report_errors
+from foxhunt.runs import RunConfig
+from tuning.objective import METRICS
+from tuning.study import PRUNERS, SAMPLERS, StudySettings
 
-# kept in step with tuning.objective.METRICS and tuning.study (imported lazily: `foxhunt --help` stays fast)
-METRICS = ("sharpe", "pnl", "mean_episode_reward")
-PRUNERS = ("median", "hyperband", "none")
-SAMPLERS = ("tpe", "random")
 #: RunConfig fields that ``foxhunt tune`` does not take as options: the study has its own folder, progress
 #: bar and split (every trial gets them from the study's settings).
 NOT_OPTIONS = ("out", "progress", "eval_split")
+#: StudySettings fields that the worker launcher sets (:mod:`tuning.workers`), not options
+LAUNCHER_FIELDS = ("worker", "write_outputs")
+#: the help of the study options whose default the command decides
+HELPS = {
+    "out": "study folder (default: studies/<study-name>)",
+    "n_trials": "trials this worker runs (default: 20, or none without --timeout)",
+    "sampler_seed": "the sampler's seed; each trial draws from (seed, trial number), so workers and resumed "
+    "studies propose new parameters (default: --seed)",
+    "metric": f"held-out metric to maximise: {', '.join(METRICS)} (default: sharpe)",
+    "pruner": f"{', '.join(PRUNERS)} (default: median)",
+    "sampler": f"{', '.join(SAMPLERS)} (default: tpe, multivariate)",
+    "resume": "continue the study (create it if missing); without it an existing study is an error",
+    "eval_split": "what trials are scored on: 'validation' (LOBSTER: trained on the first 75% of the train "
+    "split, scored on the rest; synthetic: a market of its own), leaving the test data for the final score "
+    "of the best config, or 'test' (default: validation)",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,46 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
         "worker that died are retried after --grace-period. The run options (--steps, --n-envs, "
         "--action-face, --algorithm.gamma, ..., --hyperparams) set the base config of every trial.",
     )
-    study = p.add_argument_group("study")
-    study.add_argument("--study-name", default="foxhunt", help="study name in the storage (default: foxhunt)")
-    study.add_argument("--storage", default=None,
-                       help="SQLAlchemy URL, e.g. postgresql://user@host:5432/db (default: sqlite file "
-                       "study.db in the study folder)")
-    study.add_argument("--n-trials", type=int, default=None,
-                       help="trials this worker runs (default: 20 unless --timeout is given)")
-    study.add_argument("--timeout", type=float, default=None, help="seconds after which no new trial starts")
-    study.add_argument("--sampler-seed", type=int, default=None,
-                       help="the sampler's seed; each trial draws from (seed, trial number), so workers "
-                       "and resumed studies propose new parameters (default: --seed)")
+    study = p.add_argument_group("study (tuning.study.StudySettings)")
     study.add_argument("--config", default=None,
                        help="base RunConfig JSON that every trial starts from (the run options override it)")
     study.add_argument("--space", default=None, help="YAML or JSON file overriding the search space")
-    study.add_argument("--eval-split", choices=EVAL_SPLITS, default="validation",
-                       help="what trials are scored on: 'validation' (LOBSTER: trained on the first 75%% "
-                       "of the train split, scored on the rest; synthetic: a market of its own), leaving the "
-                       "test data for the final score of the best config, or 'test' (default: validation)")
-    study.add_argument("--metric", default="sharpe",
-                       help=f"held-out metric to maximise: {', '.join(METRICS)} (default: sharpe)")
-    study.add_argument("--pruner", default="median", help=f"{', '.join(PRUNERS)} (default: median)")
-    study.add_argument("--sampler", default="tpe",
-                       help=f"{', '.join(SAMPLERS)} (default: tpe, multivariate)")
-    study.add_argument("--n-startup-trials", type=int, default=5,
-                       help="random trials before TPE, and completed trials before the median pruner acts "
-                       "(default: 5)")
-    study.add_argument("--n-evaluations", type=int, default=4,
-                       help="held-out evaluations during each trial, reported to the pruner (default: 4)")
-    study.add_argument("--resume", action="store_true",
-                       help="continue the study (create it if missing); without it an existing study is an "
-                       "error")
-    study.add_argument("--out", default=None, help="study folder (default: studies/<study-name>)")
-    study.add_argument("--heartbeat-interval", type=int, default=60,
-                       help="seconds between heartbeats (default: 60)")
-    study.add_argument("--grace-period", type=int, default=120,
-                       help="seconds without heartbeat before a trial is re-run (default: 120)")
-    study.add_argument("--max-retry", type=int, default=3,
-                       help="re-runs of one dead worker's trial (default: 3)")
-    study.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
-                       help="progress bar over trials (default: on)")
     study.add_argument("--n-workers", default="1",
                        help="worker processes sharing the study: N, or 'auto' (--workers-per-gpu on each "
                        "visible GPU); --n-trials is then their total (default: 1, this process)")
@@ -91,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="workers on each GPU with --n-workers auto (default: 1)")
     study.add_argument("--debug", action="store_true",
                        help="on an error, show the traceback instead of one line")
+    add_field_options(study, StudySettings, skip=LAUNCHER_FIELDS, helps=HELPS)
     add_config_options(p.add_argument_group("run options (the base config of every trial)"), skip=NOT_OPTIONS)
     return p
 
@@ -114,35 +93,18 @@ def base_config(args: argparse.Namespace) -> RunConfig:
     return config_from_args(args, base=RunConfig(), skip=NOT_OPTIONS)
 
 
-def settings_from_args(args: argparse.Namespace, seed: int) -> Any:
+def settings_from_args(args: argparse.Namespace, seed: int) -> StudySettings:
     """The study settings of ``foxhunt tune``'s options.
 
     :param args: parsed ``tune`` arguments.
     :param seed: the trials' seed (the sampler's default seed).
-    :return: the :class:`~tuning.study.StudySettings`.
+    :return: the settings.
     """
-    from tuning.study import StudySettings
-
-    n_trials = args.n_trials if args.n_trials is not None or args.timeout is not None else 20
-    return StudySettings(
-        study_name=args.study_name,
-        out=args.out or str(Path("studies") / args.study_name),
-        storage=args.storage,
-        n_trials=n_trials,
-        timeout=args.timeout,
-        metric=args.metric,
-        pruner=args.pruner,
-        sampler=args.sampler,
-        sampler_seed=args.sampler_seed if args.sampler_seed is not None else seed,
-        n_startup_trials=args.n_startup_trials,
-        n_evaluations=args.n_evaluations,
-        resume=args.resume,
-        heartbeat_interval=args.heartbeat_interval,
-        grace_period=args.grace_period,
-        max_retry=args.max_retry,
-        progress=args.progress,
-        eval_split=args.eval_split,
-    )
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(StudySettings)
+             if hasattr(args, f.name)}
+    name = given.get("study_name", StudySettings.study_name)
+    return StudySettings(**{"out": str(Path("studies") / name), "sampler_seed": seed,
+                            "n_trials": None if "timeout" in given else 20, **given})
 
 
 def run(args: argparse.Namespace) -> int:

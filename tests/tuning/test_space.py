@@ -143,10 +143,23 @@ def test_hindsight_fields_need_a_run_config_that_takes_them(tmp_path: Path) -> N
             load_space(path)
 
 
-def test_cli_names_match_the_study_modules() -> None:
-    import tuning.cli
-    import tuning.objective
-    import tuning.study
+def test_tune_options_are_generated_from_the_study_settings_and_the_config_tree() -> None:
+    import dataclasses
 
-    assert tuning.cli.METRICS == tuple(tuning.objective.METRICS)
-    assert tuning.cli.PRUNERS == tuning.study.PRUNERS and tuning.cli.SAMPLERS == tuning.study.SAMPLERS
+    import tuning.cli
+    from foxhunt.runs import field_names
+    from tuning.objective import METRICS
+    from tuning.study import PRUNERS, SAMPLERS, StudySettings
+
+    text = tuning.cli.build_parser().format_help()
+    for name in [f.name for f in dataclasses.fields(StudySettings)] + field_names():
+        assert "--" + name.replace("_", "-") in text, name
+    assert all(name in text for name in (*METRICS, *PRUNERS, *SAMPLERS))
+    args = tuning.cli.build_parser().parse_args(["--study-name", "s", "--timeout", "60", "--action-face",
+                                                 "joint", "--algorithm.gamma", "0.9", "--seed", "3"])
+    settings = tuning.cli.settings_from_args(args, seed=3)
+    assert (settings.out, settings.n_trials, settings.timeout) == ("studies/s", None, 60)
+    assert settings.sampler_seed == 3
+    config = tuning.cli.base_config(args)
+    assert config.action_face == "joint" and config.algorithm.gamma == 0.9 and config.seed == 3
+    assert config.out is None and config.eval_split == "test"  # the study's options, not the base config's
