@@ -30,6 +30,7 @@ from typing import Any
 
 import torch as th
 
+from foxenv.checks import check_device
 from foxhunt import presets
 from foxhunt.config import field_docs
 from foxhunt.evaluation import cli as evaluation_cli
@@ -160,7 +161,7 @@ def renaming(message: str, name: Callable[[str], str]) -> str:
 def config_from_args(args: argparse.Namespace, base: RunConfig | None = None,
                      skip: Sequence[str] = ()) -> RunConfig:
     """The :class:`RunConfig` of the options: ``--config``'s file (or ``base``, or the defaults) with the
-    fields given on the command line in place of its values; checked as :func:`check_runnable` does. Errors
+    fields given on the command line in place of its values; checked as :meth:`RunConfig.check` does. Errors
     name the option typed (``--n-envs=0 must be >= 1``) or the file's field.
 
     :param args: parsed arguments of a command with :func:`add_config_options` and ``--config``.
@@ -184,37 +185,10 @@ def config_from_args(args: argparse.Namespace, base: RunConfig | None = None,
                          checkpoint_every=presets.GPU_CHECKPOINT_EVERY)
     try:
         config = (base or RunConfig()).with_values(given)
-        check_runnable(config)
+        config.check()
     except ValueError as error:
         raise ValueError(renaming(str(error), name)) from None
     return config
-
-
-def check_device(device_name: str, name: str = "RunConfig.device") -> None:
-    """The CPU or an available CUDA device; else a ``ValueError`` naming ``name``."""
-    try:
-        device = th.device(device_name)
-    except RuntimeError:
-        raise ValueError(f"{name}={device_name!r} must be cpu or cuda") from None
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"{name}={device_name!r} must be cpu or cuda")
-    if device.type == "cuda" and not th.cuda.is_available():
-        raise ValueError(f"{name}={device_name!r}: no CUDA device is available")
-
-
-def check_runnable(config: RunConfig) -> None:
-    """What a config needs of this machine (its data folder, its device, CUDA for its CUDA graphs), and
-    BranchingIQN's checks of its arguments.
-
-    :raises ValueError: naming the field (``RunConfig.FIELD``).
-    """
-    if config.data != "synthetic" and not Path(config.data).is_dir():
-        raise ValueError(f"RunConfig.data={config.data!r} must be 'synthetic' or a folder of LOBSTER files")
-    check_device(config.device)
-    if config.cuda_graph and th.device(config.device).type != "cuda":
-        raise ValueError(f"RunConfig.cuda_graph needs RunConfig.device cuda, got RunConfig.device="
-                         f"{config.device!r}")
-    config.check_algorithm()
 
 
 def train(args: argparse.Namespace) -> Any:

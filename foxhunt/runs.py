@@ -191,18 +191,27 @@ class RunConfig:
         except ValueError as error:
             raise ValueError(_in_section("env", error)) from None
 
-    def check_algorithm(self) -> None:
-        """BranchingIQN's argument checks on the resolved arguments, before anything is built (run by
-        :func:`train` and ``foxhunt train`` before a run folder is made; it imports SB3, so a config is not
-        checked on construction).
+    def check(self) -> None:
+        """What the run needs beyond its values' types (checked on construction): its data folder, its
+        device (available here), CUDA for its CUDA graphs, BranchingIQN's checks of the resolved arguments
+        and its memory (:func:`foxhunt.preflight.check_run`). :func:`train` and ``foxhunt train`` run it
+        before a run folder is made (it imports SB3).
 
         :raises ValueError: naming the field (``RunConfig.algorithm.gamma=2.0 must lie in [0, 1]``).
         """
         import inspect
 
+        from foxenv.checks import check_device
+        from foxhunt.preflight import check_run
         from sb3_her_ext.algorithm import BranchingIQN
         from sb3_her_ext.arguments import check_arguments
 
+        if self.data != "synthetic" and not Path(self.data).is_dir():
+            raise ValueError(f"RunConfig.data={self.data!r} must be 'synthetic' or a folder of LOBSTER files")
+        check_device(self.device, "RunConfig.device")
+        if self.cuda_graph and th.device(self.device).type != "cuda":
+            raise ValueError(f"RunConfig.cuda_graph needs RunConfig.device cuda, got RunConfig.device="
+                             f"{self.device!r}")
         defaults = {name: parameter.default for name, parameter in
                     inspect.signature(BranchingIQN.__init__).parameters.items()
                     if parameter.default is not inspect.Parameter.empty}
@@ -211,6 +220,7 @@ class RunConfig:
                                "cuda_graph": bool(self.cuda_graph)})
         except ValueError as error:
             raise ValueError(_in_section("algorithm", error)) from None
+        check_run(self)
 
     # ---------------------------------------------------------------- resolved settings
 
@@ -468,13 +478,11 @@ def train(config: RunConfig, callback: Any = None, *, resume_from: str | Path | 
     from foxhunt import fingerprint
     from foxhunt.checkpoint import CheckpointCallback
     from foxhunt.evaluation.plots import plot_training
-    from foxhunt.preflight import check_run
     from foxhunt.run_folder import discard_run_folder, lock_run_folder, new_run_folder
     from sb3_her_ext.algorithm import BranchingIQN
 
-    check_run(config)  # every option and the memory, before anything is made
+    config.check()  # every option and the memory, before anything is made or opened
     if resume_from is None:
-        config.check_algorithm()  # before a run folder is made
         # config.json records whether the steps were graphed
         config = dataclasses.replace(config, cuda_graph=config.resolved_cuda_graph(),
                                      device_loop=config.resolved_device_loop(),
