@@ -136,19 +136,15 @@ class RunConfig:
                       env_kwargs: dict[str, Any] | None) -> None:
         for name, cls in SECTIONS.items():
             setattr(self, name, section_from_dict(cls, getattr(self, name), f"RunConfig.{name}."))
-        for legacy, values in (("model_kwargs", model_kwargs), ("policy_kwargs", policy_kwargs),
-                               ("env_kwargs", env_kwargs)):
+        for legacy, values in zip(LEGACY_SECTIONS, (model_kwargs, policy_kwargs, env_kwargs), strict=True):
             if values is not None:
                 self._set_legacy(legacy, values)
         resolve_action_face(self.action_face, "RunConfig.action_face")
         check_fields(self, "RunConfig.")
         for name in SECTIONS:
             check_fields(getattr(self, name), f"RunConfig.{name}.")
-        for name in ("checkpoint_every", "keep_checkpoints"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"RunConfig.{name}={getattr(self, name)} must be >= 0")
-        for name, least in (("steps", 1), ("n_envs", 1), ("threads", 1), ("eval_steps", 2),
-                            ("synthetic_market_steps", 2)):
+        for name, least in (("checkpoint_every", 0), ("keep_checkpoints", 0), ("steps", 1), ("n_envs", 1),
+                            ("threads", 1), ("eval_steps", 2), ("synthetic_market_steps", 2)):
             if getattr(self, name) < least:
                 raise ValueError(f"RunConfig.{name}={getattr(self, name)} must be >= {least}")
         if not 0 <= self.seed < 2**32:

@@ -15,10 +15,8 @@ A space file (YAML or JSON, a mapping ``name -> spec``) overrides entries by nam
     policy.net_width: null         # not searched: the preset applies
 
 The names of earlier versions (``learning_rate``, ``net_width``, ``exploration_mult_order``, ...) are read as
-their dotted names (:data:`ALIASES`). A name that is neither raises ``ValueError`` naming it. The hindsight
-fields (``hindsight.threshold``, ...) are searched only where ``RunConfig.hindsight`` takes a dict of
-``HindsightConfig`` fields (:func:`hindsight_fields_supported`). :func:`to_run_config` turns a trial's
-values into a :class:`~foxhunt.runs.RunConfig`.
+their dotted names (:data:`ALIASES`). A name that is neither raises ``ValueError`` naming it.
+:func:`to_run_config` turns a trial's values into a :class:`~foxhunt.runs.RunConfig`.
 
 On the joint action face (``RunConfig.action_face="joint"``: one branch of 81 joint actions) the
 parameters of the four branches, the vaccine (which stratifies by a branch) and hindsight
@@ -38,9 +36,6 @@ import optuna
 
 from foxhunt import presets
 from foxhunt.runs import RunConfig, field_names, resolve_action_face
-
-#: Hindsight fields that the space tunes (``HindsightConfig`` fields, prefixed ``hindsight.``).
-HINDSIGHT_FIELDS: tuple[str, ...] = ("threshold", "priority_boost", "lookahead")
 
 _SPEC_KEYS = {"type", "low", "high", "log", "step", "choices"}
 _TYPES = ("float", "int", "categorical")
@@ -116,11 +111,8 @@ DEFAULT_SPACE: dict[str, Param | Any] = {
     # policy
     "policy.popart": _choice(True, False),
     "policy.net_width": _choice(32, 64, 128, 256),
-    # hindsight replay; its fields are searched only in trials with hindsight on
+    # hindsight replay (RunConfig.hindsight: on or off)
     "hindsight": _choice(True, False),
-    "hindsight.threshold": _float(1.0, 3.0),
-    "hindsight.priority_boost": _float(1.0, 10.0, log=True),
-    "hindsight.lookahead": _int(10, 200, log=True),
 }
 #: The parameters that set part of a field (the others are fields of the config tree by dotted name).
 PART_PARAMS: tuple[str, ...] = tuple(name for name in DEFAULT_SPACE if name not in field_names())
@@ -133,7 +125,6 @@ BRANCHED_PARAMS: tuple[str, ...] = (
     *(f"algorithm.boltzmann_branches.{name}" for name in presets.BRANCH_NAMES),
     "algorithm.vaccine_interval",
     "hindsight",
-    *(f"hindsight.{field}" for field in HINDSIGHT_FIELDS),
 )
 
 #: The names of earlier versions' space files -> their dotted names.
@@ -144,7 +135,6 @@ ALIASES: dict[str, str] = {
     **{f"boltzmann_{b}": f"algorithm.boltzmann_branches.{b}" for b in presets.BRANCH_NAMES},
     "iqr_bonus_start": "algorithm.iqr_bonus.start",
     "iqr_bonus_end": "algorithm.iqr_bonus.end",
-    **{f"hindsight_{field}": f"hindsight.{field}" for field in HINDSIGHT_FIELDS},
 }
 
 
@@ -248,9 +238,6 @@ def load_space(path: str | Path | None = None) -> dict[str, Param | Any]:
     :return: the space, ``name -> Param`` (searched), a constant (fixed) or ``None`` (preset).
     """
     space = dict(DEFAULT_SPACE)
-    hindsight_names = [f"hindsight.{field}" for field in HINDSIGHT_FIELDS]
-    if not hindsight_fields_supported():
-        space.update(dict.fromkeys(hindsight_names))
     if path is None:
         return space
     path = Path(path)
@@ -272,25 +259,9 @@ def load_space(path: str | Path | None = None) -> dict[str, Param | Any]:
         raise ValueError(
             f"space file {str(path)!r} must hold a mapping name -> spec, got {type(entries).__name__}"
         )
-    written = {_known(name, f"space file {str(path)!r}"): name for name in entries}  # dotted -> as written
-    for dotted, name in written.items():
-        space[dotted] = parse_param(name, entries[name])
-    given = [written[name] for name in hindsight_names if space[name] is not None]
-    if given and not hindsight_fields_supported():
-        raise ValueError(
-            f"space file {str(path)!r}: {given} need RunConfig.hindsight to take HindsightConfig "
-            "fields, and this foxhunt.runs takes only a bool; set them to null"
-        )
+    for name, spec in entries.items():
+        space[_known(name, f"space file {str(path)!r}")] = parse_param(name, spec)
     return space
-
-
-def hindsight_fields_supported() -> bool:
-    """Whether ``RunConfig.hindsight`` takes a dict of ``HindsightConfig`` fields (else only a bool)."""
-    try:
-        RunConfig(hindsight={"threshold": 1.5})
-    except (ValueError, TypeError):
-        return False
-    return True
 
 
 def face_space(space: Mapping[str, Param | Any], action_face: str | None) -> dict[str, Param | Any]:
@@ -315,8 +286,7 @@ def suggest(trial: optuna.Trial, space: Mapping[str, Param | Any],
             action_face: str | None = None) -> dict[str, Any]:
     """The trial's values of every parameter of ``space`` (constants included; ``None`` left out).
 
-    The hindsight fields are suggested only when hindsight is on in this trial; on the joint action face
-    no parameter of :data:`BRANCHED_PARAMS` is (:func:`face_space`).
+    On the joint action face no parameter of :data:`BRANCHED_PARAMS` is suggested (:func:`face_space`).
 
     :param trial: the Optuna trial.
     :param space: a space from :func:`load_space`.
@@ -325,23 +295,8 @@ def suggest(trial: optuna.Trial, space: Mapping[str, Param | Any],
     :return: ``name -> value``.
     """
     space = face_space(space, action_face)
-    hindsight_names = {f"hindsight.{field}" for field in HINDSIGHT_FIELDS}
-    values: dict[str, Any] = {}
-    for name, spec in space.items():
-        if name in hindsight_names:
-            continue
-        if isinstance(spec, Param):
-            values[name] = spec.suggest(trial, name)
-        elif spec is not None:
-            values[name] = spec
-    if values.get("hindsight", True) is not False:
-        for name in sorted(hindsight_names):
-            spec = space.get(name)
-            if isinstance(spec, Param):
-                values[name] = spec.suggest(trial, name)
-            elif spec is not None:
-                values[name] = spec
-    return values
+    return {name: spec.suggest(trial, name) if isinstance(spec, Param) else spec
+            for name, spec in space.items() if spec is not None}
 
 
 def to_run_config(base: RunConfig, values: Mapping[str, Any]) -> RunConfig:
@@ -378,9 +333,4 @@ def to_run_config(base: RunConfig, values: Mapping[str, Any]) -> RunConfig:
                                          float(values.get("algorithm.iqr_bonus.end", end))]
     if "policy.net_width" in values:
         fields["policy.net_arch"] = [int(values["policy.net_width"])] * len(policy["net_arch"])
-    hindsight = {f: values[f"hindsight.{f}"] for f in HINDSIGHT_FIELDS if f"hindsight.{f}" in values}
-    if fields.get("hindsight", base.hindsight) is not False and hindsight:
-        # RunConfig.hindsight goes to BranchingIQN(hindsight=...), which takes HindsightConfig fields
-        current = fields.get("hindsight", base.hindsight)
-        fields["hindsight"] = {**(current if isinstance(current, dict) else {}), **hindsight}
     return base.with_values(fields)

@@ -293,3 +293,12 @@ def test_a_best_config_of_a_study_trains_with_config(tmp_path: Path) -> None:
     config = _train_config(["--config", str(path), "--eval-split", "test", "--algorithm.gamma", "0.95"])
     assert config == RunConfig(steps=50, action_face="joint", eval_split="test",
                                algorithm={"learning_rate": 5e-4, "gamma": 0.95}, policy={"net_arch": [8, 8]})
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--n-envs", "0"], r"--n-envs=0 must be >= 1$"),  # issue 29: not num_books=0
+    (["--steps", "1"], r"--steps=1 must be >= 2$"),
+])
+def test_rollout_errors_name_the_option_typed(capsys: pytest.CaptureFixture[str], argv: list[str],
+                                              message: str) -> None:
+    assert_user_error(capsys, ["rollout", *argv, "--no-progress"], message)

@@ -11,7 +11,7 @@ import pytest
 
 from foxhunt import presets
 from foxhunt.runs import RunConfig
-from tuning.space import DEFAULT_SPACE, Param, hindsight_fields_supported, load_space, suggest, to_run_config
+from tuning.space import DEFAULT_SPACE, Param, load_space, suggest, to_run_config
 
 
 def test_every_default_knob_reaches_the_algorithm() -> None:
@@ -47,21 +47,17 @@ def test_every_default_knob_reaches_the_algorithm() -> None:
     policy = config.resolved_policy_kwargs()
     assert policy["popart"] is values["policy.popart"]
     assert policy["net_arch"] == [values["policy.net_width"]] * len(presets.NET_ARCH)
-    if hindsight_fields_supported():
-        assert config.hindsight == {
-            f: values[f"hindsight.{f}"] for f in ("threshold", "priority_boost", "lookahead")
-        }
-    else:  # RunConfig.hindsight takes only a bool: its fields are not searched
-        assert config.hindsight is True and not any(name.startswith("hindsight.") for name in values)
+    assert config.hindsight is True and model["hindsight"] is True
     assert RunConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
 
 
-def test_hindsight_fields_are_searched_only_with_hindsight_on() -> None:
+def test_hindsight_off_in_a_trial_is_off_in_its_run() -> None:
     study = optuna.create_study()
     study.enqueue_trial({"hindsight": False})
     values = suggest(study.ask(), load_space(), action_face="branched")
-    assert not any(name.startswith("hindsight.") for name in values)
-    assert to_run_config(RunConfig(action_face="branched"), values).hindsight is False
+    assert values["hindsight"] is False
+    config = to_run_config(RunConfig(action_face="branched"), values)
+    assert config.hindsight is False and config.resolved_model_kwargs()["hindsight"] is False
 
 
 def test_space_file_overrides_fixes_and_drops(tmp_path: Path) -> None:
@@ -133,14 +129,12 @@ def test_samplers_pruners_and_the_retry_callback() -> None:
         make_pruner("sha")
 
 
-def test_hindsight_fields_need_a_run_config_that_takes_them(tmp_path: Path) -> None:
+def test_a_space_of_an_earlier_version_naming_hindsight_fields_is_refused(tmp_path: Path) -> None:
+    """``hindsight_threshold`` (never searched: RunConfig.hindsight is on or off) is an unknown name."""
     path = tmp_path / "space.yaml"
     path.write_text("hindsight_threshold: {type: float, low: 1.0, high: 2.0}\n")
-    if hindsight_fields_supported():
-        assert load_space(path)["hindsight.threshold"] == Param("float", 1.0, 2.0)
-    else:
-        with pytest.raises(ValueError, match="hindsight_threshold"):
-            load_space(path)
+    with pytest.raises(ValueError, match="unknown parameter 'hindsight_threshold'"):
+        load_space(path)
 
 
 def test_tune_options_are_generated_from_the_study_settings_and_the_config_tree() -> None:
