@@ -20,7 +20,7 @@ from typing import Any
 import optuna
 
 from foxhunt.runs import RunConfig, make_env
-from tuning.space import HINDSIGHT_FIELDS, Param, face_space, to_run_config
+from tuning.space import Param, face_space, to_run_config
 
 #: The searched target network interval (environment steps).
 TARGET_UPDATE = "algorithm.target_update_interval"
@@ -114,14 +114,10 @@ def check_space(space: Mapping[str, Param | Any], base: RunConfig) -> None:
     # the spaces of the env the trials train on; built once, on the CPU (only its spaces are used)
     cpu = dataclasses.replace(base, device="cpu", device_loop=False, cuda_graph=False)
     env = make_env(cpu, base.seed, split=base.train_split())
-    hindsight_names = {f"hindsight.{field}" for field in HINDSIGHT_FIELDS}
     try:
         for name, value in candidates:
-            values = {name: value}
-            if name in hindsight_names:  # the hindsight fields are drawn only in trials with hindsight on
-                values["hindsight"] = True
             try:
-                config = to_run_config(base, values)
+                config = to_run_config(base, {name: value})
                 model_kwargs = config.resolved_model_kwargs()
                 policy_kwargs = config.resolved_policy_kwargs()
                 # BranchingIQN's argument checks with the run's own buffer size, then its policy and buffer

@@ -146,8 +146,10 @@ def test_tune_options_are_generated_from_the_study_settings_and_the_config_tree(
     from tuning.study import PRUNERS, SAMPLERS, StudySettings
 
     text = tuning.cli.build_parser().format_help()
-    for name in [f.name for f in dataclasses.fields(StudySettings)] + field_names():
+    studies = [f.name for f in dataclasses.fields(StudySettings) if f.name not in tuning.cli.LAUNCHER_FIELDS]
+    for name in studies + field_names():
         assert "--" + name.replace("_", "-") in text, name
+    assert "--worker " not in text and "--write-outputs" not in text  # set by the launcher only
     assert all(name in text for name in (*METRICS, *PRUNERS, *SAMPLERS))
     args = tuning.cli.build_parser().parse_args(["--study-name", "s", "--timeout", "60", "--action-face",
                                                  "joint", "--algorithm.gamma", "0.9", "--seed", "3"])
