@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _common.py beside th
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's packages
 from _common import default_out, machine_info, peer_missing, synchronizer, write_json  # noqa: E402
 
-from foxhunt import presets  # noqa: E402
+from foxhunt.config import PolicySettings  # noqa: E402
 
 RESULTS = default_out("train_throughput")
 NVEC = (3, 3, 3, 3)
@@ -61,7 +61,7 @@ ONE_GRAPH = "BranchingIQN one graph"
 #: ``foxhunt train`` builds: 3 ensemble heads, 16 quantiles each way, cosine embedding 32).
 IQN_SIZES: dict[str, dict[str, int]] = {
     "generic": {},
-    "foxhunt": {k: v for k, v in presets.POLICY_KWARGS.items() if k != "net_arch"},
+    "foxhunt": {k: v for k, v in PolicySettings().kwargs().items() if k != "net_arch"},
 }
 
 
