@@ -179,6 +179,9 @@ class PolicySettings:
     """One quantile embedding shared by the heads."""
     normalize_observations: bool | None = None
     """Normalise observations with running statistics."""
+    branch_coupling: str | None = None
+    """``independent`` (BDQ) or ``autoregressive`` (each branch conditioned on the earlier branches'
+    sub-actions; ``sb3_her_ext.networks``)."""
     optimizer_kwargs: dict[str, Any] | None = None
     """Keyword arguments of the optimizer."""
 
