@@ -6,13 +6,17 @@ A run folder's checkpoints::
         step_000004000/
             model.zip          BranchingIQN.save: network, optimizer, PopArt, GradVac, SB3 counters,
                                _last_obs, episode count, schedule progress
-            replay_buffer.pkl  model.save_replay_buffer: storage, priorities, hindsight state
+            replay_buffer.pkl  model.save_replay_buffer: storage, priorities, hindsight state (the
+                               newest checkpoint only: a resume continues from the newest, and the
+                               buffer is most of a checkpoint's bytes)
             state.pt           RNG states, env state, diagnostics accumulators (foxhunt.training_state)
             manifest.json      step, diagnostics offset, SHA-256 and size of every other file, and the
                                run's fingerprint (foxhunt.fingerprint: config, market, face, env, code)
 
 A checkpoint is built in a hidden ``.tmp-*`` folder beside the others, every file fsync'ed, the manifest
-written last, then renamed into place (``os.replace``): a folder named ``step_*`` is always complete. A
+written last, then renamed into place (``os.replace``): a folder named ``step_*`` is always complete. Once a
+newer one is in place, an older checkpoint gives its replay buffer up (manifest rewritten first, atomically,
+with ``"replay_buffer": false``, then the file deleted): it still holds the model at its step. A
 checkpoint is taken at the start of a rollout (after the previous rollout's gradient steps), the one
 point where a new ``learn`` call picks up exactly where the old one was.
 
@@ -45,6 +49,8 @@ CHECKPOINTS_DIR = "checkpoints"
 MANIFEST = "manifest.json"
 #: The files of one checkpoint besides the manifest.
 CHECKPOINT_FILES = ("model.zip", "replay_buffer.pkl", "state.pt")
+#: The replay buffer's file, kept by the newest checkpoint only.
+REPLAY_FILE = "replay_buffer.pkl"
 #: Layout version written into every manifest.
 FORMAT = 1
 _NAME = re.compile(r"^step_(\d+)$")
@@ -106,7 +112,8 @@ def read_manifest(checkpoint: str | Path) -> dict[str, Any]:
         manifest.get("files"), dict
     ):
         raise CheckpointError(f"checkpoint {checkpoint}: {manifest_path} is not a format-{FORMAT} manifest")
-    missing = sorted(set(CHECKPOINT_FILES) - set(manifest["files"]))
+    dropped = {REPLAY_FILE} if manifest.get("replay_buffer") is False else set()  # an older checkpoint's
+    missing = sorted(set(CHECKPOINT_FILES) - dropped - set(manifest["files"]))
     if missing:
         raise CheckpointError(f"checkpoint {checkpoint}: {manifest_path} lists no {missing}")
     if not isinstance(manifest.get("step"), int) or isinstance(manifest.get("step"), bool):
@@ -194,8 +201,27 @@ def _discard(folder: Path) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
+def drop_replay_buffer(checkpoint: Path) -> None:
+    """Remove a checkpoint's replay buffer: its manifest is rewritten without it (atomically, marked
+    ``"replay_buffer": false``), then the file is deleted. A no-op when it has none.
+
+    :param checkpoint: the checkpoint folder.
+    """
+    manifest_path = checkpoint / MANIFEST
+    manifest = json.loads(manifest_path.read_text())
+    if REPLAY_FILE in manifest["files"]:
+        manifest["files"] = {k: v for k, v in manifest["files"].items() if k != REPLAY_FILE}
+        manifest["replay_buffer"] = False
+        tmp = checkpoint / f".{MANIFEST}.{secrets.token_hex(4)}"
+        tmp.write_text(json.dumps(manifest, indent=2))
+        _fsync(tmp)
+        os.replace(tmp, manifest_path)
+    (checkpoint / REPLAY_FILE).unlink(missing_ok=True)
+
+
 def prune_checkpoints(run_dir: str | Path, keep: int) -> None:
-    """Delete all but the ``keep`` newest checkpoints (``keep=0``: keep all) and leftover temporary folders.
+    """Delete all but the ``keep`` newest checkpoints (``keep=0``: keep all) and leftover temporary folders;
+    only the newest keeps its replay buffer (:func:`drop_replay_buffer`).
 
     :param run_dir: the run folder.
     :param keep: how many to keep.
@@ -204,6 +230,9 @@ def prune_checkpoints(run_dir: str | Path, keep: int) -> None:
     if keep > 0:
         for _, folder in found[:-keep]:
             _discard(folder)
+        found = found[-keep:]
+    for _, folder in found[:-1]:
+        drop_replay_buffer(folder)
     root = Path(run_dir) / CHECKPOINTS_DIR
     if root.is_dir():
         for leftover in root.glob(".t*-*"):  # .tmp-* of a killed write, .trash-* of a killed delete
@@ -235,6 +264,10 @@ def load_checkpoint(checkpoint: str | Path, env: Any, device: str, *,
 
     checkpoint = Path(checkpoint)
     manifest = read_manifest(checkpoint)
+    if REPLAY_FILE not in manifest["files"]:
+        raise CheckpointError(f"checkpoint {checkpoint} holds no {REPLAY_FILE} (only a run's newest "
+                              "checkpoint keeps one); its model.zip loads alone, a resume starts from the "
+                              "newest")
     fix = "put config.json back as it was, or start a new run (foxhunt train --config FILE)"
     changed: list[str] = []
     if expected_fingerprint is not None:
@@ -243,7 +276,7 @@ def load_checkpoint(checkpoint: str | Path, env: Any, device: str, *,
                                       allow_market_change=allow_market_change)
     model = BranchingIQN.load(checkpoint / "model.zip", env=env, device=device, force_reset=bool(changed),
                               **load_kwargs)
-    model.load_replay_buffer(checkpoint / "replay_buffer.pkl")
+    model.load_replay_buffer(checkpoint / REPLAY_FILE)
     if expected_fingerprint is not None:
         fingerprint.compare(fingerprint.of(model.replay_buffer), expected_fingerprint,
                             what=f"replay buffer {checkpoint / 'replay_buffer.pkl'}", fix=fix,

@@ -14,6 +14,7 @@ from foxhunt.checkpoint import (
     CheckpointError,
     latest_checkpoint,
     list_checkpoints,
+    load_checkpoint,
     read_manifest,
     sha256_file,
 )
@@ -90,3 +91,19 @@ def test_a_killed_write_leaves_only_a_hidden_folder_that_resume_ignores_and_remo
     resume(run)
     assert not leftover.exists()
     assert [step for step, _ in list_checkpoints(run)] == [100, 200]
+
+
+def test_only_the_newest_checkpoint_keeps_its_replay_buffer(finished: Path, run: Path) -> None:
+    """The older checkpoint gave its replay buffer up (its manifest says so and still checks out); its model
+    loads alone; loading it as a resume point is refused naming the file; a resume uses the newest."""
+    from sb3_her_ext import BranchingIQN
+
+    (older_step, older), (_, newest) = list_checkpoints(finished)
+    assert older_step == 100 and not (older / "replay_buffer.pkl").exists()
+    assert (newest / "replay_buffer.pkl").is_file()
+    manifest = read_manifest(older)
+    assert manifest["replay_buffer"] is False and "replay_buffer.pkl" not in manifest["files"]
+    assert BranchingIQN.load(older / "model.zip").num_timesteps == 100
+    with pytest.raises(CheckpointError, match=r"step_000000100 holds no replay_buffer.pkl"):
+        load_checkpoint(older, env=None, device="cpu")
+    resume(run)  # from step_000000200, which kept its buffer
