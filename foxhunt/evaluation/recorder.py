@@ -14,12 +14,15 @@ into preallocated ``[N, B]`` device tensors; nothing is copied to the host excep
 from __future__ import annotations
 
 import time
+import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
+from tqdm import TqdmExperimentalWarning
+from tqdm.rich import tqdm as rich_tqdm
 
 from foxenv.config import EnvConfig
 from foxenv.data.market import MarketData
@@ -92,6 +95,21 @@ class Recording:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         values["series"] = {k: v.to(device) for k, v in self.series.items()}
         return Recording(**values)
+
+
+def progress_bar(iterable: Iterable[Any], desc: str, disable: bool = False) -> Iterable[Any]:
+    """A progress bar of the kind SB3's ``learn(progress_bar=True)`` draws (tqdm's rich bar), so a run shows
+    one kind of bar from training to evaluation.
+
+    :param iterable: what to iterate over.
+    :param desc: the bar's label.
+    :param disable: no bar (the iterable itself).
+    """
+    if disable:
+        return iterable
+    with warnings.catch_warnings():  # tqdm.rich is marked experimental; SB3 silences the same warning
+        warnings.simplefilter("ignore", TqdmExperimentalWarning)
+        return rich_tqdm(iterable, desc=desc)
 
 
 def distinct_rows(offsets: torch.Tensor, episode_length: int, num_steps: int) -> int:
@@ -217,7 +235,7 @@ def record(policy: Any, market: MarketData, *, num_books: int = 16, num_steps: i
     magnitudes = torch.tensor(MAGNITUDES, dtype=torch.float64, device=dev) * config.max_position
     policy.reset(int(num_books), dev)
     started = time.perf_counter()
-    for t in tqdm(range(steps), desc=f"evaluate {policy.name}", disable=not progress):
+    for t in progress_bar(range(steps), desc=f"evaluate {policy.name}", disable=not progress):
         if t % length == 0:  # every book starts its next episode at its planned window
             lob.reset()
             state = lob.state_dict()

@@ -273,3 +273,20 @@ def test_recorder_on_cuda_keeps_the_series_there_and_agrees_with_the_cpu() -> No
     assert torch.equal(cpu.offsets, gpu.offsets)
     assert torch.allclose(cpu.series["step_pnl"], gpu.series["step_pnl"].cpu(), atol=1e-9)
     assert math.isfinite(compute_metrics(rec)["sharpe"])
+
+
+def test_the_recorders_progress_bar_is_the_kind_sb3_draws() -> None:
+    import warnings
+
+    from tqdm.rich import tqdm_rich
+
+    from foxhunt.evaluation.recorder import progress_bar
+
+    assert list(progress_bar(range(3), "x", disable=True)) == [0, 1, 2]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the experimental-bar warning is silenced, nothing else is raised
+        bar = progress_bar(range(3), "x")
+        assert isinstance(bar, tqdm_rich) and list(bar) == [0, 1, 2]
+    rec = record("flat", random_market(200, seed=1), num_books=2, num_steps=5, progress=True,
+                 env_kwargs={"episode_length": 5, "levels": 5})
+    assert rec.num_steps == 5
