@@ -7,12 +7,12 @@ POSIX file system), retried with a new suffix should it exist.
 
 from __future__ import annotations
 
-import fcntl
 import secrets
 import shutil
 import time
 from pathlib import Path
-from typing import IO
+
+from filelock import FileLock, Timeout
 
 #: Where runs go when no folder is given.
 DEFAULT_RUNS_ROOT = Path("runs")
@@ -72,20 +72,28 @@ def new_run_folder(out: str | Path | None) -> Path:
     return unique_run_folder() if out is None else claim_run_folder(out)
 
 
-def lock_run_folder(path: str | Path) -> IO[str]:
-    """Lock a run folder for this process (an ``flock`` the kernel drops when the process dies).
+class RunFolderLock(FileLock):
+    """The lock of a run folder (``filelock``'s ``FileLock``: an ``flock`` on POSIX, which the kernel drops
+    when the process dies); :meth:`close` releases it."""
+
+    def close(self) -> None:
+        """Release the lock."""
+        self.release(force=True)
+
+
+def lock_run_folder(path: str | Path) -> RunFolderLock:
+    """Lock a run folder for this process.
 
     :param path: the run folder.
-    :return: the open lock file; closing it releases the lock.
+    :return: the held lock; ``close()`` releases it.
     :raises ValueError: when another process holds the lock (the run is still going).
     """
-    handle = (Path(path) / LOCK_FILE).open("a")
+    lock = RunFolderLock(str(Path(path) / LOCK_FILE))
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.close()
+        lock.acquire(timeout=0)
+    except Timeout:
         raise ValueError(f"run folder {str(path)!r} is in use by another training process") from None
-    return handle
+    return lock
 
 
 def discard_run_folder(path: str | Path) -> None:
