@@ -543,7 +543,20 @@ def _evaluate_run(config: RunConfig, model: Any, out: Path) -> None:
         train_market_seed=train_market_seed(config) if synthetic else None,
         split=config.eval_split, env_kwargs=config_kwargs, market_kwargs=market_kwargs, device=config.device,
     )
-    write_report(evaluation, out, "policy", f"Evaluation of {out / 'model.zip'}")
+    note = smoke_test_note(config)
+    title = f"Evaluation of {out / 'model.zip'}" + (f" ({note})" if note else "")
+    write_report(evaluation, out, "policy", title)
     held_out = held_out_line(evaluation.setup)
     print_evaluation(evaluation, "policy", f"evaluation: deterministic policy, {held_out}, "
                      f"{config.eval_steps} steps x {evaluation.setup['books']} books")
+    if note:
+        print(f"\nnote: {note}")
+
+
+def smoke_test_note(config: RunConfig) -> str | None:
+    """What a run of at most ``foxhunt train``'s CPU budget is, said in its report and output; ``None`` for a
+    longer run."""
+    if config.steps > presets.CPU_TRAIN_STEPS:
+        return None
+    return (f"a smoke test: {config.steps:,} env steps check the pipeline end to end, they do not train a "
+            "trader (README: What the default run is)")

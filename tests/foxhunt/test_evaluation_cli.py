@@ -27,6 +27,16 @@ def test_train_writes_the_evaluation_report(run_dir: Path) -> None:
     for name in ("report.md", "eval_equity.png", "eval_position.png", "eval_action_mix.png",
                  "eval_episode_pnl.png"):
         assert (run_dir / name).is_file(), name
+    # a run of at most foxhunt train's CPU budget says what it is
+    assert "(a smoke test: 120 env steps check the pipeline" in (run_dir / "report.md").read_text()
+
+
+def test_a_longer_run_is_no_smoke_test() -> None:
+    from foxhunt import presets
+    from foxhunt.runs import RunConfig, smoke_test_note
+
+    assert "smoke test" in smoke_test_note(RunConfig())
+    assert smoke_test_note(RunConfig(steps=presets.CPU_TRAIN_STEPS + 1)) is None
 
 
 def test_evaluate_a_run_folder_with_the_signal_and_the_oracle(run_dir: Path, tmp_path: Path,
