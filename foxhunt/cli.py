@@ -87,6 +87,7 @@ def add_field_options(parser: Any, cls: type, prefix: str = "", skip: Sequence[s
     hints, docs, defaults = typing.get_type_hints(cls), {**field_docs(cls), **(helps or {})}, cls()
     for f in dataclasses.fields(cls):
         name, hint, default, doc = prefix + f.name, hints[f.name], getattr(defaults, f.name), docs.get(f.name)
+        doc = doc or ""
         if name in skip or dataclasses.is_dataclass(hint):
             continue
         kind: dict[str, Any] = {"type": parse_value, "metavar": "VALUE"}

@@ -27,38 +27,33 @@ from typing import Any
 from foxhunt import presets
 
 
+def set_fields(settings: Any) -> dict[str, Any]:
+    """A section's fields that are set (not ``None``): the keyword arguments it gives its library."""
+    return {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)
+            if getattr(settings, f.name) is not None}
+
+
 @dataclass
 class EnvSettings:
     """The env: foxenv's ``EnvConfig`` fields (``None``: foxenv's default) and the market's options."""
 
     episode_length: int = presets.EPISODE_LENGTH
     """Steps before an episode is truncated (a LOBSTER split shorter than that gets episodes that fit)."""
-    max_position: float | None = None
-    """Largest absolute position, in lots."""
-    levels: int | None = None
-    """Book levels per side in the observation."""
-    maker_fee_bps: float | None = None
-    """Fee on resting fills, basis points of notional (negative: a rebate)."""
-    taker_fee_bps: float | None = None
-    """Fee on Market and IoC fills, basis points of notional."""
-    reward_scale: float | None = None
-    """Reward = change of equity times this (minus the inventory penalty)."""
-    inventory_penalty: float | None = None
-    """Per-step penalty times (position / max_position) ** 2."""
+    max_position: float | None = None  # Largest absolute position, in lots.
+    levels: int | None = None  # Book levels per side in the observation.
+    maker_fee_bps: float | None = None  # Fee on resting fills, basis points of notional (negative: a rebate).
+    taker_fee_bps: float | None = None  # Fee on Market and IoC fills, basis points of notional.
+    reward_scale: float | None = None  # Reward = change of equity times this (minus the inventory penalty).
+    inventory_penalty: float | None = None  # Per-step penalty times (position / max_position) ** 2.
     max_drawdown: float | None = None
     """End a book's episode when its equity falls this far below its peak (``None``: never)."""
-    queue_power: float | None = None
-    """Exponent of the ProbQueue cancellation split."""
+    queue_power: float | None = None  # Exponent of the ProbQueue cancellation split.
     return_horizons: list[int] | None = None
     """Steps over which mid returns enter the observation."""
-    vol_window: int | None = None
-    """Steps of 1-step returns in the realised-volatility feature."""
-    flow_window: int | None = None
-    """Steps summed in the signed trade-flow feature."""
-    fill_model: str | None = None
-    """How a resting order fills: ``conservative`` or ``optimistic``."""
-    order_latency: int | None = None
-    """Steps a new LimitMaker order waits before it rests in the book."""
+    vol_window: int | None = None  # Steps of 1-step returns in the realised-volatility feature.
+    flow_window: int | None = None  # Steps summed in the signed trade-flow feature.
+    fill_model: str | None = None  # How a resting order fills: ``conservative`` or ``optimistic``.
+    order_latency: int | None = None  # Steps a new LimitMaker order waits before it rests in the book.
     market_seed: int | None = None
     """Synthetic market: the generator's seed (``None``: 0; the evaluation market's is this + 1, + 2 on
     validation)."""
@@ -68,8 +63,7 @@ class EnvSettings:
 
     def kwargs(self) -> dict[str, Any]:
         """The env's keyword arguments: the fields set, and ``market``'s entries."""
-        values = {name: value for name, value in _items(self) if value is not None and name != "market"}
-        return {**values, **self.market}
+        return {**{k: v for k, v in set_fields(self).items() if k != "market"}, **self.market}
 
 
 @dataclass
@@ -77,71 +71,50 @@ class AlgorithmSettings:
     """BranchingIQN's arguments (``None``: the preset of :func:`algorithm_presets`, else BranchingIQN's
     default)."""
 
-    learning_rate: float = 3e-4
-    """Adam's learning rate."""
-    buffer_size: int | None = None
-    """Replay rows (preset: 100,000; 500,000 on CUDA)."""
+    learning_rate: float = 3e-4  # Adam's learning rate.
+    buffer_size: int | None = None  # Replay rows (preset: 100,000; 500,000 on CUDA).
     learning_starts: int | None = None
     """Steps of random actions before training (preset: 1,000, 20,000 on CUDA, at most a quarter of the
     run)."""
-    batch_size: int | None = None
-    """Rows per gradient step (preset: 64; 256 on CUDA)."""
-    tau: float | None = None
-    """Soft update coefficient of the target network."""
-    gamma: float = 0.99
-    """Discount factor."""
-    train_freq: int = 1
-    """Env steps (of all books) between training rounds."""
-    gradient_steps: int = 1
-    """Gradient steps per training round."""
+    batch_size: int | None = None  # Rows per gradient step (preset: 64; 256 on CUDA).
+    tau: float | None = None  # Soft update coefficient of the target network.
+    gamma: float = 0.99  # Discount factor.
+    train_freq: int = 1  # Env steps (of all books) between training rounds.
+    gradient_steps: int = 1  # Gradient steps per training round.
     optimize_memory_usage: bool | None = None
     """SB3's memory-saving replay (not supported by the device replay: False)."""
     target_update_interval: int | None = None
     """Env steps between target-network updates (preset: 2,000; 20,000 on CUDA)."""
-    exploration_fraction: float = 0.3
-    """Fraction of training over which ε anneals."""
-    exploration_initial_eps: float | None = None
-    """ε at the start."""
-    exploration_final_eps: float = 0.05
-    """ε at the end."""
-    max_grad_norm: float | None = None
-    """Gradient clipping norm."""
-    stats_window_size: int | None = None
-    """Episodes averaged in the logged episode statistics."""
-    verbose: int | None = None
-    """SB3 verbosity."""
-    c51_alpha: float | None = None
-    """Weight of the C51 head's loss beside the quantile loss, in [0, 1]."""
+    exploration_fraction: float = 0.3  # Fraction of training over which ε anneals.
+    exploration_initial_eps: float | None = None  # ε at the start.
+    exploration_final_eps: float = 0.05  # ε at the end.
+    max_grad_norm: float | None = None  # Gradient clipping norm.
+    stats_window_size: int | None = None  # Episodes averaged in the logged episode statistics.
+    verbose: int | None = None  # SB3 verbosity.
+    c51_alpha: float | None = None  # Weight of the C51 head's loss beside the quantile loss, in [0, 1].
     exploration_mults: dict[str, float] | list[float] | None = None
     """Per-branch ε multipliers (preset on the branched face: ``foxhunt.presets.EXPLORATION_MULTS``)."""
     boltzmann_branches: list[str] | list[int] | None = None
     """Branches exploring by Boltzmann sampling (preset on the branched face: order and urgency)."""
     iqr_bonus: float | list[float] | None = None
     """Optimism bonus on the quantiles' spread: a number or a (start, end) pair annealed over training."""
-    ensemble_bonus: float | None = None
-    """Optimism bonus on the ensemble's disagreement."""
-    per_alpha: float | None = None
-    """Prioritized replay's exponent."""
+    ensemble_bonus: float | None = None  # Optimism bonus on the ensemble's disagreement.
+    per_alpha: float | None = None  # Prioritized replay's exponent.
     per_beta: float | list[float] | None = None
     """Importance-sampling exponent: a number or a (start, end) pair."""
     vaccine_interval: int | None = None
     """Gradient steps between GradVac vaccine steps, 0: off (preset on the joint face: 0)."""
-    vaccine_beta: float | None = None
-    """GradVac's moving-average rate."""
+    vaccine_beta: float | None = None  # GradVac's moving-average rate.
     vaccine_branch: str | int | None = None
     """The branch stratifying the vaccine's batch (preset on the branched face: magnitude)."""
     diagnostics_interval: int | None = None
     """Env steps between diagnostics lines (preset: 500, 20,000 on CUDA, at most a quarter of the run)."""
-    compile_loss: bool | None = None
-    """torch.compile the loss."""
-    nan_guard: bool | None = None
-    """Stop on a non-finite loss or parameter."""
+    compile_loss: bool | None = None  # torch.compile the loss.
+    nan_guard: bool | None = None  # Stop on a non-finite loss or parameter.
     graph_collect: bool | None = None
     """The whole rollout as one fused CUDA graph (``None``: wherever it can run)."""
 
-    def kwargs(self) -> dict[str, Any]:
-        """The arguments set (``None`` left out)."""
-        return {name: value for name, value in _items(self) if value is not None}
+    kwargs = set_fields
 
 
 @dataclass
@@ -150,48 +123,29 @@ class PolicySettings:
 
     net_arch: list[int] = field(default_factory=lambda: list(presets.NET_ARCH))
     """Hidden layer widths of the shared trunk."""
-    n_ensemble: int = 3
-    """Q-heads of the ensemble."""
-    n_cos: int = 32
-    """Cosine features of the quantile embedding."""
-    n_quantiles: int = 16
-    """Quantiles sampled for the online estimate."""
-    n_quantiles_target: int = 16
-    """Quantiles sampled for the target."""
-    n_quantiles_act: int = 16
-    """Quantiles sampled when acting."""
-    n_atoms: int = 51
-    """Atoms of the C51 head."""
-    v_min: float | None = None
-    """Lowest atom of the C51 head."""
-    v_max: float | None = None
-    """Highest atom of the C51 head."""
-    popart: bool | None = None
-    """Normalise the returns with PopArt."""
-    popart_beta: float | None = None
-    """PopArt's moving-average rate."""
+    n_ensemble: int = 3  # Q-heads of the ensemble.
+    n_cos: int = 32  # Cosine features of the quantile embedding.
+    n_quantiles: int = 16  # Quantiles sampled for the online estimate.
+    n_quantiles_target: int = 16  # Quantiles sampled for the target.
+    n_quantiles_act: int = 16  # Quantiles sampled when acting.
+    n_atoms: int = 51  # Atoms of the C51 head.
+    v_min: float | None = None  # Lowest atom of the C51 head.
+    v_max: float | None = None  # Highest atom of the C51 head.
+    popart: bool | None = None  # Normalise the returns with PopArt.
+    popart_beta: float | None = None  # PopArt's moving-average rate.
     bottleneck_dims: dict[str, int] | list[int] | None = None
     """Per-branch market-feature bottleneck widths (preset on the branched face:
     ``foxhunt.presets.BOTTLENECK_DIMS``)."""
     n_market_features: int | None = None
     """Leading observation features that are market features (``None``: all)."""
-    shared_tau_embedding: bool | None = None
-    """One quantile embedding shared by the heads."""
-    normalize_observations: bool | None = None
-    """Normalise observations with running statistics."""
+    shared_tau_embedding: bool | None = None  # One quantile embedding shared by the heads.
+    normalize_observations: bool | None = None  # Normalise observations with running statistics.
     branch_coupling: str | None = None
     """``independent`` (BDQ) or ``autoregressive`` (each branch conditioned on the earlier branches'
     sub-actions; ``sb3_her_ext.networks``)."""
-    optimizer_kwargs: dict[str, Any] | None = None
-    """Keyword arguments of the optimizer."""
+    optimizer_kwargs: dict[str, Any] | None = None  # Keyword arguments of the optimizer.
 
-    def kwargs(self) -> dict[str, Any]:
-        """The arguments set (``None`` left out)."""
-        return {name: value for name, value in _items(self) if value is not None}
-
-
-def _items(settings: Any) -> list[tuple[str, Any]]:
-    return [(f.name, getattr(settings, f.name)) for f in dataclasses.fields(settings)]
+    kwargs = set_fields
 
 
 # ------------------------------------------------------------------------------------------ presets
@@ -296,16 +250,21 @@ def section_from_dict(cls: type, values: Any, prefix: str) -> Any:
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """The docs of a dataclass's fields: the string under each field, else its ``:param NAME:`` line in
-    the class docstring; one line each.
+    """The docs of a dataclass's fields: the string under each field or the comment ending its line, else
+    its ``:param NAME:`` line in the class docstring; one line each.
 
     :param cls: a dataclass defined in a source file.
     :return: field name -> its doc with whitespace collapsed.
     """
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = tree.body[0].body  # type: ignore[attr-defined]
+    source = textwrap.dedent(inspect.getsource(cls))
+    body = ast.parse(source).body[0].body  # type: ignore[attr-defined]
     params = re.findall(r":param (\w+): (.*?)(?=\n\s*:|\Z)", inspect.getdoc(cls) or "", re.S)
     docs = {name: " ".join(text.split()) for name, text in params}
+    lines = source.splitlines()
+    for node in body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            comment = re.search(r"  # (.*)$", lines[node.end_lineno - 1])
+            docs.update({node.target.id: comment[1]} if comment else {})
     for node, following in zip(body, body[1:], strict=False):
         if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
                 and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)

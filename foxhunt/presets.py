@@ -56,22 +56,12 @@ NET_ARCH: tuple[int, ...] = (64, 64)
 
 #: BranchingIQN's sizes on the CPU (``learning_starts`` and ``diagnostics_interval`` at most a quarter of
 #: the run: :func:`foxhunt.config.algorithm_presets`).
-CPU_SIZES: dict[str, int] = {
-    "buffer_size": 100_000,
-    "learning_starts": 1_000,
-    "batch_size": 64,
-    "target_update_interval": 2_000,
-    "diagnostics_interval": 500,
-}
+CPU_SIZES: dict[str, int] = {"buffer_size": 100_000, "learning_starts": 1_000, "batch_size": 64,
+                             "target_update_interval": 2_000, "diagnostics_interval": 500}
 #: What changes on a GPU: a batch worth a graphed step (replay ratio 0.25 at 1024 books) and a buffer and
 #: intervals that fit thousands of books a step.
-GPU_SIZES: dict[str, int] = {
-    "buffer_size": 500_000,
-    "learning_starts": 20_000,
-    "batch_size": 256,
-    "target_update_interval": 20_000,
-    "diagnostics_interval": 20_000,
-}
+GPU_SIZES: dict[str, int] = {"buffer_size": 500_000, "learning_starts": 20_000, "batch_size": 256,
+                             "target_update_interval": 20_000, "diagnostics_interval": 20_000}
 
 
 def trading_algorithm_kwargs() -> dict[str, Any]:

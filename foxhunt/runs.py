@@ -80,39 +80,28 @@ class RunConfig:
     before the sections) are accepted on construction and set the sections' fields of those names.
     """
 
-    data: str = "synthetic"
-    """``"synthetic"`` (the built-in generator) or a folder of LOBSTER files."""
-    steps: int = presets.CPU_TRAIN_STEPS
-    """Environment steps of training (summed over books)."""
-    n_envs: int = presets.CPU_N_ENVS
-    """Books stepped together."""
-    device: str = "cpu"
-    """``"cpu"`` or ``"cuda"`` (``"cuda:K"``)."""
-    seed: int = 0
-    """Seed of the network, replay, exploration and the training env's episode starts."""
-    threads: int = 1
-    """torch CPU threads (1 is fastest for these small networks)."""
+    data: str = "synthetic"  # ``"synthetic"`` (the built-in generator) or a folder of LOBSTER files.
+    steps: int = presets.CPU_TRAIN_STEPS  # Environment steps of training (summed over books).
+    n_envs: int = presets.CPU_N_ENVS  # Books stepped together.
+    device: str = "cpu"  # ``"cpu"`` or ``"cuda"`` (``"cuda:K"``).
+    seed: int = 0  # Seed of the network, replay, exploration and the training env's episode starts.
+    threads: int = 1  # torch CPU threads (1 is fastest for these small networks).
     hindsight: bool | None = None
     """Hindsight replay injections on trade closes; ``None``: on for the branched action face, off for the
     joint one (``True`` with the joint face is a ``ValueError``: hindsight relabels the branches)."""
-    eval_steps: int = 500
-    """Vector steps of the final evaluation."""
+    eval_steps: int = 500  # Vector steps of the final evaluation.
     cuda_graph: bool | None = None
     """Each gradient step as one CUDA graph replay; ``None``: on exactly when the device is CUDA."""
-    progress: bool = True
-    """Show a progress bar."""
-    out: str | None = None
-    """Run folder, new or empty; ``None``: a new ``runs/<timestamp>-<random>``."""
-    synthetic_market_steps: int = presets.SYNTHETIC_MARKET_STEPS
-    """Steps of each generated synthetic market."""
+    progress: bool = True  # Show a progress bar.
+    out: str | None = None  # Run folder, new or empty; ``None``: a new ``runs/<timestamp>-<random>``.
+    synthetic_market_steps: int = presets.SYNTHETIC_MARKET_STEPS  # Steps of each generated synthetic market.
     device_loop: bool | None = None
     """Collect through BranchingIQN's device loop (tensors stay on the device, no per-step host sync:
     :mod:`sb3_her_ext.collect`); ``None``: on exactly when the device is CUDA."""
     checkpoint_every: int = 5_000
     """Environment steps between checkpoints (and one when training ends; a default CPU run leaves three);
     0: no checkpoints."""
-    keep_checkpoints: int = 3
-    """Checkpoints kept, the newest; 0: all."""
+    keep_checkpoints: int = 3  # Checkpoints kept, the newest; 0: all.
     eval_split: str = "test"
     """The held-out data the run is scored on: ``"test"`` (the final evaluation), or ``"validation"`` for
     model selection that must not see the test data (``foxhunt tune``'s trials): a LOBSTER run then trains on
@@ -122,12 +111,9 @@ class RunConfig:
     """The action BranchingIQN learns on: ``"branched"`` (foxenv's four branches, with the per-branch
     presets) or ``"joint"`` (one branch of the 81 joint actions, code ``27 d + 9 m + 3 o + u``);
     ``None``: :data:`foxhunt.presets.ACTION_FACE`."""
-    env: EnvSettings = field(default_factory=EnvSettings)
-    """The env's settings."""
-    algorithm: AlgorithmSettings = field(default_factory=AlgorithmSettings)
-    """BranchingIQN's settings."""
-    policy: PolicySettings = field(default_factory=PolicySettings)
-    """The policy's settings."""
+    env: EnvSettings = field(default_factory=EnvSettings)  # The env's settings.
+    algorithm: AlgorithmSettings = field(default_factory=AlgorithmSettings)  # BranchingIQN's settings.
+    policy: PolicySettings = field(default_factory=PolicySettings)  # The policy's settings.
     model_kwargs: InitVar[dict[str, Any] | None] = None
     policy_kwargs: InitVar[dict[str, Any] | None] = None
     env_kwargs: InitVar[dict[str, Any] | None] = None
