@@ -48,15 +48,12 @@ class EnvSettings:
     max_drawdown: float | None = None
     """End a book's episode when its equity falls this far below its peak (``None``: never)."""
     queue_power: float | None = None  # Exponent of the ProbQueue cancellation split.
-    return_horizons: list[int] | None = None
-    """Steps over which mid returns enter the observation."""
+    return_horizons: list[int] | None = None  # Steps of the mid returns in the observation.
     vol_window: int | None = None  # Steps of 1-step returns in the realised-volatility feature.
     flow_window: int | None = None  # Steps summed in the signed trade-flow feature.
     fill_model: str | None = None  # How a resting order fills: ``conservative`` or ``optimistic``.
     order_latency: int | None = None  # Steps a new LimitMaker order waits before it rests in the book.
-    market_seed: int | None = None
-    """Synthetic market: the generator's seed (``None``: 0; the evaluation market's is this + 1, + 2 on
-    validation)."""
+    market_seed: int | None = None  # Synthetic market's seed (None: 0; evaluation: + 1, + 2 on validation).
     market: dict[str, Any] = field(default_factory=dict)
     """Other market options (synthetic generator knobs such as ``signal_strength``; LOBSTER loading
     options)."""
@@ -81,8 +78,7 @@ class AlgorithmSettings:
     gamma: float = 0.99  # Discount factor.
     train_freq: int = 1  # Env steps (of all books) between training rounds.
     gradient_steps: int = 1  # Gradient steps per training round.
-    optimize_memory_usage: bool | None = None
-    """SB3's memory-saving replay (not supported by the device replay: False)."""
+    optimize_memory_usage: bool | None = None  # SB3's memory-saving replay (the device replay needs False).
     target_update_interval: int | None = None
     """Env steps between target-network updates (preset: 2,000; 20,000 on CUDA)."""
     exploration_fraction: float = 0.3  # Fraction of training over which ε anneals.
@@ -111,8 +107,7 @@ class AlgorithmSettings:
     """Env steps between diagnostics lines (preset: 500, 20,000 on CUDA, at most a quarter of the run)."""
     compile_loss: bool | None = None  # torch.compile the loss.
     nan_guard: bool | None = None  # Stop on a non-finite loss or parameter.
-    graph_collect: bool | None = None
-    """The whole rollout as one fused CUDA graph (``None``: wherever it can run)."""
+    graph_collect: bool | None = None  # The rollout as one fused CUDA graph (None: wherever it can run).
 
     kwargs = set_fields
 
@@ -136,8 +131,7 @@ class PolicySettings:
     bottleneck_dims: dict[str, int] | list[int] | None = None
     """Per-branch market-feature bottleneck widths (preset on the branched face:
     ``foxhunt.presets.BOTTLENECK_DIMS``)."""
-    n_market_features: int | None = None
-    """Leading observation features that are market features (``None``: all)."""
+    n_market_features: int | None = None  # Leading observation features that are market features (None: all).
     shared_tau_embedding: bool | None = None  # One quantile embedding shared by the heads.
     normalize_observations: bool | None = None  # Normalise observations with running statistics.
     branch_coupling: str | None = None

@@ -90,8 +90,7 @@ class RunConfig:
     """Hindsight replay injections on trade closes; ``None``: on for the branched action face, off for the
     joint one (``True`` with the joint face is a ``ValueError``: hindsight relabels the branches)."""
     eval_steps: int = 500  # Vector steps of the final evaluation.
-    cuda_graph: bool | None = None
-    """Each gradient step as one CUDA graph replay; ``None``: on exactly when the device is CUDA."""
+    cuda_graph: bool | None = None  # Each gradient step as one CUDA graph replay; None: exactly on CUDA.
     progress: bool = True  # Show a progress bar.
     out: str | None = None  # Run folder, new or empty; ``None``: a new ``runs/<timestamp>-<random>``.
     synthetic_market_steps: int = presets.SYNTHETIC_MARKET_STEPS  # Steps of each generated synthetic market.
