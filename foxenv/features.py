@@ -96,7 +96,9 @@ def market_features(market: MarketData, config: EnvConfig) -> torch.Tensor:
         returns.append(1e4 * (log_mid - past))
     one_step = torch.zeros_like(log_mid)
     one_step[1:] = 1e4 * (log_mid[1:] - log_mid[:-1])
-    volatility = torch.sqrt(_window_sum(one_step**2, config.vol_window))
+    # a windowed sum of squares from a cumulative sum can cancel to a tiny negative number (on CUDA the scan's
+    # order differs from the CPU's): clamp before the root, or a flat stretch gives NaN
+    volatility = torch.sqrt(_window_sum(one_step**2, config.vol_window).clamp_min(0.0))
 
     signed_volume = market.exec_ask.double().sum(dim=1) - market.exec_bid.double().sum(dim=1)
     flow = _window_sum(signed_volume, config.flow_window)

@@ -206,7 +206,7 @@ class ActionRangeFlag:
         bad = (actions < 0) | (actions >= self._limits)
         width = actions.shape[1]
         index = bad.reshape(-1).to(torch.int64).argmax()
-        entry = torch.stack([self._one, index // width, index % width, actions.reshape(-1)[index]])
+        entry = torch.stack([self._one, index // width, index % width, actions.reshape(-1).take(index)])
         self.first.copy_(torch.where(bad.any() & (self.first[0] == 0), entry, self.first))
         return actions.masked_fill(bad, 0)
 

@@ -102,3 +102,15 @@ def test_real_lobster_features_are_finite(lobster_dir) -> None:
     market = load_market(str(lobster_dir))
     feats = market_features(market, EnvConfig(levels=10))
     assert bool(torch.isfinite(feats).all())
+
+
+def test_volatility_survives_a_window_sum_that_cancels_below_zero(monkeypatch: pytest.MonkeyPatch) -> None:
+    # On CUDA the cumulative sum behind a windowed sum of squares runs in another order than on the CPU, and
+    # over a flat stretch it can cancel to a tiny negative number (seen on the H200 with GOOG at 1 s steps).
+    import foxenv.features as features_module
+
+    plain = features_module._window_sum
+    monkeypatch.setattr(features_module, "_window_sum", lambda values, window: plain(values, window) - 1e-12)
+    config = EnvConfig(levels=3)
+    features = market_features(random_market(64, 3, seed=0), config)
+    assert torch.isfinite(features).all()
