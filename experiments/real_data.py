@@ -402,7 +402,7 @@ def figure(results: dict[str, Any], path: Path) -> Path:
         axis.set_title(f"{split}: {result['setup']['windows']} windows")
         axis.set_ylabel("PnL after fees per window (currency)")
         axis.legend(fontsize=8)
-    fig.suptitle("Paired edge per window, 95 % block-bootstrap interval (unadjusted)")
+    fig.suptitle("Paired edge per window\n95 % block-bootstrap interval (unadjusted)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
