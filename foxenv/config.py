@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,3 +118,16 @@ class EnvConfig:
             raise ValueError(f"fill_model={self.fill_model!r} must be one of {FILL_MODELS}")
         if not is_whole(self.order_latency) or self.order_latency < 0:
             raise ValueError(f"order_latency={self.order_latency!r} must be an integer >= 0")
+
+
+def split_env_kwargs(env_kwargs: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split a run's env kwargs into :class:`EnvConfig` fields and market options.
+
+    :param env_kwargs: a run's ``resolved_env_kwargs()`` (or any mix of the two).
+    :return: ``(config fields, market options)``; ``market_seed`` stays among the market options.
+    """
+    fields = {f.name for f in dataclasses.fields(EnvConfig)}
+    env_kwargs = dict(env_kwargs or {})
+    config = {k: v for k, v in env_kwargs.items() if k in fields}
+    market = {k: v for k, v in env_kwargs.items() if k not in fields}
+    return config, market

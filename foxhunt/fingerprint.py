@@ -96,7 +96,7 @@ def market_fingerprint(data: str, env_kwargs: Mapping[str, Any], *, split: str,
     :return: ``{"source": "synthetic", "seed", "num_steps", "params"}`` or ``{"source": "lobster", "files",
         "split", "options"}``.
     """
-    from foxhunt.evaluation.api import split_env_kwargs
+    from foxenv.config import split_env_kwargs
 
     _, options = split_env_kwargs(env_kwargs)
     options = dict(options)
@@ -118,8 +118,7 @@ def env_settings(env_kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """
     import dataclasses
 
-    from foxenv.config import EnvConfig
-    from foxhunt.evaluation.api import split_env_kwargs
+    from foxenv.config import EnvConfig, split_env_kwargs
 
     config, options = split_env_kwargs(env_kwargs)
     settings = dataclasses.asdict(EnvConfig(**config))
@@ -224,7 +223,7 @@ def _is_market(path: str) -> bool:
     if parts[1:3] == ["env", "market"] or parts[1:3] == ["env", "market_seed"]:  # env.market.<option>
         return True
     if parts[1] == "env_kwargs" and len(parts) > 2:  # a config of the flat layout
-        from foxhunt.evaluation.api import split_env_kwargs
+        from foxenv.config import split_env_kwargs
 
         return parts[2] != "levels" and parts[2] in split_env_kwargs({parts[2]: None})[1]
     return False

@@ -81,9 +81,8 @@ def check_fits(parts: Mapping[str, tuple[tuple[str, ...], float]], device: str |
 
 def observation_size(env_kwargs: Mapping[str, Any]) -> int:
     """Features of one observation for these env settings."""
-    from foxenv.config import EnvConfig
+    from foxenv.config import EnvConfig, split_env_kwargs
     from foxenv.features import PORTFOLIO_FEATURES, market_feature_dim
-    from foxhunt.evaluation.api import split_env_kwargs
 
     config, _ = split_env_kwargs(env_kwargs)
     return market_feature_dim(EnvConfig(**config)) + len(PORTFOLIO_FEATURES)
@@ -120,10 +119,8 @@ def check_run(config: Any) -> None:
     :param config: the :class:`~foxhunt.runs.RunConfig`.
     :raises ValueError: one line naming the field.
     """
-    from foxhunt.runs import RunConfig
-
     device = check_device(config.device, "RunConfig.device")
-    defaults = RunConfig()
+    defaults = type(config)()  # the run's own class: preflight imports no foxhunt.runs
     growth = {
         "--n-envs": config.n_envs / defaults.n_envs,
         "--eval-steps": config.eval_steps / defaults.eval_steps,

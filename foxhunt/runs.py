@@ -30,6 +30,7 @@ from typing import Any
 
 import torch as th
 
+from foxenv.config import split_env_kwargs
 from foxhunt import presets
 from foxhunt.config import (
     AlgorithmSettings,
@@ -514,7 +515,7 @@ def train(config: RunConfig, callback: Any = None, *, resume_from: str | Path | 
 
 def _evaluate_run(config: RunConfig, model: Any, out: Path) -> None:
     """The final evaluation of ``train``: ``foxhunt evaluate``'s code on the run's held-out data."""
-    from foxhunt.evaluation.api import evaluate_policies, split_env_kwargs
+    from foxhunt.evaluation.api import evaluate_policies
     from foxhunt.evaluation.report import held_out_line, print_evaluation, write_report
 
     synthetic = config.data == "synthetic"

@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 LIBRARIES = {"cuda_ext", "foxenv", "sb3_her_ext"}
 #: package -> the packages it may import (anywhere in its modules)
@@ -104,3 +106,54 @@ print(",".join(sorted(name for name in sys.modules if name.split(".")[0] == "tun
     result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
                             timeout=300, check=True)
     assert result.stdout.strip() == ""
+
+
+def _module_graph(package: str) -> dict[str, set[str]]:
+    """module -> the modules of ``package`` it imports at run time, module level or inside a function
+    (``if TYPE_CHECKING:`` blocks and a submodule's import of its own parent package aside)."""
+    def name_of(path: Path) -> str:
+        return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+
+    paths = sorted((ROOT / package).rglob("*.py"))
+    modules = {name_of(p) for p in paths}
+    graph: dict[str, set[str]] = {}
+    for path in paths:
+        name = name_of(path)
+        targets: set[str] = set()
+
+        def visit(node: ast.AST, targets: set[str] = targets) -> None:
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                    continue
+                if isinstance(child, ast.ImportFrom) and child.level == 0 and child.module:
+                    for alias in child.names:
+                        full = f"{child.module}.{alias.name}"
+                        targets.add(full if full in modules else child.module)
+                elif isinstance(child, ast.Import):
+                    targets.update(alias.name for alias in child.names)
+                visit(child)
+
+        visit(ast.parse(path.read_text()))
+        graph[name] = {t for t in targets if t in modules and t != name and not name.startswith(t + ".")}
+    return graph
+
+
+@pytest.mark.parametrize("package", ["foxhunt", "sb3_her_ext", "foxenv"])
+def test_no_module_imports_itself_back_even_inside_a_function(package: str) -> None:
+    graph = _module_graph(package)
+
+    def cycle_from(start: str) -> list[str] | None:
+        stack = [(start, [start])]
+        seen: set[str] = set()
+        while stack:
+            node, path = stack.pop()
+            for nxt in graph.get(node, ()):
+                if nxt == start:
+                    return path + [start]
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, path + [nxt]))
+        return None
+
+    cycles = [c for c in map(cycle_from, sorted(graph)) if c]
+    assert not cycles, cycles[0]

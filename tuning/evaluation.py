@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from foxenv.config import split_env_kwargs
 from foxhunt.runs import RunConfig, eval_seed
 
 
@@ -54,7 +55,7 @@ def held_out_metrics(model: Any, config: RunConfig) -> dict[str, Any]:
 
 def _score(model: Any, config: RunConfig) -> dict[str, Any]:
     try:
-        from foxhunt.evaluation.api import evaluate, split_env_kwargs
+        from foxhunt.evaluation.api import evaluate
     except ImportError:  # before the evaluation recorder: the rollout's evaluate_agent
         from foxhunt.evaluation.rollout import evaluate_agent
         from foxhunt.runs import make_env

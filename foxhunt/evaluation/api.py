@@ -25,10 +25,18 @@ from typing import Any
 
 import torch
 
-from foxenv.config import EnvConfig
+from foxenv.config import EnvConfig, split_env_kwargs
 from foxenv.data.market import MarketData
 from foxhunt.evaluation import stats
-from foxhunt.evaluation.baselines import BASELINES, OraclePolicy, as_policy, fit_imbalance_rule, make_baseline
+from foxhunt.evaluation.baselines import (
+    BASELINES,
+    IMBALANCE_ORDERS,
+    IMBALANCE_THRESHOLDS,
+    ImbalancePolicy,
+    OraclePolicy,
+    as_policy,
+    make_baseline,
+)
 from foxhunt.evaluation.metrics import compute_metrics, episode_pnl
 from foxhunt.evaluation.recorder import Recording, record
 
@@ -38,7 +46,6 @@ DEFAULT_SYNTHETIC_STEPS = 20_000
 DEFAULT_BASELINES = ("flat", "random", "buy_and_hold")
 #: Books of a synthetic evaluation when none are given.
 DEFAULT_SYNTHETIC_BOOKS = 16
-_CONFIG_FIELDS = {f.name for f in dataclasses.fields(EnvConfig)}
 
 
 @dataclass
@@ -72,18 +79,6 @@ class Evaluation:
             "policies": {name: result.metrics for name, result in self.results.items()},
             "comparisons": self.comparisons,
         }
-
-
-def split_env_kwargs(env_kwargs: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Split a run's env kwargs into :class:`~foxenv.config.EnvConfig` fields and market options.
-
-    :param env_kwargs: a run's ``resolved_env_kwargs()`` (or any mix of the two).
-    :return: ``(config fields, market options)``; ``market_seed`` stays among the market options.
-    """
-    env_kwargs = dict(env_kwargs or {})
-    config = {k: v for k, v in env_kwargs.items() if k in _CONFIG_FIELDS}
-    market = {k: v for k, v in env_kwargs.items() if k not in _CONFIG_FIELDS}
-    return config, market
 
 
 def build_market(data: str | Path | MarketData = "synthetic", *, split: str = "test", market_seed: int = 1,
@@ -367,3 +362,37 @@ def evaluate(
                                    market_seed=market_seed, split=split, env_kwargs=env_kwargs,
                                    market_kwargs=market_kwargs, device=device, progress=progress)
     return evaluation.results[label]
+
+
+def fit_imbalance_rule(market: Any, env_kwargs: dict[str, Any] | None = None, *,
+                       thresholds: tuple[float, ...] = IMBALANCE_THRESHOLDS,
+                       orders: tuple[int, ...] = IMBALANCE_ORDERS, num_books: int | None = None,
+                       seed: int = 0, device: str | torch.device = "cpu") -> tuple[ImbalancePolicy,
+                                                                                     dict[str, float]]:
+    """The imbalance rule with the threshold and order type that made the most PnL after fees on ``market``
+    (the fit data).
+
+    Each candidate is scored by the recorder on disjoint episode windows covering ``market`` once.
+
+    :param market: the fit market (never the data the rule is then scored on).
+    :param env_kwargs: :class:`~foxenv.config.EnvConfig` fields (``levels``, fees, ``episode_length``).
+    :param thresholds: candidates in ``[0, 1)``.
+    :param orders: order types tried (0 Market, 1 LimitMaker).
+    :param num_books: books (default: every disjoint window of ``market``, at most 64).
+    :param seed: seed of the windows.
+    :param device: device of the runs.
+    :return: ``(rule, {"market@0.5": fit PnL, "limit_maker@0.9": ..., ...})``.
+    """
+    config = dict(env_kwargs or {})
+    length = min(int(config.get("episode_length", EnvConfig().episode_length)), market.num_steps - 1)
+    config["episode_length"] = max(length, 1)
+    levels = int(config.get("levels", EnvConfig().levels))
+    books = num_books or max(1, min(64, (market.num_steps - 1) // config["episode_length"]))
+    candidates = {f"{('market', 'limit_maker')[order]}@{float(threshold):g}":
+                  ImbalancePolicy(threshold, levels, order) for order in orders for threshold in thresholds}
+    scores: dict[str, float] = {}
+    for key, rule in candidates.items():
+        recording = record(rule, market, num_books=books, seed=seed, env_kwargs=config, device=device)
+        scores[key] = float(recording.series["step_pnl"].sum())
+    best = max(scores, key=lambda k: scores[k])
+    return candidates[best], scores

@@ -174,7 +174,8 @@ class ImbalancePolicy:
 
     The imbalance ``(bid size - ask size) / (bid size + ask size)`` of the best levels is the observation's
     market feature ``4 * levels``; the agent sees it too, so an agent that cannot beat this one-line rule has
-    learned nothing useful from it. :func:`fit_imbalance_rule` picks ``threshold`` on the fit data.
+    learned nothing useful from it. :func:`foxhunt.evaluation.api.fit_imbalance_rule` picks ``threshold`` on
+    the fit data.
 
     :param threshold: in ``[0, 1)``.
     :param levels: book levels of the observation (``EnvConfig.levels``).
@@ -246,43 +247,6 @@ class MarketMakerPolicy:
         actions[:, 2] = 1  # LimitMaker (post-only)
         actions[:, 3] = 1  # at the own touch
         return actions
-
-
-def fit_imbalance_rule(market: Any, env_kwargs: dict[str, Any] | None = None, *,
-                       thresholds: tuple[float, ...] = IMBALANCE_THRESHOLDS,
-                       orders: tuple[int, ...] = IMBALANCE_ORDERS, num_books: int | None = None,
-                       seed: int = 0, device: str | torch.device = "cpu") -> tuple[ImbalancePolicy,
-                                                                                     dict[str, float]]:
-    """The imbalance rule with the threshold and order type that made the most PnL after fees on ``market``
-    (the fit data).
-
-    Each candidate is scored by the recorder on disjoint episode windows covering ``market`` once.
-
-    :param market: the fit market (never the data the rule is then scored on).
-    :param env_kwargs: :class:`~foxenv.config.EnvConfig` fields (``levels``, fees, ``episode_length``).
-    :param thresholds: candidates in ``[0, 1)``.
-    :param orders: order types tried (0 Market, 1 LimitMaker).
-    :param num_books: books (default: every disjoint window of ``market``, at most 64).
-    :param seed: seed of the windows.
-    :param device: device of the runs.
-    :return: ``(rule, {"market@0.5": fit PnL, "limit_maker@0.9": ..., ...})``.
-    """
-    from foxenv.config import EnvConfig
-    from foxhunt.evaluation.recorder import record
-
-    config = dict(env_kwargs or {})
-    length = min(int(config.get("episode_length", EnvConfig().episode_length)), market.num_steps - 1)
-    config["episode_length"] = max(length, 1)
-    levels = int(config.get("levels", EnvConfig().levels))
-    books = num_books or max(1, min(64, (market.num_steps - 1) // config["episode_length"]))
-    candidates = {f"{('market', 'limit_maker')[order]}@{float(threshold):g}":
-                  ImbalancePolicy(threshold, levels, order) for order in orders for threshold in thresholds}
-    scores: dict[str, float] = {}
-    for key, rule in candidates.items():
-        recording = record(rule, market, num_books=books, seed=seed, env_kwargs=config, device=device)
-        scores[key] = float(recording.series["step_pnl"].sum())
-    best = max(scores, key=lambda k: scores[k])
-    return candidates[best], scores
 
 
 class ModelPolicy:

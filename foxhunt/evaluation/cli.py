@@ -14,6 +14,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from foxenv.config import split_env_kwargs
 from foxenv.data import SPLITS
 from foxhunt.evaluation import model_file
 from foxhunt.evaluation.baselines import BASELINES
@@ -149,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     :param args: parsed ``evaluate`` arguments.
     :return: the exit status (0).
     """
-    from foxhunt.evaluation.api import evaluate_policies, split_env_kwargs
+    from foxhunt.evaluation.api import evaluate_policies
     from foxhunt.evaluation.report import held_out_line, print_evaluation, write_report
 
     _check(args)

@@ -9,12 +9,11 @@ import pytest
 import torch
 
 from foxhunt.evaluation import evaluate_policies
-from foxhunt.evaluation.api import plan_windows
+from foxhunt.evaluation.api import fit_imbalance_rule, plan_windows
 from foxhunt.evaluation.baselines import (
     IMBALANCE_THRESHOLDS,
     ImbalancePolicy,
     MarketMakerPolicy,
-    fit_imbalance_rule,
 )
 from foxhunt.evaluation.report import markdown
 from foxhunt.evaluation.stats import (
