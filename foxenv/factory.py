@@ -28,8 +28,8 @@ DataSource = str | PathLike | tuple[str | PathLike, str | PathLike] | MarketData
 #: Keyword arguments that go to :func:`foxenv.data.load_market` (``levels`` goes to both;
 #: ``market_seed`` is its ``seed``, the synthetic generator's seed, 0 by default).
 MARKET_KWARGS = (
-    "step_events", "step_seconds", "split", "train_fraction", "num_steps", "cache_dir", "market_seed",
-    "price_band", "tick_size", "signal_strength", "signal_horizon",
+    "step_events", "step_seconds", "split", "train_fraction", "validation_fraction", "split_times", "days",
+    "num_steps", "cache_dir", "market_seed", "price_band", "tick_size", "signal_strength", "signal_horizon",
 )
 
 

@@ -30,3 +30,15 @@ def test_make_core_refuses_bad_input(data, kwargs, match):
         data = random_market(60, num_levels=3, seed=0)
     with pytest.raises(ValueError, match=match):
         make_core(data, 1, levels=3, episode_length=9, **kwargs)
+
+
+def test_every_load_market_keyword_is_a_market_option():
+    # a run's env.market reaches load_market through MARKET_KWARGS: the session split (split_times), the days
+    # of a folder and the validation cut must pass (foxhunt train --env.market '{"split_times": [...]}')
+    import inspect
+
+    from foxenv.data import load_market
+    from foxenv.factory import MARKET_KWARGS
+
+    loader = set(inspect.signature(load_market).parameters) - {"source", "levels", "device", "seed"}
+    assert loader <= set(MARKET_KWARGS), sorted(loader - set(MARKET_KWARGS))
