@@ -136,6 +136,17 @@ def _scalar_or_array(result: np.ndarray) -> float | np.ndarray:
     return float(result) if result.ndim == 0 else result
 
 
+def _ratio(mean: np.ndarray, scale: np.ndarray, periods_per_year: float | None) -> float | np.ndarray:
+    """``mean / scale`` (0 where both are 0, signed infinity where only the scale is), annualised by
+    ``sqrt(periods_per_year)`` when given: the one tail of the Sharpe and Sortino ratios."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(scale > 0, mean / np.where(scale > 0, scale, 1.0), np.sign(mean) * np.inf)
+    ratio = np.where((scale == 0) & (mean == 0), 0.0, ratio)
+    if periods_per_year is not None:
+        ratio = ratio * np.sqrt(periods_per_year)
+    return _scalar_or_array(np.asarray(ratio))
+
+
 def sharpe_ratio(returns: ArrayLike, periods_per_year: float | None = None) -> float | np.ndarray:
     """Sharpe ratio of per-step returns (or per-step PnL): ``mean / std``, zero risk-free rate.
 
@@ -151,12 +162,7 @@ def sharpe_ratio(returns: ArrayLike, periods_per_year: float | None = None) -> f
         raise ValueError(f"periods_per_year={periods_per_year} must be > 0")
     mean = series.mean(axis=-1)
     std = series.std(axis=-1, ddof=1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(std > 0, mean / np.where(std > 0, std, 1.0), np.sign(mean) * np.inf)
-    ratio = np.where((std == 0) & (mean == 0), 0.0, ratio)
-    if periods_per_year is not None:
-        ratio = ratio * np.sqrt(periods_per_year)
-    return _scalar_or_array(np.asarray(ratio))
+    return _ratio(mean, std, periods_per_year)
 
 
 def sortino_ratio(returns: ArrayLike, periods_per_year: float | None = None) -> float | np.ndarray:
@@ -173,12 +179,7 @@ def sortino_ratio(returns: ArrayLike, periods_per_year: float | None = None) -> 
         raise ValueError(f"periods_per_year={periods_per_year} must be > 0")
     mean = series.mean(axis=-1)
     downside = np.sqrt((np.minimum(series, 0.0) ** 2).mean(axis=-1))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(downside > 0, mean / np.where(downside > 0, downside, 1.0), np.sign(mean) * np.inf)
-    ratio = np.where((downside == 0) & (mean == 0), 0.0, ratio)
-    if periods_per_year is not None:
-        ratio = ratio * np.sqrt(periods_per_year)
-    return _scalar_or_array(np.asarray(ratio))
+    return _ratio(mean, downside, periods_per_year)
 
 
 def max_drawdown(equity: ArrayLike, initial: float | None = None) -> float | np.ndarray:
