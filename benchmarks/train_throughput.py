@@ -8,6 +8,8 @@ Rows, at each number of books and device:
 * ``BranchingIQN one graph``: the device loop's model and env with ``graph_collect=True`` and callbacks every
   ``train_freq`` vector steps: each rollout and its gradient steps are one CUDA graph replay
   (:mod:`sb3_her_ext.collect.fused`; CUDA only, its warm-up covers every graph it captures);
+* ``BranchingIQN one graph, no NaN guard``: the same with ``nan_guard=False``, the price of the guard's
+  device-side check of every gradient step (:mod:`sb3_her_ext.guard`);
 * ``BranchingIQN SB3 loop``: the same model on ``LOBVecEnv`` (SB3's numpy ``collect_rollouts``);
 * ``SB3 DQN`` and ``sb3-contrib QR-DQN``: on the same ``LOBVecEnv`` with the 81 joint actions of
   ``MultiDiscrete([3, 3, 3, 3])`` as ``Discrete(81)`` (``LOBVecEnv(action_face="joint")``).
@@ -54,9 +56,11 @@ from foxhunt.config import PolicySettings  # noqa: E402
 
 RESULTS = default_out("train_throughput")
 NVEC = (3, 3, 3, 3)
-ROWS = ("BranchingIQN device loop", "BranchingIQN one graph", "BranchingIQN SB3 loop", "SB3 DQN",
-        "sb3-contrib QR-DQN")
 ONE_GRAPH = "BranchingIQN one graph"
+#: The one-graph row with ``nan_guard=False``: what the NaN guard's per-step device check costs.
+UNGUARDED = "BranchingIQN one graph, no NaN guard"
+ROWS = ("BranchingIQN device loop", ONE_GRAPH, UNGUARDED, "BranchingIQN SB3 loop", "SB3 DQN",
+        "sb3-contrib QR-DQN")
 #: BranchingIQN's head sizes (``--iqn-sizes``): the algorithm's generic defaults, or foxhunt's presets (what
 #: ``foxhunt train`` builds: 3 ensemble heads, 16 quantiles each way, cosine embedding 32).
 IQN_SIZES: dict[str, dict[str, int]] = {
@@ -102,9 +106,10 @@ def make_model(row: str, books: int, device: str, market: Any, args: argparse.Na
         env = DeviceLOBVecEnv(books, device=device, cuda_graph=cuda, compile=args.compile_env, **env_kwargs)
         # the device loop alone: the fused graph (the next row) would otherwise take qualifying rollouts
         return BranchingIQN("MlpPolicy", env, cuda_graph=cuda, graph_collect=False, **iqn)
-    if row == ONE_GRAPH:
+    if row in (ONE_GRAPH, UNGUARDED):
         env = DeviceLOBVecEnv(books, device=device, cuda_graph=True, compile=args.compile_env, **env_kwargs)
-        model = BranchingIQN("MlpPolicy", env, cuda_graph=True, graph_collect=True, **iqn)
+        model = BranchingIQN("MlpPolicy", env, cuda_graph=True, graph_collect=True,
+                             nan_guard=row == ONE_GRAPH, **iqn)
         model.collector.configure(callback_stride=train_freq)  # callbacks between replays only
         return model
     if row == "BranchingIQN SB3 loop":
@@ -219,14 +224,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 warn_only = th.is_deterministic_algorithms_warn_only_enabled()
                 fill = th.utils.deterministic.fill_uninitialized_memory
                 try:
-                    if row == ONE_GRAPH and th.device(device).type != "cuda":
+                    if row in (ONE_GRAPH, UNGUARDED) and th.device(device).type != "cuda":
                         rows.append({**base, "skipped": "CUDA only (a CUDA graph)"})
                         print(f"{device:5s} {books:6d} {row:26s} skipped: CUDA only", flush=True)
                         continue
                     th.manual_seed(0)
                     model = make_model(row, books, device, market, args, train_freq, gradient_steps)
                     result = time_row(model, books, train_freq, gradient_steps, device, args.seconds,
-                                      fused=row == ONE_GRAPH)
+                                      fused=row in (ONE_GRAPH, UNGUARDED))
                 except ImportError as error:
                     result = {"skipped": peer_missing("sb3-contrib", error)}
                 finally:  # a seeded BranchingIQN on CUDA turns deterministic algorithms on process-wide
