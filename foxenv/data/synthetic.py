@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
+from typing import NamedTuple
 
 import torch
 
@@ -143,6 +144,23 @@ class SyntheticProfile:
         and, through its persistence, in the steps after (``flow_persistence ** k``); in ``[0, 1]``, 0 =
         none. ``flow_volume = flow_impact = 0`` gives the market of the simulator audit, without
         metaorders, bit for bit (:data:`AUDIT_FLOW`).
+    :param wave_rate: planted trends ("waves", :func:`wave_schedule`): the chance per quiet step that a wave
+        starts (the quiet gap between waves is ``1 / wave_rate`` steps on average); in ``[0, 1]``, 0 = none
+        (the market is then bit for bit the one without the ``wave_*`` knobs). A wave shows its side in the
+        top-of-book imbalance of its onset row (``wave_onset_signal``), then moves the mid by
+        ``wave_drift_ticks`` a step its way for its length, then gives back ``wave_reversal`` of that move
+        over as many steps; only a weak mark (``wave_end_signal``) shows its end. Exiting early forgoes the
+        rest of the wave, holding on pays the reversal: exit timing is the skill.
+    :param wave_length_mean: mean steps of a wave's drift (lengths ``1 +`` an Erlang-4 draw, rounded: the
+        time in a trade says something about the end); >= 1.
+    :param wave_drift_ticks: a wave's drift, in ticks per step; >= 0.
+    :param wave_onset_signal: the onset row's imbalance shows ``tanh((noise + side * wave_onset_signal) / 2)``
+        (``noise`` is the planted signal where there is one, else a standard normal): in standard deviations
+        of the imbalance's noise; >= 0.
+    :param wave_end_signal: the end row (the wave's peak) shows ``-side * wave_end_signal`` over the same
+        noise: a weak hint at the default; >= 0.
+    :param wave_reversal: share of a wave's move given back after its end, over as many steps as the wave
+        lasted; in ``[0, 1]``.
     """
 
     start_price: float = 580.0
@@ -174,6 +192,12 @@ class SyntheticProfile:
     flow_persistence: float = 0.4
     flow_volume: float = 300.0
     flow_impact: float = 0.35
+    wave_rate: float = 0.0
+    wave_length_mean: float = 20.0
+    wave_drift_ticks: float = 5.0
+    wave_onset_signal: float = 4.0
+    wave_end_signal: float = 0.5
+    wave_reversal: float = 0.5
 
     def validate(self) -> SyntheticProfile:
         """Check every knob's range.
@@ -189,9 +213,10 @@ class SyntheticProfile:
                     "lot_tail_alpha", "max_lots")
         non_negative = ("drift_ticks", "vol_of_vol", "spread_log_std", "gap_scale_ticks",
                         "exec_fraction", "cancel_fraction", "cancel_power", "signal_strength",
-                        "adverse_selection", "flow_volume")
+                        "adverse_selection", "flow_volume", "wave_drift_ticks", "wave_onset_signal",
+                        "wave_end_signal")
         unit_interval = ("flat_fraction", "odd_lot_fraction", "consumed_exec_min", "trade_probability",
-                         "flow_impact")
+                         "flow_impact", "wave_rate", "wave_reversal")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be > 0")
@@ -207,6 +232,8 @@ class SyntheticProfile:
             raise ValueError(f"spread_vol_corr={self.spread_vol_corr} must lie in [-1, 1]")
         if float(self.signal_horizon) != int(self.signal_horizon) or self.signal_horizon < 1:
             raise ValueError(f"signal_horizon={self.signal_horizon} must be an integer >= 1")
+        if self.wave_length_mean < 1:
+            raise ValueError(f"wave_length_mean={self.wave_length_mean} must be >= 1")
         return self
 
 
@@ -216,6 +243,8 @@ _SIGNAL_SALT = 0x5167_4E41
 _TRADE_SALT = 0x7EAD_E5A1
 #: Salt of the latent order-flow imbalance's own random stream (the market's stream stays untouched by it).
 _FLOW_SALT = 0x0F10_3A11
+#: Salt of the waves' own random stream (the market's stream stays untouched by them).
+_WAVE_SALT = 0x3A7E_5EED
 #: Profile overrides that give the market of the simulator audit, before metaorders, bit for bit: its flow
 #: leans toward the next move, but carries no persistent imbalance and does not move the price.
 AUDIT_FLOW: dict[str, float] = {"flow_volume": 0.0, "flow_impact": 0.0}
@@ -259,6 +288,89 @@ def _planted_signal(length: int, seed: int, profile: SyntheticProfile) -> tuple[
     # sum of signal[t - k .. t - 1] = cumulative[t] - cumulative[max(t - k, 0)]
     window = cumulative[rows] - cumulative[(rows - horizon).clamp(min=0)]
     return signal, signal_drift_ticks(profile) * window
+
+
+class WaveSchedule(NamedTuple):
+    """The planted waves of a market (:func:`wave_schedule`), row by row.
+
+    :param drift: ``[n]`` float64 ticks the waves add to the mid's move into each row.
+    :param marks: ``[n]`` float64 what the waves show in each row's imbalance, in standard deviations of its
+        noise (``+side * wave_onset_signal`` at an onset, ``-side * wave_end_signal`` at an end).
+    :param hold: ``[n]`` int64 the side a trader who knows the waves holds after seeing each row: the wave's
+        side from its onset row up to the row before its end, 0 elsewhere.
+    :param onset: ``[n]`` bool rows that show a wave's onset.
+    :param end: ``[n]`` bool rows at a wave's end (its peak: the reversal's first move comes next).
+    :param noise: ``[n]`` float64 the imbalance's noise where there is no planted signal.
+    """
+
+    drift: torch.Tensor
+    marks: torch.Tensor
+    hold: torch.Tensor
+    onset: torch.Tensor
+    end: torch.Tensor
+    noise: torch.Tensor
+
+    def rows(self, start: int) -> WaveSchedule:
+        """The schedule from row ``start`` on."""
+        return WaveSchedule(*(values[start:] for values in self))
+
+
+def _waves(length: int, seed: int, profile: SyntheticProfile) -> WaveSchedule:
+    """The waves of a generated timeline of ``length`` rows (row 0 is the book before the first step).
+
+    Cycles of a quiet gap (``1 + floor(Exponential * (1 / wave_rate - 1))`` rows), the onset row ``o``, the
+    wave's ``L`` drifting moves (into rows ``o + 1 .. o + L``; its end row ``o + L`` is the peak) and ``L``
+    reversal moves, laid end to end; every draw comes from the waves' own stream (no loop over rows).
+
+    :param length: rows.
+    :param seed: the market's seed (salted).
+    :param profile: the knobs (``wave_rate > 0``).
+    :return: the schedule, rows of the generator.
+    """
+    generator = torch.Generator(device="cpu").manual_seed((int(seed) + _WAVE_SALT) % 2**63)
+    count = length // 3 + 2  # a cycle spans >= 3 rows: enough waves to cover the timeline
+    f64 = torch.float64
+    gaps = 1 + torch.floor(torch.empty(count, dtype=f64).exponential_(generator=generator)
+                           * (1.0 / profile.wave_rate - 1.0)).to(torch.int64)
+    erlang = torch.empty((count, 4), dtype=f64).exponential_(generator=generator).sum(1) / 4.0
+    lengths = 1 + torch.round(erlang * (profile.wave_length_mean - 1.0)).to(torch.int64)
+    sides = torch.where(torch.rand(count, generator=generator, dtype=f64) < 0.5, -1, 1)
+    noise = torch.randn(length, generator=generator, dtype=f64)
+    cycles = gaps + 2 * lengths
+    onsets = torch.cumsum(cycles, 0) - 2 * lengths  # cycle k starts where cycle k - 1's reversal ended
+    rows = torch.arange(length)
+    wave = (torch.searchsorted(onsets, rows, right=True) - 1).clamp(min=0)  # the last onset <= row
+    since = rows - onsets[wave]  # rows before the first onset get since < 0: no wave
+    side, span = sides[wave], lengths[wave]
+    drifting = (since >= 1) & (since <= span)
+    reverting = (since > span) & (since <= 2 * span)
+    drift = side * profile.wave_drift_ticks * (drifting.to(f64) - profile.wave_reversal * reverting.to(f64))
+    onset = since == 0
+    end = since == span
+    marks = side * (profile.wave_onset_signal * onset.to(f64) - profile.wave_end_signal * end.to(f64))
+    hold = torch.where((since >= 0) & (since < span), side, torch.zeros_like(side))
+    return WaveSchedule(drift, marks, hold, onset, end, noise)
+
+
+def wave_schedule(num_steps: int, seed: int = 0, **profile: float) -> WaveSchedule:
+    """The planted waves of ``generate_synthetic(num_steps, seed=seed, **profile)``, on its market rows
+    (row ``i`` is the market's row ``i``, the snapshot an agent observes before its step ``i + 1``).
+
+    :param num_steps: the market's steps ``T``.
+    :param seed: the market's seed.
+    :param profile: the market's :class:`SyntheticProfile` knobs (``wave_rate > 0``; ``levels`` and
+        ``tick_size`` are ignored).
+    :return: ``[T]`` rows of each series.
+    :raises ValueError: naming a bad knob, or ``wave_rate`` when it is 0 (no waves).
+    """
+    knobs = {k: v for k, v in profile.items() if k not in ("levels", "tick_size")}
+    unknown = sorted(set(knobs) - set(asdict(SyntheticProfile())))
+    if unknown:
+        raise ValueError(f"unknown synthetic profile knob(s) {unknown}")
+    profile_ = replace(SyntheticProfile(), **knobs).validate()
+    if not profile_.wave_rate > 0:
+        raise ValueError(f"wave_rate={profile_.wave_rate}: the market has no waves")
+    return _waves(int(num_steps) + 1, check_seed(seed, "seed", optional=False), profile_).rows(1)
 
 
 def _flow_imbalance(length: int, seed: int, persistence: float) -> torch.Tensor:
@@ -444,6 +556,9 @@ def generate_synthetic(
     if planted:
         signal, signal_moves = _planted_signal(length, seed, knobs)
         increments = increments + signal_moves
+    waves = _waves(length, seed, knobs) if knobs.wave_rate > 0 else None
+    if waves is not None:
+        increments = increments + waves.drift
     increments[0] = 0.0
     start_ticks = knobs.start_price / tick_size
     deviation = _decaying_sum(increments, 1.0 - 1.0 / knobs.reversion_steps)
@@ -468,8 +583,11 @@ def generate_synthetic(
     ask_ticks = (best_ask[:, None] + side_prices()).to(torch.int64)
     bid_size = _level_sizes((length, levels), knobs, generator)
     ask_size = _level_sizes((length, levels), knobs, generator)
-    if planted:  # show the signal in the top-of-book imbalance, keeping the touch's total size
-        imbalance = torch.tanh(signal / 2.0)
+    shown = signal if planted else None
+    if waves is not None:  # the waves' marks over the planted signal, or over noise of the same spread
+        shown = (signal if planted else waves.noise) + waves.marks
+    if shown is not None:  # show it in the top-of-book imbalance, keeping the touch's total size
+        imbalance = torch.tanh(shown / 2.0)
         total = bid_size[:, 0] + ask_size[:, 0]
         bid_size[:, 0] = total * (1.0 + imbalance) / 2.0
         ask_size[:, 0] = total * (1.0 - imbalance) / 2.0
@@ -522,6 +640,7 @@ def generate_synthetic(
         halted=torch.zeros(num_steps, dtype=torch.bool),
         tick_size=float(tick_size),
         name=f"synthetic seed={seed} steps={num_steps} levels={levels}"
-        + (f" signal={knobs.signal_strength:g}x{int(knobs.signal_horizon)}" if planted else ""),
+        + (f" signal={knobs.signal_strength:g}x{int(knobs.signal_horizon)}" if planted else "")
+        + (f" waves={knobs.wave_rate:g}x{knobs.wave_length_mean:g}" if waves is not None else ""),
     )
     return data.validate().to(device)

@@ -34,6 +34,7 @@ from foxhunt.evaluation.baselines import (
     IMBALANCE_THRESHOLDS,
     ImbalancePolicy,
     OraclePolicy,
+    WaveOraclePolicy,
     as_policy,
     make_baseline,
 )
@@ -165,7 +166,21 @@ def _fit_market(data: str | Path | MarketData, split: str, market_seed: int, tra
     raise ValueError(f"split={split!r}: the imbalance rule needs fit data outside it; pass fit_data=")
 
 
-def _oracle_for(market_kwargs: Mapping[str, Any], env_config: Mapping[str, Any]) -> OraclePolicy | None:
+def _oracle_for(market_kwargs: Mapping[str, Any], env_config: Mapping[str, Any],
+                market_seed: int | None = None, num_steps: int | None = None) -> (
+                    OraclePolicy | WaveOraclePolicy | None):
+    """The oracle of a synthetic market: on a market with waves (``wave_rate > 0``) the wave oracle, which
+    knows the waves' timing (it needs ``market_seed`` and the market's ``num_steps``: ``market_kwargs``'
+    or the default), else on a planted signal (``signal_strength > 0``) the signal oracle; None without
+    either."""
+    if float(market_kwargs.get("wave_rate", 0.0) or 0.0) > 0:
+        from foxenv.data.synthetic import SyntheticProfile, wave_schedule
+
+        if market_seed is None:
+            raise ValueError("the wave oracle needs the market's seed (market_seed)")
+        knobs = {k: v for k, v in market_kwargs.items() if k in SyntheticProfile.__dataclass_fields__}
+        steps = num_steps or market_kwargs.get("num_steps") or DEFAULT_SYNTHETIC_STEPS
+        return WaveOraclePolicy(wave_schedule(int(steps), int(market_seed), **knobs).hold)
     strength = float(market_kwargs.get("signal_strength", 0.0) or 0.0)
     if strength <= 0:
         return None
@@ -251,12 +266,14 @@ def evaluate_policies(
     else:
         items = [(getattr(p, "name", None) or (p if isinstance(p, str) else f"model{i}"), p)
                  for i, p in enumerate(policies)]
-    oracle = _oracle_for(market_options, config_kwargs) if synthetic else None
+    oracle = (_oracle_for(market_options, config_kwargs, market_seed, market.num_steps) if synthetic
+              else None)
     named: dict[str, Any] = {}
     for name, policy in items:
         if isinstance(policy, str) and policy == "oracle":
             if oracle is None:
-                raise ValueError("the oracle needs a synthetic market with signal_strength > 0")
+                raise ValueError("the oracle needs a synthetic market with signal_strength > 0 or "
+                                 "wave_rate > 0")
             named[name] = oracle
         else:
             named[name] = as_policy(policy, name=name)
@@ -283,7 +300,8 @@ def evaluate_policies(
     if oracle is not None and not any(p is oracle for p in named.values()):
         baseline_policies["oracle"] = oracle
     elif "oracle" in tuple(baselines):
-        raise ValueError("baselines holds 'oracle' but the market has no planted signal (signal_strength=0)")
+        raise ValueError("baselines holds 'oracle' but the market has no planted signal or waves "
+                         "(signal_strength=0, wave_rate=0)")
 
     clash = sorted(set(named) & set(baseline_policies))
     if clash:

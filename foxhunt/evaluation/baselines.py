@@ -166,6 +166,53 @@ class OraclePolicy:
         return actions
 
 
+class WaveOraclePolicy:
+    """Trades the planted waves of a synthetic market (``wave_rate`` > 0) with perfect foresight of their
+    timing: all in on a wave's side from its onset row to the row before its end (the peak), flat elsewhere,
+    with Market orders (all of the gap at once). It knows the market's wave schedule
+    (:func:`~foxenv.data.synthetic.wave_schedule`), and which row each book is at: the recorder tells it the
+    start rows of every episode (:meth:`start_episodes`) and it counts the steps since. The end, which the
+    market shows only weakly, is what it knows and an agent must learn; it neither trades the reversal after
+    a wave nor anything between waves, so an agent can exceed it.
+
+    :param hold: ``[T]`` the side to hold after seeing each market row (``wave_schedule(...).hold``).
+    :param name: its name in reports.
+    """
+
+    name = "oracle"
+
+    def __init__(self, hold: torch.Tensor, name: str = "oracle") -> None:
+        hold = torch.as_tensor(hold)
+        if hold.ndim != 1 or hold.numel() < 1:
+            raise ValueError(f"hold has shape {tuple(hold.shape)}; it must be [T] sides, one per market row")
+        self.hold = hold.to(torch.int64)
+        self.name = name
+        self._rows: torch.Tensor | None = None
+
+    def reset(self, num_books: int, device: torch.device) -> None:
+        """Move the schedule to ``device``; the rows come with :meth:`start_episodes`."""
+        self._hold = self.hold.to(device)
+        self._rows = None
+
+    def start_episodes(self, rows: torch.Tensor) -> None:
+        """The market row of every book's first observation of the episodes starting now (the recorder
+        calls it before the episodes' first :meth:`act`)."""
+        self._rows = rows.to(self._hold.device, torch.int64) - 1  # act() advances to the row observed
+
+    def act(self, obs: torch.Tensor, episode_start: torch.Tensor) -> torch.Tensor:
+        """The wave's side while it drifts, flat elsewhere; full size, Market, all of the gap."""
+        if self._rows is None:
+            raise ValueError("the wave oracle needs the episodes' start rows (start_episodes): record it "
+                             "with foxhunt.evaluation.recorder.record")
+        self._rows = self._rows + 1
+        side = self._hold[self._rows.clamp(0, self._hold.numel() - 1)]
+        actions = torch.zeros((obs.shape[0], 4), dtype=torch.int64, device=obs.device)
+        actions[:, 0] = side + 1
+        actions[:, 1] = 2  # full size
+        actions[:, 3] = 2  # Market, all of the gap at once
+        return actions
+
+
 class ImbalancePolicy:
     """Trades the top-of-book imbalance: all in on its side when ``|imbalance| > threshold``, keeps a position
     while the imbalance still points its way, flat otherwise; with Market orders (``order=0``, all of the gap

@@ -242,6 +242,8 @@ def record(policy: Any, market: MarketData, *, num_books: int = 16, num_steps: i
             state["offset"] = dev_offsets[t // length].clone()
             lob.load_state_dict(state)
             obs = _start_observation(dev_offsets[t // length], features, config, lob.market.tick_size)
+            if callable(getattr(policy, "start_episodes", None)):  # a policy that knows the market's rows
+                policy.start_episodes(dev_offsets[t // length])
             prev_mid = market_mid.index_select(0, dev_offsets[t // length])
             prev_position = torch.zeros(shape[1], dtype=torch.float64, device=dev)
             prev_equity = torch.zeros_like(prev_position)
