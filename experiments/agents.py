@@ -231,17 +231,16 @@ class Roster:
     def hindsight_arms(self, name: str) -> tuple[str, str]:
         """The two arms of a hindsight comparison of BranchingIQN agent ``name``: ``(hindsight on, off)``.
 
-        ``name`` is one arm (the one its own ``hindsight`` makes it); the other is ``<name>-no_hindsight`` or
-        ``<name>+hindsight``, a built-in agent where one has that name (``iqn_lean+hindsight``), else
-        defined here.
+        ``name`` is one arm (the one its own ``hindsight`` makes it, by default on for the branched face and
+        off for the joint one); the other is ``<name>-no_hindsight`` or ``<name>+hindsight``, a built-in agent
+        where one has that name (``iqn_lean+hindsight``), else defined here.
 
-        :raises ValueError: when ``name`` is not a branched BranchingIQN agent.
+        :raises ValueError: when ``name`` is not a BranchingIQN agent.
         """
         agent = self.get(name)
-        if agent.algorithm != "iqn" or agent.action_face != "branched":
-            raise ValueError(f"agent={name!r} is not a branched BranchingIQN agent; hindsight is "
-                             "BranchingIQN's on the branched face")
-        on = bool(agent.model.get("hindsight", True))
+        if agent.algorithm != "iqn":
+            raise ValueError(f"agent={name!r} is not a BranchingIQN agent; hindsight is BranchingIQN's")
+        on = bool(agent.model.get("hindsight", agent.action_face == "branched"))
         other = f"{name}-no_hindsight" if on else f"{name}+hindsight"
         if builtin_agent(other) is None and other not in self.custom:
             self.custom[other] = replace(agent, name=other, model={**agent.model, "hindsight": not on},

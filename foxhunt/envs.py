@@ -169,6 +169,8 @@ class LOBVecEnv(VecEnv):
         super().__init__(num_envs, observation_space_of(self.lob), action_space)
         self.action_face = action_face
         self.branch_names = JOINT_BRANCH_NAMES if joint else spec.BRANCH_NAMES
+        #: the branches a joint code holds (hindsight's relabels decode it), None on the branched face
+        self.joint_nvec = tuple(int(n) for n in spec.ACTION_NVEC) if joint else None
         if joint:
             _joint_tables(self.device)  # the decoder's tables, before any step (or graph capture)
         self.n_market_features = int(self.lob.n_market_features)

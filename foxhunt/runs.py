@@ -89,7 +89,7 @@ class RunConfig:
     threads: int = 1  # torch CPU threads (1 is fastest for these small networks).
     hindsight: bool | None = None
     """Hindsight replay injections on trade closes; ``None``: on for the branched action face, off for the
-    joint one (``True`` with the joint face is a ``ValueError``: hindsight relabels the branches)."""
+    joint one (``True`` there relabels the decoded branches of the joint codes)."""
     eval_steps: int = 500  # Vector steps of the final evaluation.
     cuda_graph: bool | None = None  # Each gradient step as one CUDA graph replay; None: exactly on CUDA.
     progress: bool = True  # Show a progress bar.
@@ -136,12 +136,6 @@ class RunConfig:
         if not 0 <= self.seed < 2**32:
             raise ValueError(f"RunConfig.seed={self.seed} must lie in [0, 2**32)")
         check_eval_split(self.eval_split, "RunConfig.eval_split")
-        if self.hindsight and self.resolved_action_face() == "joint":
-            raise ValueError(
-                f"RunConfig.hindsight={self.hindsight!r} cannot be used with RunConfig.action_face="
-                f"{self.resolved_action_face()!r}: hindsight relabels the direction and magnitude branches, "
-                "which the joint face does not have (hindsight=False or None)"
-            )
         self._check_env()
 
     def _set_legacy(self, legacy: str, values: Any) -> None:

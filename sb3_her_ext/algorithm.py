@@ -64,7 +64,8 @@ def resolve_hindsight(hindsight: bool | str | Mapping[str, Any] | HindsightConfi
         branches hindsight relabels; a joint one-branch face has not), a dict of
         :class:`HindsightConfig` fields, or a config.
     :param env: the (vectorized) env, used by ``"auto"`` and for the fields a dict or ``True`` leaves
-        out that the env publishes (``reward_scale``, ``magnitudes``).
+        out that the env publishes (``reward_scale``, ``magnitudes``, ``joint_nvec``: an action of joint
+        codes, whose branches the relabels decode; ``"auto"`` leaves hindsight off there).
     :return: the config, or ``None`` when hindsight is off.
     """
     if isinstance(hindsight, HindsightConfig):
@@ -90,6 +91,9 @@ def resolve_hindsight(hindsight: bool | str | Mapping[str, Any] | HindsightConfi
         from_env["reward_scale"] = float(env.get_attr("reward_scale")[0])
     if env is not None and "magnitudes" not in fields and env.has_attr("magnitudes"):
         from_env["magnitudes"] = tuple(float(m) for m in env.get_attr("magnitudes")[0])
+    joint_nvec = env.get_attr("joint_nvec")[0] if env is not None and env.has_attr("joint_nvec") else None
+    if "joint_nvec" not in fields and joint_nvec is not None:
+        from_env["joint_nvec"] = tuple(int(n) for n in joint_nvec)
     return HindsightConfig(**{**from_env, **fields})
 
 

@@ -9,6 +9,10 @@ Three kinds of synthetic transitions are made from the env's trade information (
 * magnitude relabel (kind 3): on a close, the same step with the other position magnitudes and the
   reward scaled accordingly (``cuda_ext.magnitude_relabel``).
 
+An action of one branch of joint codes (``HindsightConfig.joint_nvec``: a mixed-radix code over the branches,
+the first most significant) is decoded into its branches for the ops and their rows are encoded again
+(:class:`JointCodes`), so a joint face gets exactly the rows its branched face would, as codes.
+
 :class:`HindsightState` holds every per-book tracker, the forward ring and the cumulative counters as
 device tensors; :meth:`HindsightState.candidates` returns the candidate row blocks that the replay buffer
 joins with the real rows into its single ``per_push`` (:class:`cuda_ext.replay_storage.PushJoiner`), and
@@ -62,6 +66,10 @@ class HindsightConfig:
     :param magnitude_branch: index of the magnitude branch of the action.
     :param flat_action: value of the direction branch meaning "flat" (the exit action).
     :param magnitudes: position fraction of each value of the magnitude branch; each > 0.
+    :param joint_nvec: ``None``: the action's branches are the ones above. Else the action is one branch of
+        joint codes ``sum_i a_i * prod(joint_nvec[i + 1:])`` over branches of these sizes (the branch
+        indices above count among them): the relabels decode the code, relabel the branches and encode
+        again. ``BranchingIQN`` reads it from an env that publishes ``joint_nvec``.
 
     The branch defaults (``direction_branch=0``, ``magnitude_branch=1``, ``flat_action=1``, ``magnitudes``
     ``(0.25, 0.5, 1.0)``) are a convenience for foxenv's action, not assumptions of the algorithm: pass your
@@ -84,9 +92,15 @@ class HindsightConfig:
     magnitude_branch: int = 1
     flat_action: int = 1
     magnitudes: tuple[float, ...] = (0.25, 0.5, 1.0)
+    joint_nvec: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         self.magnitudes = tuple(float(m) for m in self.magnitudes)
+        if self.joint_nvec is not None:
+            nvec = tuple(self.joint_nvec)
+            if len(nvec) < 1 or not all(is_whole(n) and n >= 1 for n in nvec):
+                raise ValueError(f"joint_nvec={self.joint_nvec} must be a non-empty tuple of integers >= 1")
+            self.joint_nvec = tuple(int(n) for n in nvec)
         if not self.threshold >= 0:
             raise ValueError(f"threshold={self.threshold} must be >= 0")
         if not self.priority_boost > 0:
@@ -111,6 +125,22 @@ class HindsightConfig:
         if len(self.magnitudes) < 1 or not all(m > 0 for m in self.magnitudes):
             raise ValueError(f"magnitudes={self.magnitudes} must be a non-empty tuple of values > 0")
 
+    def relabelled_sizes(self, action_sizes: list[int] | tuple[int, ...]) -> tuple[int, ...]:
+        """The branch sizes the relabels act on, for an action of branches ``action_sizes``: those, or on
+        a joint action (one branch of ``prod(joint_nvec)`` codes) ``joint_nvec``.
+
+        :raises ValueError: naming ``joint_nvec`` when the action is not one branch of that many codes.
+        """
+        if self.joint_nvec is None:
+            return tuple(int(n) for n in action_sizes)
+        codes = 1
+        for n in self.joint_nvec:
+            codes *= n
+        if len(action_sizes) != 1 or int(action_sizes[0]) != codes:
+            raise ValueError(f"joint_nvec={self.joint_nvec} needs one action branch of {codes} codes; the "
+                             f"action has branches {list(action_sizes)}")
+        return self.joint_nvec
+
     @classmethod
     def from_value(cls, value: HindsightConfig | dict | None) -> HindsightConfig | None:
         """Build a config from a config, a dict of its fields, or ``None`` (hindsight off).
@@ -127,6 +157,35 @@ class HindsightConfig:
                 raise ValueError(f"hindsight has unknown keys {unknown}; known keys are {sorted(known)}")
             return cls(**value)
         raise ValueError(f"hindsight={value!r} must be a HindsightConfig, a dict or None")
+
+
+class JointCodes:
+    """Joint codes ``sum_i a_i * prod(nvec[i + 1:])`` to branches and back, on one device (no host sync).
+
+    :param nvec: the branches' sizes.
+    :param device: where the tables live.
+    """
+
+    def __init__(self, nvec: tuple[int, ...], device: torch.device | str) -> None:
+        weights = [1] * len(nvec)
+        for i in range(len(nvec) - 2, -1, -1):
+            weights[i] = weights[i + 1] * int(nvec[i + 1])
+        self.nvec = torch.tensor(nvec, dtype=torch.int64, device=device)
+        self.weights = torch.tensor(weights, dtype=torch.int64, device=device)
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """``[n, 1]`` codes to ``[n, len(nvec)]`` branches."""
+        return (codes[:, :1] // self.weights) % self.nvec
+
+    def encode(self, actions: torch.Tensor) -> torch.Tensor:
+        """``[n, len(nvec)]`` branches to ``[n, 1]`` codes."""
+        return (actions * self.weights).sum(1, keepdim=True)
+
+    def to(self, device: torch.device | str) -> JointCodes:
+        """A copy on ``device``."""
+        moved = object.__new__(JointCodes)
+        moved.nvec, moved.weights = self.nvec.to(device), self.weights.to(device)
+        return moved
 
 
 class StepBatch(NamedTuple):
@@ -157,7 +216,7 @@ class HindsightState:
     :param config: the hindsight settings.
     :param n_envs: number of books ``B`` per step.
     :param obs_dim: observation size ``D``.
-    :param n_branches: action branches ``NB``.
+    :param n_branches: action branches ``NB`` (1 with ``config.joint_nvec``: the joint code).
     :param device: where the state lives.
     """
 
@@ -186,7 +245,9 @@ class HindsightState:
         self.slot_lots = torch.zeros(s, dtype=f32, device=dev)
         self.slot_book = torch.zeros(s, dtype=i64, device=dev)
         self.slot_obs = torch.zeros(s, obs_dim, dtype=f32, device=dev)
-        self.slot_action = torch.zeros(s, n_branches, dtype=i64, device=dev)
+        self.joint = None if config.joint_nvec is None else JointCodes(config.joint_nvec, dev)
+        relabelled = n_branches if config.joint_nvec is None else len(config.joint_nvec)
+        self.slot_action = torch.zeros(s, relabelled, dtype=i64, device=dev)  # the branches, decoded
         self.ring_head = torch.zeros(1, dtype=i64, device=dev)
         self.step = torch.zeros(1, dtype=i64, device=dev)
         # per-book memory of the previous step
@@ -216,6 +277,8 @@ class HindsightState:
         for key, value in vars(self).items():
             setattr(moved, key, value.to(device) if isinstance(value, torch.Tensor) else value)
         moved.counts = {k: v.to(device) for k, v in self.counts.items()}
+        joint = getattr(self, "joint", None)  # a state pickled before joint codes has none
+        moved.joint = None if joint is None else joint.to(device)
         return moved
 
     def candidates(self, batch: StepBatch, replay_next_obs: torch.Tensor) -> list[PushBlock]:
@@ -231,19 +294,22 @@ class HindsightState:
         """
         cfg, info = self.config, batch.info
         closed = info["trade_closed"]
+        joint = getattr(self, "joint", None)
+        action = batch.action if joint is None else joint.decode(batch.action)
+        codes = (lambda rows: rows) if joint is None else joint.encode  # the rows' actions as stored
         blocks: list[PushBlock] = []
         counted: list[tuple[str, torch.Tensor]] = []  # (kind, rows wanted): added to the counters at once
         if cfg.backward:
             rows = cuda_ext.hindsight_inject(
                 ring_len=self.ring_len, entry_mid=self.entry_mid, direction=self.direction, peak=self.peak,
                 peak_row=self.peak_row, trade_closed=closed, raw_reward=info["trade_pnl"] * cfg.reward_scale,
-                lots=info["trade_lots"], obs=batch.obs, next_obs=batch.next_obs, action=batch.action,
+                lots=info["trade_lots"], obs=batch.obs, next_obs=batch.next_obs, action=action,
                 replay_next_obs=replay_next_obs, reward_scale=float(cfg.reward_scale),
                 threshold=float(cfg.threshold), anchor=_ANCHORS[cfg.anchor],
                 direction_branch=int(cfg.direction_branch), flat_action=int(cfg.flat_action),
             )
             counted.append(("backward", rows.count[0]))
-            blocks.append(PushBlock(rows.obs, rows.next_obs, rows.action, rows.reward, rows.wants,
+            blocks.append(PushBlock(rows.obs, rows.next_obs, codes(rows.action), rows.reward, rows.wants,
                                     KIND_BACKWARD, done=1.0, priority=0.0,
                                     max_multiplier=float(cfg.priority_boost)))
         if cfg.forward:
@@ -254,20 +320,20 @@ class HindsightState:
                 ring_head=self.ring_head, step=self.step, mid=info["mid"], book_reset=self.book_reset,
                 trade_closed=closed, entry_mid=info["entry_mid"],
                 closed_direction=torch.sign(self.prev_position).to(torch.int64),
-                actual=info["trade_pnl"].abs(), lots=info["trade_lots"], obs=batch.obs, action=batch.action,
+                actual=info["trade_pnl"].abs(), lots=info["trade_lots"], obs=batch.obs, action=action,
                 lookahead=int(cfg.lookahead), threshold=float(cfg.threshold),
                 reward_scale=float(cfg.reward_scale), direction_branch=int(cfg.direction_branch),
             )
             counted.append(("forward", rows.count[0]))
-            blocks.append(PushBlock(rows.obs, rows.next_obs, rows.action, rows.reward, rows.wants,
+            blocks.append(PushBlock(rows.obs, rows.next_obs, codes(rows.action), rows.reward, rows.wants,
                                     KIND_FORWARD, done=1.0, priority=0.0, max_multiplier=1.0))
         if cfg.relabel:
             relabel = cuda_ext.magnitude_relabel(
-                trade_closed=closed, obs=batch.obs, next_obs=batch.next_obs, action=batch.action,
+                trade_closed=closed, obs=batch.obs, next_obs=batch.next_obs, action=action,
                 reward=batch.reward, magnitudes=self.magnitudes, magnitude_branch=int(cfg.magnitude_branch),
             )
             counted.append(("relabel", relabel.count[0]))
-            blocks.append(PushBlock(relabel.obs, relabel.next_obs, relabel.action, relabel.reward,
+            blocks.append(PushBlock(relabel.obs, relabel.next_obs, codes(relabel.action), relabel.reward,
                                     relabel.wants, KIND_RELABEL, done=1.0, priority=relabel.priority,
                                     max_multiplier=0.0))
         if counted:  # one multi-tensor add (one kernel on a GPU) for every enabled kind

@@ -207,14 +207,15 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
 
     # ----------------------------------------------------------------------------------- storage
     def _check_hindsight_branches(self, cfg: HindsightConfig) -> None:
-        nb = self.n_branches
+        sizes = cfg.relabelled_sizes(self.branch_sizes)  # a joint code's branches, decoded
+        nb = len(sizes)
         for name in ("direction_branch", "magnitude_branch"):
             if getattr(cfg, name) >= nb:
                 raise ValueError(f"hindsight {name}={getattr(cfg, name)} must be < the {nb} action branches")
-        n_dir = self.branch_sizes[cfg.direction_branch]
+        n_dir = sizes[cfg.direction_branch]
         if cfg.flat_action >= n_dir:
             raise ValueError(f"hindsight flat_action={cfg.flat_action} must be < {n_dir} direction actions")
-        n_mag = self.branch_sizes[cfg.magnitude_branch]
+        n_mag = sizes[cfg.magnitude_branch]
         if cfg.relabel and len(cfg.magnitudes) != n_mag:
             raise ValueError(
                 f"hindsight magnitudes={cfg.magnitudes} must have one value per magnitude action ({n_mag})"

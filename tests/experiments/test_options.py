@@ -82,9 +82,10 @@ def test_hindsight_arms() -> None:
     roster.define("iqn_x", {"model": {"learning_rate": 1e-4}})
     assert roster.hindsight_arms("iqn_x") == ("iqn_x", "iqn_x-no_hindsight")
     assert roster.get("iqn_x-no_hindsight").model == {"hindsight": False, "learning_rate": 1e-4}
-    for agent in ("dqn", "iqn_joint"):
-        with pytest.raises(ValueError, match="not a branched BranchingIQN agent"):
-            roster.hindsight_arms(agent)
+    assert roster.hindsight_arms("iqn_joint") == ("iqn_joint+hindsight", "iqn_joint")
+    assert roster.get("iqn_joint+hindsight").action_face == "joint"
+    with pytest.raises(ValueError, match="agent='dqn' is not a BranchingIQN agent"):
+        roster.hindsight_arms("dqn")
 
 
 def test_env_kwargs() -> None:

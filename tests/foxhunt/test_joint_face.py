@@ -48,8 +48,8 @@ def test_face_presets_drop_the_per_branch_arguments_on_the_joint_face() -> None:
     assert algorithm_presets("joint", **sizes) == {**presets.CPU_SIZES, "vaccine_interval": 0}
     assert policy_presets("joint") == {}
     assert RunConfig(action_face="branched", hindsight=False).resolved_model_kwargs()["hindsight"] is False
-    with pytest.raises(ValueError, match=r"hindsight=True.*action_face='joint'"):
-        RunConfig(action_face="joint", hindsight=True)
+    # hindsight on the joint face relabels the decoded branches (tests/foxhunt/test_joint_hindsight.py)
+    assert RunConfig(action_face="joint", hindsight=True).resolved_hindsight() is True
     with pytest.raises(ValueError, match=r"action_face='flat'"):
         resolve_action_face("flat")
 
@@ -77,8 +77,6 @@ def test_either_default_face_works(monkeypatch: pytest.MonkeyPatch, default: str
 @pytest.mark.parametrize(("values", "message"), [
     ({"action_face": "flat"}, r"RunConfig.action_face='flat' must be one of \['branched', 'joint'\]"),
     ({"action_face": 3}, r"RunConfig.action_face=3 must be one of"),
-    ({"action_face": "joint", "hindsight": True},
-     r"RunConfig.hindsight=True cannot be used with RunConfig.action_face='joint'"),
     ({"hindsight": "yes"}, r"RunConfig.hindsight='yes' must be a bool or None"),
 ])
 def test_run_config_validates_the_face(values: dict, message: str) -> None:
@@ -94,6 +92,7 @@ def test_joint_run_config_resolves_and_round_trips(tmp_path: Path) -> None:
     assert not set(presets.BRANCHED_ALGORITHM_ARGS) & set(model)
     assert not set(presets.BRANCHED_POLICY_ARGS) & set(config.resolved_policy_kwargs())
     assert RunConfig(action_face="joint", hindsight=False).resolved_hindsight() is False
+    assert RunConfig(action_face="joint", hindsight=True).resolved_model_kwargs()["hindsight"] is True
     assert RunConfig.load(config.save(tmp_path / "config.json")) == config
     assert json.loads((tmp_path / "config.json").read_text())["action_face"] == "joint"
 
@@ -255,10 +254,11 @@ def test_cli_action_face_flag(capsys: pytest.CaptureFixture[str]) -> None:
     assert _train_config([]).action_face is None
     with pytest.raises(SystemExit):
         build_parser().parse_args(["train", "--action-face", "flat"])
-    assert main(["train", "--action-face", "joint", "--hindsight", "--steps", "10"]) == 2
+    assert _train_config(["--action-face", "joint", "--hindsight"]).hindsight is True
+    assert main(["train", "--action-face", "joint", "--steps", "0"]) == 2
     err = capsys.readouterr().err
-    # the error names the options typed
-    assert "foxhunt: error: --hindsight=True cannot be used with --action-face='joint'" in err
+    # the error names the option typed
+    assert "foxhunt: error: --steps=0 must be >= 1" in err
 
 
 def test_cli_trains_and_evaluates_a_joint_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
