@@ -49,9 +49,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from experiments import options, results, runner
+from experiments import market_mix, options, results, runner
 from experiments.agents import Agent, Roster
 from experiments.exploration import MIX_FLOORS, SHARPE_BAND
+from experiments.market_mix import MIX_SCOPES, VALUE_NAMES, action_mix
 from foxenv import spec
 from foxenv.config import EnvConfig, split_env_kwargs
 
@@ -59,17 +60,6 @@ from foxenv.config import EnvConfig, split_env_kwargs
 EPOCHS = 5
 #: The name ``--agent`` takes for the agent ``foxhunt train`` builds.
 DEFAULT_AGENT = "default"
-#: Value names of each branch, in the tables and the figure.
-VALUE_NAMES: dict[str, tuple[str, ...]] = {
-    "direction": ("short", "flat", "long"),
-    "magnitude": ("Quarter", "Half", "Full"),
-    "order": ("Market", "LimitMaker", "IoC"),
-    "urgency": spec.URGENCIES,
-}
-#: The two counts of the action mix: every book-step, and those whose target differs from the position held.
-MIX_SCOPES = ("all", "working")
-
-
 def default_agent() -> Agent:
     """The agent ``foxhunt train`` builds: BranchingIQN, the presets, :data:`foxhunt.presets.ACTION_FACE`
     (hindsight as :class:`foxhunt.runs.RunConfig` resolves it for that face)."""
@@ -81,45 +71,6 @@ def default_agent() -> Agent:
 def agent_of(name: str, roster: Roster) -> Agent:
     """``--agent``'s agent: :func:`default_agent` for ``"default"``, else the roster's (custom ones too)."""
     return default_agent() if name == DEFAULT_AGENT else roster.get(name)
-
-
-# ------------------------------------------------------------------------------------------- the mix
-
-
-def action_mix(series: Mapping[str, torch.Tensor], max_position: float) -> dict[str, Any]:
-    """The greedy action mix of a recorded run, over every live book-step and over the working ones.
-
-    :param series: a recording's series (``actions`` ``[N, B, 4]``, ``position``, ``alive``,
-        ``episode_start``: :data:`foxhunt.evaluation.recorder.SERIES`).
-    :param max_position: the env's ``max_position`` (lots), which turns an action into its target.
-    :return: ``{"all": {branch: [share of each value]}, "working": {...}, "steps": {"all": n, "working": n}}``
-        (a scope with no step has NaN shares).
-    """
-    actions = series["actions"].long()
-    alive = series["alive"].bool()
-    held = torch.roll(series["position"].double(), 1, dims=0)
-    held[0] = 0.0
-    held = held.masked_fill(series["episode_start"].bool(), 0.0)  # every episode starts flat
-    directions = torch.tensor(spec.DIRECTIONS, dtype=torch.float64, device=actions.device)
-    magnitudes = torch.tensor(spec.MAGNITUDES, dtype=torch.float64, device=actions.device)
-    target = directions[actions[..., 0]] * magnitudes[actions[..., 1]] * float(max_position)
-    working = alive & ((target - held).abs() > 1e-9)
-    out: dict[str, Any] = {"steps": {}}
-    for scope, mask in zip(MIX_SCOPES, (alive, working), strict=True):
-        chosen = actions[mask]
-        out["steps"][scope] = int(chosen.shape[0])
-        out[scope] = {
-            branch: [float((chosen[:, b] == v).double().mean()) if chosen.shape[0] else math.nan
-                     for v in range(spec.ACTION_NVEC[b])]
-            for b, branch in enumerate(spec.BRANCH_NAMES)
-        }
-    return out
-
-
-def mix_verdicts(mix: Mapping[str, Sequence[float]]) -> dict[str, tuple[float, bool]]:
-    """Each floor of :data:`MIX_FLOORS` on one mix: ``{value name: (share, share > floor)}``."""
-    return {name: (float(mix[branch][index]), bool(mix[branch][index] > floor))
-            for branch, index, name, floor in MIX_FLOORS}
 
 
 # -------------------------------------------------------------------------------------------- judging
@@ -155,13 +106,22 @@ def judge(runs: Sequence[Mapping[str, Any]], scope: str = "all") -> list[dict[st
     return rows
 
 
-def oracle_fairness(mix: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Whether the oracle's own mix (all book-steps and working ones) clears each floor: where it does not,
-    the market does not need that size or order type and the floor is unfair there."""
-    if mix is None:
-        return {}
-    return {scope: {name: {"share": share, "clears": ok} for name, (share, ok) in
-                    mix_verdicts(mix[scope]).items()} for scope in MIX_SCOPES}
+def fairness(references: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Per reference policy (the oracle, the best rule of :mod:`experiments.market_mix`) and scope, its own
+    share of each floor's value and whether it clears the floor: a floor that no good policy clears asks for
+    a size or order type the market does not need."""
+    return {label: {scope: {name: {"share": float(ref["mix"][scope][branch][index]),
+                                   "clears": bool(ref["mix"][scope][branch][index] > floor)}
+                            for branch, index, name, floor in MIX_FLOORS} for scope in MIX_SCOPES}
+            for label, ref in references.items()}
+
+
+def needed(fair: Mapping[str, Any], reference: str) -> tuple[list[str], list[str]]:
+    """The floors the reference policy clears on its working steps, and those it does not."""
+    if reference not in fair:
+        return [], []
+    clears = fair[reference]["working"]
+    return [n for n, v in clears.items() if v["clears"]], [n for n, v in clears.items() if not v["clears"]]
 
 
 # ------------------------------------------------------------------------------------------ reporting
@@ -175,12 +135,11 @@ def _verdict(passed: bool) -> str:
     return "PASS" if passed else "**FAIL**"
 
 
-def criteria_table(rows: Sequence[Mapping[str, Any]], seeds: Sequence[int],
-                   fairness: Mapping[str, Any]) -> str:
+def criteria_table(rows: Sequence[Mapping[str, Any]], seeds: Sequence[int], fair: Mapping[str, Any],
+                   scope: str = "all") -> str:
     """The criteria as a markdown table: per seed (value and verdict), mean ± std, the verdict over the seeds
-    and the oracle's own share on the same windows."""
-    head = ["criterion", *[f"seed {s}" for s in seeds], "mean ± std", "verdict (every seed)",
-            "oracle (all / working steps)"]
+    and each reference policy's own share on the same windows (same scope)."""
+    head = ["criterion", *[f"seed {s}" for s in seeds], "mean ± std", "verdict (every seed)", *fair]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         sharpe = row["value"] == "sharpe_gap"
@@ -190,19 +149,18 @@ def criteria_table(rows: Sequence[Mapping[str, Any]], seeds: Sequence[int],
                                                                          strict=True)]
         cells.append(f"{fmt(row['mean'])} ± {fmt(row['std'])}" if len(seeds) > 1 else fmt(row["mean"]))
         cells.append(f"{_verdict(row['pass'])} ({sum(row['passed'])}/{len(seeds)})")
-        if sharpe or not fairness:
-            cells.append("n/a")
-        else:
-            shares = [fairness[scope][row["value"]] for scope in MIX_SCOPES]
-            cells.append(" / ".join(f"{_pct(s['share'])}" for s in shares)
-                         + ("" if all(s["clears"] for s in shares) else " (does not clear it)"))
+        for label in fair:
+            share = fair[label][scope].get(row["value"])
+            cells.append("n/a" if share is None else
+                         f"{_pct(share['share'])} {'(clears)' if share['clears'] else '(does not clear)'}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def epoch_table(runs: Sequence[Mapping[str, Any]], seeds: Sequence[int],
-                oracle: Mapping[str, Any] | None) -> str:
-    """Held-out Sharpe per step (and share of the oracle's PnL) per epoch, per seed and mean ± std."""
+                references: Mapping[str, Mapping[str, Any]]) -> str:
+    """Held-out Sharpe per step (and share of the oracle's PnL) per epoch, per seed and mean ± std, and the
+    reference policies' on the same windows."""
     count = len(runs[0]["epochs"])
     head = ["seed", *[f"epoch {k}" + (" (warm-up end)" if k == 0 else "") for k in range(count)]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -220,16 +178,16 @@ def epoch_table(runs: Sequence[Mapping[str, Any]], seeds: Sequence[int],
         shares = f" ({100 * share[0]:.0f} ± {100 * share[1]:.0f} %)" if math.isfinite(share[0]) else ""
         means.append(f"{sharpe[0]:.3f} ± {sharpe[1]:.3f}{shares}")
     lines.append("| " + " | ".join(["mean ± std", *means]) + " |")
-    if oracle is not None:
-        lines.append("| oracle | " + " | ".join([f"{oracle['sharpe']:.3f} (100 %)"] * count) + " |")
+    for label, ref in references.items():
+        lines.append(f"| {label} | " + " | ".join([cell(ref)] * count) + " |")
     return "\n".join(lines)
 
 
-def mix_table(runs: Sequence[Mapping[str, Any]], oracle: Mapping[str, Any] | None) -> str:
-    """The action mix after the last epoch: every branch value, the agent's mean ± std over seeds against the
-    oracle's, over all book-steps and over the working ones."""
-    head = ["branch", "value", "agent, all steps", "oracle, all steps", "agent, working steps",
-            "oracle, working steps"]
+def mix_table(runs: Sequence[Mapping[str, Any]], references: Mapping[str, Mapping[str, Any]]) -> str:
+    """The action mix after the last epoch: every branch value, the agent's mean ± std over seeds beside the
+    reference policies', over all book-steps and over the working ones."""
+    head = ["branch", "value", *[f"{who}, {scope} steps" for scope in MIX_SCOPES
+                                 for who in ("agent", *references)]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for branch in spec.BRANCH_NAMES:
         for v, value in enumerate(VALUE_NAMES[branch]):
@@ -237,32 +195,35 @@ def mix_table(runs: Sequence[Mapping[str, Any]], oracle: Mapping[str, Any] | Non
             for scope in MIX_SCOPES:
                 mean, std = results.mean_std([r["epochs"][-1]["mix"][scope][branch][v] for r in runs])
                 cells.append(f"{_pct(mean)} ± {_pct(std)}" if len(runs) > 1 else _pct(mean))
-                cells.append(_pct(oracle["mix"][scope][branch][v]) if oracle is not None else "")
+                cells += [_pct(ref["mix"][scope][branch][v]) for ref in references.values()]
             lines.append("| " + " | ".join(cells) + " |")
-    steps = [results.mean_std([r["epochs"][-1]["mix"]["steps"][s] for r in runs])[0] for s in MIX_SCOPES]
-    counts = [f"{oracle['mix']['steps'][s]:,}" if oracle is not None else "" for s in MIX_SCOPES]
-    lines.append(f"| book-steps | | {steps[0]:,.0f} | {counts[0]} | {steps[1]:,.0f} | {counts[1]} |")
+    cells = ["book-steps", ""]
+    for scope in MIX_SCOPES:
+        cells.append(f"{results.mean_std([r['epochs'][-1]['mix']['steps'][scope] for r in runs])[0]:,.0f}")
+        cells += [f"{ref['mix']['steps'][scope]:,}" for ref in references.values()]
+    lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def plot(runs: Sequence[Mapping[str, Any]], marks: Sequence[int], oracle: Mapping[str, Any] | None,
+def plot(runs: Sequence[Mapping[str, Any]], marks: Sequence[int], references: Mapping[str, Mapping[str, Any]],
          path: Path, title: str) -> Path:
-    """Held-out Sharpe per epoch per seed (the ±0.3 band around epoch 1, the oracle dashed) and the final
-    action mix (bars: the agent's seed mean, dots: seeds, hatched: the oracle; black ticks: the floors)."""
+    """Held-out Sharpe per epoch per seed (the ±0.3 band around epoch 1, the references dashed) and the final
+    action mix over every book-step (bars: the agent's seed mean, dots: seeds; hatched: the references;
+    black ticks: the floors)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [1, 1.6]})
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(14, 4.8), gridspec_kw={"width_ratios": [1, 1.7]})
     epochs = np.arange(len(runs[0]["epochs"]))
     for i, run in enumerate(runs):
         sharpe = [float(e["sharpe"]) for e in run["epochs"]]
         ax.plot(epochs, sharpe, marker="o", color=f"C{i}", label=f"seed {run['seed']}")
         ax.fill_between(epochs[1:], sharpe[1] - SHARPE_BAND, sharpe[1] + SHARPE_BAND, color=f"C{i}",
                         alpha=0.07)
-    if oracle is not None:
-        ax.axhline(oracle["sharpe"], color="k", ls="--", lw=1, label="oracle")
+    for j, (label, ref) in enumerate(references.items()):
+        ax.axhline(ref["sharpe"], color=f"{0.2 * j}", ls=("--", ":")[j % 2], lw=1, label=label)
     ax.set_xticks(epochs, ["warm-up\nend" if k == 0 else str(k) for k in epochs])
     ax.set_xlabel(f"epoch (env steps at each: {', '.join(f'{m:,}' for m in marks)})", fontsize=7)
     ax.set_ylabel("held-out Sharpe per step (greedy)")
@@ -271,14 +232,16 @@ def plot(runs: Sequence[Mapping[str, Any]], marks: Sequence[int], oracle: Mappin
     ax.legend(fontsize=7)
     labels = [f"{branch[:3]}\n{value}" for branch in spec.BRANCH_NAMES for value in VALUE_NAMES[branch]]
     x = np.arange(len(labels))
+    width = 0.8 / (1 + len(references))
     values = np.array([[share for branch in spec.BRANCH_NAMES
                         for share in run["epochs"][-1]["mix"]["all"][branch]] for run in runs])
-    bx.bar(x - 0.2, values.mean(axis=0), 0.4, color="C0", label="agent (seed mean)")
+    left = x - 0.4 + width / 2
+    bx.bar(left, values.mean(axis=0), width, color="C0", label="agent (seed mean)")
     for row in values:
-        bx.scatter(x - 0.2, row, color="k", s=8, zorder=3)
-    if oracle is not None:
-        shares = [share for branch in spec.BRANCH_NAMES for share in oracle["mix"]["all"][branch]]
-        bx.bar(x + 0.2, shares, 0.4, color="0.75", hatch="//", label="oracle")
+        bx.scatter(left, row, color="k", s=8, zorder=3)
+    for j, (label, ref) in enumerate(references.items()):
+        shares = [share for branch in spec.BRANCH_NAMES for share in ref["mix"]["all"][branch]]
+        bx.bar(left + (j + 1) * width, shares, width, color=("0.75", "0.5")[j % 2], hatch="//", label=label)
     for branch, index, _, floor in MIX_FLOORS:
         j = spec.BRANCH_NAMES.index(branch) * 3 + index
         bx.hlines(floor, j - 0.45, j + 0.45, color="k", lw=1.5)
@@ -317,6 +280,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--epoch-steps", type=int, default=None,
                         help="env steps of an epoch (default: --market-steps, one pass over the training "
                              "market)")
+    parser.add_argument("--rules", default=None,
+                        help="comma-separated rules of experiments.market_mix to fit the best rule over "
+                             "(default: the whole family; 'none': no best rule)")
     options.add_arguments(parser)
     parser.add_argument("--no-progress", action="store_true")
     args = options.parse(parser, argv)
@@ -325,6 +291,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.epoch_steps is not None and args.epoch_steps < 1:
         parser.error(f"--epoch-steps {args.epoch_steps} must be >= 1")
     return args
+
+
+def best_rule(args: argparse.Namespace, setup: runner.Setup, env_kwargs: Mapping[str, Any],
+              market_kwargs: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The best rule of :mod:`experiments.market_mix` fitted on the training market and scored on the
+    held-out windows the agent is scored on (None off a planted market or with ``--rules none``)."""
+    if not setup.planted or args.rules == "none":
+        return None
+    rules = None if args.rules is None else [r.strip() for r in args.rules.split(",") if r.strip()]
+    found = market_mix.probe(market_kwargs, env_kwargs, train_market_seed=setup.train_market_seed,
+                             eval_market_seed=setup.eval_market_seed, books=setup.eval_envs or 16,
+                             steps=setup.eval_steps, seed=setup.eval_seed, device=setup.device, rules=rules)
+    return {**found["held_out"]["best"], "fit": found["fit"]}
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -350,6 +329,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print(f"{setup.describe()}\n{agent.name} ({agent.action_face} face) x seeds {seeds}; warm-up "
           f"{args.steps} steps, then {args.epochs} epochs of {epoch_steps} steps, x {args.n_envs} books on "
           f"{args.device} ({loop} loop); output {out}")
+    best = best_rule(args, setup, env_kwargs, market_kwargs)
 
     def score(model: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
         evaluation = evaluate_policies({"policy": model}, setup.data, baselines=(), n_envs=setup.eval_envs,
@@ -384,39 +364,50 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         runs.append({"seed": seed, "epochs": epochs, "marks": list(marks), "seconds": trained.seconds,
                      "curve": trained.curve})
 
-    rows = judge(runs)
-    working = judge(runs, "working")
-    fairness = oracle_fairness(oracle["mix"] if oracle else None)
-    unfair = sorted({name for scope in fairness.values() for name, v in scope.items() if not v["clears"]})
+    references: dict[str, dict[str, Any]] = {}
+    if oracle is not None:
+        references["oracle"] = {**oracle, "oracle_share": 1.0}
+    if best is not None:
+        share = best["pnl"] / oracle["pnl"] if oracle and oracle["pnl"] else math.nan
+        references["best rule"] = {**best, "oracle_share": share}
+    rows, working = judge(runs), judge(runs, "working")
+    fair = fairness(references)
     title = (f"criteria, {agent.name} ({agent.action_face} face): {setup.describe()}; warm-up {args.steps} + "
              f"{args.epochs} x {epoch_steps} steps x {args.n_envs} books, {len(seeds)} seeds, {loop} loop")
     command = options.command_line("criteria", argv)
     verdict_lines = [f"{'PASS' if r['pass'] else 'FAIL'}  {r['criterion']}: per seed "
                      + ", ".join(f"{v:.3f}" for v in r["values"]) for r in rows]
-    fair_line = ("the oracle clears every floor: the market needs every size and order type"
-                 if not unfair else f"the oracle itself does not clear {', '.join(unfair)}: on this market "
-                 "those floors ask for sizes / order types the best known policy does not use")
+    notes = []
+    for label in references:
+        clears, misses = needed(fair, label)
+        rule = f" `{references[label]['rule']}`" if "rule" in references[label] else ""
+        notes.append(f"{label}{rule} (held-out PnL {references[label]['pnl']:,.0f}, Sharpe "
+                     f"{references[label]['sharpe']:.3f}) on its working steps clears "
+                     f"{', '.join(clears) or 'no floor'}" + (f", not {', '.join(misses)}" if misses else ""))
+    fair_line = "; ".join(notes) or "no reference policy (no planted signal)"
     seconds = results.mean_std([r["seconds"] for r in runs])
     text = "\n\n".join([
         f"# criteria: {agent.name}", f"`{command}`",
         f"{title}. Epoch = {epoch_steps:,} env steps (summed over books); warm-up = {args.steps:,}. "
         f"Held out: {setup.eval_envs or 'default'} books, market seed {setup.eval_market_seed}; Sharpe per "
-        f"step of the PnL after fees; train {seconds[0]:.0f} ± {seconds[1]:.0f} s per seed.",
-        "## Criteria (mix over every book-step, after the last epoch)", criteria_table(rows, seeds, fairness),
-        f"Fairness: {fair_line}.",
+        f"step of the PnL after fees; train {seconds[0]:.0f} ± {seconds[1]:.0f} s per seed. The best rule: "
+        "experiments.market_mix's family fitted on the training market.",
+        "## Criteria (mix over every book-step, after the last epoch)", criteria_table(rows, seeds, fair),
+        f"What the market needs: {fair_line}.",
         "## The mix criteria over the working book-steps (target differs from the position held)",
-        criteria_table(working[:-1], seeds, fairness),
-        "## Held-out Sharpe per step per epoch (share of the oracle's PnL)", epoch_table(runs, seeds, oracle),
-        "## Action mix after the last epoch, agent against oracle", mix_table(runs, oracle),
+        criteria_table(working[:-1], seeds, fair, "working"),
+        "## Held-out Sharpe per step per epoch (share of the oracle's PnL)",
+        epoch_table(runs, seeds, references),
+        "## Action mix after the last epoch, agent against the references", mix_table(runs, references),
         "![criteria](criteria.png)",
     ]) + "\n"
-    plot(runs, marks, oracle, out / "criteria.png", title)
+    plot(runs, marks, references, out / "criteria.png", title)
     (out / "criteria.md").write_text(text)
     payload = {"experiment": "criteria", "command": command, "args": vars(args), "provenance": origin,
                "market": setup.describe(), "agent": agent.record(), "env_overrides": setup.env_kwargs,
                "loop": loop, "warmup_steps": args.steps, "epoch_steps": epoch_steps, "epochs": args.epochs,
-               "criteria": rows, "criteria_working": working[:-1], "oracle": oracle,
-               "oracle_fairness": fairness, "runs": runs}
+               "criteria": rows, "criteria_working": working[:-1], "references": references,
+               "fairness": fair, "runs": runs}
     results.write_json(out / "criteria.json", payload)
     print("\n".join(verdict_lines) + f"\n{fair_line}\n\n{text}\nwritten: {out}/criteria.json, criteria.md, "
           "criteria.png")

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from experiments import criteria
-from experiments.criteria import EpochCallback, action_mix, judge, oracle_fairness, sharpe_gap
+from experiments.criteria import EpochCallback, fairness, judge, needed, sharpe_gap
+from experiments.market_mix import action_mix
 
 
 def _series(actions: list[list[tuple[int, int, int, int]]], position: list[list[float]],
@@ -69,12 +70,17 @@ def test_judge_floors_and_sharpe_band_per_seed() -> None:
     assert sharpe_gap([0.2, math.nan]) != sharpe_gap([0.2, math.nan])  # NaN, which judge() fails
 
 
-def test_oracle_fairness_names_the_floors_the_oracle_does_not_clear() -> None:
+def test_fairness_names_the_floors_a_reference_does_not_clear() -> None:
     all_in = {"magnitude": [0.0, 0.0, 1.0], "order": [1.0, 0.0, 0.0]}
-    fairness = oracle_fairness({"all": all_in, "working": all_in})
-    assert {name for name, v in fairness["all"].items() if not v["clears"]} == {"Half", "LimitMaker", "IoC"}
-    assert fairness["working"]["Full"] == {"share": 1.0, "clears": True}
-    assert oracle_fairness(None) == {}
+    graded = {"magnitude": [0.2, 0.3, 0.5], "order": [0.6, 0.3, 0.1]}
+    fair = fairness({"oracle": {"mix": {"all": all_in, "working": all_in}},
+                     "best rule": {"mix": {"all": all_in, "working": graded}}})
+    assert {name for name, v in fair["oracle"]["all"].items() if not v["clears"]} == {"Half", "LimitMaker",
+                                                                                       "IoC"}
+    assert fair["oracle"]["working"]["Full"] == {"share": 1.0, "clears": True}
+    assert needed(fair, "oracle") == (["Full"], ["Half", "LimitMaker", "IoC"])
+    assert needed(fair, "best rule") == (["Half", "Full", "LimitMaker", "IoC"], [])
+    assert needed(fair, "absent") == ([], [])
 
 
 def test_epoch_marks_and_default_agent() -> None:
@@ -90,7 +96,8 @@ def test_epoch_marks_and_default_agent() -> None:
 
 SMOKE = ["--seeds", "1", "--steps", "200", "--epoch-steps", "40", "--epochs", "2", "--n-envs", "2",
          "--market-steps", "1000", "--signal-strength", "2", "--signal-horizon", "5", "--eval-envs", "2",
-         "--eval-steps", "40", "--episode-length", "40", "--no-progress"]
+         "--eval-steps", "40", "--episode-length", "40", "--no-progress",
+         "--rules", "graded_1.5_2.5/by_edge/maker_touch"]
 
 
 def test_criteria_smoke_end_to_end(tmp_path: Path) -> None:
@@ -110,9 +117,11 @@ def test_criteria_smoke_end_to_end(tmp_path: Path) -> None:
     assert run["marks"][0] >= 200 and len(run["epochs"]) == 3  # warm-up end, epochs 1 and 2
     assert all(a < b for a, b in zip(run["marks"], run["marks"][1:], strict=False))
     assert [r["criterion"] for r in payload["criteria"]][-1] == "Sharpe of epochs 2-2 within ±0.3 of epoch 1"
-    oracle = payload["oracle"]
+    oracle, best = payload["references"]["oracle"], payload["references"]["best rule"]
     assert oracle["mix"]["all"]["magnitude"] == [0.0, 0.0, 1.0]  # the oracle goes all in, with Market orders
-    assert not payload["oracle_fairness"]["all"]["LimitMaker"]["clears"]
+    assert not payload["fairness"]["oracle"]["all"]["LimitMaker"]["clears"]
+    assert set(best["fit"]) == {"all_in/market/market", "graded_1.5_2.5/by_edge/maker_touch"}
+    assert best["rule"] in best["fit"] and "mix" in best
     assert sum(run["epochs"][-1]["mix"]["all"]["order"]) == pytest.approx(1.0)
     text = (out / "criteria.md").read_text()
-    assert "| Half > 15 % |" in text and "epoch 0 (warm-up end)" in text
+    assert "| Half > 15 % |" in text and "epoch 0 (warm-up end)" in text and "| best rule |" in text
