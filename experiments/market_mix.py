@@ -130,6 +130,13 @@ class RulePolicy(OraclePolicy):
                 raise ValueError(f"{label}={(order, urgency)} must be (order, urgency) indices in [0, 3)")
         self.sizing, self.entry, self.exit, self.name = tuple(sizing), tuple(entry), tuple(exit), name
 
+    def reset(self, num_books: int, device: torch.device) -> None:
+        """Clear the signal memory; put the sizes and the order bands on the device once."""
+        super().reset(num_books, device)
+        self._sizes = torch.tensor(spec.MAGNITUDES, dtype=torch.float64, device=device)
+        bands = EDGE_BANDS if self.entry == BY_EDGE else (self.entry,) * 3
+        self._bands = torch.tensor(bands, dtype=torch.int64, device=device)
+
     def act(self, obs: torch.Tensor, episode_start: torch.Tensor) -> torch.Tensor:
         """Sized target along the expected move; the entry or exit order that works it."""
         move = self.expected_move(obs, episode_start)
@@ -137,19 +144,15 @@ class RulePolicy(OraclePolicy):
         side = torch.sign(move)
         held = obs[:, POSITION_FROM_END].double()  # position / max_position
         held_side, held_size = torch.sign(held), held.abs()
-        sizes = torch.tensor(spec.MAGNITUDES, dtype=torch.float64, device=obs.device)
-        sized = sizes[(ratio > self.sizing[0]).long() + (ratio > self.sizing[1]).long()]
+        band = (ratio > self.sizing[0]).long() + (ratio > self.sizing[1]).long()
+        sized = self._sizes[band]
         sized = torch.where(held_side == side, torch.maximum(sized, held_size), sized)
         size = torch.where(ratio > 1.0, sized, torch.where(held_side == side, held_size, 0.0))
         direction = torch.where(size > 0, side, 0.0)
         # the magnitude index whose size is nearest (a partly filled position keeps its intended size)
-        magnitude = (size[:, None] - sizes[None, :]).abs().argmin(dim=1)
+        magnitude = (size[:, None] - self._sizes[None, :]).abs().argmin(dim=1)
         closing = (direction == 0) & (held_size > 0)
-        if self.entry == BY_EDGE:
-            band = (ratio > self.sizing[0]).long() + (ratio > self.sizing[1]).long()
-            entry = torch.tensor(EDGE_BANDS, dtype=torch.int64, device=obs.device)[band]
-        else:
-            entry = torch.tensor(self.entry, dtype=torch.int64, device=obs.device).expand(obs.shape[0], 2)
+        entry = self._bands[band]  # by the edge, or the one entry in every band
         actions = torch.empty((obs.shape[0], 4), dtype=torch.int64, device=obs.device)
         actions[:, 0] = direction.long() + 1
         actions[:, 1] = torch.where(direction == 0, 2, magnitude)

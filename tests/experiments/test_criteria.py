@@ -125,3 +125,20 @@ def test_criteria_smoke_end_to_end(tmp_path: Path) -> None:
     assert sum(run["epochs"][-1]["mix"]["all"]["order"]) == pytest.approx(1.0)
     text = (out / "criteria.md").read_text()
     assert "| Half > 15 % |" in text and "epoch 0 (warm-up end)" in text and "| best rule |" in text
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_criteria_on_cuda_through_the_device_loop(tmp_path: Path) -> None:
+    """On CUDA the default agent trains through the device loop; the evaluations land after the warm-up
+    and after each epoch (at block granularity: at or after each mark), in increasing order."""
+    out = tmp_path / "cuda"
+    args = [a for a in SMOKE if a != "--no-progress"]
+    payload = criteria.main(["--out", str(out), "--device", "cuda", "--learning-starts", "64",
+                             "--batch-size", "32", "--no-progress", *args])
+    assert payload["loop"] == "device"
+    run = payload["runs"][0]
+    assert len(run["epochs"]) == 3
+    assert all(mark >= 200 + 40 * k for k, mark in enumerate(run["marks"]))
+    assert all(a <= b for a, b in zip(run["marks"], run["marks"][1:], strict=False))
+    assert (out / "criteria.png").is_file()
