@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from foxenv.spec import DEFAULT_GRID, ActionGrid, action_grid
+
 #: The maker fill models of :attr:`EnvConfig.fill_model` (see :func:`foxenv.matching.meet_flow`).
 FILL_MODELS = ("conservative", "optimistic")
 
@@ -56,6 +58,9 @@ class EnvConfig:
     :param order_latency: steps a newly posted LimitMaker order waits before it rests in the book: it
         meets no flow during them, and joins the queue behind the size visible at its price when it
         arrives; 0 (default) rests it at once behind the size visible when it is posted; >= 0.
+    :param action_grid: what the magnitude and urgency branches mean (:class:`foxenv.spec.ActionGrid`): a
+        name (``"default"``: ``MultiDiscrete([3, 3, 3, 3])``; ``"wide"``: ``[3, 10, 3, 12]``, 1,080 joint
+        codes), a mapping of the grid's fields, or a grid; held as the :class:`~foxenv.spec.ActionGrid`.
     """
 
     max_position: float = 100.0
@@ -72,6 +77,7 @@ class EnvConfig:
     flow_window: int = 10
     fill_model: str = "conservative"
     order_latency: int = 0
+    action_grid: ActionGrid | str | Mapping[str, Any] = "default"
 
     def __post_init__(self) -> None:
         for name in (
@@ -118,6 +124,27 @@ class EnvConfig:
             raise ValueError(f"fill_model={self.fill_model!r} must be one of {FILL_MODELS}")
         if not is_whole(self.order_latency) or self.order_latency < 0:
             raise ValueError(f"order_latency={self.order_latency!r} must be an integer >= 0")
+        object.__setattr__(self, "action_grid", action_grid(self.action_grid))
+
+    @property
+    def grid(self) -> ActionGrid:
+        """The action grid (:attr:`action_grid`, typed)."""
+        assert isinstance(self.action_grid, ActionGrid)
+        return self.action_grid
+
+
+def config_settings(config: EnvConfig) -> dict[str, Any]:
+    """A config's fields as JSON-able values, as fingerprints and reports record them: the action grid as its
+    fields, and left out when it is the default one (so a default config records what it did before grids).
+
+    :param config: the config.
+    :return: ``{field: value}``.
+    """
+    settings = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    grid = settings.pop("action_grid")
+    if grid != DEFAULT_GRID:
+        settings["action_grid"] = grid.to_dict()
+    return settings
 
 
 def split_env_kwargs(env_kwargs: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:

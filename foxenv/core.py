@@ -7,7 +7,8 @@ Timing of a step (book ``b`` at episode step ``t`` reads market row ``i = offset
 2. Marketable orders (Market, IoC) execute immediately against snapshot ``i`` (taker fee). A Market or
    IoC action cancels any resting order first.
 3. A LimitMaker action posts one post-only order priced off snapshot ``i``'s own-side touch
-   (:func:`~foxenv.matching.limit_maker_tick`: one tick behind, at, or one tick inside it by urgency); its
+   (:func:`~foxenv.matching.maker_offset_tick`: the grid's offset by urgency; by default one tick behind,
+   at, or one tick inside it); its
    queue ahead starts at the visible size at its price in snapshot ``i``. The same target again keeps the
    order and its queue while it is at or ahead of that price, and re-pegs it there (a new order, a new
    queue) once the touch has moved away from it: a maker order follows the book, it is never left behind.
@@ -69,7 +70,8 @@ class BatchedLOB(AcceleratedStep):
         where out-of-range actions are undefined behaviour. Shape and dtype are always checked.
     """
 
-    #: The action contract (:mod:`foxenv.spec`), kept here for callers that read it off the core.
+    #: The action contract (:mod:`foxenv.spec`), kept here for callers that read it off the core (an
+    #: instance holds its config's grid: ``ACTION_NVEC`` and ``MAGNITUDES`` of ``config.grid``).
     ACTION_NVEC = ACTION_NVEC
     BRANCH_NAMES = BRANCH_NAMES
     MAGNITUDES = MAGNITUDES
@@ -99,6 +101,8 @@ class BatchedLOB(AcceleratedStep):
         self.config = config
         self.num_books = int(num_books)
         self.validate_actions = self.device.type == "cpu" if validate_actions is None else validate_actions
+        self.ACTION_NVEC = config.grid.nvec
+        self.MAGNITUDES = config.grid.magnitudes
         self.n_market_features = market_feature_dim(config)
         self.observation_dim = self.n_market_features + len(PORTFOLIO_FEATURES)
         #: The per-market tables a step gathers from (:class:`~foxenv.tables.MarketTables`).
@@ -193,7 +197,7 @@ class BatchedLOB(AcceleratedStep):
         if not isinstance(action, torch.Tensor):
             raise ValueError(f"action of type {type(action).__name__} must be a torch.Tensor")
         expected = (self.num_books, len(ACTION_NVEC))
-        action = check_actions(action, expected, check_range=self.validate_actions)
+        action = check_actions(action, expected, check_range=self.validate_actions, nvec=self.ACTION_NVEC)
         action = action.to(device=self.device, dtype=torch.int64)
         if self.validate_actions:
             steps = self._counters[COUNTER_ROWS.index("step")].cpu().numpy()
@@ -293,7 +297,7 @@ class BatchedLOB(AcceleratedStep):
         levels = tables.levels
         row = state.offset + state.step
         # This step's row of the market table (snapshot ``row`` and the next one; see MarketTables) and the
-        # action's row of the action table (by action code d * 27 + m * 9 + o * 3 + u).
+        # action's row of the action table (by joint code, d * 27 + m * 9 + o * 3 + u on the default grid).
         (
             mid_now,
             best_bid,

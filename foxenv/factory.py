@@ -19,7 +19,6 @@ from foxenv.checks import check_device, check_seed
 from foxenv.config import EnvConfig
 from foxenv.core import BatchedLOB
 from foxenv.data.market import MarketData
-from foxenv.spec import ACTION_NVEC
 
 #: What ``data=`` may be: ``"synthetic"``, a LOBSTER folder, a ``(message, orderbook)`` file pair,
 #: or an already loaded :class:`MarketData`.
@@ -148,6 +147,6 @@ def action_space_of(core: BatchedLOB) -> spaces.MultiDiscrete:
     """The single-book action space of a core.
 
     :param core: the batched core.
-    :return: ``MultiDiscrete(spec.ACTION_NVEC)``, int64.
+    :return: ``MultiDiscrete`` of its grid's ``nvec`` (``spec.ACTION_NVEC`` on the default grid), int64.
     """
-    return spaces.MultiDiscrete(np.array(ACTION_NVEC, dtype=np.int64))
+    return spaces.MultiDiscrete(np.array(core.ACTION_NVEC, dtype=np.int64))

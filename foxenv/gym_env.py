@@ -62,7 +62,8 @@ RENDER_HISTORY = 200
 class LOBEnv(gymnasium.Env[np.ndarray, np.ndarray]):
     """One limit-order book as a Gymnasium environment (the batched core with ``B = 1`` on the CPU).
 
-    Action: ``MultiDiscrete(spec.ACTION_NVEC)`` = ``spec.BRANCH_NAMES`` (direction, magnitude, order,
+    Action: ``MultiDiscrete(config.grid.nvec)`` (``spec.ACTION_NVEC`` on the default grid) =
+    ``spec.BRANCH_NAMES`` (direction, magnitude, order,
     urgency), see :mod:`foxenv.spec`. Observation: ``Box(-inf, inf, (D,), float32)``, the first
     ``n_market_features`` entries are market features, the rest portfolio features. Info after a step:
     ``spec.INFO_KEYS`` as Python scalars. ``reset`` returns an empty info.
@@ -188,7 +189,7 @@ class LOBEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         """
         if isinstance(action, torch.Tensor):
             action = action.numpy(force=True)
-        return check_actions(action, _ACTION_SHAPE)
+        return check_actions(action, _ACTION_SHAPE, nvec=self._core.ACTION_NVEC)
 
     def step(self, action: Any) -> StepResult:
         """Advance the book by one step.

@@ -11,9 +11,10 @@ from __future__ import annotations
 import torch
 
 #: Fraction of the needed position change a Market order works this step, by urgency (passive, normal,
-#: aggressive).
+#: aggressive), on the default grid (other grids: :attr:`foxenv.spec.ActionGrid.market_slices`).
 MARKET_SLICES = (1.0 / 3.0, 2.0 / 3.0, 1.0)
-#: IoC limit price offsets beyond the opposite touch, in ticks, by urgency.
+#: IoC limit price offsets beyond the opposite touch, in ticks, by urgency, on the default grid
+#: (:attr:`foxenv.spec.ActionGrid.ioc_offsets`).
 IOC_OFFSETS = (0, 1, 3)
 #: A limit, in ticks beyond the touch, far enough away that a Market order is never stopped by it.
 NO_LIMIT = float(1 << 50)
@@ -49,12 +50,30 @@ def walk_book(
     return taken.sum(dim=1), (taken * level_ticks).sum(dim=1), cumulative[:, -1]
 
 
+def maker_offset_tick(
+    best_bid: torch.Tensor, best_ask: torch.Tensor, side: torch.Tensor, offset: torch.Tensor
+) -> torch.Tensor:
+    """Price of a post-only order ``offset`` ticks off the own-side touch
+    (:attr:`foxenv.spec.ActionGrid.maker_offsets`): ``-k`` is ``k`` ticks behind it, 0 at it, 1 one tick
+    inside it, which falls back to the touch when the spread is under 2 ticks, so the price never reaches
+    the opposite touch. The core computes the same from its action table (``improve + aggressive * wide``).
+
+    :param best_bid: ``[B]`` best bid in ticks.
+    :param best_ask: ``[B]`` best ask in ticks.
+    :param side: ``[B]`` +1 buy, -1 sell (same dtype as the prices).
+    :param offset: ``[B]`` whole ticks, each <= 1.
+    :return: ``[B]`` order price in ticks.
+    """
+    touch = torch.where(side > 0, best_bid, best_ask)
+    improve = offset.clamp_max(0) + (offset == 1) * (best_ask - best_bid >= 2)
+    return touch + side * improve
+
+
 def limit_maker_tick(
     best_bid: torch.Tensor, best_ask: torch.Tensor, side: torch.Tensor, urgency: torch.Tensor
 ) -> torch.Tensor:
-    """Price of a post-only order: one tick behind (passive), at (normal), or one tick inside (aggressive)
-    the own-side touch. Aggressive falls back to the touch when the spread is under 2 ticks, so the
-    price never reaches the opposite touch.
+    """Price of a post-only order on the default grid: one tick behind (passive), at (normal), or one tick
+    inside (aggressive) the own-side touch (:func:`maker_offset_tick` at ``urgency - 1``).
 
     :param best_bid: ``[B]`` best bid in ticks.
     :param best_ask: ``[B]`` best ask in ticks.
@@ -62,16 +81,15 @@ def limit_maker_tick(
     :param urgency: ``[B]`` 0 passive, 1 normal, 2 aggressive.
     :return: ``[B]`` order price in ticks.
     """
-    touch = torch.where(side > 0, best_bid, best_ask)
-    improve = (urgency - 1).clamp_max(0) + (urgency == 2) * (best_ask - best_bid >= 2)
-    return touch + side * improve
+    return maker_offset_tick(best_bid, best_ask, side, urgency - 1)
 
 
 def ioc_limit_tick(
     best_bid: torch.Tensor, best_ask: torch.Tensor, side: torch.Tensor, offset: torch.Tensor
 ) -> torch.Tensor:
     """Limit price of a marketable order: the opposite touch plus ``offset`` ticks in the order's direction
-    (IoC: :data:`IOC_OFFSETS` by urgency; Market: :data:`NO_LIMIT`).
+    (IoC: the grid's ``ioc_offsets`` by urgency, :data:`IOC_OFFSETS` on the default grid; Market:
+    :data:`NO_LIMIT`).
 
     :param best_bid: ``[B]`` best bid in ticks.
     :param best_ask: ``[B]`` best ask in ticks.

@@ -49,6 +49,7 @@ KNOWN_CONFIG_FIELDS = (
     "flow_window",
     "fill_model",
     "order_latency",
+    "action_grid",
 )
 #: The core's ``state_dict`` keys the lean step carries (its per-book state, plus the generator).
 KNOWN_STATE_KEYS = (
@@ -182,7 +183,7 @@ class SingleBook:
         """
         saved = self.core.state_dict()
         generator = np.random.default_rng(seed)
-        actions = generator.integers(0, 3, size=(steps, 4))
+        actions = generator.integers(0, np.asarray(self.core.ACTION_NVEC), size=(steps, 4))
         actions[generator.random(steps) < 0.5, 2] = 1
         self.load()
         problem = None

@@ -12,8 +12,8 @@ import torch
 from foxenv.config import EnvConfig
 from foxenv.data.market import FLOW_WIDTH, MarketData
 from foxenv.features import market_features, portfolio_affine, portfolio_features
-from foxenv.matching import IOC_OFFSETS, MARKET_SLICES, NO_LIMIT
-from foxenv.spec import DIRECTIONS, LIMIT_MAKER, MAGNITUDES
+from foxenv.matching import NO_LIMIT
+from foxenv.spec import DIRECTIONS, ORDER_TYPES
 
 #: Columns of the per-market-step row table (:attr:`MarketTables.rows`).
 ROW_COLUMNS = (
@@ -45,8 +45,9 @@ class MarketTables:
     :param flow: ``[T * 2 * W, 3]`` float32 executed, cancelled and traded-through shares at a price.
     :param features: ``[T, F]`` float32 market features of snapshot ``i``.
     :param next_features: ``[T, F]`` those of snapshot ``i + 1`` (clamped to the last row).
-    :param actions: ``[81, 6]`` float64 action table by action code ``d * 27 + m * 9 + o * 3 + u``.
-    :param action_code: ``[4]`` int64, the weights ``(27, 9, 3, 1)`` of the action code.
+    :param actions: ``[A, 6]`` float64 action table by joint action code (``A`` = the grid's
+        ``joint_actions``: 81, code ``d * 27 + m * 9 + o * 3 + u``, on the default grid).
+    :param action_code: ``[4]`` int64, the grid's ``code_weights`` (``(27, 9, 3, 1)`` on the default grid).
     :param taker_rate: taker fee as a fraction of notional (a Python float: a constant when compiled).
     :param maker_rate: maker fee as a fraction of notional (negative: a rebate).
     :param portfolio_affine: ``(scale, bias)`` of the portfolio features.
@@ -138,30 +139,28 @@ class MarketTables:
         # Market features of snapshot i (for reset) and of snapshot i + 1 (what a step from row i shows).
         features = market_features(market, config)
         next_features = features[following].contiguous()
-        # The action table, [81, 6] float64, by action code
-        # direction * 27 + magnitude * 9 + order * 3 + urgency: the target position; the slice of the need a
-        # marketable order works (0 for LimitMaker); its limit offset beyond the opposite touch in ticks;
-        # LimitMaker (1.0) or not; and the LimitMaker price improvement over the own touch in ticks,
-        # ``improve + aggressive * wide`` (behind, at, or one inside when the spread allows). By order index
-        # (spec.ORDER_TYPES: market, limit_maker, ioc) * 3 + urgency index.
-        slices = [*MARKET_SLICES, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
-        limit_offsets = [NO_LIMIT] * 3 + [0.0] * 3 + [float(o) for o in IOC_OFFSETS]
+        # The action table, [A, 6] float64, by joint code (the grid's code_weights; 27 d + 9 m + 3 o + u on
+        # the default grid): the target position; the slice of the need a marketable order works (0 for
+        # LimitMaker); its limit offset beyond the opposite touch in ticks; LimitMaker (1.0) or not; and the
+        # LimitMaker price off the own touch in ticks, ``improve + aggressive * wide`` (improve = min(offset,
+        # 0) behind or at it; aggressive = one inside when the spread allows).
+        # The maker price is read only on a LimitMaker action; every order type carries its urgency's.
+        grid = config.grid
+        maker = [(float(min(o, 0)), float(o == 1)) for o in grid.maker_offsets]
+        orders = {  # by order type: per urgency, (slice, limit offset, is maker)
+            "market": [(s, NO_LIMIT, 0.0) for s in grid.market_slices],
+            "limit_maker": [(0.0, 0.0, 1.0)] * len(maker),
+            "ioc": [(1.0, float(o), 0.0) for o in grid.ioc_offsets],
+        }
         actions = [
-            [
-                sign * magnitude * config.max_position,
-                slices[order * 3 + urgency],
-                limit_offsets[order * 3 + urgency],
-                float(order == LIMIT_MAKER),
-                float(min(urgency - 1, 0)),
-                float(urgency == 2),
-            ]
+            [sign * magnitude * config.max_position, *row, *price]
             for sign in DIRECTIONS
-            for magnitude in MAGNITUDES
-            for order in range(3)
-            for urgency in range(3)
+            for magnitude in grid.magnitudes
+            for order in ORDER_TYPES
+            for row, price in zip(orders[order], maker, strict=True)
         ]
         actions = torch.tensor(actions, dtype=torch.float64, device=device)
-        action_code = torch.tensor([27, 9, 3, 1], dtype=torch.int64, device=device)
+        action_code = torch.tensor(grid.code_weights, dtype=torch.int64, device=device)
         # Fee rates as Python floats, not tensors: a compiled step takes them as constants (a 0-dim tensor
         # would be one more graph input, and one more guard on its value).
         taker_rate = float(config.taker_fee_bps) * 1e-4

@@ -62,7 +62,7 @@ def tensors_to_numpy(tensors: dict[str, torch.Tensor], pack: bool | None = None)
 class LOBVectorEnv(VectorEnv):
     """``num_envs`` limit-order books stepped together on one device, with same-step autoreset.
 
-    Spaces: ``single_action_space = MultiDiscrete(spec.ACTION_NVEC)``, ``action_space`` its batch
+    Spaces: ``single_action_space = MultiDiscrete(config.grid.nvec)``, ``action_space`` its batch
     (``[num_envs, 4]``); ``single_observation_space = Box(-inf, inf, (D,), float32)``,
     ``observation_space`` of shape ``[num_envs, D]``.
 
@@ -178,7 +178,8 @@ class LOBVectorEnv(VectorEnv):
         :return: an int64 tensor on the core's device.
         """
         expected = (self.num_envs, len(ACTION_NVEC))
-        checked = check_actions(actions, expected, name="actions", check_range=self.check_action_range)
+        checked = check_actions(actions, expected, name="actions", check_range=self.check_action_range,
+                                nvec=self.core.ACTION_NVEC)
         tensor = checked if isinstance(checked, torch.Tensor) else torch.from_numpy(checked)
         return tensor.to(self.device, torch.int64)
 

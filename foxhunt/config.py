@@ -53,6 +53,9 @@ class EnvSettings:
     flow_window: int | None = None  # Steps summed in the signed trade-flow feature.
     fill_model: str | None = None  # How a resting order fills: ``conservative`` or ``optimistic``.
     order_latency: int | None = None  # Steps a new LimitMaker order waits before it rests in the book.
+    action_grid: str | dict[str, Any] | None = None
+    """The action grid: ``default`` ([3, 3, 3, 3], 81 joint codes), ``wide`` ([3, 10, 3, 12], 1,080), or a
+    JSON mapping of ``foxenv.spec.ActionGrid`` fields."""
     market_seed: int | None = None  # Synthetic market's seed (None: 0; evaluation: + 1, + 2 on validation).
     market: dict[str, Any] = field(default_factory=dict)
     """Other market options (synthetic generator knobs such as ``signal_strength``; LOBSTER loading

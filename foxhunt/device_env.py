@@ -73,7 +73,8 @@ class DeviceLOBVecEnv(LOBVecEnv):
         # where a host sync is free (CPU), reset only at steps where a book finished, as the numpy face does
         self._host_sync = self.device.type == "cpu"
         #: the tensor faces' action range check where a host read would sync (foxenv.spec.ActionRangeFlag)
-        self._action_flag = spec.ActionRangeFlag(self.device, joint=action_face == "joint")
+        self._action_flag = spec.ActionRangeFlag(self.device, joint=action_face == "joint",
+                                                 nvec=self.grid.nvec)
         self._ep_return_t = torch.zeros(self.num_envs, dtype=torch.float64, device=self.device)
         self._ep_length_t = torch.zeros(self.num_envs, dtype=torch.int64, device=self.device)
         self._stats_on = "both"  # which face holds the running episode stats: "both", "numpy", "device"
@@ -141,13 +142,13 @@ class DeviceLOBVecEnv(LOBVecEnv):
         host_check = self.lob.validate_actions
         if joint and host_check:
             return decode_joint(actions.to(self.device) if isinstance(actions, torch.Tensor) else actions,
-                                self.num_envs, check_range=True)
+                                self.num_envs, check_range=True, grid=self.grid)
         values = spec.check_action_tensor(actions, self.num_envs, joint=joint).to(self.device, torch.int64)
         if host_check:
-            spec.check_action_values(values, joint=joint)
+            spec.check_action_values(values, joint=joint, nvec=self.grid.nvec)
         else:
             values = self._action_flag.record(values)
-        return decode_joint(values, self.num_envs, check_range=False) if joint else values
+        return decode_joint(values, self.num_envs, check_range=False, grid=self.grid) if joint else values
 
     def check_action_flag(self) -> None:
         """Raise the ``ValueError`` of the first out-of-range action a tensor step took on an accelerator (a

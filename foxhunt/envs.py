@@ -13,7 +13,9 @@ tensors plus ``TimeLimit.truncated``), the form the replay buffer's tensor path 
 ``action_face`` picks the action the env takes: ``"branched"``, foxenv's ``MultiDiscrete([3, 3, 3, 3])``, or
 ``"joint"``, one ``Discrete(81)`` of codes ``27 d + 9 m + 3 o + u`` (for BranchingIQN's joint face, SB3 DQN
 and sb3-contrib QR-DQN), decoded by :func:`decode_joint`, the one decoder of the codes (numpy and tensor
-faces, and :class:`foxhunt.evaluation.baselines.ModelPolicy`). The tensor face is
+faces, and :class:`foxhunt.evaluation.baselines.ModelPolicy`). Both follow the env's action grid
+(``EnvConfig.action_grid``, :class:`foxenv.spec.ActionGrid`): on the ``"wide"`` grid ``MultiDiscrete([3,
+10, 3, 12])`` and ``Discrete(1080)``. The tensor face is
 :class:`foxhunt.device_env.DeviceLOBVecEnv`, a subclass.
 """
 
@@ -49,48 +51,49 @@ def _numpy_dtype(dtype: torch.dtype) -> type:
     return np.float64 if dtype.is_floating_point else np.int64
 
 
-#: Weights of the joint action code ``27 d + 9 m + 3 o + u`` (direction, magnitude, order, urgency).
-JOINT_WEIGHTS: tuple[int, ...] = (27, 9, 3, 1)
-#: Number of joint actions (``Discrete(81)``).
-N_JOINT: int = int(np.prod(spec.ACTION_NVEC))
+#: Weights of the joint action code ``27 d + 9 m + 3 o + u`` (direction, magnitude, order, urgency) on the
+#: default grid (any grid: :attr:`foxenv.spec.ActionGrid.code_weights`).
+JOINT_WEIGHTS: tuple[int, ...] = spec.DEFAULT_GRID.code_weights
+#: Number of joint actions on the default grid (``Discrete(81)``).
+N_JOINT: int = spec.DEFAULT_GRID.joint_actions
 #: The one branch of the joint face.
 JOINT_BRANCH_NAMES: tuple[str, ...] = ("action",)
 
-if JOINT_WEIGHTS != tuple(int(np.prod(spec.ACTION_NVEC[i + 1:])) for i in range(len(spec.ACTION_NVEC))):
-    raise ImportError(f"foxenv.spec.ACTION_NVEC={spec.ACTION_NVEC} does not fit the joint code weights "
-                      f"{JOINT_WEIGHTS}")
-
 
 @functools.cache
-def _tables_on(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    return (torch.tensor(JOINT_WEIGHTS, dtype=torch.int64, device=device),
-            torch.tensor(spec.ACTION_NVEC, dtype=torch.int64, device=device))
+def _tables_on(device: torch.device, grid: spec.ActionGrid) -> tuple[torch.Tensor, torch.Tensor]:
+    return (torch.tensor(grid.code_weights, dtype=torch.int64, device=device),
+            torch.tensor(grid.nvec, dtype=torch.int64, device=device))
 
 
-def _joint_tables(device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(weights, nvec)`` int64 on ``device``, made once per device (an env makes them when it is built, so
-    no step, not even a CUDA-graph capture, copies them to the device)."""
+def _joint_tables(device: torch.device | str, grid: spec.ActionGrid = spec.DEFAULT_GRID) -> (
+    tuple[torch.Tensor, torch.Tensor]
+):
+    """``(weights, nvec)`` int64 of ``grid`` on ``device``, made once per device and grid (an env makes them
+    when it is built, so no step, not even a CUDA-graph capture, copies them to the device)."""
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:  # "cuda" and "cuda:0" share one pair
         device = torch.device("cuda", torch.cuda.current_device())
-    return _tables_on(device)
+    return _tables_on(device, grid)
 
 
-def decode_joint(codes: Any, num_envs: int, *, check_range: bool = True, name: str = "actions") -> (
-    torch.Tensor
-):
+def decode_joint(codes: Any, num_envs: int, *, check_range: bool = True, name: str = "actions",
+                 grid: spec.ActionGrid = spec.DEFAULT_GRID) -> torch.Tensor:
     """Joint codes to foxenv's four-branch actions: the one decoder of the joint face (numpy and tensor
     paths, training and evaluation).
 
-    :param codes: ``[num_envs]`` or ``[num_envs, 1]`` integer codes ``27 d + 9 m + 3 o + u``: numpy (or
-        anything ``np.asarray`` takes) or a torch tensor on any device.
+    :param codes: ``[num_envs]`` or ``[num_envs, 1]`` integer codes ``sum(action * grid.code_weights)``
+        (``27 d + 9 m + 3 o + u`` on the default grid): numpy (or anything ``np.asarray`` takes) or a torch
+        tensor on any device.
     :param num_envs: the number of codes.
-    :param check_range: check every code lies in ``[0, 81)`` (for a tensor on an accelerator a host sync).
+    :param check_range: check every code lies in ``[0, grid.joint_actions)`` (for a tensor on an accelerator
+        a host sync).
     :param name: the argument's name in error messages.
+    :param grid: the env's action grid (:class:`foxenv.spec.ActionGrid`).
     :return: ``[num_envs, 4]`` int64 ``(direction, magnitude, order, urgency)``, on ``codes``' device (numpy
         input: a CPU tensor).
     :raises ValueError: naming ``name`` and the value, for a non-integer dtype, a wrong shape or (with
-        ``check_range``) a code outside ``[0, 81)``.
+        ``check_range``) a code outside ``[0, grid.joint_actions)``.
     """
     if isinstance(codes, torch.Tensor):
         dtype, integer = codes.dtype, not (codes.dtype.is_floating_point or codes.dtype.is_complex
@@ -108,27 +111,29 @@ def decode_joint(codes: Any, num_envs: int, *, check_range: bool = True, name: s
     codes = codes.reshape(-1).to(torch.int64)
     if check_range:
         values = codes.detach().cpu().numpy()
-        bad = np.flatnonzero((values < 0) | (values >= N_JOINT))
+        bad = np.flatnonzero((values < 0) | (values >= grid.joint_actions))
         if bad.size:
             raise ValueError(f"{name}[{bad[0]}]={values[bad[0]]} out of range: a joint code must lie in "
-                             f"[0, {N_JOINT})")
-    weights, nvec = _joint_tables(codes.device)
+                             f"[0, {grid.joint_actions})")
+    weights, nvec = _joint_tables(codes.device, grid)
     return (codes[:, None] // weights) % nvec
 
 
-def encode_joint(actions: Any) -> Any:
-    """Four-branch actions ``[..., 4]`` to joint codes ``27 d + 9 m + 3 o + u`` ``[...]``: the inverse of
-    :func:`decode_joint`.
+def encode_joint(actions: Any, grid: spec.ActionGrid = spec.DEFAULT_GRID) -> Any:
+    """Four-branch actions ``[..., 4]`` to joint codes ``sum(action * grid.code_weights)`` ``[...]``
+    (``27 d + 9 m + 3 o + u`` on the default grid): the inverse of :func:`decode_joint`.
 
-    :param actions: integer actions, each branch in ``[0, 3)`` (numpy or a torch tensor).
-    :return: int64 codes in ``[0, 81)``, numpy for numpy input, else a tensor on ``actions``' device.
+    :param actions: integer actions, each branch in ``[0, grid.nvec)`` (numpy or a torch tensor).
+    :param grid: the env's action grid.
+    :return: int64 codes in ``[0, grid.joint_actions)``, numpy for numpy input, else a tensor on ``actions``'
+        device.
     """
     if isinstance(actions, torch.Tensor):
-        return (actions.to(torch.int64) * _joint_tables(actions.device)[0]).sum(-1)
+        return (actions.to(torch.int64) * _joint_tables(actions.device, grid)[0]).sum(-1)
     actions = np.asarray(actions, dtype=np.int64)
-    if actions.shape[-1:] != (len(JOINT_WEIGHTS),):
+    if actions.shape[-1:] != (len(grid.code_weights),):
         raise ValueError(f"actions has shape {actions.shape}; its last axis must hold the 4 branches")
-    return actions @ np.asarray(JOINT_WEIGHTS, dtype=np.int64)
+    return actions @ np.asarray(grid.code_weights, dtype=np.int64)
 
 
 class UnknownEnvMethodError(AttributeError, ValueError):
@@ -165,17 +170,19 @@ class LOBVecEnv(VecEnv):
         self.config: EnvConfig = self.lob.config
         self.render_mode = None
         joint = action_face == "joint"
-        action_space = gym.spaces.Discrete(N_JOINT) if joint else action_space_of(self.lob)
+        #: the action grid (EnvConfig.action_grid): the spaces, the joint codes and the magnitudes follow it
+        self.grid: spec.ActionGrid = self.config.grid
+        action_space = gym.spaces.Discrete(self.grid.joint_actions) if joint else action_space_of(self.lob)
         super().__init__(num_envs, observation_space_of(self.lob), action_space)
         self.action_face = action_face
         self.branch_names = JOINT_BRANCH_NAMES if joint else spec.BRANCH_NAMES
         #: the branches a joint code holds (hindsight's relabels decode it), None on the branched face
         self.joint_nvec = tuple(int(n) for n in spec.ACTION_NVEC) if joint else None
         if joint:
-            _joint_tables(self.device)  # the decoder's tables, before any step (or graph capture)
+            _joint_tables(self.device, self.grid)  # the decoder's tables, before any step (or graph capture)
         self.n_market_features = int(self.lob.n_market_features)
         self.reward_scale = float(self.config.reward_scale)
-        self.magnitudes = tuple(float(m) for m in spec.MAGNITUDES)
+        self.magnitudes = tuple(float(m) for m in self.grid.magnitudes)
         self.last_info_tensors: dict[str, torch.Tensor] = {}
         self._actions: torch.Tensor | None = None
         self._episode_return = np.zeros(num_envs, dtype=np.float64)
@@ -203,15 +210,15 @@ class LOBVecEnv(VecEnv):
         """Store the actions of the next :meth:`step_wait`.
 
         :param actions: ``[num_envs, 4]`` integer actions (numpy or torch); on the joint face ``[num_envs]``
-            (or ``[num_envs, 1]``) codes in ``[0, 81)`` (:func:`decode_joint`).
+            (or ``[num_envs, 1]``) codes in ``[0, grid.joint_actions)`` (:func:`decode_joint`).
         :raises ValueError: naming ``actions`` and the value, as :func:`foxenv.spec.check_actions` (the
             rules of every foxenv face: integers, exactly ``(num_envs, 4)``, each in ``[0, nvec)``) or
             :func:`decode_joint`.
         """
         if self.action_face == "joint":
-            actions = decode_joint(actions, self.num_envs)
+            actions = decode_joint(actions, self.num_envs, grid=self.grid)
         expected = (self.num_envs, len(spec.ACTION_NVEC))
-        checked = spec.check_actions(actions, expected, name="actions")
+        checked = spec.check_actions(actions, expected, name="actions", nvec=self.grid.nvec)
         tensor = checked if isinstance(checked, torch.Tensor) else torch.from_numpy(checked)
         self._actions = tensor.to(device=self.device, dtype=torch.int64)
 

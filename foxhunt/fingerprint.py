@@ -111,17 +111,16 @@ def market_fingerprint(data: str, env_kwargs: Mapping[str, Any], *, split: str,
 
 def env_settings(env_kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """The env settings a model's observations and actions depend on: every :class:`~foxenv.config.EnvConfig`
-    field (levels, episode length, max_position, fees, reward scale, ...) and the step clock.
+    field (levels, episode length, max_position, fees, reward scale, ..., the action grid where it is not the
+    default) and the step clock.
 
     :param env_kwargs: a run's resolved env kwargs.
     :return: the settings.
     """
-    import dataclasses
-
-    from foxenv.config import EnvConfig, split_env_kwargs
+    from foxenv.config import EnvConfig, config_settings, split_env_kwargs
 
     config, options = split_env_kwargs(env_kwargs)
-    settings = dataclasses.asdict(EnvConfig(**config))
+    settings = config_settings(EnvConfig(**config))
     for name in ("step_events", "step_seconds"):
         if name in options:
             settings[name] = options[name]
@@ -144,20 +143,20 @@ def run_fingerprint(config: Any, split: str | None = None) -> dict[str, Any]:
     :param split: the LOBSTER split trained on (default: the config's train split).
     :return: the fingerprint.
     """
-    from foxenv import spec
+    from foxenv.config import EnvConfig, split_env_kwargs
 
     face = config.resolved_action_face()
     values = config.to_dict()
     env_kwargs = config.resolved_env_kwargs()
     joint = face == "joint"
+    grid = EnvConfig(**split_env_kwargs(env_kwargs)[0]).grid
     return {
         "format": FORMAT,
         "config": _plain({k: v for k, v in values.items() if k not in RUN_CONTROL}),
         "market": market_fingerprint(config.data, env_kwargs, split=split or config.train_split(),
                                      synthetic_market_steps=config.synthetic_market_steps),
         "action_face": face,
-        "action_space": (f"Discrete({spec.JOINT_ACTIONS})" if joint
-                         else f"MultiDiscrete({list(spec.ACTION_NVEC)})"),
+        "action_space": f"Discrete({grid.joint_actions})" if joint else f"MultiDiscrete({list(grid.nvec)})",
         "env": env_settings(env_kwargs),
         "code": code_version(),
     }
@@ -277,8 +276,9 @@ def env_identity(env: Any) -> dict[str, Any]:
     :param env: a :class:`~foxhunt.envs.LOBVecEnv` (its ``lob`` core).
     :return: ``{"num_envs", "config", "market"}``.
     """
-    import dataclasses
     import hashlib
+
+    from foxenv.config import config_settings
 
     identity = getattr(env, "_fingerprint_identity", None)
     if identity is None:
@@ -289,7 +289,7 @@ def env_identity(env: Any) -> dict[str, Any]:
             digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
         identity = {
             "num_envs": int(env.num_envs),
-            "config": _plain(dataclasses.asdict(lob.config)),
+            "config": _plain(config_settings(lob.config)),
             "market": {"name": market.name, "num_steps": market.num_steps, "levels": market.num_levels,
                        "tick_size": float(market.tick_size), "sha256": digest.hexdigest()},
         }

@@ -17,7 +17,6 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +24,7 @@ from typing import Any
 
 import torch
 
-from foxenv.config import EnvConfig, split_env_kwargs
+from foxenv.config import EnvConfig, config_settings, split_env_kwargs
 from foxenv.data.market import MarketData
 from foxhunt.evaluation import stats
 from foxhunt.evaluation.baselines import (
@@ -187,7 +186,7 @@ def _oracle_for(market_kwargs: Mapping[str, Any], env_config: Mapping[str, Any],
     config = EnvConfig(**env_config)
     knobs = {k: market_kwargs[k] for k in ("vol_ticks",) if k in market_kwargs}
     return OraclePolicy(strength, int(market_kwargs.get("signal_horizon", 1)), levels=config.levels,
-                        taker_fee_bps=config.taker_fee_bps,
+                        taker_fee_bps=config.taker_fee_bps, grid=config.grid,
                         tick_size=float(market_kwargs.get("tick_size", 0.01)),
                         price=float(market_kwargs.get("start_price", 580.0)), **knobs)
 
@@ -268,6 +267,7 @@ def evaluate_policies(
                  for i, p in enumerate(policies)]
     oracle = (_oracle_for(market_options, config_kwargs, market_seed, market.num_steps) if synthetic
               else None)
+    grid = EnvConfig(**config_kwargs).grid
     named: dict[str, Any] = {}
     for name, policy in items:
         if isinstance(policy, str) and policy == "oracle":
@@ -276,7 +276,7 @@ def evaluate_policies(
                                  "wave_rate > 0")
             named[name] = oracle
         else:
-            named[name] = as_policy(policy, name=name)
+            named[name] = as_policy(policy, name=name, grid=grid)
     baseline_names = [b for b in baselines if b != "oracle"]
     for name in baseline_names:
         if name not in BASELINES:
@@ -296,7 +296,7 @@ def evaluate_policies(
                             "fit_pnl": max(scores.values()), "fit_pnl_by_rule": scores,
                             "fit_market": fit_market.name, "fit_steps": int(fit_market.num_steps)}
         else:
-            baseline_policies[name] = make_baseline(name, seed=seed)
+            baseline_policies[name] = make_baseline(name, seed=seed, grid=grid)
     if oracle is not None and not any(p is oracle for p in named.values()):
         baseline_policies["oracle"] = oracle
     elif "oracle" in tuple(baselines):
@@ -345,7 +345,7 @@ def evaluate_policies(
         "step_seconds": first.step_seconds,
         "step_seconds_source": "assumed: the synthetic profile's step_seconds" if synthetic
         else "measured: median clock gap between steps of the data",
-        "env_config": dataclasses.asdict(EnvConfig(**config_kwargs)),
+        "env_config": config_settings(EnvConfig(**config_kwargs)),
         "market_options": {k: v for k, v in market_options.items()},
         "device": str(device),
     }
@@ -407,7 +407,8 @@ def fit_imbalance_rule(market: Any, env_kwargs: dict[str, Any] | None = None, *,
     levels = int(config.get("levels", EnvConfig().levels))
     books = num_books or max(1, min(64, (market.num_steps - 1) // config["episode_length"]))
     candidates = {f"{('market', 'limit_maker')[order]}@{float(threshold):g}":
-                  ImbalancePolicy(threshold, levels, order) for order in orders for threshold in thresholds}
+                  ImbalancePolicy(threshold, levels, order, grid=EnvConfig(**config).grid)
+                  for order in orders for threshold in thresholds}
     scores: dict[str, float] = {}
     for key, rule in candidates.items():
         recording = record(rule, market, num_books=books, seed=seed, env_kwargs=config, device=device)

@@ -8,7 +8,10 @@ host, because SB3's ``predict`` takes numpy.
 
 foxenv's action: direction 0 / 1 / 2 = short / flat / long target, magnitude 0 / 1 / 2 = a quarter / half /
 all of ``max_position``, order 0 / 1 / 2 = Market / LimitMaker / IoC, urgency 0 / 1 / 2 (Market: a third,
-two thirds or all of the gap to the target).
+two thirds or all of the gap to the target) on the default grid. Every policy here takes the env's action
+grid (``grid``, :class:`foxenv.spec.ActionGrid`) and picks its indices there: the full size
+(``grid.full_size``), a Market order for all of the gap (``grid.whole_gap``), a LimitMaker at the touch
+(``grid.at_touch``); :func:`~foxhunt.evaluation.recorder.record` refuses a policy of another grid.
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ import numpy as np
 import torch
 
 from foxenv.data.synthetic import SyntheticProfile, signal_drift_ticks, signal_from_imbalance
+from foxenv.spec import DEFAULT_GRID, ActionGrid
 
-#: foxenv's action branches and their sizes.
-NVEC = (3, 3, 3, 3)
+#: foxenv's action branches and their sizes on the default grid (any grid: ``grid.nvec``).
+NVEC = DEFAULT_GRID.nvec
 #: Names of the built-in baselines (:func:`make_baseline`).
 BASELINES = ("flat", "random", "buy_and_hold", "oracle", "imbalance", "market_maker")
 #: Baselines that read the same signal as the agent (the imbalance rule is fitted on the fit data).
@@ -66,13 +70,19 @@ class FlatPolicy:
 
 
 class BuyAndHoldPolicy:
-    """Buys ``max_position`` with a Market order at once and holds it to the end of the episode."""
+    """Buys ``max_position`` with a Market order at once and holds it to the end of the episode.
+
+    :param grid: the env's action grid.
+    """
 
     name = "buy_and_hold"
 
+    def __init__(self, grid: ActionGrid = DEFAULT_GRID) -> None:
+        self.grid = grid
+
     def reset(self, num_books: int, device: torch.device) -> None:
         """Build the constant action (long, full size, Market, all of the gap)."""
-        self._action = _constant(num_books, device, (2, 2, 0, 2))
+        self._action = _constant(num_books, device, (2, self.grid.full_size, 0, self.grid.whole_gap))
 
     def act(self, obs: torch.Tensor, episode_start: torch.Tensor) -> torch.Tensor:
         """The long action for every book."""
@@ -83,17 +93,19 @@ class RandomPolicy:
     """Uniformly random over every branch, from its own seeded generator on the device.
 
     :param seed: seed of the generator (re-seeded by :meth:`reset`, so every run draws the same actions).
+    :param grid: the env's action grid.
     """
 
     name = "random"
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0, grid: ActionGrid = DEFAULT_GRID) -> None:
         self.seed = int(seed)
+        self.grid = grid
 
     def reset(self, num_books: int, device: torch.device) -> None:
         """Re-seed the generator."""
         self._generator = torch.Generator(device=device).manual_seed(self.seed)
-        self._nvec = torch.tensor(NVEC, dtype=torch.float32, device=device)
+        self._nvec = torch.tensor(self.grid.nvec, dtype=torch.float32, device=device)
         self._num_books = num_books
 
     def act(self, obs: torch.Tensor, episode_start: torch.Tensor) -> torch.Tensor:
@@ -119,6 +131,8 @@ class OraclePolicy:
     :param taker_fee_bps: the env's taker fee.
     :param tick_size: the market's tick (for the fee in ticks).
     :param price: a typical price (for the fee in ticks).
+    :param grid: the env's action grid (the oracle takes its full size, Market for all of the gap: every
+        grid holds them).
     :param profile: other synthetic knobs (``vol_ticks``) as the market was generated.
     """
 
@@ -126,7 +140,8 @@ class OraclePolicy:
 
     def __init__(self, signal_strength: float, signal_horizon: int, levels: int = 10,
                  taker_fee_bps: float = 0.5, tick_size: float = 0.01, price: float = 580.0,
-                 **profile: float) -> None:
+                 grid: ActionGrid = DEFAULT_GRID, **profile: float) -> None:
+        self.grid = grid
         if not signal_strength > 0:
             raise ValueError(f"signal_strength={signal_strength} must be > 0 for the oracle")
         knobs = SyntheticProfile(signal_strength=signal_strength, signal_horizon=int(signal_horizon),
@@ -161,8 +176,8 @@ class OraclePolicy:
         target = torch.where(move.abs() > cost, side, torch.where(side == position, position, 0.0))
         actions = torch.zeros((obs.shape[0], 4), dtype=torch.int64, device=obs.device)
         actions[:, 0] = target.long() + 1
-        actions[:, 1] = 2  # full size
-        actions[:, 3] = 2  # Market, all of the gap at once
+        actions[:, 1] = self.grid.full_size
+        actions[:, 3] = self.grid.whole_gap  # Market, all of the gap at once
         return actions
 
 
@@ -227,11 +242,14 @@ class ImbalancePolicy:
     :param threshold: in ``[0, 1)``.
     :param levels: book levels of the observation (``EnvConfig.levels``).
     :param order: 0 Market, 1 LimitMaker.
+    :param grid: the env's action grid.
     """
 
     name = "imbalance"
 
-    def __init__(self, threshold: float = 0.5, levels: int = 10, order: int = 0) -> None:
+    def __init__(self, threshold: float = 0.5, levels: int = 10, order: int = 0,
+                 grid: ActionGrid = DEFAULT_GRID) -> None:
+        self.grid = grid
         if not 0.0 <= float(threshold) < 1.0:
             raise ValueError(f"threshold={threshold} must lie in [0, 1)")
         if order not in IMBALANCE_ORDERS:
@@ -252,9 +270,10 @@ class ImbalancePolicy:
                              torch.where(side == position, position, 0.0))
         actions = torch.zeros((obs.shape[0], 4), dtype=torch.int64, device=obs.device)
         actions[:, 0] = target.long() + 1
-        actions[:, 1] = 2  # full size
+        actions[:, 1] = self.grid.full_size
         actions[:, 2] = self.order
-        actions[:, 3] = 2 if self.order == 0 else 1  # Market: all of the gap at once; LimitMaker: the touch
+        # Market: all of the gap at once; LimitMaker: the touch
+        actions[:, 3] = self.grid.whole_gap if self.order == 0 else self.grid.at_touch
         return actions
 
 
@@ -267,15 +286,20 @@ class MarketMakerPolicy:
     position (a bid first), targeting ``magnitude`` of ``max_position`` (the inventory cap). An unchanged
     target keeps the resting order and its queue place. It reads no market feature.
 
-    :param magnitude: the inventory cap as foxenv's magnitude index (0, 1, 2: a quarter, half, all of
-        ``max_position``).
+    :param magnitude: the inventory cap as the grid's magnitude index (default grid: 0, 1, 2 = a quarter,
+        half, all of ``max_position``; ``None``: the grid's full size).
+    :param grid: the env's action grid.
     """
 
     name = "market_maker"
 
-    def __init__(self, magnitude: int = 2) -> None:
-        if magnitude not in (0, 1, 2):
-            raise ValueError(f"magnitude={magnitude!r} must be 0, 1 or 2")
+    def __init__(self, magnitude: int | None = None, grid: ActionGrid = DEFAULT_GRID) -> None:
+        self.grid = grid
+        sizes = grid.nvec[1]
+        if magnitude is None:
+            magnitude = grid.full_size
+        if isinstance(magnitude, bool) or not isinstance(magnitude, int) or not 0 <= magnitude < sizes:
+            raise ValueError(f"magnitude={magnitude!r} must be an integer in [0, {sizes})")
         self.magnitude = int(magnitude)
 
     def reset(self, num_books: int, device: torch.device) -> None:
@@ -292,7 +316,7 @@ class MarketMakerPolicy:
         actions[:, 0] = direction.long() + 1
         actions[:, 1] = self.magnitude
         actions[:, 2] = 1  # LimitMaker (post-only)
-        actions[:, 3] = 1  # at the own touch
+        actions[:, 3] = self.grid.at_touch
         return actions
 
 
@@ -300,20 +324,23 @@ class ModelPolicy:
     """An SB3-style model (anything with ``predict(obs, deterministic=...)``) as a recorder policy.
 
     A model over the flattened action (``Discrete(81)``, code ``27 d + 9 m + 3 o + u``: SB3 DQN, or
-    BranchingIQN on the joint action face), whose ``predict`` gives ``[N]`` (or ``[N, 1]``) codes, is decoded
-    to the four branches.
+    BranchingIQN on the joint action face; ``Discrete(grid.joint_actions)`` on another grid), whose
+    ``predict`` gives ``[N]`` (or ``[N, 1]``) codes, is decoded to the four branches.
 
     :param model: the model.
     :param name: its name in reports.
     :param deterministic: greedy actions (the default) or the model's exploration.
+    :param grid: the env's action grid (the model's action space must be one of its faces).
     """
 
-    def __init__(self, model: Any, name: str = "model", deterministic: bool = True) -> None:
+    def __init__(self, model: Any, name: str = "model", deterministic: bool = True,
+                 grid: ActionGrid = DEFAULT_GRID) -> None:
         if not callable(getattr(model, "predict", None)):
             raise ValueError(f"model of type {type(model).__name__} has no predict method")
         from foxhunt.evaluation.model_file import check_action_space
 
-        check_action_space(model, name)  # a Discrete(9) model's codes are not joint actions
+        check_action_space(model, name, grid)  # a Discrete(9) model's codes are not joint actions
+        self.grid = grid
         self.model = model
         self.name = name
         self.deterministic = deterministic
@@ -329,44 +356,46 @@ class ModelPolicy:
         action, _ = self.model.predict(obs.cpu().numpy(), deterministic=self.deterministic)
         action = np.asarray(action)
         if action.size == obs.shape[0]:  # the joint face: [N] (or [N, 1]) codes
-            return decode_joint(action, obs.shape[0], name="codes").to(obs.device)
+            return decode_joint(action, obs.shape[0], name="codes", grid=self.grid).to(obs.device)
         return torch.as_tensor(action, dtype=torch.int64, device=obs.device).reshape(obs.shape[0], 4)
 
 
-def make_baseline(name: str, seed: int = 0, **oracle_kwargs: Any) -> Policy:
+def make_baseline(name: str, seed: int = 0, grid: ActionGrid = DEFAULT_GRID, **oracle_kwargs: Any) -> Policy:
     """A built-in baseline by name.
 
     :param name: one of :data:`BASELINES`.
     :param seed: the random baseline's seed.
+    :param grid: the env's action grid.
     :param oracle_kwargs: :class:`OraclePolicy`'s arguments (the oracle only).
     :return: the policy.
     """
     if name == "flat":
         return FlatPolicy()
     if name == "random":
-        return RandomPolicy(seed)
+        return RandomPolicy(seed, grid)
     if name == "buy_and_hold":
-        return BuyAndHoldPolicy()
+        return BuyAndHoldPolicy(grid)
     if name == "oracle":
-        return OraclePolicy(**oracle_kwargs)
+        return OraclePolicy(grid=grid, **oracle_kwargs)
     if name == "market_maker":
-        return MarketMakerPolicy()
+        return MarketMakerPolicy(grid=grid)
     if name == "imbalance":
         raise ValueError("baseline='imbalance' is fitted on fit data: use fit_imbalance_rule(market, ...), "
                          "or evaluate_policies(..., baselines=('imbalance', ...)), which fits it")
     raise ValueError(f"baseline={name!r} must be one of {BASELINES}")
 
 
-def as_policy(obj: Any, name: str | None = None) -> Policy:
+def as_policy(obj: Any, name: str | None = None, grid: ActionGrid = DEFAULT_GRID) -> Policy:
     """A recorder policy from a policy, a baseline name or an SB3-style model.
 
     :param obj: a :class:`Policy`, a name of :data:`BASELINES` (not ``"oracle"``, which needs the market's
         signal), or a model with ``predict``.
     :param name: the name of a model in reports (default ``"model"``).
+    :param grid: the env's action grid (for a baseline name or a model).
     :return: the policy.
     """
     if isinstance(obj, str):
-        return make_baseline(obj)
+        return make_baseline(obj, grid=grid)
     if callable(getattr(obj, "act", None)) and callable(getattr(obj, "reset", None)):
         return obj
-    return ModelPolicy(obj, name=name or "model")
+    return ModelPolicy(obj, name=name or "model", grid=grid)

@@ -112,9 +112,10 @@ def plot_action_mix(evaluation: Evaluation, path: Path) -> Path:
         for i, name in enumerate(names):
             shares = evaluation.results[name].metrics["action_mix"][branch]
             color, _ = _style(name, list(evaluation.results).index(name))
-            axis.bar(np.arange(3) + (i - (len(names) - 1) / 2) * width, shares, width, color=color,
+            axis.bar(np.arange(len(shares)) + (i - (len(names) - 1) / 2) * width, shares, width, color=color,
                      label=name if b == 0 else None)
-        axis.set_xticks(range(3), ACTION_LABELS[branch])
+        labels = evaluation.results[names[0]].metrics.get("action_labels", ACTION_LABELS)[branch]
+        axis.set_xticks(range(len(labels)), labels, fontsize=8 if len(labels) > 3 else None)
         axis.set_title(branch)
         axis.set_ylim(0, 1)
         axis.grid(axis="y", alpha=0.3)

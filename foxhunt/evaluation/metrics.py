@@ -16,7 +16,6 @@ import torch
 
 from foxenv import metrics as fm
 from foxenv.spec import BRANCH_NAMES
-from foxhunt.evaluation.baselines import NVEC
 from foxhunt.evaluation.recorder import Recording
 
 #: The vocabulary of :func:`compute_metrics` (``"{currency}"`` stands for the market's currency).
@@ -62,8 +61,9 @@ def compute_metrics(recording: Recording, step_seconds: float | None = None) -> 
     cumulative = torch.cumsum(pnl, dim=0)
     drawdowns = fm.max_drawdown(cumulative.T, initial=0.0)
     per_episode = episode_pnl(recording)
-    actions = s["actions"].reshape(-1, len(NVEC))[alive.reshape(-1)]
-    table = fm.action_mix(actions, NVEC) if actions.shape[0] else torch.zeros(len(NVEC), max(NVEC)).numpy()
+    nvec = recording.nvec  # the action grid's
+    actions = s["actions"].reshape(-1, len(nvec))[alive.reshape(-1)]
+    table = fm.action_mix(actions, nvec) if actions.shape[0] else torch.zeros(len(nvec), max(nvec)).numpy()
     resting = s["order_active"]
     total = float(pnl.sum())
     return {
@@ -94,8 +94,8 @@ def compute_metrics(recording: Recording, step_seconds: float | None = None) -> 
         "independent_steps": independent,
         "episodes": int(per_episode.numel()),
         "step_seconds": float(seconds),
-        "action_mix": {name: table[b, : NVEC[b]].tolist() for b, name in enumerate(BRANCH_NAMES)},
-        "action_labels": fm.action_labels(NVEC, BRANCH_NAMES),
+        "action_mix": {name: table[b, : nvec[b]].tolist() for b, name in enumerate(BRANCH_NAMES)},
+        "action_labels": fm.action_labels(nvec, BRANCH_NAMES),
     }
 
 

@@ -56,32 +56,39 @@ def load_model(path: str | Path, device: str = "cpu") -> Any:
             errors.append(f"{class_name}: {type(error).__name__}: {error}"[:200])
     else:
         raise ValueError(f"model={str(path)!r}: no known algorithm could load it ({'; '.join(errors)})")
-    check_action_space(model, str(path))
+    check_action_space(model, str(path), grid=None)  # the env's grid is checked when it is scored
     return model
 
 
-def check_action_space(model: Any, name: str = "model") -> None:
-    """A ``ValueError`` unless ``model.action_space`` is one of foxenv's faces: ``Discrete(81)`` (the joint
-    codes ``27 d + 9 m + 3 o + u``) or ``MultiDiscrete([3, 3, 3, 3])`` (a model without ``action_space`` is
-    taken as it is).
+def check_action_space(model: Any, name: str = "model", grid: spec.ActionGrid | None = spec.DEFAULT_GRID) -> (
+    None
+):
+    """A ``ValueError`` unless ``model.action_space`` is one of foxenv's faces of ``grid``: ``Discrete(81)``
+    (the joint codes ``27 d + 9 m + 3 o + u``) or ``MultiDiscrete([3, 3, 3, 3])`` on the default grid,
+    ``Discrete(grid.joint_actions)`` or ``MultiDiscrete(grid.nvec)`` on another (a model without
+    ``action_space`` is taken as it is).
 
     :param model: the model.
     :param name: how the message names it.
+    :param grid: the env's action grid; ``None``: any of the named grids (:data:`foxenv.spec.ACTION_GRIDS`).
     """
     space = getattr(model, "action_space", None)
     if space is None:
         return
+    grids = list(spec.ACTION_GRIDS.values()) if grid is None else [grid]
     nvec = getattr(space, "nvec", None)
-    if nvec is not None and tuple(int(n) for n in nvec) == tuple(spec.ACTION_NVEC):
+    if nvec is not None and any(tuple(int(n) for n in nvec) == g.nvec for g in grids):
         return
-    joint = getattr(space, "n", None) == spec.JOINT_ACTIONS and int(getattr(space, "start", 0)) == 0
-    if nvec is None and joint:
+    start = int(getattr(space, "start", 0))
+    if nvec is None and start == 0 and any(getattr(space, "n", None) == g.joint_actions for g in grids):
         return
+    faces = "; ".join(f"{g.name} grid: Discrete({g.joint_actions}) or MultiDiscrete({list(g.nvec)})"
+                      for g in grids)
     raise ValueError(
         f"model={name!r} acts in {fingerprint.action_space_name(space)}, which is not one of foxenv's "
-        f"action faces (joint: Discrete({spec.JOINT_ACTIONS}); branched: "
-        f"MultiDiscrete({list(spec.ACTION_NVEC)})): its actions cannot be scored as foxenv's; evaluate a "
-        "model trained on foxenv (foxhunt train, or an SB3 algorithm on foxhunt.envs.FlatActionVecEnv)"
+        f"action faces ({faces}): its actions cannot be scored as foxenv's; evaluate a model trained on "
+        "foxenv (foxhunt train, or an SB3 algorithm on foxhunt.envs.FlatActionVecEnv) with the env's "
+        "action_grid"
     )
 
 

@@ -27,7 +27,6 @@ from tqdm.rich import tqdm as rich_tqdm
 from foxenv.config import EnvConfig
 from foxenv.data.market import MarketData
 from foxenv.features import market_features, portfolio_features
-from foxenv.spec import MAGNITUDES
 
 #: Per-step series of a :class:`Recording`, each ``[N, B]`` (``actions``: ``[N, B, 4]`` int8).
 SERIES = (
@@ -71,6 +70,8 @@ class Recording:
     elapsed_s: float = 0.0
     """Wall time of the loop."""
     extra: dict[str, Any] = field(default_factory=dict)
+    nvec: tuple[int, ...] = (3, 3, 3, 3)
+    """Choices per action branch: the env's action grid's ``nvec``."""
 
     @property
     def num_steps(self) -> int:
@@ -196,12 +197,17 @@ def record(policy: Any, market: MarketData, *, num_books: int = 16, num_steps: i
     :param offsets: ``[E, B]`` start rows to use instead of :func:`plan_offsets`'s (``E >= ceil(N / L)``).
     :param progress: show a progress bar.
     :return: the :class:`Recording`.
+    :raises ValueError: for a policy built for another action grid than ``env_kwargs``'s.
     """
     from foxenv.core import BatchedLOB
     from foxhunt.evaluation.baselines import as_policy
 
-    policy = as_policy(policy)
     config = EnvConfig(**(env_kwargs or {}))
+    policy = as_policy(policy, grid=config.grid)
+    grid = getattr(policy, "grid", config.grid)
+    if grid != config.grid:
+        raise ValueError(f"{policy.name}: the policy acts on the {grid.name!r} action grid, the env on "
+                         f"{config.grid.name!r}; build it with grid=EnvConfig(...).grid")
     length = int(config.episode_length)
     steps = length if num_steps is None else int(num_steps)
     if steps < 1:
@@ -232,7 +238,7 @@ def record(policy: Any, market: MarketData, *, num_books: int = 16, num_steps: i
         series[name] = torch.zeros(shape, dtype=torch.bool, device=dev)
     series["actions"] = torch.zeros((*shape, 4), dtype=torch.int8, device=dev)
     dev_offsets = offsets.to(dev)
-    magnitudes = torch.tensor(MAGNITUDES, dtype=torch.float64, device=dev) * config.max_position
+    magnitudes = torch.tensor(config.grid.magnitudes, dtype=torch.float64, device=dev) * config.max_position
     policy.reset(int(num_books), dev)
     started = time.perf_counter()
     for t in progress_bar(range(steps), desc=f"evaluate {policy.name}", disable=not progress):
@@ -294,4 +300,5 @@ def record(policy: Any, market: MarketData, *, num_books: int = 16, num_steps: i
     return Recording(
         policy=policy.name, series=series, offsets=offsets[:episodes].cpu(), episode_length=length,
         market=market.name, step_seconds=step_seconds(market), elapsed_s=time.perf_counter() - started,
+        nvec=config.grid.nvec,
     )

@@ -84,8 +84,9 @@ def random_rollout(
         from foxenv.data import load_market
 
         market = load_market(data, seed=market_kwargs.pop("market_seed", 0), device=device, **market_kwargs)
-    rec = record(RandomPolicy(seed), market, num_books=num_envs, num_steps=int(num_steps), seed=seed,
-                 env_kwargs=config_kwargs, device=device, progress=progress)
+    rec = record(RandomPolicy(seed, EnvConfig(**config_kwargs).grid), market, num_books=num_envs,
+                 num_steps=int(num_steps), seed=seed, env_kwargs=config_kwargs, device=device,
+                 progress=progress)
     summary = compute_metrics(rec)
     rewards = finished_episode_rewards(rec)
     summary.update(
