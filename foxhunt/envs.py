@@ -177,7 +177,7 @@ class LOBVecEnv(VecEnv):
         self.action_face = action_face
         self.branch_names = JOINT_BRANCH_NAMES if joint else spec.BRANCH_NAMES
         #: the branches a joint code holds (hindsight's relabels decode it), None on the branched face
-        self.joint_nvec = tuple(int(n) for n in spec.ACTION_NVEC) if joint else None
+        self.joint_nvec = tuple(int(n) for n in self.grid.nvec) if joint else None
         if joint:
             _joint_tables(self.device, self.grid)  # the decoder's tables, before any step (or graph capture)
         self.n_market_features = int(self.lob.n_market_features)

@@ -179,7 +179,8 @@ def _oracle_for(market_kwargs: Mapping[str, Any], env_config: Mapping[str, Any],
             raise ValueError("the wave oracle needs the market's seed (market_seed)")
         knobs = {k: v for k, v in market_kwargs.items() if k in SyntheticProfile.__dataclass_fields__}
         steps = num_steps or market_kwargs.get("num_steps") or DEFAULT_SYNTHETIC_STEPS
-        return WaveOraclePolicy(wave_schedule(int(steps), int(market_seed), **knobs).hold)
+        return WaveOraclePolicy(wave_schedule(int(steps), int(market_seed), **knobs).hold,
+                                grid=EnvConfig(**env_config).grid)
     strength = float(market_kwargs.get("signal_strength", 0.0) or 0.0)
     if strength <= 0:
         return None

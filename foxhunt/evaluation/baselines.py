@@ -192,11 +192,13 @@ class WaveOraclePolicy:
 
     :param hold: ``[T]`` the side to hold after seeing each market row (``wave_schedule(...).hold``).
     :param name: its name in reports.
+    :param grid: the env's action grid.
     """
 
     name = "oracle"
 
-    def __init__(self, hold: torch.Tensor, name: str = "oracle") -> None:
+    def __init__(self, hold: torch.Tensor, name: str = "oracle", grid: ActionGrid = DEFAULT_GRID) -> None:
+        self.grid = grid
         hold = torch.as_tensor(hold)
         if hold.ndim != 1 or hold.numel() < 1:
             raise ValueError(f"hold has shape {tuple(hold.shape)}; it must be [T] sides, one per market row")
@@ -223,8 +225,8 @@ class WaveOraclePolicy:
         side = self._hold[self._rows.clamp(0, self._hold.numel() - 1)]
         actions = torch.zeros((obs.shape[0], 4), dtype=torch.int64, device=obs.device)
         actions[:, 0] = side + 1
-        actions[:, 1] = 2  # full size
-        actions[:, 3] = 2  # Market, all of the gap at once
+        actions[:, 1] = self.grid.full_size
+        actions[:, 3] = self.grid.whole_gap  # Market, all of the gap at once
         return actions
 
 

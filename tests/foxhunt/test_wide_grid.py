@@ -45,6 +45,7 @@ def test_sb3_env_rolls_out_random_wide_actions(face: str) -> None:
     expected = spaces.Discrete(1080) if face == "joint" else spaces.MultiDiscrete([3, 10, 3, 12])
     assert env.action_space == expected
     assert env.magnitudes == WIDE.magnitudes  # what hindsight's magnitude relabel reads
+    assert env.joint_nvec == (WIDE.nvec if face == "joint" else None)  # what its joint relabels decode by
     env.reset()
     env.action_space.seed(0)
     seen = set()
@@ -126,6 +127,12 @@ def test_evaluation_scores_a_wide_model_beside_the_oracle_and_refuses_another_gr
     with pytest.raises(ValueError, match=r"acts in Discrete\(1080\), which is not one of foxenv's"):
         record(Codes(), market, num_books=2, env_kwargs={"episode_length": 40})
     assert OraclePolicy(1.0, 5, grid=WIDE).grid is WIDE
+    from foxhunt.evaluation.baselines import WaveOraclePolicy
+
+    wave = WaveOraclePolicy(torch.ones(50, dtype=torch.int64), grid=WIDE)
+    wave.reset(2, torch.device("cpu"))
+    wave.start_episodes(torch.tensor([3, 7]))
+    assert wave.act(torch.zeros(2, 5), torch.ones(2, dtype=torch.bool)).tolist() == [[2, 9, 0, 11]] * 2
 
 
 def test_fingerprints_name_the_grid_and_keep_the_default_ones() -> None:
