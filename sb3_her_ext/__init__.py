@@ -4,9 +4,10 @@
 
     model = BranchingIQN("MlpPolicy", env, seed=0)
     model.learn(100_000, progress_bar=True)
+    learn_concurrently([model_a, model_b], 100_000)  # several models at once, each as if alone
 
 Modules: ``algorithm`` (the SB3 algorithm: acting, schedules, saving), ``arguments`` (its argument checks),
-``collect`` (collection on the device), ``learner`` (the
+``collect`` (collection on the device), ``concurrent`` (several models at once), ``learner`` (the
 gradient step), ``policy`` (the SB3 policy), ``networks`` (the branching Q-network), ``fused`` (its
 hand-written training passes), ``losses``, ``popart``, ``vaccine`` (GradVac), ``graphed_step`` (the step
 as a CUDA graph), ``exploration``, ``replay`` and ``hindsight`` (the device replay buffer), ``diagnostics``,
@@ -16,6 +17,7 @@ generic: trading defaults arrive as arguments (see ``foxhunt.presets``).
 """
 
 from sb3_her_ext.algorithm import BranchingIQN
+from sb3_her_ext.concurrent import ConcurrentTrainingError, learn_concurrently
 from sb3_her_ext.guard import NonFiniteError
 from sb3_her_ext.policy import BranchingIQNPolicy, MlpPolicy
 from sb3_her_ext.replay import HindsightConfig, PrioritizedHindsightReplayBuffer
@@ -23,8 +25,10 @@ from sb3_her_ext.replay import HindsightConfig, PrioritizedHindsightReplayBuffer
 __all__ = [
     "BranchingIQN",
     "BranchingIQNPolicy",
+    "ConcurrentTrainingError",
     "HindsightConfig",
     "MlpPolicy",
     "NonFiniteError",
     "PrioritizedHindsightReplayBuffer",
+    "learn_concurrently",
 ]

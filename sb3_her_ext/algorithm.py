@@ -36,6 +36,7 @@ from sb3_her_ext import checksum
 from sb3_her_ext.arguments import check_arguments, reject_vec_normalize
 from sb3_her_ext.branches import branch_action_dims, branch_index, default_branch_names
 from sb3_her_ext.collect import Counters, DeviceCollector
+from sb3_her_ext.concurrent import holding_build_lock
 from sb3_her_ext.diagnostics import TrainingDiagnostics
 from sb3_her_ext.exploration import (
     branch_epsilons,
@@ -320,6 +321,7 @@ class BranchingIQN(OffPolicyAlgorithm):
             return names
         return list(default_branch_names(n_branches))
 
+    @holding_build_lock  # SB3 seeds the process-wide generators here: one build at a time (concurrent.py)
     def _setup_model(self) -> None:
         """Build the policy and buffer (SB3), then schedules, action masks, generator, vaccine, diagnostics
         and the learner.

@@ -276,14 +276,16 @@ class BranchingIQNPolicy(BasePolicy):
             raise ValueError(f"obs of type {type(obs).__name__} must be a tensor (Box observations)")
         return obs.float().reshape(obs.shape[0], -1)
 
-    def sample_taus(self, batch_size: int, n: int) -> th.Tensor:
-        """Fresh uniform quantile fractions (global torch RNG, so seeded runs repeat).
+    def sample_taus(self, batch_size: int, n: int, generator: th.Generator | None = None) -> th.Tensor:
+        """Fresh uniform quantile fractions.
 
         :param batch_size: ``B``.
         :param n: fractions per row.
+        :param generator: the generator to draw from (the model's while training, so that a model's draws do
+            not depend on anything else in the process); None: torch's global one.
         :return: ``[B, n]`` on the policy's device.
         """
-        return th.rand(batch_size, n, device=self.device)
+        return th.rand(batch_size, n, device=self.device, generator=generator)
 
     def forward(self, obs: PyTorchObs, deterministic: bool = True) -> th.Tensor:
         """Greedy actions.
@@ -306,14 +308,16 @@ class BranchingIQNPolicy(BasePolicy):
         q, _, _ = self.q_net.action_stats(obs, taus)
         return q.argmax(dim=-1)
 
-    def action_stats(self, obs: PyTorchObs) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+    def action_stats(self, obs: PyTorchObs, generator: th.Generator | None = None
+                     ) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
         """``(q, iqr, ens_std)``, each ``[B, NB, A]``, with fresh ``K = n_quantiles_act`` fractions.
 
         :param obs: observations ``[B, *obs_shape]``.
+        :param generator: the fractions' generator (None: torch's global one).
         :return: see :meth:`BranchingQNetwork.action_stats`.
         """
         flat = self._flat_obs(obs)
-        return self.q_net.action_stats(flat, self.sample_taus(flat.shape[0], self.n_quantiles_act))
+        return self.q_net.action_stats(flat, self.sample_taus(flat.shape[0], self.n_quantiles_act, generator))
 
     def explore(
         self, obs: PyTorchObs, n_actions: th.Tensor, eps: th.Tensor, boltzmann: th.Tensor,
@@ -331,11 +335,11 @@ class BranchingIQNPolicy(BasePolicy):
         :param boltzmann: ``[NB]`` bool Boltzmann branches.
         :param iqr_bonus: the IQR bonus weight (number or 0-dim tensor).
         :param ensemble_bonus: the ensemble-std bonus weight.
-        :param generator: the generator of the uniforms.
+        :param generator: the generator of the quantile fractions and the uniforms.
         :return: ``(actions [B, NB] int64, iqr, ens_std)``: the statistics of the (last) pass for diagnostics.
         """
         flat = self._flat_obs(obs)
-        taus = self.sample_taus(flat.shape[0], self.n_quantiles_act)
+        taus = self.sample_taus(flat.shape[0], self.n_quantiles_act, generator)
         if not self.q_net.autoregressive:
             q, iqr, ens_std = self.q_net.action_stats(flat, taus)
             actions = select_actions(q, iqr, ens_std, n_actions, eps, boltzmann, iqr_bonus, ensemble_bonus,

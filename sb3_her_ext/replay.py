@@ -10,8 +10,14 @@ driven by the ``cuda_ext`` ops:
   trackers advance with the real rows' slots;
 * ``sample``: ``per_sample`` (stratified proportional, importance weights divided by their max); on a GPU
   ``per_sample_philox``, whose kernel draws the uniforms itself from ``sample_rng_state = (seed, counter)``
-  (seeded from torch's generator when the storage is allocated; saved and restored with the buffer);
+  (seeded from the buffer's generator when the storage is allocated; saved and restored with the buffer);
 * ``update_priorities``: ``per_update``, then the sum tree is brought up to date.
+
+Randomness: every draw (the CPU sampler's uniforms, the Philox seed, the stratified sampler's) comes from the
+buffer's own :attr:`~PrioritizedHindsightReplayBuffer.generator` on its device, seeded when the buffer is made
+(``seed``, or one draw of torch's global generator, which SB3 has just seeded with the model's seed) and
+pickled with the buffer; nothing in ``add`` / ``sample`` touches a process-wide generator, so a model's
+samples do not depend on other models training in the same process (``sb3_her_ext.concurrent``).
 
 Bringing the tree up to date: on the CPU ``per_tree_rebuild`` of the written leaves, right away. On a GPU
 ``per_tree_refresh`` (one launch: the writers marked their dirty subtrees), lazily: at the next ``sample``,
@@ -37,6 +43,7 @@ Usage (the algorithm does this through SB3's ``replay_buffer_class``)::
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
@@ -90,15 +97,29 @@ class _StorageField:
         setattr(buffer.storage, self.field, value)
 
 
-def _new_sample_rng_state(device: torch.device | str) -> torch.Tensor:
-    """A fresh ``(seed, counter)`` state for ``per_sample_philox``: the seed from torch's default generator
-    (so a seeded run samples the same rows), the counter 0.
+def _new_sample_rng_state(generator: torch.Generator, device: torch.device | str) -> torch.Tensor:
+    """A fresh ``(seed, counter)`` state for ``per_sample_philox``: the seed from ``generator`` (so a seeded
+    run samples the same rows), the counter 0.
 
+    :param generator: the buffer's generator.
     :param device: where the state lives.
     :return: ``[2] int64``.
     """
-    seed = torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64)
-    return torch.stack([seed, torch.zeros((), dtype=torch.int64)]).to(device)
+    seed = torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64, generator=generator,
+                         device=generator.device)
+    return torch.stack([seed, torch.zeros((), dtype=torch.int64, device=seed.device)]).to(device)
+
+
+def _seeded_generator(device: torch.device, seed: int) -> torch.Generator:
+    """A generator on ``device`` (the CPU's for a device type without one) seeded with ``seed``."""
+    generator = torch.Generator(device=device if device.type in ("cpu", "cuda") else "cpu")
+    generator.manual_seed(int(seed) % 2**64)
+    return generator
+
+
+def _seed_of_state(state: torch.Tensor) -> int:
+    """A seed that is a function of a generator state (to go on on another kind of device)."""
+    return int.from_bytes(hashlib.sha256(state.cpu().numpy().tobytes()).digest()[:8], "little")
 
 
 class PrioritizedReplaySamples(NamedTuple):
@@ -142,6 +163,8 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
     :param beta: importance-sampling exponent (the algorithm anneals it); in [0, 1].
     :param priority_eps: added to ``|TD|`` in ``update_priorities``; > 0.
     :param hindsight: a :class:`HindsightConfig`, a dict of its fields, or ``None`` (hindsight off).
+    :param seed: seed of the buffer's :attr:`generator`; None: one draw of torch's global generator (which
+        SB3's ``set_random_seed`` has seeded with the model's seed just before it makes the buffer).
     """
 
     observations = _StorageField("obs", "``[C, D]`` float32 observations (``storage.obs``).")
@@ -171,6 +194,7 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
         beta: float = 0.4,
         priority_eps: float = 1e-6,
         hindsight: HindsightConfig | dict | None = None,
+        seed: int | None = None,
     ) -> None:
         if int(buffer_size) != buffer_size or buffer_size < 1:
             raise ValueError(f"buffer_size={buffer_size} must be an integer >= 1")
@@ -203,6 +227,10 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
         self.hindsight_config = HindsightConfig.from_value(hindsight)
         if self.hindsight_config is not None:
             self._check_hindsight_branches(self.hindsight_config)
+        if seed is None:  # one draw of the global generator, at construction only (never in add / sample)
+            seed = int(torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64))
+        #: every random draw of the buffer comes from this generator on its device (pickled with the buffer)
+        self.generator = _seeded_generator(self._device, seed)
         self._allocate()
 
     # ----------------------------------------------------------------------------------- storage
@@ -229,7 +257,7 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
         #: whether per_push / per_update left marked subtrees that per_tree_refresh has not rebuilt yet
         self._tree_stale = False
         self.last_weights = torch.full((1,), float("nan"), dtype=torch.float32, device=dev)
-        self.sample_rng_state = _new_sample_rng_state(dev)
+        self.sample_rng_state = _new_sample_rng_state(self.generator, dev)
         #: joins each add's blocks; keeps their constant columns (not pickled)
         self._joiner = PushJoiner()
         self.hindsight_state = (
@@ -254,8 +282,19 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
             self.storage = self.storage.to(self._device)
             for name in _OWN_TENSORS:
                 setattr(self, name, getattr(self, name).to(self._device))
+            self._move_generator()
             if self.hindsight_state is not None:
                 self.hindsight_state = self.hindsight_state.to(self._device)
+
+    def _move_generator(self) -> None:
+        """Give :attr:`generator` the buffer's device: a new one there, seeded from a draw of the old one
+        (a generator's state does not move between kinds of device)."""
+        wanted = self._device if self._device.type in ("cpu", "cuda") else torch.device("cpu")
+        old = self.generator
+        if old.device.type == wanted.type and (wanted.index is None or old.device.index == wanted.index):
+            return
+        seed = torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64, generator=old, device=old.device)
+        self.generator = _seeded_generator(wanted, int(seed))
 
     @property
     def pos(self) -> int:
@@ -473,7 +512,8 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
                 beta=float(self.beta),
             )
         else:  # on the CPU torch.rand is far cheaper than the Philox reference's many small int64 ops
-            uniforms = torch.rand(int(batch_size), dtype=torch.float64, device=self.device)
+            uniforms = torch.rand(int(batch_size), dtype=torch.float64, device=self.device,
+                                  generator=self.generator)
             indices, weights = cuda_ext.per_sample(
                 storage.tree, storage.head_size, uniforms, beta=float(self.beta)
             )
@@ -498,7 +538,8 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
                 storage.tree, storage.head_size, self.sample_rng_state, batch_size=int(batch_size), beta=0.0
             )
         else:
-            uniforms = torch.rand(int(batch_size), dtype=torch.float64, device=self.device)
+            uniforms = torch.rand(int(batch_size), dtype=torch.float64, device=self.device,
+                                  generator=self.generator)
             indices, _ = cuda_ext.per_sample(storage.tree, storage.head_size, uniforms, beta=0.0)
         weights = self.importance_weights(indices, beta)
         self.last_weights = weights
@@ -575,7 +616,8 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
             slots = torch.arange(c, device=dev)
             return slots, slots < n_written
         first_slots = torch.arange(n_draws, device=dev)
-        draws = (torch.rand(n_draws, dtype=torch.float64, device=dev) * n_written).to(torch.int64)
+        uniforms = torch.rand(n_draws, dtype=torch.float64, device=dev, generator=self.generator)
+        draws = (uniforms * n_written).to(torch.int64)
         draws = draws.clamp(max=c - 1).sort().values
         distinct = torch.ones(n_draws, dtype=torch.bool, device=dev)
         distinct[1:] = draws[1:] != draws[:-1]
@@ -617,7 +659,7 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
         in_range = (values >= 0) & (values < n_values)
         group = torch.where(valid, torch.where(in_range, values, n_values), n_values + 1)
         # random order within each group: shuffle, then a stable sort by group
-        shuffled = torch.argsort(torch.rand(n_candidates, device=dev))
+        shuffled = torch.argsort(torch.rand(n_candidates, device=dev, generator=self.generator))
         order = shuffled[torch.sort(group[shuffled], stable=True).indices]
         sorted_group = group[order]
         counts = torch.zeros(n_values + 2, dtype=torch.int64, device=dev).scatter_add_(
@@ -647,7 +689,7 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
         fill = slots[fill_order[fill_rank.clamp(min=0, max=n_candidates - 1)]]
         # last resort (fewer candidates than batch_size): uniform with replacement among written rows
         n_written = self.head_size[1].clamp(min=1)
-        repeat = (torch.rand(batch_size, device=dev) * n_written).to(torch.int64)
+        repeat = (torch.rand(batch_size, device=dev, generator=self.generator) * n_written).to(torch.int64)
         repeat = repeat.clamp(max=self.buffer_size - 1)
         indices = torch.where(ok, chosen, torch.where(fill_ok, fill, repeat))
         weights = torch.ones(batch_size, dtype=torch.float32, device=dev)
@@ -690,6 +732,10 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
         if state["hindsight_state"] is not None:
             state["hindsight_state"] = state["hindsight_state"].to("cpu")
         state.pop("_joiner", None)  # its kept tensors are remade on the device at the next add
+        generator = state.pop("generator", None)
+        if generator is not None:  # its state and device: a CUDA generator's state is only read back there
+            state["_generator_state"] = generator.get_state()
+            state["_generator_device"] = str(generator.device)
         state["_device"] = str(self._device)
         return state
 
@@ -701,10 +747,27 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
             state = dict(state)
             flat = {field: state.pop(name) for name, field in _STORAGE_FIELDS.items()}
             state["storage"] = ReplayStorage(**flat)
+        generator_state = state.pop("_generator_state", None)
+        generator_device = torch.device(state.pop("_generator_device", "cpu"))
         self.__dict__.update(state)
         self._joiner = PushJoiner()
+        self.generator = self._restored_generator(generator_state, generator_device)
         if self.__dict__.get("_allocated", False) and "sample_rng_state" not in state:
-            self.sample_rng_state = _new_sample_rng_state("cpu")  # a pickle of an earlier version
+            # a pickle of an earlier version
+            self.sample_rng_state = _new_sample_rng_state(self.generator, "cpu")
         self._device = torch.device("cpu")
         if saved.type == "cpu" or (saved.type == "cuda" and torch.cuda.is_available()):
             self.device = saved
+
+    @staticmethod
+    def _restored_generator(state: torch.Tensor | None, device: torch.device) -> torch.Generator:
+        """The pickled generator: its state on its device where that exists here; else a CPU generator
+        seeded from its state; a pickle of an earlier version (no generator): one draw of torch's global
+        generator, as at construction."""
+        if state is None:
+            return _seeded_generator(torch.device("cpu"), int(torch.randint(-(2**63), 2**63 - 1, ())))
+        if device.type == "cpu" or (device.type == "cuda" and torch.cuda.is_available()):
+            generator = torch.Generator(device=device)
+            generator.set_state(state)
+            return generator
+        return _seeded_generator(torch.device("cpu"), _seed_of_state(state))

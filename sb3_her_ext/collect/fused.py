@@ -21,10 +21,11 @@ the learning rate is written in place into the capturable optimizer's tensor.
 
 Keys and captures: which of the ``g`` gradient steps are vaccine steps is a host decision, so each pattern
 is its own graph (at most ``vaccine_interval``). Each key runs ``WARMUP_BLOCKS`` blocks eagerly (on a side
-stream), then is captured once and replayed from then on: no recapture (tested). The algorithm's and the
-env's generators are registered with every graph, so each replay draws fresh numbers from the same streams
-the eager block would. A new env, buffer, policy or optimizer, or another ``train_freq``, ``gradient_steps``
-or ``batch_size``, needs a new block (:meth:`FusedBlock.matches`; each graph has a memory pool of its own).
+stream), then is captured once and replayed from then on: no recapture (tested). The algorithm's, the
+buffer's and the env's generators are registered with every graph, so each replay draws fresh numbers from
+the same streams the eager block would (and none from a process-wide generator another model draws from).
+A new env, buffer, policy or optimizer, or another ``train_freq``, ``gradient_steps`` or ``batch_size``,
+needs a new block (:meth:`FusedBlock.matches`; each graph has a memory pool of its own).
 
 On a GPU the IQR bonus multiplies the IQRs before the selection kernel and PER weights are recomputed from
 the sampled leaves with β as a tensor: each may differ from the device loop's in the last bit there; on the
@@ -58,7 +59,8 @@ def _parts(algorithm: CollectingAlgorithm, env: Any, stats: EpisodeStats, action
     """The objects and state tensors a captured block reads and writes (compared by identity)."""
     buffer, guard = algorithm.replay_buffer, algorithm.guard
     return (
-        env, buffer, buffer.storage, buffer.hindsight_state, algorithm.policy, algorithm.policy.optimizer,
+        env, buffer, buffer.storage, buffer.hindsight_state, getattr(buffer, "generator", None),
+        algorithm.policy, algorithm.policy.optimizer,
         stats, action_counts, *algorithm.diagnostics.device_tensors(), guard,
         *((guard.first, guard.steps) if guard is not None else ()),
     )
@@ -103,7 +105,9 @@ class FusedBlock:
         interval = max(algorithm.target_update_interval // algorithm.n_envs, 1)
         #: target updates a block can hold at most (due calls in ``steps`` consecutive ones)
         self.max_target_updates = math.ceil(self.steps / interval)
-        self.generators = [algorithm.generator, *env.graph_generators()]
+        buffer_generator = getattr(algorithm.replay_buffer, "generator", None)  # its stratified draws
+        self.generators = [algorithm.generator, *([buffer_generator] if buffer_generator is not None else []),
+                           *env.graph_generators()]
         self.graphs: dict[tuple[bool, ...], th.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[bool, ...], tuple[th.Tensor, DeviceStep]] = {}
         #: the buffer's host state a block leaves (set by its Python, which a replay skips)

@@ -150,9 +150,8 @@ def test_sample_is_proportional_with_hand_checked_weights():
     leaf = np.array([1e-6, 3.000001, 1.000001]) ** 0.5
     assert leaves(buffer)[:3].tolist() == pytest.approx(leaf.tolist(), rel=1e-6)
     batch = 6
-    torch.manual_seed(3)
-    uniforms = torch.rand(batch, dtype=torch.float64).numpy()
-    torch.manual_seed(3)
+    uniforms = torch.rand(batch, dtype=torch.float64, generator=torch.Generator().manual_seed(3)).numpy()
+    buffer.generator.manual_seed(3)  # the buffer draws from its own generator
     sample = buffer.sample(batch)
     assert isinstance(sample, PrioritizedReplaySamples)
     # stratified descent: row i is the first whose cumulative priority exceeds (i + u_i) / B * total
@@ -180,9 +179,10 @@ def test_sample_is_deterministic_for_a_seed():
     for marker in range(3):
         add_rows(buffer, 10.0 * marker)
     buffer.update_priorities(torch.arange(12), torch.linspace(0.1, 2.0, 12))
-    torch.manual_seed(0)
+    buffer.generator.manual_seed(0)
     first = buffer.sample(32)
-    torch.manual_seed(0)
+    buffer.generator.manual_seed(0)
+    torch.rand(5)  # the process-wide generator moves: the buffer's samples do not
     second = buffer.sample(32)
     for a, b in zip(first, second, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
@@ -199,7 +199,7 @@ def stratified_buffer(values: list[int], capacity: int = 100) -> PrioritizedHind
 def test_stratified_sampling_takes_equal_shares():
     values = [2] * 40 + [1] * 15 + [0] * 12
     buffer = stratified_buffer(values)
-    torch.manual_seed(0)
+    buffer.generator.manual_seed(0)
     sample = buffer.sample_stratified(30, branch=1, n_values=3)
     assert torch.bincount(sample.actions[:, 1], minlength=3).tolist() == [10, 10, 10]
     assert len(set(sample.indices.tolist())) == 30  # without replacement
@@ -212,7 +212,7 @@ def test_stratified_sampling_takes_equal_shares():
 def test_stratified_sampling_fills_short_strata_from_the_others():
     values = [2] * 40 + [1] * 15 + [0] * 5
     buffer = stratified_buffer(values)
-    torch.manual_seed(1)
+    buffer.generator.manual_seed(1)
     sample = buffer.sample_stratified(30, branch=1, n_values=3)
     counts = torch.bincount(sample.actions[:, 1], minlength=3).tolist()
     assert counts[0] == 5 and sum(counts) == 30 and counts[1] >= 10 and counts[2] >= 10
@@ -310,9 +310,8 @@ def test_pickle_round_trip_keeps_everything():
     loaded = pickle.loads(pickle.dumps(buffer))
     assert_same_state(buffer, loaded)
     assert loaded.hindsight_config == buffer.hindsight_config and loaded.beta == buffer.beta
-    torch.manual_seed(9)
-    first = buffer.sample(16)
-    torch.manual_seed(9)
+    assert torch.equal(loaded.generator.get_state(), buffer.generator.get_state())
+    first = buffer.sample(16)  # the loaded buffer's generator goes on where the saved one was
     second = loaded.sample(16)
     for a, b in zip(first, second, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
@@ -379,9 +378,7 @@ def test_sb3_save_and_load_replay_buffer(tmp_path):
     for name in buffer._tensor_names():
         torch.testing.assert_close(getattr(loaded, name), getattr(buffer, name), rtol=0, atol=0,
                                    equal_nan=True)
-    torch.manual_seed(2)
-    first = buffer.sample(8)
-    torch.manual_seed(2)
+    first = buffer.sample(8)  # the file carries the buffer's generator: the same rows without reseeding
     second = loaded.sample(8)
     for a, b in zip(first, second, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)

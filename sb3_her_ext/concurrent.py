@@ -1,0 +1,202 @@
+"""Several independent models trained at once in one process: one thread each, on its own CUDA stream.
+
+One small agent leaves a large GPU mostly idle: its steps are launch-bound graph replays. K agents (seeds, or
+trials with other hyperparameters) trained by K Python threads, each on a CUDA stream of its own, overlap
+their kernels, and each gets the results it gets alone (tested bit for bit on the CPU and on CUDA), because:
+
+- every draw of a model's training comes from its own generators (the model's ``generator``, the replay
+  buffer's ``generator`` and Philox state, the env's, the collector's warm-up generator), never from a
+  process-wide one, so one model's draws do not move another's;
+- building a model seeds and draws the process-wide generators (SB3's ``set_random_seed``, the network's
+  initialisation, the buffer's seed): ``BranchingIQN`` builds under :data:`MODEL_BUILD_LOCK`, so that
+  models built in several threads at once each see their own seed's numbers;
+- CUDA graphs are captured one at a time (:func:`cuda_ext.graph_capture.capture`'s lock) in the
+  ``thread_local`` error mode, so another thread's work during a capture neither breaks it nor is captured;
+- ``torch.cuda.stream`` is thread-local: each thread's kernels go to its own stream
+  (:func:`own_stream`), so the models' kernels run side by side and no model waits on another's.
+
+On the CPU the same threads run (torch releases the GIL inside its ops); the results are again each model's
+own. Usage::
+
+    models = [BranchingIQN("MlpPolicy", make_env(seed), seed=seed, device="cuda") for seed in range(5)]
+    learn_concurrently(models, 200_000)        # the five models, trained at once; raises naming a failure
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+import torch as th
+from stable_baselines3.common.callbacks import BaseCallback
+
+__all__ = ["MODEL_BUILD_LOCK", "ConcurrentTrainingError", "StopOnEvent", "holding_build_lock",
+           "learn_concurrently", "own_stream", "run_concurrently"]
+
+T = TypeVar("T")
+
+#: held while a model is built: SB3 seeds the process-wide generators and the build draws from them
+MODEL_BUILD_LOCK = threading.RLock()
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def holding_build_lock(method: F) -> F:
+    """``method`` run under :data:`MODEL_BUILD_LOCK` (for a model's ``_setup_model``)."""
+
+    @functools.wraps(method)
+    def locked(*args: Any, **kwargs: Any) -> Any:
+        with MODEL_BUILD_LOCK:
+            return method(*args, **kwargs)
+
+    return locked  # type: ignore[return-value]
+
+
+class ConcurrentTrainingError(RuntimeError):
+    """A task of :func:`run_concurrently` failed; the message names it, ``__cause__`` is its exception.
+
+    :param name: the failed task's name.
+    :param error: its exception.
+    :param n_failed: how many tasks failed in all.
+    """
+
+    def __init__(self, name: str, error: BaseException, n_failed: int = 1) -> None:
+        others = f" ({n_failed - 1} other task(s) failed too)" if n_failed > 1 else ""
+        super().__init__(f"{name} failed: {type(error).__name__}: {error}{others}")
+        self.name = name
+        self.error = error
+
+
+@contextlib.contextmanager
+def own_stream(device: th.device | str | None) -> Iterator[th.cuda.Stream | None]:
+    """Make a new CUDA stream the current stream of this thread while inside (nothing on another device);
+    at the end wait for its work, so what it computed can be read on any stream.
+
+    :param device: the device the work runs on (a stream is made for a CUDA device only).
+    :return: the stream, or None.
+    """
+    device = th.device(device) if device is not None else None
+    if device is None or device.type != "cuda":
+        yield None
+        return
+    stream = th.cuda.Stream(device=device)
+    stream.wait_stream(th.cuda.current_stream(device))  # what this thread queued before comes first
+    try:
+        with th.cuda.stream(stream):
+            yield stream
+    finally:
+        stream.synchronize()
+
+
+def run_concurrently(tasks: Sequence[Callable[[], T]], names: Sequence[str] | None = None,
+                     devices: Sequence[th.device | str | None] | None = None,
+                     on_failure: Callable[[], None] | None = None) -> list[T]:
+    """Run each task in a thread of its own (on a CUDA stream of its own when its device is CUDA) and
+    return their results in order; one task runs in the calling thread's stream as it is, no thread.
+
+    :param tasks: functions of no arguments.
+    :param names: a name per task for errors (default ``task i``).
+    :param devices: per task, the device whose stream it gets (None: no stream of its own).
+    :param on_failure: called (once, from the failing thread) when a task raises, e.g. to ask the others
+        to stop early.
+    :return: the tasks' results.
+    :raises ConcurrentTrainingError: naming the first task that failed (its exception as the cause), after
+        every thread has ended.
+    """
+    n = len(tasks)
+    names = [f"task {i}" for i in range(n)] if names is None else [str(name) for name in names]
+    devices = [None] * n if devices is None else list(devices)
+    if len(names) != n or len(devices) != n:
+        raise ValueError(f"names ({len(names)}) and devices ({len(devices)}) must have one entry per task "
+                         f"({n})")
+    results: list[Any] = [None] * n
+    errors: list[BaseException | None] = [None] * n
+    failed = threading.Event()
+
+    def run(i: int) -> None:
+        try:
+            with own_stream(devices[i]):
+                results[i] = tasks[i]()
+        except BaseException as error:  # re-raised in the calling thread, naming the task
+            errors[i] = error
+            if not failed.is_set():
+                failed.set()
+                if on_failure is not None:
+                    on_failure()
+
+    if n == 1:
+        run(0)
+    else:
+        threads = [threading.Thread(target=run, args=(i,), name=names[i], daemon=True) for i in range(n)]
+        for thread in threads:
+            thread.start()
+        try:
+            for thread in threads:
+                thread.join()
+        except BaseException:  # Ctrl-C while waiting: ask the tasks to stop, wait for them, re-raise
+            if on_failure is not None:
+                on_failure()
+            for thread in threads:
+                thread.join()
+            raise
+    failures = [(name, error) for name, error in zip(names, errors, strict=True) if error is not None]
+    if failures:
+        name, error = failures[0]
+        raise ConcurrentTrainingError(name, error, len(failures)) from error
+    return results
+
+
+class StopOnEvent(BaseCallback):
+    """Stops ``learn`` at its next step once ``event`` is set (another model of the batch failed).
+
+    :param event: the event to watch.
+    """
+
+    def __init__(self, event: threading.Event) -> None:
+        super().__init__()
+        self.event = event
+
+    def _on_step(self) -> bool:
+        return not self.event.is_set()
+
+
+def learn_concurrently(models: Sequence[Any], total_timesteps: int | Sequence[int],
+                       callbacks: Sequence[Any] | None = None, names: Sequence[str] | None = None,
+                       **learn_kwargs: Any) -> list[Any]:
+    """``model.learn`` of every model at once, each in a thread on a CUDA stream of its own; each model ends
+    as it ends trained alone with the same seed (its draws come from its own generators).
+
+    Build the models before (serially or not: building takes :data:`MODEL_BUILD_LOCK`); each needs its own
+    env. When one model fails the others stop at their next step and the error names the failed model.
+
+    :param models: the models (SB3 algorithms; ``BranchingIQN`` for the guarantee above).
+    :param total_timesteps: env steps for every model, or one number per model.
+    :param callbacks: per model, SB3 callback(s) for its ``learn`` (None: none).
+    :param names: per model, a name for errors (default ``model i (seed s)``).
+    :param learn_kwargs: other arguments of every ``learn`` (``log_interval``, ``tb_log_name``, ...).
+    :return: what each ``learn`` returned (the models).
+    :raises ConcurrentTrainingError: a model's ``learn`` raised (its exception as the cause).
+    """
+    n = len(models)
+    steps = [int(total_timesteps)] * n if isinstance(total_timesteps, int) \
+        else [int(s) for s in total_timesteps]
+    callbacks = [None] * n if callbacks is None else list(callbacks)
+    if len(steps) != n or len(callbacks) != n:
+        raise ValueError(f"total_timesteps ({len(steps)}) and callbacks ({len(callbacks)}) must have one "
+                         f"entry per model ({n})")
+    if len({id(model) for model in models}) != n or len({id(model.get_env()) for model in models}) != n:
+        raise ValueError("models: each model must appear once and have an env of its own")
+    names = [f"model {i} (seed {getattr(model, 'seed', None)})" for i, model in enumerate(models)] \
+        if names is None else list(names)
+    stop = threading.Event()
+
+    def task(i: int) -> Callable[[], Any]:
+        user = callbacks[i]
+        own = [] if user is None else list(user) if isinstance(user, list | tuple) else [user]
+        chain = [StopOnEvent(stop), *own]
+        return lambda: models[i].learn(steps[i], callback=chain, **learn_kwargs)
+
+    return run_concurrently([task(i) for i in range(n)], names, [model.device for model in models], stop.set)
