@@ -66,11 +66,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print(f"{setup.describe()}\nagents {names} x seeds {seeds}; {args.steps} steps x {args.n_envs} books on "
           f"{args.device}; output {out}")
 
-    runs: list[runner.TrainedRun] = []
-    for name, seed in tqdm([(a, s) for a in names for s in seeds], desc="training", disable=args.no_progress):
-        agent, folder = roster.get(name), out / name / f"seed{seed}"
-        done = runner.load(agent, seed, setup, folder) if args.reuse else None
-        runs.append(done or runner.train(agent, seed, setup, folder))
+    jobs = [(roster.get(name), seed, out / name / f"seed{seed}") for name in names for seed in seeds]
+    loaded = [runner.load(agent, seed, setup, folder) if args.reuse else None for agent, seed, folder in jobs]
+    pending = [job for job, done in zip(jobs, loaded, strict=True) if done is None]
+    with tqdm(total=len(pending), desc="training", disable=args.no_progress) as bar:
+        fresh = iter(runner.train_all(pending, setup, args.concurrent_seeds, on_done=lambda _: bar.update()))
+    runs = [done or next(fresh) for done in loaded]
 
     evaluation = results.evaluate({results.run_key(r.agent, r.seed): r.model for r in runs}, setup,
                                   progress=not args.no_progress)

@@ -3,7 +3,8 @@
 
 * markets: ``--data``, ``--signal-strength``, ``--signal-horizon``, ``--market-steps``, ``--step-events``,
   ``--levels``, ``--episode-length``, ``--train-market-seed``, ``--eval-market-seed``;
-* budget: ``--seeds``, ``--steps``, ``--n-envs``, ``--device``, ``--threads``, ``--net-arch``, and the
+* budget: ``--seeds``, ``--concurrent-seeds``, ``--steps``, ``--n-envs``, ``--device``, ``--threads``,
+  ``--net-arch``, and the
   overrides of every agent's ``--learning-rate``, ``--batch-size``, ``--buffer-size``, ``--learning-starts``,
   ``--train-freq``, ``--gradient-steps``, ``--target-update-interval``; ``--device-loop auto|on|off``
   (BranchingIQN agents collect through the device loop; ``auto``: on exactly on CUDA, as ``foxhunt train``;
@@ -48,6 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser, evaluation: bool = True) -> N
                        help="synthetic: held-out market's seed (default: the training market's + 1)")
     group = parser.add_argument_group("budget (shared by every agent)")
     group.add_argument("--seeds", type=int, default=3, help="seeds per agent (0..N-1)")
+    group.add_argument("--concurrent-seeds", type=int, default=1, metavar="K",
+                       help="train up to K BranchingIQN runs at once in this process (a thread and CUDA "
+                            "stream each; each run's results as trained alone); DQN / QR-DQN one at a time")
     group.add_argument("--steps", type=int, default=20_000, help="training env steps (summed over books)")
     group.add_argument("--n-envs", type=int, default=8, help="training books")
     group.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -73,10 +77,12 @@ def add_arguments(parser: argparse.ArgumentParser, evaluation: bool = True) -> N
 
 
 def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
-    """Parse and reject counts argparse cannot (``--seeds`` < 1)."""
+    """Parse and reject counts argparse cannot (``--seeds`` < 1, ``--concurrent-seeds`` < 1)."""
     args = parser.parse_args(argv)
     if args.seeds < 1:
         parser.error(f"--seeds {args.seeds} must be >= 1")
+    if getattr(args, "concurrent_seeds", 1) < 1:
+        parser.error(f"--concurrent-seeds {args.concurrent_seeds} must be >= 1")
     return args
 
 

@@ -5,6 +5,11 @@ QR-DQN on the env :func:`foxhunt.runs.make_env` builds for the same config on th
 
 Each run folder ``<out>/<agent>/seed<k>/`` also gets ``run.json`` (agent, config, seconds, learning curve,
 loop): a later ``--reuse`` loads the run instead of training it again when agent and config are unchanged.
+
+:func:`train_all` trains a list of runs, BranchingIQN runs up to ``concurrent`` at once in this process
+(``--concurrent-seeds``: one thread and CUDA stream each, :mod:`sb3_her_ext.concurrent`; each run ends as it
+ends trained alone); DQN / QR-DQN always one at a time (SB3's DQN draws its ε-greedy coin from numpy's
+process-wide generator).
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -213,7 +218,8 @@ def train(agent: Agent, seed: int, setup: Setup, folder: Path, callback: BaseCal
     callbacks = [curve] if callback is None or callback is curve else [curve, callback]
     if folder.exists():
         shutil.rmtree(folder)
-    torch.manual_seed(seed)
+    if agent.algorithm != "iqn":  # BranchingIQN seeds itself when it is built (under the build lock)
+        torch.manual_seed(seed)
     start = time.time()
     if agent.algorithm == "iqn":
         runs.train(config, callbacks)
@@ -230,6 +236,51 @@ def train(agent: Agent, seed: int, setup: Setup, folder: Path, callback: BaseCal
         {**_record(agent, config), "seed": seed, "seconds": seconds, "curve": curve.curve, "loop": loop},
         indent=2))
     return TrainedRun(agent.name, seed, model, curve.curve, seconds, folder, loop)
+
+
+def train_all(jobs: Sequence[tuple[Agent, int, Path]], setup: Setup, concurrent: int = 1,
+              callbacks: Sequence[BaseCallback | None] | None = None,
+              on_done: Callable[[TrainedRun], None] | None = None) -> list[TrainedRun]:
+    """:func:`train` of every ``(agent, seed, folder)`` job, in order; BranchingIQN jobs in batches of up to
+    ``concurrent`` trained at once (see the module docstring), the others one at a time.
+
+    :param jobs: the runs.
+    :param setup: the shared settings.
+    :param concurrent: BranchingIQN runs trained at once; >= 1.
+    :param callbacks: per job, an SB3 callback (as :func:`train`'s), or None.
+    :param on_done: called with each finished run (a batch's runs when the batch has ended).
+    :return: the trained runs, in the jobs' order.
+    :raises sb3_her_ext.ConcurrentTrainingError: a run of a batch failed (naming its agent and seed).
+    """
+    from sb3_her_ext.concurrent import run_concurrently
+
+    if isinstance(concurrent, bool) or not isinstance(concurrent, int) or concurrent < 1:
+        raise ValueError(f"concurrent={concurrent!r} must be an integer >= 1")
+    callbacks = [None] * len(jobs) if callbacks is None else list(callbacks)
+    done: dict[int, TrainedRun] = {}
+    batch: list[int] = []
+
+    def flush() -> None:
+        tasks = [lambda i=i: train(jobs[i][0], jobs[i][1], setup, jobs[i][2], callbacks[i]) for i in batch]
+        names = [f"{jobs[i][0].name} seed {jobs[i][1]}" for i in batch]
+        for i, run in zip(batch, run_concurrently(tasks, names, [setup.device] * len(batch)), strict=True):
+            done[i] = run
+            if on_done is not None:
+                on_done(run)
+        batch.clear()
+
+    for i, (agent, seed, folder) in enumerate(jobs):
+        if agent.algorithm == "iqn" and concurrent > 1:
+            batch.append(i)
+            if len(batch) == concurrent:
+                flush()
+            continue
+        done[i] = train(agent, seed, setup, folder, callbacks[i])
+        if on_done is not None:
+            on_done(done[i])
+    if batch:
+        flush()
+    return [done[i] for i in range(len(jobs))]
 
 
 def build(agent: Agent, seed: int, setup: Setup) -> Any:

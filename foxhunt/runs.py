@@ -13,7 +13,7 @@ A run folder holds::
                        the newest
 
 A new run never shares a folder: without ``out`` it gets ``runs/<timestamp>-<random>``, and a given
-``out`` must be new or empty.
+``out`` must be new or empty. :func:`train_concurrently` trains several runs at once in one process.
 """
 
 from __future__ import annotations
@@ -505,6 +505,31 @@ def train(config: RunConfig, callback: Any = None, *, resume_from: str | Path | 
     _evaluate_run(config, model, out)
     print(f"\nrun folder: {out}")
     return out
+
+
+def train_concurrently(configs: list[RunConfig], callbacks: list[Any] | None = None) -> list[Path]:
+    """:func:`train` of several runs at once in this process: one thread each, on a CUDA stream of its own
+    (:mod:`sb3_her_ext.concurrent`). Each run folder ends as :func:`train` alone makes it with the same
+    config (a model's draws come from its own generators); on one GPU several small runs take little more
+    wall time than one. When a run fails the others stop at their next step.
+
+    :param configs: the runs (seeded: ``seed`` set, or their results are not reproducible anyway).
+    :param callbacks: per run, SB3 callback(s) for its ``learn`` (None: none).
+    :return: the run folders, in order.
+    :raises sb3_her_ext.ConcurrentTrainingError: naming the run (index and seed) that failed.
+    """
+    import threading
+
+    from sb3_her_ext.concurrent import StopOnEvent, run_concurrently
+
+    callbacks = [None] * len(configs) if callbacks is None else list(callbacks)
+    if len(callbacks) != len(configs):
+        raise ValueError(f"callbacks has {len(callbacks)} entries for {len(configs)} configs")
+    stop = threading.Event()
+    tasks = [lambda config=config, callback=callback: train(config, [StopOnEvent(stop), callback])
+             for config, callback in zip(configs, callbacks, strict=True)]
+    names = [f"run {i} (seed {config.seed})" for i, config in enumerate(configs)]
+    return run_concurrently(tasks, names, [config.device for config in configs], stop.set)
 
 
 def _evaluate_run(config: RunConfig, model: Any, out: Path) -> None:

@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 
 import torch as th
 from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.utils import get_device
 
 __all__ = ["MODEL_BUILD_LOCK", "ConcurrentTrainingError", "StopOnEvent", "holding_build_lock",
            "learn_concurrently", "own_stream", "run_concurrently"]
@@ -78,7 +79,7 @@ def own_stream(device: th.device | str | None) -> Iterator[th.cuda.Stream | None
     :param device: the device the work runs on (a stream is made for a CUDA device only).
     :return: the stream, or None.
     """
-    device = th.device(device) if device is not None else None
+    device = get_device(device) if device is not None else None  # "auto" too
     if device is None or device.type != "cuda":
         yield None
         return
@@ -95,7 +96,7 @@ def run_concurrently(tasks: Sequence[Callable[[], T]], names: Sequence[str] | No
                      devices: Sequence[th.device | str | None] | None = None,
                      on_failure: Callable[[], None] | None = None) -> list[T]:
     """Run each task in a thread of its own (on a CUDA stream of its own when its device is CUDA) and
-    return their results in order; one task runs in the calling thread's stream as it is, no thread.
+    return their results in order (a single task runs in the calling thread, on a stream of its own).
 
     :param tasks: functions of no arguments.
     :param names: a name per task for errors (default ``task i``).

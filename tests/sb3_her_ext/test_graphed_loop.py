@@ -319,9 +319,9 @@ def test_sampling_with_beta_as_a_tensor_equals_sample(beta: float) -> None:
                    rng.normal(size=4), np.zeros(4), [{}] * 4)
     buffer.update_priorities(th.arange(40), th.rand(40, generator=th.Generator().manual_seed(1)))
     buffer.beta = beta
-    th.manual_seed(3)
+    buffer.generator.manual_seed(3)
     by_number = buffer.sample(32)
-    th.manual_seed(3)
+    buffer.generator.manual_seed(3)
     by_tensor = buffer.sample_with_beta(32, th.tensor(beta, dtype=th.float64))
     assert th.equal(by_number.indices, by_tensor.indices)
     th.testing.assert_close(by_tensor.weights, by_number.weights, rtol=1e-6, atol=0)

@@ -1,0 +1,58 @@
+"""``--concurrent-seeds``: BranchingIQN seeds trained at once (experiments.runner.train_all) end as each
+trained alone; DQN keeps one at a time; the option is checked."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from experiments import options, runner
+from experiments.agents import builtin_agent
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_setup() -> runner.Setup:
+    return runner.Setup(market_steps=1000, steps=160, n_envs=2, device_loop=True, eval_envs=2, eval_steps=20,
+                        env_kwargs={"episode_length": 20}, model_kwargs={"learning_starts": 40})
+
+
+def parameters(run: runner.TrainedRun) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in run.model.policy.state_dict().values()]
+
+
+def test_seeds_trained_at_once_equal_the_seeds_trained_one_by_one(tmp_path: Path) -> None:
+    setup, agent = tiny_setup(), builtin_agent("iqn_lean")
+    jobs = [(agent, seed, tmp_path / "alone" / f"seed{seed}") for seed in (0, 1)]
+    alone = runner.train_all(jobs, setup)
+    finished: list[int] = []
+    together = runner.train_all([(a, s, tmp_path / "together" / f"seed{s}") for a, s, _ in jobs], setup,
+                                concurrent=2, on_done=lambda run: finished.append(run.seed))
+    assert sorted(finished) == [0, 1] and [run.seed for run in together] == [0, 1]
+    for a, b in zip(alone, together, strict=True):
+        assert a.model.num_timesteps == b.model.num_timesteps == 160
+        for x, y in zip(parameters(a), parameters(b), strict=True):
+            assert torch.equal(x, y)
+        assert (b.folder / "run.json").is_file() and (b.folder / "model.zip").is_file()
+    assert not all(torch.equal(x, y) for x, y in zip(parameters(alone[0]), parameters(alone[1]), strict=True))
+
+
+def test_the_option_is_parsed_and_checked() -> None:
+    parser = argparse.ArgumentParser()
+    options.add_arguments(parser)
+    assert options.parse(parser, ["--concurrent-seeds", "5"]).concurrent_seeds == 5
+    assert options.parse(parser, []).concurrent_seeds == 1
+    with pytest.raises(SystemExit):
+        options.parse(parser, ["--concurrent-seeds", "0"])
+    with pytest.raises(ValueError, match="concurrent=0"):
+        runner.train_all([], tiny_setup(), concurrent=0)
