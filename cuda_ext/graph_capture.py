@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["capture"]
+__all__ = ["capture", "collect_garbage"]
 
 #: one capture at a time in the process (see the module docstring)
 _CAPTURE_LOCK = threading.RLock()
@@ -50,3 +50,9 @@ def capture(graph: torch.cuda.CUDAGraph, **kwargs: Any) -> Iterator[None]:
         finally:
             if was_enabled:
                 gc.enable()
+
+
+def collect_garbage() -> None:
+    """``gc.collect()`` while no thread captures a graph (a dead graph freed mid-capture breaks it)."""
+    with _CAPTURE_LOCK:
+        gc.collect()

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import json
 import math
 import os
 import socket
-from collections.abc import Callable, Mapping
+import sys
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,7 @@ import sqlalchemy.exc
 from stable_baselines3.common.callbacks import BaseCallback
 
 from foxhunt.runs import RunConfig, check_eval_split, train
+from sb3_her_ext.concurrent import own_stream
 from tuning.evaluation import held_out_metrics
 from tuning.space import Param, suggest, to_run_config
 
@@ -37,6 +41,53 @@ METRICS: dict[str, tuple[str, ...]] = {
 
 #: ``(model, config) -> metrics``: the held-out scoring (:func:`tuning.evaluation.held_out_metrics`).
 Evaluate = Callable[[Any, RunConfig], Mapping[str, Any]]
+
+
+class _ThreadStdout(io.TextIOBase):
+    """``sys.stdout`` while trials print to their logs: each thread's writes go to the stream it set
+    (:func:`thread_stdout`), other threads' to the stdout it replaced (``contextlib.redirect_stdout`` is one
+    process-wide swap, which trials running at once in threads would tangle)."""
+
+    def __init__(self, default: Any) -> None:
+        super().__init__()
+        self.default = default
+
+    def target(self) -> Any:
+        return getattr(_THREAD_STDOUT, "stream", None) or self.default
+
+    def write(self, text: str) -> int:
+        return self.target().write(text)
+
+    def flush(self) -> None:
+        self.target().flush()
+
+
+_THREAD_STDOUT = threading.local()
+_STDOUT_LOCK = threading.Lock()
+_stdout_users = 0
+
+
+@contextlib.contextmanager
+def thread_stdout(stream: Any) -> Iterator[None]:
+    """Send this thread's ``print`` output to ``stream`` while inside (other threads' output unchanged).
+
+    :param stream: a text stream.
+    """
+    global _stdout_users
+    with _STDOUT_LOCK:
+        if not isinstance(sys.stdout, _ThreadStdout):
+            sys.stdout = _ThreadStdout(sys.stdout)
+        _stdout_users += 1
+    previous = getattr(_THREAD_STDOUT, "stream", None)
+    _THREAD_STDOUT.stream = stream
+    try:
+        yield
+    finally:
+        _THREAD_STDOUT.stream = previous
+        with _STDOUT_LOCK:
+            _stdout_users -= 1
+            if _stdout_users == 0 and isinstance(sys.stdout, _ThreadStdout):
+                sys.stdout = sys.stdout.default
 
 
 def check_metric(metric: str) -> str:
@@ -125,6 +176,7 @@ class Objective:
     :param evaluate: the held-out scoring of intermediate evaluations.
     :param eval_split: what trials are scored on (:attr:`RunConfig.eval_split`): ``"validation"`` keeps the
         test data out of model selection; ``"test"`` scores them where ``foxhunt train`` reports.
+    :param own_streams: see the field.
     """
 
     base: RunConfig
@@ -134,6 +186,8 @@ class Objective:
     n_evaluations: int = 4
     evaluate: Evaluate = held_out_metrics
     eval_split: str = "validation"
+    own_streams: bool = False
+    """Train each trial on a CUDA stream of its own (trials run at once in threads: trials_per_process)."""
     storage_error: BaseException | None = dataclasses.field(default=None, init=False)
     """The storage's error that ended a trial (read-only, full, lost): the study stops on it
     (:func:`tuning.study.optimize`), since the next trial would meet it too."""
@@ -165,7 +219,8 @@ class Objective:
             # train prints its evaluation: it goes to the trial's log, the study prints one line per trial
             with (
                 open(Path(self.trials_dir) / f"{trial.number:05d}.log", "w") as log,
-                contextlib.redirect_stdout(log),
+                thread_stdout(log),
+                own_stream(config.device if self.own_streams else None),
             ):
                 run = train(config, callback=callback)
             value = metric_value(json.loads((run / "evaluation.json").read_text()), self.metric)

@@ -36,6 +36,7 @@ import sqlalchemy.exc
 from optuna.trial import FrozenTrial, TrialState
 from tqdm.auto import tqdm
 
+from cuda_ext.graph_capture import collect_garbage
 from foxhunt.runs import RunConfig, check_eval_split
 from tuning.evaluation import held_out_metrics
 from tuning.objective import METRICS, Evaluate, Objective, check_metric
@@ -513,6 +514,9 @@ class StudySettings:
         ``worker K/N``).
     :param write_outputs: write ``best_config.json`` and the plots when this worker ends (a launcher's
         workers leave them to the launcher).
+    :param trials_per_process: trials this worker runs at once, each in a thread and on a CUDA stream of its
+        own (Optuna's ``n_jobs``; a trial's result does not depend on the others: sb3_her_ext.concurrent);
+        several small trials then share one GPU. With ``--n-workers`` each worker runs this many.
     """
 
     study_name: str = "foxhunt"
@@ -534,6 +538,7 @@ class StudySettings:
     eval_split: str = "validation"
     worker: str | None = None
     write_outputs: bool = True
+    trials_per_process: int = 1
 
     def __post_init__(self) -> None:
         check_metric(self.metric)
@@ -554,6 +559,9 @@ class StudySettings:
             raise ValueError(f"n_startup_trials={self.n_startup_trials} must be >= 0")
         if not self.study_name:
             raise ValueError(f"study_name={self.study_name!r} must not be empty")
+        if isinstance(self.trials_per_process, bool) or not isinstance(self.trials_per_process, int) \
+                or self.trials_per_process < 1:
+            raise ValueError(f"trials_per_process={self.trials_per_process!r} must be an integer >= 1")
 
     def storage_url(self) -> str:
         """The storage URL (the study folder's SQLite file unless ``storage`` names one)."""
@@ -643,7 +651,7 @@ def tune(
         study = open_study(settings.study_name, storage, settings.metric, settings.resume, sampler, pruner,
                            study_attrs(base, space, settings))
         objective = Objective(base, space, settings.metric, out / "trials", settings.n_evaluations, evaluate,
-                              settings.eval_split)
+                              settings.eval_split, own_streams=settings.trials_per_process > 1)
         started = time.perf_counter()
         optimize(study, objective, settings, tag)
         if objective.storage_error is not None:
@@ -673,7 +681,11 @@ def optimize(study: optuna.Study, objective: Objective, settings: StudySettings,
         disable=not settings.progress,
     )
 
+    concurrent = settings.trials_per_process > 1
+
     def report(study: optuna.Study, trial: FrozenTrial) -> None:
+        if concurrent:  # Optuna's gc_after_trial, but never while another trial captures a CUDA graph
+            collect_garbage()
         if objective.storage_error is not None:  # said by tune, as one line
             study.stop()
             return
@@ -692,7 +704,8 @@ def optimize(study: optuna.Study, objective: Objective, settings: StudySettings,
             timeout=settings.timeout,
             catch=(Exception,),
             callbacks=[report],
-            gc_after_trial=True,
+            gc_after_trial=not concurrent,
+            n_jobs=settings.trials_per_process,
         )
     finally:
         bar.close()
