@@ -18,10 +18,19 @@ Clocks, each run (synchronised on CUDA at every score, never inside a training s
   CUDA-graph captures and compiles) and the mean seconds per 1,000 env steps of the later intervals;
 * ``score_s``: the scoring itself, counted apart.
 
+Many seeds at once (``--concurrent K``, issue 24): a BranchingIQN agent's seeds train K at a time in this
+process, each in a thread on a CUDA stream of its own (:mod:`sb3_her_ext.concurrent`; each seed's results
+are the ones it gets alone). Then each such agent first trains seed 0 alone (after an untimed warm-up run)
+and the table's line ``concurrency`` gives the wall seconds of each batch of K seeds against that one seed,
+their ratio (the target: 5 seeds in <= 2x one seed's wall), and whether seed 0 scored the same points in
+its batch as alone. DQN / QR-DQN seeds train one at a time (SB3's DQN draws from numpy's global generator).
+
 Usage::
 
     python benchmarks/time_to_score.py --device cuda --strengths 2 1 --seeds 5 \
         --agents iqn_joint,iqn,dqn,qrdqn --n-envs 64 --steps 512000 --score-every 32768 --cap-seconds 60
+    python benchmarks/time_to_score.py --device cuda --strengths 1 --seeds 5 --concurrent 5 \
+        --agents iqn_joint --run-to-budget       # 5 seeds at once vs 1 seed: the wall ratio
     python benchmarks/time_to_score.py --quick      # tiny CPU smoke run
 
 Prints one table per market and writes ``benchmarks/results/time_to_score.json`` (or ``--out``).
@@ -30,6 +39,8 @@ Prints one table per market and writes ``benchmarks/results/time_to_score.json``
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import math
 import statistics
 import sys
@@ -44,11 +55,12 @@ from stable_baselines3.common.callbacks import BaseCallback
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # _common.py beside this file
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's packages
-from _common import default_out, machine_info, synchronizer, write_json  # noqa: E402
+from _common import default_out, machine_info, write_json  # noqa: E402
 
 from experiments import options, results, runner  # noqa: E402
 from experiments.agents import Agent  # noqa: E402
 from foxhunt.envs import decode_joint  # noqa: E402
+from sb3_her_ext.concurrent import run_concurrently  # noqa: E402
 
 RESULTS = default_out("time_to_score")
 
@@ -152,7 +164,7 @@ class ScoreCallback(BaseCallback):
         self.stop_at_target = bool(stop_at_target)
         self.scorer, self.every, self.target, self.cap = scorer, int(every), float(target), float(cap_seconds)
         self.learning_starts = int(learning_starts)
-        self.sync = synchronizer(device)
+        self.sync = stream_synchronizer(device)
         self.next = self.every
         self.points: list[dict[str, float]] = []
         self.score_s = 0.0
@@ -190,6 +202,15 @@ class ScoreCallback(BaseCallback):
         return train_s < self.cap
 
 
+def stream_synchronizer(device: str | th.device) -> Any:
+    """A function that waits for the work this thread queued on ``device`` (its current stream; a no-op on
+    the CPU): one run's clock, not held up by the other runs of a concurrent batch."""
+    device = th.device(device)
+    if device.type == "cuda":
+        return lambda: th.cuda.current_stream(device).synchronize()
+    return lambda: None
+
+
 def timing_breakdown(points: Sequence[dict[str, float]], warmup_s: float | None,
                      learning_starts: int) -> dict[str, float | None]:
     """Where a run's training seconds went: warm-up, the first interval with gradient steps, steady rate.
@@ -216,7 +237,8 @@ def timing_breakdown(points: Sequence[dict[str, float]], warmup_s: float | None,
 def run_one(agent: Agent, seed: int, setup: runner.Setup, scorer: HeldOutScorer,
             args: argparse.Namespace) -> dict[str, Any]:
     """Train ``agent`` with ``seed`` until it scores ``args.target`` (or the cap); its record."""
-    th.manual_seed(seed)
+    if agent.algorithm != "iqn":  # BranchingIQN seeds itself when it is built (under the build lock)
+        th.manual_seed(seed)
     loop = setup.loop_of(agent)
     model = runner.build(agent, seed, setup)
     if hasattr(model, "diagnostics_interval"):
@@ -253,6 +275,52 @@ def run_one(agent: Agent, seed: int, setup: runner.Setup, scorer: HeldOutScorer,
         "trained_steps": int(model.num_timesteps), "score_s": callback.score_s, "wall_s": wall,
         "points": callback.points, **timing_breakdown(callback.points, callback.warmup_s, learning_starts),
     }
+
+
+def run_seeds(agent: Agent, setup: runner.Setup, scorer: HeldOutScorer, args: argparse.Namespace,
+              printed: Any = print) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """Every seed of ``agent``: one at a time, or (BranchingIQN with ``--concurrent K`` > 1) in batches of K
+    trained at once, after seed 0 alone (and an untimed warm-up run) for the wall-time ratio.
+
+    :param printed: called with each finished run (``printed(run)``).
+    :return: the runs in seed order, and the concurrency record (None when seeds ran one at a time).
+    """
+    seeds = list(range(args.seeds))
+    if args.concurrent <= 1 or agent.algorithm != "iqn":
+        runs = []
+        for seed in seeds:
+            runs.append(run_one(agent, seed, setup, scorer, args))
+            printed(runs[-1])
+        return runs, None
+    run_one(agent, 0, dataclasses.replace(setup, steps=min(setup.steps, args.score_every)), scorer, args)
+    began = time.perf_counter()
+    alone = run_one(agent, 0, setup, scorer, args)
+    alone_wall = time.perf_counter() - began
+    runs, walls = [], []
+    for first in range(0, len(seeds), args.concurrent):
+        batch = seeds[first:first + args.concurrent]
+        began = time.perf_counter()
+        tasks = [lambda seed=seed: run_one(agent, seed, setup, scorer, args) for seed in batch]
+        runs += run_concurrently(tasks, [f"{agent.name} seed {seed}" for seed in batch],
+                                 [setup.device] * len(batch))
+        walls.append({"seeds": len(batch), "wall_s": time.perf_counter() - began})
+        for run in runs[-len(batch):]:
+            printed(run)
+    same = [(p["steps"], p["share"]) for p in runs[0]["points"]] == [(p["steps"], p["share"])
+                                                                      for p in alone["points"]]
+    record = {"concurrent": args.concurrent, "alone_wall_s": alone_wall, "batches": walls,
+              "ratio": walls[0]["wall_s"] / alone_wall, "seed0_same_points": same,
+              "alone_points": alone["points"]}
+    return runs, record
+
+
+def concurrency_line(agent: str, record: dict[str, Any]) -> str:
+    """One line: a batch's wall against one seed's, the ratio, whether seed 0 scored the same."""
+    batch = record["batches"][0]
+    return (f"concurrency {agent}: {batch['seeds']} seeds at once in {batch['wall_s']:.1f} s vs one seed "
+            f"alone {record['alone_wall_s']:.1f} s: ratio {record['ratio']:.2f} (target <= 2); seed 0 "
+            f"{'scored the same points' if record['seed0_same_points'] else 'scored OTHER points'} in the "
+            "batch as alone")
 
 
 def summarise(runs: Sequence[dict[str, Any]], cap: float) -> dict[str, Any]:
@@ -319,17 +387,36 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--run-to-budget", action="store_true",
                         help="train on past the target to --steps (or the cap): the share at the budget too")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--concurrent", type=int, default=1, metavar="K",
+                        help="train a BranchingIQN agent's seeds K at once (threads, a CUDA stream each) and "
+                             "report the wall of a batch against one seed alone (default 1: one at a time)")
     parser.add_argument("--quick", action="store_true", help="a tiny CPU smoke run")
     args = options.parse(parser, argv)
     if args.quick:
-        args.device, args.seeds, args.steps, args.n_envs, args.market_steps = "cpu", 1, 600, 4, 2_000
+        given = argv if argv is not None else sys.argv
+        args.device, args.steps, args.n_envs, args.market_steps = "cpu", 600, 4, 2_000
+        args.seeds = args.seeds if "--seeds" in given else 1
         args.strengths, args.score_every, args.learning_starts, args.batch_size = [2.0], 200, 200, 16
         args.eval_envs, args.eval_steps, args.net_arch, args.cap_seconds = 2, 50, "16", 60.0
-        args.agents = args.agents if "--agents" in (argv or sys.argv) else "iqn_joint,dqn"
+        args.agents = args.agents if "--agents" in given else "iqn_joint,dqn"
+    if args.concurrent < 1:
+        parser.error(f"--concurrent {args.concurrent} must be >= 1")
     if args.score_every < 1 or args.target <= 0 or args.cap_seconds <= 0:
         parser.error(f"--score-every {args.score_every}, --target {args.target} and --cap-seconds "
                      f"{args.cap_seconds} must be positive")
     return args
+
+
+def _record_run(label: str, runs: dict[str, list[dict[str, Any]]], agent: str, market: dict[str, Any],
+                result: dict[str, Any], args: argparse.Namespace, run: dict[str, Any]) -> None:
+    """Print a finished run's line, add it to ``runs`` and write the JSON so far."""
+    shown = _seconds(run["seconds"] if run["reached"] else math.inf, args.cap_seconds)
+    print(f"{label} seed {run['seed']}: {shown} s, best share {100 * run['best_share']:.1f} %, final "
+          f"{100 * run['final_share']:.1f} %, trained {run['trained_steps']:,} steps in "
+          f"{run['trained_s'] or 0:.1f} s, scoring {run['score_s']:.1f} s", flush=True)
+    runs.setdefault(agent, []).append(run)
+    market["runs"] = runs
+    write_json(args.out, result)  # what is done survives a command cut short
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -346,22 +433,22 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         setup = options.setup_of(args)
         scorer = HeldOutScorer(setup)
         runs: dict[str, list[dict[str, Any]]] = {}
+        concurrency: dict[str, dict[str, Any]] = {}
         for agent in agents:
-            for seed in range(args.seeds):
-                run = run_one(agent, seed, setup, scorer, args)
-                runs.setdefault(agent.name, []).append(run)
-                shown = _seconds(run["seconds"] if run["reached"] else math.inf, args.cap_seconds)
-                print(f"strength {strength:g} {agent.name} seed {seed}: {shown} s, best share "
-                      f"{100 * run['best_share']:.1f} %, final {100 * run['final_share']:.1f} %, trained "
-                      f"{run['trained_steps']:,} steps in {run['trained_s'] or 0:.1f} s, scoring "
-                      f"{run['score_s']:.1f} s", flush=True)
-                result["markets"][f"{strength:g}"] = {"oracle_pnl": scorer.oracle_pnl, "runs": runs}
-                write_json(args.out, result)  # what is done survives a command cut short
+            market = {"oracle_pnl": scorer.oracle_pnl, "runs": runs}
+            printed = functools.partial(_record_run, f"strength {strength:g} {agent.name}", runs, agent.name,
+                                        market, result, args)
+            result["markets"][f"{strength:g}"] = market
+            _, record = run_seeds(agent, setup, scorer, args, printed)
+            if record is not None:
+                concurrency[agent.name] = record
         rows = {agent: summarise(agent_runs, args.cap_seconds) for agent, agent_runs in runs.items()}
         print(f"\n{setup.describe()}; oracle held-out PnL {scorer.oracle_pnl:,.0f}")
         print(table(rows, runs, args.target) + "\n", flush=True)
+        for name, record in concurrency.items():
+            print(concurrency_line(name, record), flush=True)
         result["markets"][f"{strength:g}"] = {"setup": setup.describe(), "oracle_pnl": scorer.oracle_pnl,
-                                              "summary": rows, "runs": runs}
+                                              "summary": rows, "runs": runs, "concurrency": concurrency}
     write_json(args.out, result)
     return result
 
