@@ -6,7 +6,7 @@ where it was. Besides the model file (network, optimizer, PopArt, GradVac, SB3's
 state, the GPU sampler's Philox state), that is:
 
 - the process-wide generators: Python's ``random``, numpy's global one, torch's CPU and CUDA generators
-  (the replay buffer samples from torch's global generator on the CPU);
+  (training draws from none of them; kept for callers' code; the replay buffer's generator is in its pickle);
 - the model's own generators: ``BranchingIQN._generator`` (exploration and quantile fractions) and
   ``action_space``'s numpy generator (uniform actions before ``learning_starts``), both re-seeded by
   ``load``;
