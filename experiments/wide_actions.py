@@ -36,6 +36,8 @@ from experiments import agents, options, results, runner
 
 #: Agents trained when ``--agents`` is not given: the branched agent, the joint one and the peers.
 DEFAULT_AGENTS = ("iqn", "iqn_joint", "dqn", "qrdqn")
+#: The file of a run folder holding the seconds of its ``learn()`` (what ``--reuse`` reads back).
+LEARN_SECONDS = "learn_seconds.txt"
 #: What ``--smoke`` sets: a budget of seconds on a CPU (tiny market, books, nets and evaluation).
 SMOKE = {"seeds": 2, "steps": 160, "n_envs": 2, "market_steps": 1_200, "episode_length": 40,
          "net_arch": "16", "buffer_size": 400, "batch_size": 16, "learning_starts": 80,
@@ -228,7 +230,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         if done is None:
             timer = LearnTimer()
             done = runner.train(agent, seed, setup, folder, callback=timer)
-            seconds[results.run_key(name, seed)] = timer.seconds
+            (folder / LEARN_SECONDS).write_text(f"{timer.seconds!r}\n")
+        if (folder / LEARN_SECONDS).is_file():
+            seconds[results.run_key(name, seed)] = float((folder / LEARN_SECONDS).read_text())
         runs.append(done)
 
     evaluation = results.evaluate({results.run_key(r.agent, r.seed): r.model for r in runs}, setup,

@@ -38,6 +38,11 @@ def test_smoke_mode_trains_scores_and_writes_the_table_and_figure(tmp_path: Path
     # the models acted on the wide grid: the joint one on 1,080 codes
     config = json.loads((out / "iqn_joint" / "seed0" / "config.json").read_text())
     assert config["env"]["action_grid"] == "wide"
+    # --reuse scores the finished runs again with their learn() seconds, training nothing
+    again = wide_actions.main(["--smoke", "--out", str(out), "--agents", "iqn_joint", "--seeds", "2",
+                               "--reuse", "--no-progress"])
+    assert [r["train_seconds"] for r in again["per_seed"]["iqn_joint"]] == [
+        r["train_seconds"] for r in rows["iqn_joint"]]
 
 
 @pytest.mark.parametrize(("argv", "message"), [
