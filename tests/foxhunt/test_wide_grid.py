@@ -167,3 +167,51 @@ def test_train_and_evaluate_on_the_wide_grid_from_the_cli(tmp_path: Path) -> Non
                  str(tmp_path / "again"), "--no-plots"]) == 0
     again = json.loads((tmp_path / "again" / "evaluation.json").read_text())
     assert len(again["policies"]["policy"]["action_mix"]["magnitude"]) == 10
+
+
+# ------------------------------------------------------------------------------------------ GPU
+
+
+@pytest.mark.gpu
+def test_wide_static_steps_on_cuda_decode_without_a_host_sync() -> None:
+    """The static tensor step (the one the fused CUDA graph captures) takes 1,080 wide codes on CUDA with no
+    host sync, and equals the branched face's static step on the decoded actions."""
+    kwargs = dict(device="cuda", seed=0, action_grid="wide", num_steps=600, episode_length=8)
+    joint, branched = DeviceLOBVecEnv(64, action_face="joint", **kwargs), DeviceLOBVecEnv(64, **kwargs)
+    joint.reset(), branched.reset()
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    codes = [torch.randint(0, 1080, (64,), device="cuda", generator=generator) for _ in range(20)]
+    decoded = [decode_joint(c, 64, check_range=False, grid=WIDE) for c in codes]
+    joint.step_tensors_static(codes[0])
+    branched.step_tensors_static(decoded[0])
+    torch.cuda.synchronize()
+    steps = []
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for code, action in zip(codes[1:], decoded[1:], strict=True):
+            steps.append((joint.step_tensors_static(code), branched.step_tensors_static(action)))
+            joint.pin_static_state()
+            branched.pin_static_state()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for a, b in steps:
+        for name in ("obs", "reward", "done", "final_obs"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert max(int(a.max()) for a in decoded) == 11  # urgencies the default grid has not were played
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("face", ["branched", "joint"])
+def test_a_wide_cuda_run_trains_through_the_graphed_device_loop(tmp_path: Path, face: str) -> None:
+    from foxhunt.runs import train
+    from sb3_her_ext import BranchingIQN
+    from tests.foxhunt._small_runs import small_config
+
+    config = small_config(tmp_path / "run", device="cuda", action_face=face,
+                          env_kwargs={"episode_length": 60, "action_grid": "wide"})
+    out = train(config)
+    model = BranchingIQN.load(out / "model.zip", device="cuda")
+    expected = spaces.Discrete(1080) if face == "joint" else spaces.MultiDiscrete([3, 10, 3, 12])
+    assert model.action_space == expected and model.num_timesteps == 600
+    policy = json.loads((out / "evaluation.json").read_text())["policies"]["policy"]
+    assert len(policy["action_mix"]["urgency"]) == 12
