@@ -11,6 +11,9 @@ seeds (``--peer-seeds`` for DQN / QR-DQN, the slow SB3 loops), and all are score
 oracle on the same held-out windows. The oracle trades the planted signal with the grid's full size and a
 Market order for all of the gap, which every grid holds, so it is the same policy (and PnL) on either grid.
 
+Training seconds are each run's ``learn()`` wall; under ``--concurrent-seeds K`` (BranchingIQN runs K at once,
+one CUDA stream each) that of a run sharing the device with K - 1 others, so compare agents at the same K.
+
 Writes ``wide_actions.json`` (per seed: share of the oracle's held-out PnL, PnL, Sharpe, training seconds;
 mean and std per agent), ``wide_actions.md`` (the table) and ``wide_actions.png`` (share of oracle per agent,
 and against training seconds) into ``--out`` (default ``runs/experiments/<name>``). ``--smoke`` shrinks
@@ -61,7 +64,7 @@ class LearnTimer(BaseCallback):
 
     def _on_training_end(self) -> None:
         if torch.cuda.is_available():
-            torch.cuda.synchronize()
+            torch.cuda.current_stream().synchronize()  # this run's stream (its own under --concurrent-seeds)
         self.seconds = time.perf_counter() - self._start
 
 
@@ -222,18 +225,21 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print(f"{setup.describe()}; action grid {args.action_grid}\nagents {names}; {args.steps} steps x "
           f"{args.n_envs} books on {args.device}; output {out}")
 
-    runs: list[runner.TrainedRun] = []
-    seconds: dict[str, float] = {}
-    for name, seed in tqdm(plan, desc="training", disable=args.no_progress):
-        agent, folder = roster.get(name), out / name / f"seed{seed}"
-        done = runner.load(agent, seed, setup, folder) if args.reuse else None
-        if done is None:
-            timer = LearnTimer()
-            done = runner.train(agent, seed, setup, folder, callback=timer)
-            (folder / LEARN_SECONDS).write_text(f"{timer.seconds!r}\n")
-        if (folder / LEARN_SECONDS).is_file():
-            seconds[results.run_key(name, seed)] = float((folder / LEARN_SECONDS).read_text())
-        runs.append(done)
+    jobs = [(roster.get(name), seed, out / name / f"seed{seed}") for name, seed in plan]
+    loaded = [runner.load(agent, seed, setup, folder) if args.reuse else None for agent, seed, folder in jobs]
+    pending = [job for job, done in zip(jobs, loaded, strict=True) if done is None]
+    timers = [LearnTimer() for _ in pending]
+
+    def finished(run: runner.TrainedRun) -> None:
+        timer = timers[next(i for i, job in enumerate(pending) if job[2] == run.folder)]
+        (run.folder / LEARN_SECONDS).write_text(f"{timer.seconds!r}\n")
+        bar.update()
+
+    with tqdm(total=len(pending), desc="training", disable=args.no_progress) as bar:
+        fresh = iter(runner.train_all(pending, setup, args.concurrent_seeds, timers, on_done=finished))
+    runs = [done or next(fresh) for done in loaded]
+    seconds = {results.run_key(r.agent, r.seed): float((r.folder / LEARN_SECONDS).read_text())
+               for r in runs if (r.folder / LEARN_SECONDS).is_file()}
 
     evaluation = results.evaluate({results.run_key(r.agent, r.seed): r.model for r in runs}, setup,
                                   progress=not args.no_progress)

@@ -16,7 +16,7 @@ from tests.experiments.test_device_loop import _keep_threads  # noqa: F401 (auto
 def test_smoke_mode_trains_scores_and_writes_the_table_and_figure(tmp_path: Path) -> None:
     out = tmp_path / "wide"
     payload = wide_actions.main(["--smoke", "--out", str(out), "--agents", "iqn,iqn_joint,dqn", "--seeds",
-                                 "2", "--peer-seeds", "1", "--no-progress"])
+                                 "2", "--peer-seeds", "1", "--concurrent-seeds", "2", "--no-progress"])
     assert payload["action_grid"]["name"] == "wide" and len(payload["action_grid"]["magnitudes"]) == 10
     rows = payload["per_seed"]
     assert [len(rows[a]) for a in ("iqn", "iqn_joint", "dqn")] == [2, 2, 1]
