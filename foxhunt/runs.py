@@ -525,11 +525,32 @@ def train_concurrently(configs: list[RunConfig], callbacks: list[Any] | None = N
     callbacks = [None] * len(configs) if callbacks is None else list(callbacks)
     if len(callbacks) != len(configs):
         raise ValueError(f"callbacks has {len(callbacks)} entries for {len(configs)} configs")
+    _check_fit_together(configs)
     stop = threading.Event()
     tasks = [lambda config=config, callback=callback: train(config, [StopOnEvent(stop), callback])
              for config, callback in zip(configs, callbacks, strict=True)]
     names = [f"run {i} (seed {config.seed})" for i, config in enumerate(configs)]
     return run_concurrently(tasks, names, [config.device for config in configs], stop.set)
+
+
+def _check_fit_together(configs: list[RunConfig]) -> None:
+    """Each config's checks, then the runs' memory together against each device's free memory.
+
+    :raises ValueError: one line naming the field, or how many runs do not fit at once.
+    """
+    from foxhunt.preflight import free_memory, run_memory
+
+    needs: dict[str, float] = {}
+    for config in configs:
+        config.check()  # each alone first: names its own field
+        device = str(th.device(config.device))
+        needs[device] = needs.get(device, 0.0) + sum(size for _, size in run_memory(config).values())
+    for device, need in needs.items():
+        free = free_memory(device)
+        if free is not None and need > free:
+            runs = sum(str(th.device(config.device)) == device for config in configs)
+            raise ValueError(f"train_concurrently: {runs} runs on {device} need about {need / 1e9:,.3g} GB "
+                             f"together and it has {free / 1e9:,.3g} GB free; train fewer at once")
 
 
 def _evaluate_run(config: RunConfig, model: Any, out: Path) -> None:
