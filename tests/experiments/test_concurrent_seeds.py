@@ -56,3 +56,20 @@ def test_the_option_is_parsed_and_checked() -> None:
         options.parse(parser, ["--concurrent-seeds", "0"])
     with pytest.raises(ValueError, match="concurrent=0"):
         runner.train_all([], tiny_setup(), concurrent=0)
+
+
+@pytest.mark.slow
+def test_learning_trains_its_seeds_at_once(tmp_path: Path) -> None:
+    """``python -m experiments.learning --concurrent-seeds 2``: both seeds of the BranchingIQN agent in one
+    batch, DQN one at a time; every run folder and the table as without the option."""
+    from experiments.learning import main
+
+    out = tmp_path / "tiny"
+    payload = main(["--out", str(out), "--agents", "iqn_lean,dqn", "--seeds", "2", "--concurrent-seeds", "2",
+                    "--steps", "160", "--n-envs", "2", "--market-steps", "1000", "--signal-strength", "0.5",
+                    "--episode-length", "20", "--eval-envs", "2", "--eval-steps", "20", "--device-loop", "on",
+                    "--no-progress"])
+    assert set(payload["train_seconds"]) == {"iqn_lean/seed0", "iqn_lean/seed1", "dqn/seed0", "dqn/seed1"}
+    for name in ("iqn_lean/seed0", "iqn_lean/seed1"):
+        assert (out / name / "run.json").is_file() and (out / name / "evaluation.json").is_file()
+    assert "| iqn_lean | 2 |" in (out / "results.md").read_text()
