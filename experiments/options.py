@@ -1,7 +1,8 @@
 """The command-line options the experiment scripts share, and the :class:`~experiments.runner.Setup` and
 :class:`~experiments.agents.Roster` they give.
 
-* markets: ``--data``, ``--signal-strength``, ``--signal-horizon``, ``--market-steps``, ``--step-events``,
+* markets: ``--data``, ``--signal-strength``, ``--signal-horizon``, ``--market-kwargs`` (more synthetic
+  profile knobs: the waves), ``--market-steps``, ``--step-events``,
   ``--levels``, ``--episode-length``, ``--train-market-seed``, ``--eval-market-seed``;
 * budget: ``--seeds``, ``--concurrent-seeds``, ``--steps``, ``--n-envs``, ``--device``, ``--threads``,
   ``--net-arch``, and the
@@ -40,6 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser, evaluation: bool = True) -> N
     group.add_argument("--data", default="synthetic", help="'synthetic' or a LOBSTER folder (train -> test)")
     group.add_argument("--signal-strength", type=float, default=0.0, help="synthetic: planted signal")
     group.add_argument("--signal-horizon", type=int, default=1, help="synthetic: planted signal's horizon")
+    group.add_argument("--market-kwargs", default=None, metavar="JSON",
+                       help="synthetic: more profile knobs of both markets, e.g. '{\"wave_rate\": 0.02}'")
     group.add_argument("--market-steps", type=int, default=20_000, help="synthetic: steps of each market")
     group.add_argument("--step-events", type=int, default=None, help="LOBSTER: messages per step")
     group.add_argument("--levels", type=int, default=None, help="book levels (market and env)")
@@ -116,6 +119,29 @@ def env_kwargs_of(args: argparse.Namespace) -> dict[str, Any]:
     return env
 
 
+def market_kwargs_of(args: argparse.Namespace) -> dict[str, Any]:
+    """``--market-kwargs``: synthetic profile knobs (checked by the market generator's own names).
+
+    :raises ValueError: naming ``market-kwargs`` when it is not a JSON object of known knobs.
+    """
+    from foxenv.data import SyntheticProfile
+
+    if not getattr(args, "market_kwargs", None):
+        return {}
+    try:
+        market = json.loads(args.market_kwargs)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"market-kwargs={args.market_kwargs!r}: not valid JSON ({error})") from None
+    if not isinstance(market, dict):
+        raise ValueError(f"market-kwargs={market!r} must be a JSON object of synthetic profile knobs")
+    known = [f.name for f in dataclasses.fields(SyntheticProfile)]
+    for key in market:
+        if key not in known or key in ("signal_strength", "signal_horizon"):
+            raise ValueError(f"market-kwargs.{key} is not a synthetic profile knob this option sets; known: "
+                             f"{', '.join(k for k in known if not k.startswith('signal_'))}")
+    return market
+
+
 def setup_of(args: argparse.Namespace) -> Setup:
     """The markets, budget and held-out evaluation the options describe."""
     overrides = {key: getattr(args, key) for key in OVERRIDE_OPTIONS if getattr(args, key) is not None}
@@ -123,6 +149,7 @@ def setup_of(args: argparse.Namespace) -> Setup:
                   "eval_seed": args.eval_seed} if hasattr(args, "eval_seed") else {}
     return Setup(
         data=args.data, signal_strength=args.signal_strength, signal_horizon=args.signal_horizon,
+        market=market_kwargs_of(args),
         market_steps=args.market_steps, train_market_seed=args.train_market_seed,
         eval_market_seed=args.eval_market_seed, step_events=args.step_events, steps=args.steps,
         n_envs=args.n_envs, device=args.device, threads=args.threads,

@@ -43,6 +43,8 @@ class Setup:
     :param data: ``"synthetic"`` or a LOBSTER folder (trained on its train split, scored on its test split).
     :param signal_strength: synthetic: the planted signal's strength (0 = none; > 0 adds the oracle).
     :param signal_horizon: synthetic: the planted signal's horizon.
+    :param market: synthetic: more :class:`~foxenv.data.SyntheticProfile` knobs of both markets (the waves:
+        ``{"wave_rate": 0.02}`` adds the wave oracle).
     :param market_steps: synthetic: steps of each generated market.
     :param train_market_seed: synthetic: the training market's seed.
     :param eval_market_seed: synthetic: the held-out market's seed (``None``: the training one's + 1, the
@@ -66,6 +68,7 @@ class Setup:
     data: str = "synthetic"
     signal_strength: float = 0.0
     signal_horizon: int = 1
+    market: dict[str, Any] = field(default_factory=dict)
     market_steps: int = 20_000
     train_market_seed: int = 0
     eval_market_seed: int | None = None
@@ -91,8 +94,9 @@ class Setup:
             raise ValueError(f"data={self.data!r} must be 'synthetic' or a LOBSTER folder")
         if self.synthetic and self.step_events is not None:
             raise ValueError(f"step_events={self.step_events}: only a LOBSTER market has messages per step")
-        if not self.synthetic and self.signal_strength:
-            raise ValueError(f"signal_strength={self.signal_strength}: a planted signal needs synthetic data")
+        if not self.synthetic and (self.signal_strength or self.market):
+            raise ValueError(f"signal_strength={self.signal_strength}, market={self.market}: a planted "
+                             "signal and profile knobs need synthetic data")
         if self.device_loop is not None and not isinstance(self.device_loop, bool):
             raise ValueError(f"device_loop={self.device_loop!r} must be a bool or None")
         self.config(Agent("check"), 0)  # RunConfig names a bad setting before anything trains
@@ -103,15 +107,21 @@ class Setup:
         return self.data == "synthetic"
 
     @property
+    def waves(self) -> bool:
+        """Whether the market has planted waves (the wave oracle joins the baselines)."""
+        return self.synthetic and float(self.market.get("wave_rate", 0.0) or 0.0) > 0
+
+    @property
     def planted(self) -> bool:
-        """Whether the market has a planted signal (the oracle joins the baselines)."""
-        return self.synthetic and self.signal_strength > 0
+        """Whether the market has a planted signal or waves (an oracle joins the baselines)."""
+        return self.synthetic and (self.signal_strength > 0 or self.waves)
 
     def market_kwargs(self) -> dict[str, Any]:
-        """The market's options (synthetic: the planted signal; LOBSTER: messages per step)."""
+        """The market's options (synthetic: the planted signal and ``market``'s knobs; LOBSTER: messages per
+        step)."""
         if not self.synthetic:
             return {} if self.step_events is None else {"step_events": self.step_events}
-        return {"signal_strength": self.signal_strength, "signal_horizon": self.signal_horizon}
+        return {"signal_strength": self.signal_strength, "signal_horizon": self.signal_horizon, **self.market}
 
     def config(self, agent: Agent, seed: int, out: Path | None = None) -> RunConfig:
         """The :class:`RunConfig` agent ``agent`` trains with (the peers: the config of their env and of the
@@ -141,7 +151,10 @@ class Setup:
         if not self.synthetic:
             return f"LOBSTER {self.data}: train split -> test split"
         signal = (f"planted signal strength {self.signal_strength}, horizon {self.signal_horizon}"
-                  if self.planted else "no planted signal")
+                  if self.signal_strength > 0 else "no planted signal")
+        if self.market:
+            signal += ", " + ", ".join(f"{k} {v:g}" if isinstance(v, int | float) else f"{k} {v}"
+                                       for k, v in self.market.items())
         return (f"synthetic ({signal}), markets of {self.market_steps} steps: train market seed "
                 f"{self.train_market_seed} -> held-out market seed {self.eval_market_seed}")
 

@@ -194,10 +194,10 @@ class SyntheticProfile:
     flow_impact: float = 0.35
     wave_rate: float = 0.0
     wave_length_mean: float = 20.0
-    wave_drift_ticks: float = 5.0
+    wave_drift_ticks: float = 10.0
     wave_onset_signal: float = 4.0
-    wave_end_signal: float = 0.5
-    wave_reversal: float = 0.5
+    wave_end_signal: float = 1.0
+    wave_reversal: float = 1.0
 
     def validate(self) -> SyntheticProfile:
         """Check every knob's range.

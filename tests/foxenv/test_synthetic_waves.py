@@ -11,7 +11,8 @@ from foxenv.data.synthetic import SyntheticProfile, signal_from_imbalance, wave_
 from tests.foxenv.test_synthetic import TENSOR_FIELDS
 
 STEPS = 8_000
-WAVES = {"wave_rate": 0.02, "wave_length_mean": 20.0, "wave_drift_ticks": 5.0}
+WAVES = {"wave_rate": 0.02, "wave_length_mean": 20.0, "wave_drift_ticks": 5.0, "wave_end_signal": 0.5,
+         "wave_reversal": 0.5}
 
 
 def shown_signal(market) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""``benchmarks/time_to_score.py``: the scorer, the stopping callback, the summary and a smoke run."""
+"""``benchmarks/time_to_score.py`` and its scoring (:mod:`experiments.scoring`): the scorer, the stopping
+callback, the summary and a smoke run."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from typing import Any
 
 import pytest
 import torch as th
+
+from experiments import scoring
 
 
 def _module() -> ModuleType:
@@ -33,9 +36,8 @@ def _small(signal_strength: float = 2.0) -> Any:
 
 
 def test_the_oracle_pnl_is_the_one_evaluate_policies_scores() -> None:
-    bench = _module()
     setup = _small()
-    scorer = bench.HeldOutScorer(setup)
+    scorer = scoring.HeldOutScorer(setup)
     from experiments import results
 
     evaluation = results.evaluate({}, setup)
@@ -44,13 +46,11 @@ def test_the_oracle_pnl_is_the_one_evaluate_policies_scores() -> None:
 
 
 def test_the_scorer_refuses_a_market_without_a_planted_signal() -> None:
-    bench = _module()
     with pytest.raises(ValueError, match="signal_strength=0"):
-        bench.HeldOutScorer(_small(0.0))
+        scoring.HeldOutScorer(_small(0.0))
 
 
 def test_greedy_device_policy_decodes_joint_codes() -> None:
-    bench = _module()
 
     class Joint:
         device = th.device("cpu")
@@ -58,7 +58,7 @@ def test_greedy_device_policy_decodes_joint_codes() -> None:
         def _predict(self, obs: th.Tensor, deterministic: bool = True) -> th.Tensor:
             return th.tensor([0, 80, 27 * 2 + 9 * 1 + 3 * 0 + 2])
 
-    policy = bench.GreedyDevicePolicy(SimpleNamespace(policy=Joint()))
+    policy = scoring.GreedyDevicePolicy(SimpleNamespace(policy=Joint()))
     policy.reset(3, th.device("cpu"))
     actions = policy.act(th.zeros(3, 5), th.ones(3, dtype=th.bool))
     assert actions.tolist() == [[0, 0, 0, 0], [2, 2, 2, 2], [2, 1, 0, 2]]
@@ -79,8 +79,7 @@ class _FakeScorer:
 ])
 def test_callback_stops_at_the_target_or_the_cap(shares: list, cap: float, stop: bool, stops_at: int,
                                                  reached: bool) -> None:
-    bench = _module()
-    callback = bench.ScoreCallback(_FakeScorer(shares), every=10, target=0.5, cap_seconds=cap,
+    callback = scoring.ScoreCallback(_FakeScorer(shares), every=10, target=0.5, cap_seconds=cap,
                                    learning_starts=10, device="cpu", stop_at_target=stop)
     callback.model = SimpleNamespace(_n_updates=0)
     callback._on_training_start()
@@ -113,10 +112,9 @@ def test_summary_counts_unreached_seeds_as_over_the_cap() -> None:
 
 
 def test_timing_breakdown_separates_warm_up_first_chunk_and_steady_rate() -> None:
-    bench = _module()
     points = [{"steps": 100, "train_s": 1.0}, {"steps": 200, "train_s": 4.0}, {"steps": 300, "train_s": 5.0},
               {"steps": 500, "train_s": 7.0}]
-    out = bench.timing_breakdown(points, warmup_s=0.5, learning_starts=100)
+    out = scoring.timing_breakdown(points, warmup_s=0.5, learning_starts=100)
     assert out["warmup_s"] == 0.5 and out["first_chunk_s"] == pytest.approx(3.5)
     assert out["steady_s_per_kstep"] == pytest.approx(1000 * 3.0 / 300)
 
