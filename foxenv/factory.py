@@ -19,6 +19,7 @@ from foxenv.checks import check_device, check_seed
 from foxenv.config import EnvConfig
 from foxenv.core import BatchedLOB
 from foxenv.data.market import MarketData
+from foxenv.data.synthetic import WAVE_KNOBS
 
 #: What ``data=`` may be: ``"synthetic"``, a LOBSTER folder, a ``(message, orderbook)`` file pair,
 #: or an already loaded :class:`MarketData`.
@@ -29,6 +30,7 @@ DataSource = str | PathLike | tuple[str | PathLike, str | PathLike] | MarketData
 MARKET_KWARGS = (
     "step_events", "step_seconds", "split", "train_fraction", "validation_fraction", "split_times", "days",
     "num_steps", "cache_dir", "market_seed", "price_band", "tick_size", "signal_strength", "signal_horizon",
+    *WAVE_KNOBS,
 )
 
 

@@ -29,7 +29,7 @@ from foxenv.data.lobster import (
     walk_forward,
 )
 from foxenv.data.market import FLOW_WIDTH, SECONDS_PER_DAY, MarketData, concat_markets
-from foxenv.data.synthetic import SyntheticProfile, generate_synthetic
+from foxenv.data.synthetic import WAVE_KNOBS, SyntheticProfile, generate_synthetic
 
 __all__ = [
     "DEFAULT_PRICE_BAND",
@@ -127,6 +127,7 @@ def load_market(
     signal_horizon: int = 1,
     split_times: Sequence[str | float] | None = None,
     days: Sequence[int] | None = None,
+    **waves: float,
 ) -> MarketData:
     """Load a market timeline from the synthetic generator or LOBSTER files, on ``device``.
 
@@ -158,6 +159,8 @@ def load_market(
         ``signal_horizon`` steps' mid move (0: none, the market is then the one without it, bit for bit;
         see :class:`~foxenv.data.synthetic.SyntheticProfile`).
     :param signal_horizon: synthetic only: steps over which a planted signal moves the mid; >= 1.
+    :param waves: synthetic only: the planted waves' knobs (:data:`~foxenv.data.synthetic.WAVE_KNOBS`:
+        ``wave_rate`` and the rest of :class:`~foxenv.data.synthetic.SyntheticProfile`'s ``wave_*``).
     :param split_times: a session split of one day: ``(fit end, validation end)`` clock times (``"12:30"``,
         ``"13:30:00"`` or seconds after midnight): ``"fit"`` before the first, ``"validation"`` to the second,
         ``"test"`` after it, ``"train"`` both first parts; replaces the fractions.
@@ -169,6 +172,10 @@ def load_market(
     """
     if split not in SPLITS:
         raise ValueError(f"split={split!r} must be one of {', '.join(map(repr, SPLITS))}")
+    unknown = sorted(set(waves) - set(WAVE_KNOBS))
+    if unknown:
+        raise ValueError(f"load_market got unknown option(s) {unknown}; the wave knobs are "
+                         f"{list(WAVE_KNOBS)}")
     if not 0.0 < validation_fraction < 1.0:
         raise ValueError(f"validation_fraction={validation_fraction} must lie strictly between 0 and 1")
     bad_steps = isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1
@@ -180,7 +187,7 @@ def load_market(
         parts = [load_market(part, levels=levels, step_events=step_events, step_seconds=step_seconds,
                              price_band=price_band, tick_size=tick_size, num_steps=num_steps, seed=seed,
                              cache_dir=cache_dir, signal_strength=signal_strength,
-                             signal_horizon=signal_horizon, days=days) for part in source]
+                             signal_horizon=signal_horizon, days=days, **waves) for part in source]
         data = concat_markets(parts)
     elif isinstance(source, str) and source == "synthetic":
         if step_events is not None:
@@ -188,7 +195,7 @@ def load_market(
         if tick_size is not None:
             raise ValueError(f"tick_size={tick_size} applies to LOBSTER sources only, not 'synthetic'")
         profile = {} if step_seconds is None else {"step_seconds": step_seconds}
-        profile.update(signal_strength=signal_strength, signal_horizon=signal_horizon)
+        profile.update(signal_strength=signal_strength, signal_horizon=signal_horizon, **waves)
         data = generate_synthetic(
             DEFAULT_SYNTHETIC_STEPS if num_steps is None else num_steps,
             levels=DEFAULT_SYNTHETIC_LEVELS if levels is None else levels,
@@ -199,6 +206,10 @@ def load_market(
         if signal_strength != 0.0 or signal_horizon != 1:
             raise ValueError(f"signal_strength={signal_strength}, signal_horizon={signal_horizon}: a planted "
                              "signal applies to the synthetic market only, not to LOBSTER sources")
+        if waves:
+            given = ", ".join(f"{k}={v!r}" for k, v in waves.items())
+            raise ValueError(f"{given}: planted waves apply to the synthetic market only, not to LOBSTER "
+                             "sources")
         if isinstance(source, tuple):
             if len(source) != 2:
                 raise ValueError(f"source={source!r} must be a (message_path, orderbook_path) pair")

@@ -237,6 +237,9 @@ class SyntheticProfile:
         return self
 
 
+#: The knobs of the planted waves (``load_market`` and the envs take them by name for a synthetic market).
+WAVE_KNOBS: tuple[str, ...] = tuple(name for name in SyntheticProfile.__dataclass_fields__
+                                    if name.startswith("wave_"))
 #: Salt of the planted signal's own random stream (the market's stream stays untouched by the signal).
 _SIGNAL_SALT = 0x5167_4E41
 #: Salt of the trade gates' own random stream (the market's stream stays untouched by them).
