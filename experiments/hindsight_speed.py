@@ -30,6 +30,7 @@ import argparse
 import json
 import math
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -189,11 +190,12 @@ def plot(arms: dict[str, str], runs: dict[str, list[dict[str, Any]]], steps: dic
     ax.set_ylabel("held-out share of the oracle's PnL (%)")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
+    bx.set_xticks(range(len(steps["on"]["values"])))
     bx.set_xlabel("seed")
     bx.set_ylabel(f"env steps to {100 * target:.0f} % (hollow: not reached, what it trained)")
     bx.legend(fontsize=8)
     bx.grid(alpha=0.3)
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle("\n".join(textwrap.wrap(title, 160)), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
