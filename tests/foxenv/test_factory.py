@@ -40,5 +40,10 @@ def test_every_load_market_keyword_is_a_market_option():
     from foxenv.data import load_market
     from foxenv.factory import MARKET_KWARGS
 
-    loader = set(inspect.signature(load_market).parameters) - {"source", "levels", "device", "seed"}
+    from foxenv.data.synthetic import WAVE_KNOBS
+
+    parameters = inspect.signature(load_market).parameters
+    named = {k for k, p in parameters.items() if p.kind != inspect.Parameter.VAR_KEYWORD}
+    loader = named - {"source", "levels", "device", "seed"}
     assert loader <= set(MARKET_KWARGS), sorted(loader - set(MARKET_KWARGS))
+    assert set(WAVE_KNOBS) <= set(MARKET_KWARGS)  # load_market's **waves
