@@ -38,9 +38,8 @@ def test_every_load_market_keyword_is_a_market_option():
     import inspect
 
     from foxenv.data import load_market
-    from foxenv.factory import MARKET_KWARGS
-
     from foxenv.data.synthetic import WAVE_KNOBS
+    from foxenv.factory import MARKET_KWARGS
 
     parameters = inspect.signature(load_market).parameters
     named = {k for k, p in parameters.items() if p.kind != inspect.Parameter.VAR_KEYWORD}
