@@ -207,15 +207,25 @@ def mix_table(runs: Sequence[Mapping[str, Any]], references: Mapping[str, Mappin
 
 def plot(runs: Sequence[Mapping[str, Any]], marks: Sequence[int], references: Mapping[str, Mapping[str, Any]],
          path: Path, title: str) -> Path:
-    """Held-out Sharpe per epoch per seed (the ±0.3 band around epoch 1, the references dashed) and the final
-    action mix over every book-step (bars: the agent's seed mean, dots: seeds; hatched: the references;
-    black ticks: the floors)."""
+    """Three panels: the training curve per seed (the warm-up's end and the epochs marked), the held-out
+    Sharpe per epoch per seed (the ±0.3 band around epoch 1, the references dashed) and the final action
+    mix over every book-step (bars: the agent's seed mean, dots: seeds; hatched: the references; black
+    ticks: the floors)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(14, 4.8), gridspec_kw={"width_ratios": [1, 1.7]})
+    fig, (cx, ax, bx) = plt.subplots(1, 3, figsize=(18, 4.8), gridspec_kw={"width_ratios": [1, 1, 1.7]})
+    for i, run in enumerate(runs):
+        if run.get("curve"):
+            cx.plot(*zip(*run["curve"], strict=True), color=f"C{i}", lw=1, label=f"seed {run['seed']}")
+    for k, mark in enumerate(marks):
+        cx.axvline(mark, color="k", lw=1.2 if k == 0 else 0.5, ls="-" if k == 0 else ":")
+    cx.set_xlabel("environment steps (solid: warm-up end; dotted: epoch ends)")
+    cx.set_ylabel("training episode reward (recent episodes)")
+    cx.set_title("has the curve converged by the warm-up's end?", fontsize=8)
+    cx.grid(alpha=0.3)
     epochs = np.arange(len(runs[0]["epochs"]))
     for i, run in enumerate(runs):
         sharpe = [float(e["sharpe"]) for e in run["epochs"]]
