@@ -110,8 +110,9 @@ class TrialSeededSampler(optuna.samplers.BaseSampler):
         self._samplers.pop(trial.number, None)
 
     def reseed_rng(self) -> None:
-        for sampler in self._samplers.values():
-            sampler.reseed_rng()
+        """Nothing: each trial's draws are seeded by ``(seed, trial number)`` already. (Optuna reseeds the
+        sampler each time a thread of ``n_jobs`` takes a trial, which would reseed the trials other threads
+        are sampling: ``--trials-per-process``.)"""
 
 
 def make_sampler(name: str, seed: int | None, n_startup_trials: int = 5) -> optuna.samplers.BaseSampler:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+import time
 from pathlib import Path
 
 import optuna
@@ -16,7 +17,7 @@ from foxhunt.cli import build_parser
 from foxhunt.runs import RunConfig, train
 from tuning.cli import run
 from tuning.objective import thread_stdout
-from tuning.study import StudySettings
+from tuning.study import StudySettings, make_sampler
 
 
 def test_trials_run_at_once_score_as_each_trained_alone(tiny_files: tuple[Path, Path], tmp_path: Path,
@@ -58,6 +59,23 @@ def test_thread_stdout_sends_each_thread_to_its_own_stream(tmp_path: Path) -> No
         thread.join()
     for i, path in enumerate(paths):
         assert path.read_text() == f"thread {i}\n" * 50
+
+
+def test_a_trials_parameters_do_not_depend_on_the_trials_beside_it() -> None:
+    """Optuna reseeds the sampler whenever a thread of ``n_jobs`` takes a trial; the per-trial samplers
+    ignore it, so trials run at once draw what they draw one at a time (the trials sleep before they sample,
+    so another thread's reseed falls inside each)."""
+
+    def objective(trial: optuna.Trial) -> float:
+        time.sleep(0.05)
+        return trial.suggest_float("x", 0.0, 1.0) + trial.suggest_int("n", 0, 1000)
+
+    drawn = []
+    for n_jobs in (1, 3):
+        study = optuna.create_study(sampler=make_sampler("random", 7))
+        study.optimize(objective, n_trials=6, n_jobs=n_jobs)
+        drawn.append({t.number: t.params for t in study.trials})
+    assert drawn[0] == drawn[1] and len(drawn[0]) == 6
 
 
 def test_trials_per_process_is_checked() -> None:
