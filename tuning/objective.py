@@ -61,6 +61,16 @@ class _ThreadStdout(io.TextIOBase):
     def flush(self) -> None:
         self.target().flush()
 
+    def isatty(self) -> bool:
+        return self.target().isatty()
+
+    def fileno(self) -> int:
+        return self.target().fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self.target(), "encoding", "utf-8")
+
 
 _THREAD_STDOUT = threading.local()
 _STDOUT_LOCK = threading.Lock()

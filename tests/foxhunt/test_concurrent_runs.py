@@ -13,7 +13,7 @@ import torch as th
 import foxhunt.preflight
 from foxhunt.preflight import run_memory
 from foxhunt.runs import train, train_concurrently
-from tests.foxhunt._small_runs import assert_same_model, small_config
+from tests.foxhunt._small_runs import SMALL_MODEL_KWARGS, assert_same_model, small_config
 
 
 @pytest.fixture(autouse=True)
@@ -43,3 +43,18 @@ def test_runs_that_fit_alone_but_not_together_are_refused(tmp_path: Path, monkey
     with pytest.raises(ValueError, match=r"train_concurrently: 2 runs on cpu need about .* GB together"):
         train_concurrently(configs)
     assert not any(Path(config.out).exists() for config in configs)  # nothing started
+
+
+@pytest.mark.gpu
+def test_runs_trained_at_once_on_cuda_equal_each_trained_alone(tmp_path: Path) -> None:
+    """The GPU path of a run (device loop, fused CUDA-graph blocks): two seeds at once on two streams end as
+    each trained alone."""
+    configs = [small_config(tmp_path / "together" / f"seed{seed}", seed=seed, device="cuda", n_envs=64,
+                            steps=64 * 60, checkpoint_every=0, eval_steps=20,
+                            model_kwargs={**SMALL_MODEL_KWARGS, "buffer_size": 5000})
+               for seed in (5, 6)]
+    folders = train_concurrently(configs)
+    for config, folder in zip(configs, folders, strict=True):
+        assert json.loads((folder / "config.json").read_text())["cuda_graph"] is True
+        alone = train(dataclasses.replace(config, out=str(tmp_path / "alone" / folder.name)))
+        assert_same_model(folder / "model.zip", alone / "model.zip")
