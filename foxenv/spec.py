@@ -191,6 +191,18 @@ class ActionGrid:
         """Urgency index of a LimitMaker order at the own-side touch."""
         return self.maker_offsets.index(0)
 
+    def labels(self) -> dict[str, tuple[str, ...]]:
+        """The name of each value of each branch, for action mixes: the default grid's words (quarter, half,
+        full; passive, normal, aggressive), else each size as its fraction (``"0.1"``) and each urgency as
+        its index (``"u0"``: what it does differs by order type)."""
+        if self == DEFAULT_GRID:
+            sizes, urgencies = ("quarter", "half", "full"), URGENCIES
+        else:
+            sizes = tuple(f"{m:g}" for m in self.magnitudes)
+            urgencies = tuple(f"u{u}" for u in range(self.nvec[3]))
+        values = (("short", "flat", "long"), sizes, ORDER_TYPES, urgencies)
+        return dict(zip(BRANCH_NAMES, values, strict=True))
+
     def to_dict(self) -> dict[str, Any]:
         """The grid as JSON-able values (what :func:`action_grid` takes back)."""
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}

@@ -95,7 +95,8 @@ def compute_metrics(recording: Recording, step_seconds: float | None = None) -> 
         "episodes": int(per_episode.numel()),
         "step_seconds": float(seconds),
         "action_mix": {name: table[b, : nvec[b]].tolist() for b, name in enumerate(BRANCH_NAMES)},
-        "action_labels": fm.action_labels(nvec, BRANCH_NAMES),
+        "action_labels": ({k: list(v) for k, v in recording.action_labels.items()} if recording.action_labels
+                          else fm.action_labels(nvec, BRANCH_NAMES)),
     }
 
 

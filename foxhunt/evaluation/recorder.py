@@ -72,6 +72,8 @@ class Recording:
     extra: dict[str, Any] = field(default_factory=dict)
     nvec: tuple[int, ...] = (3, 3, 3, 3)
     """Choices per action branch: the env's action grid's ``nvec``."""
+    action_labels: dict[str, tuple[str, ...]] | None = None
+    """The name of each value of each branch (the grid's :meth:`~foxenv.spec.ActionGrid.labels`)."""
 
     @property
     def num_steps(self) -> int:
@@ -300,5 +302,5 @@ def record(policy: Any, market: MarketData, *, num_books: int = 16, num_steps: i
     return Recording(
         policy=policy.name, series=series, offsets=offsets[:episodes].cpu(), episode_length=length,
         market=market.name, step_seconds=step_seconds(market), elapsed_s=time.perf_counter() - started,
-        nvec=config.grid.nvec,
+        nvec=config.grid.nvec, action_labels=config.grid.labels(),
     )

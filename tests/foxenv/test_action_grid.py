@@ -45,6 +45,9 @@ def test_the_default_grid_is_todays_action_table() -> None:
     assert EnvConfig().grid is spec.DEFAULT_GRID and EnvConfig().grid.nvec == spec.ACTION_NVEC
     assert spec.DEFAULT_GRID.joint_actions == spec.JOINT_ACTIONS == 81
     assert "action_grid" not in config_settings(EnvConfig())  # default fingerprints are unchanged
+    from foxenv.metrics import ACTION_LABELS
+
+    assert spec.DEFAULT_GRID.labels() == ACTION_LABELS  # the default grid's action mixes keep their names
 
 
 def test_the_wide_grid_has_over_a_thousand_joint_codes() -> None:

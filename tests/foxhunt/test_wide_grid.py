@@ -113,6 +113,8 @@ def test_evaluation_scores_a_wide_model_beside_the_oracle_and_refuses_another_gr
     assert [len(v) for v in metrics["action_mix"].values()] == [3, 10, 3, 12]
     assert metrics["action_mix"]["magnitude"][2] == 1.0 and metrics["action_mix"]["urgency"][5] == 1.0
     assert [len(v) for v in metrics["action_labels"].values()] == [3, 10, 3, 12]
+    assert metrics["action_labels"]["magnitude"][:2] == ["0.1", "0.2"]
+    assert metrics["action_labels"]["urgency"][11] == "u11"
     oracle = evaluation.results["oracle"].metrics["action_mix"]
     assert oracle["magnitude"][WIDE.full_size] == 1.0 and oracle["urgency"][WIDE.whole_gap] == 1.0
     assert evaluation.results["oracle"].metrics["pnl"] > 0  # valid on the wide grid: it finds the signal
