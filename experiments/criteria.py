@@ -306,8 +306,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def best_rule(args: argparse.Namespace, setup: runner.Setup, env_kwargs: Mapping[str, Any],
               market_kwargs: Mapping[str, Any]) -> dict[str, Any] | None:
     """The best rule of :mod:`experiments.market_mix` fitted on the training market and scored on the
-    held-out windows the agent is scored on (None off a planted market or with ``--rules none``)."""
-    if not setup.planted or args.rules == "none":
+    held-out windows the agent is scored on (None without a planted signal, e.g. on waves alone, or with
+    ``--rules none``)."""
+    if not (setup.synthetic and setup.signal_strength > 0) or args.rules == "none":
         return None
     rules = None if args.rules is None else [r.strip() for r in args.rules.split(",") if r.strip()]
     found = market_mix.probe(market_kwargs, env_kwargs, train_market_seed=setup.train_market_seed,
@@ -383,7 +384,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     rows, working = judge(runs), judge(runs, "working")
     fair = fairness(references)
     title = (f"criteria, {agent.name} ({agent.action_face} face): {setup.describe()}; warm-up {args.steps} + "
-             f"{args.epochs} x {epoch_steps} steps x {args.n_envs} books, {len(seeds)} seeds, {loop} loop")
+             f"{args.epochs} x {epoch_steps} steps x {args.n_envs} books, {len(seeds)} seed(s), {loop} loop")
     command = options.command_line("criteria", argv)
     verdict_lines = [f"{'PASS' if r['pass'] else 'FAIL'}  {r['criterion']}: per seed "
                      + ", ".join(f"{v:.3f}" for v in r["values"]) for r in rows]
@@ -400,8 +401,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         f"# criteria: {agent.name}", f"`{command}`",
         f"{title}. Epoch = {epoch_steps:,} env steps (summed over books); warm-up = {args.steps:,}. "
         f"Held out: {setup.eval_envs or 'default'} books, market seed {setup.eval_market_seed}; Sharpe per "
-        f"step of the PnL after fees; train {seconds[0]:.0f} ± {seconds[1]:.0f} s per seed. The best rule: "
-        "experiments.market_mix's family fitted on the training market.",
+        f"step of the PnL after fees; train {seconds[0]:.0f} ± {seconds[1]:.0f} s per seed."
+        + (" The best rule: experiments.market_mix's family fitted on the training market." if best else ""),
         "## Criteria (mix over every book-step, after the last epoch)", criteria_table(rows, seeds, fair),
         f"What the market needs: {fair_line}.",
         "## The mix criteria over the working book-steps (target differs from the position held)",
