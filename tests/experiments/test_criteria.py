@@ -94,6 +94,17 @@ def test_epoch_marks_and_default_agent() -> None:
         criteria.parse_args(["--epochs", "1"])
 
 
+def test_best_rule_only_on_a_planted_signal() -> None:
+    import argparse
+
+    from experiments.runner import Setup
+
+    waves = Setup(market={"wave_rate": 0.02})
+    assert waves.planted and criteria.best_rule(argparse.Namespace(rules=None), waves, {}, {}) is None
+    planted = Setup(signal_strength=2.0, signal_horizon=5)
+    assert criteria.best_rule(argparse.Namespace(rules="none"), planted, {}, {}) is None
+
+
 SMOKE = ["--seeds", "1", "--steps", "200", "--epoch-steps", "40", "--epochs", "2", "--n-envs", "2",
          "--market-steps", "1000", "--signal-strength", "2", "--signal-horizon", "5", "--eval-envs", "2",
          "--eval-steps", "40", "--episode-length", "40", "--no-progress",
