@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from foxenv.config import EnvConfig
 from foxenv.data import generate_synthetic
 from foxenv.data.synthetic import SyntheticProfile, signal_from_imbalance, wave_schedule
+from foxenv.features import market_features
 from tests.foxenv.test_synthetic import TENSOR_FIELDS
 
 STEPS = 8_000
@@ -16,9 +18,10 @@ WAVES = {"wave_rate": 0.02, "wave_length_mean": 20.0, "wave_drift_ticks": 5.0, "
 
 
 def shown_signal(market) -> torch.Tensor:
-    """The signal each row's top-of-book imbalance shows (``2 atanh(imbalance)``)."""
-    bid, ask = market.bid_size[:, 0].double(), market.ask_size[:, 0].double()
-    return signal_from_imbalance((bid - ask) / (bid + ask))
+    """The signal each row's observation shows in its top-of-book imbalance feature (``2 atanh``)."""
+    config = EnvConfig()
+    imbalance = market_features(market, config)[:, 4 * config.levels].double()  # what the agent sees
+    return signal_from_imbalance(imbalance)
 
 
 @pytest.fixture(scope="module")
