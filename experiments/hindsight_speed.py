@@ -11,7 +11,9 @@ foresight of the waves' timing). The agent (``--agent``, default the default fac
 the joint face) trains twice per seed, hindsight on and off (``Roster.hindsight_arms``), each run scored on
 the held-out market every ``--score-every`` env steps (:mod:`experiments.scoring`, as
 ``benchmarks/time_to_score.py``) until the share reaches ``--target`` (or ``--cap-seconds`` of training, or
-``--steps``: then it is censored at what it trained).
+``--steps``: then it is censored at what it trained). ``--concurrent-seeds K`` trains K runs at once (a thread
+and a CUDA stream each, :mod:`sb3_her_ext.concurrent`; a seed's two arms side by side): the env steps are
+those of a run alone, the seconds those of a shared device.
 
 The statistics over the paired seeds: each arm's mean env steps and seconds to the target with a bootstrap
 95 % interval, and the speed-up ``mean(off) / mean(on)`` with a paired bootstrap interval (the seeds resampled
@@ -40,6 +42,7 @@ import torch
 from tqdm.auto import tqdm
 
 from experiments import options, results, scoring
+from sb3_her_ext.concurrent import run_concurrently
 
 #: The waves of the measurement's market (over :class:`foxenv.data.SyntheticProfile`'s wave defaults: a wave
 #: every ~50 quiet steps, 20 steps long on average, 10 ticks a step, given back after its end). There the
@@ -257,16 +260,21 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "runs": {on: [], off: []},
     }
     runs: dict[str, list[dict[str, Any]]] = payload["runs"]
-    for seed, side in tqdm([(s, a) for s in range(args.seeds) for a in ("on", "off")], desc="training",
-                           disable=args.no_progress):
-        run = scoring.train_scored(roster.get(arms[side]), seed, setup, scorer, every=args.score_every,
-                                   target=args.target, cap_seconds=args.cap_seconds,
-                                   run_to_budget=args.run_to_budget)
-        runs[arms[side]].append(run)
-        reached = (f"{run['steps']:,} steps, {run['seconds']:.1f} s" if run["reached"] else
-                   f"not reached in {run['trained_steps']:,} steps")
-        print(f"seed {seed} hindsight {side}: {reached}; best share {100 * run['best_share']:.1f} %",
-              flush=True)
+    pairs = [(s, side) for s in range(args.seeds) for side in ("on", "off")]  # a seed's arms side by side
+    batch = args.concurrent_seeds
+    for first in tqdm(range(0, len(pairs), batch), desc="training", disable=args.no_progress):
+        jobs = pairs[first:first + batch]
+        tasks = [lambda seed=seed, side=side: scoring.train_scored(
+            roster.get(arms[side]), seed, setup, scorer, every=args.score_every, target=args.target,
+            cap_seconds=args.cap_seconds, run_to_budget=args.run_to_budget) for seed, side in jobs]
+        done = (run_concurrently(tasks, [f"{arms[side]} seed {seed}" for seed, side in jobs],
+                                 [setup.device] * len(jobs)) if len(jobs) > 1 else [tasks[0]()])
+        for (seed, side), run in zip(jobs, done, strict=True):
+            runs[arms[side]].append(run)
+            reached = (f"{run['steps']:,} steps, {run['seconds']:.1f} s" if run["reached"] else
+                       f"not reached in {run['trained_steps']:,} steps")
+            print(f"seed {seed} hindsight {side}: {reached}; best share {100 * run['best_share']:.1f} %",
+                  flush=True)
         results.write_json(out / "hindsight_speed.json", payload)  # what is done survives a cut-short run
     steps = compare(runs[on], runs[off], "steps")
     seconds = compare(runs[on], runs[off], "seconds")

@@ -87,3 +87,12 @@ def test_quick_run_writes_its_table_json_and_figure(tmp_path: Path) -> None:
     table = (tmp_path / "hindsight_speed.md").read_text()
     assert "Speed-up with hindsight" in table and "iqn_joint+hindsight" in table
     assert (tmp_path / "hindsight_speed.png").stat().st_size > 10_000
+
+
+def test_concurrent_runs_score_as_the_runs_alone(tmp_path: Path) -> None:
+    alone = hindsight_speed.main(["--quick", "--seeds", "1", "--no-progress", "--out", str(tmp_path / "a")])
+    both = hindsight_speed.main(["--quick", "--seeds", "1", "--concurrent-seeds", "2", "--no-progress",
+                                 "--out", str(tmp_path / "b")])
+    for arm, runs in alone["runs"].items():
+        assert [(p["steps"], p["share"]) for p in runs[0]["points"]] == [
+            (p["steps"], p["share"]) for p in both["runs"][arm][0]["points"]]
