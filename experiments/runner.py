@@ -263,7 +263,8 @@ def train_all(jobs: Sequence[tuple[Agent, int, Path]], setup: Setup, concurrent:
     :param callbacks: per job, an SB3 callback (as :func:`train`'s), or None.
     :param on_done: called with each finished run (a batch's runs when the batch has ended).
     :return: the trained runs, in the jobs' order.
-    :raises sb3_her_ext.ConcurrentTrainingError: a run of a batch failed (naming its agent and seed).
+    :raises sb3_her_ext.ConcurrentTrainingError: a run of a batch failed (naming its agent and seed; raised
+        when the batch's other runs have ended).
     """
     from sb3_her_ext.concurrent import run_concurrently
 
