@@ -171,3 +171,20 @@ def test_a_joint_hindsight_cuda_run_injects_through_the_graphed_device_loop(tmp_
     assert counts["relabel"] > 0 and counts["backward"] + counts["forward"] > 0
     kinds, actions = model.replay_buffer.kinds, model.replay_buffer.actions
     assert bool((kinds == 3).any()) and int(actions.min()) >= 0 and int(actions.max()) < N_JOINT
+
+
+def test_a_resumed_joint_hindsight_run_equals_the_uninterrupted_one(tmp_path: Path) -> None:
+    """The trackers, the forward ring and the joint tables survive a checkpoint: the resumed run ends bit for
+    bit where the uninterrupted one does."""
+    from foxhunt.runs import resume, train
+    from tests.foxhunt._small_runs import Crash, CrashAt, assert_same_model, small_config
+
+    settings = {"steps": 400, "action_face": "joint", "hindsight": True, "device_loop": True}
+    whole = train(small_config(tmp_path / "whole", **settings))
+    out = tmp_path / "run"
+    with pytest.raises(Crash):
+        train(small_config(out, **settings), callback=CrashAt(300))
+    assert resume(out) == out
+    assert_same_model(whole / "model.zip", out / "model.zip")
+    model = BranchingIQN.load(whole / "model.zip")
+    assert model.hindsight_config is not None and model.hindsight_config.joint_nvec == NVEC
