@@ -136,8 +136,9 @@ class Learner:
     ) -> None:
         self.policy = policy
         self.guard = guard
-        if guard is not None:  # what the guard vouches for when it raises
-            guard.watch(lambda: named_state(policy, policy.optimizer))
+        if guard is not None:  # what the guard vouches for (and names) when it raises
+            guard.watch(lambda: [*named_state(policy, policy.optimizer),
+                                 *((f"vaccine.{name}", b) for name, b in vaccine.named_buffers())])
         #: the online and target networks the step trains and reads (the policy's)
         self.q_net: nn.Module = policy.q_net
         self.q_net_target: nn.Module = policy.q_net_target
@@ -226,10 +227,11 @@ class Learner:
         params = list(self.q_net.parameters())
         optimizer = self.policy.optimizer
         guard = self.guard
-        masked = guard is not None and not guard.immediate
-        # the state this step changes, to restore if it meets a NaN or inf: all of it in the guard's masked
-        # mode (GPU), what changes before the optimizer step in its immediate mode (CPU: PopArt, GradVac)
-        state = None if guard is None else guard.snapshot(*self._guarded_state(before_optimizer=not masked))
+        # the state this step changes, to restore if it meets a NaN or inf: what changes before the optimizer
+        # step (PopArt, GradVac; a fused optimizer skips its own step), or all of it (the GPU's masked mode
+        # with an optimizer that cannot skip a step)
+        if guard is not None:
+            guard.snapshot(*self._guarded_state(before_optimizer=not guard.snapshots_all(optimizer)))
         # 2.-4. double-Q target, PopArt update, IQN + C51 loss of the taken actions, weighted
         result = self.loss(batch, update_popart=True)
         loss = (result.per_sample * weights).mean()
@@ -242,11 +244,10 @@ class Learner:
             cos, corrected = self.vaccinate(params, vaccine_batch)
         # 7. clip, optimizer step
         grad_norm = th.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
-        if guard is not None and guard.immediate:
-            guard.check_step(loss, grad_norm)  # raises before the optimizer changes anything
-        optimizer.step()
-        if masked and state is not None and guard is not None:
-            guard.commit(state, loss, grad_norm)
+        if guard is None:
+            optimizer.step()
+        else:  # CPU: raises before the optimizer changes anything; GPU: a NaN/inf step skipped or undone
+            guard.optimizer_step(optimizer, loss, grad_norm)
         assert result.td_abs is not None
         # Detached outputs: a graph's static outputs live as long as the graph, and an output that kept its
         # autograd graph would keep the parameters' AccumulateGrad nodes (and the capture stream) alive.
@@ -386,7 +387,7 @@ class Learner:
         :return: ``(tensors, names)`` (``before_optimizer``: names None).
         """
         popart = self.policy.popart
-        if before_optimizer:  # every step on the CPU: no names (only the masked mode's messages use them)
+        if before_optimizer:  # no names: the guard looks them up when a message needs them
             rescaled = popart.rescaled_tensors() if popart is not None else []
             return [*rescaled, *(b.data for b in self.vaccine.buffers())], None
         vaccine = [(f"vaccine.{name}", b.data) for name, b in self.vaccine.named_buffers()]

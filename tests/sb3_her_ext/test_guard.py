@@ -1,6 +1,8 @@
 """The NaN guard: NaN/inf injected into rewards, observations, the loss and the learning rate give clear
 errors, and nothing non-finite is stored or learned (buffer contents and parameters checked). Both of the
-guard's modes run here on the CPU: immediate (the CPU default) and masked (the GPU's, forced)."""
+guard's modes run here on the CPU: immediate (the CPU default) and masked (the GPU's, forced), the masked
+mode on both of its paths: a fused optimizer that skips a bad step itself (``found_inf``, the default Adam)
+and the full snapshot of any other optimizer."""
 
 from __future__ import annotations
 
@@ -24,6 +26,10 @@ TINY_POLICY = dict(net_arch=[16], n_ensemble=2, n_cos=8, n_quantiles=4, n_quanti
                    n_quantiles_act=4, n_atoms=11)
 TINY = dict(learning_starts=8, batch_size=8, buffer_size=1000, train_freq=1, policy_kwargs=TINY_POLICY,
             seed=0, device="cpu", hindsight=False, vaccine_interval=2, learning_rate=1e-3)
+#: the masked mode's two paths: the default fused Adam skips a bad step on the device; a non-fused optimizer
+#: gets the full snapshot of parameters and optimizer state
+PATHS = {"fused": TINY, "full snapshot": {**TINY, "policy_kwargs": {**TINY_POLICY,
+                                                                    "optimizer_kwargs": {"fused": False}}}}
 
 
 class BadEnv(gym.Env):
@@ -68,6 +74,15 @@ def assert_same(before: dict[str, th.Tensor], after: dict[str, th.Tensor]) -> No
     assert before.keys() == after.keys()
     for key in before:
         assert th.equal(before[key], after[key]), key
+
+
+def assert_same_optimizer_state(before: dict, after: dict) -> None:
+    """Moments and step counts equal bit for bit (the optimizer state dict's ``state``)."""
+    assert before.keys() == after.keys()
+    for key, state in before.items():
+        assert state.keys() == after[key].keys()
+        for name, value in state.items():
+            assert th.equal(value, after[key][name]), (key, name)
 
 
 # ---------------------------------------------------------------------- env data, SB3's host path
@@ -131,10 +146,12 @@ def test_a_non_finite_target_stops_training_and_changes_nothing_on_the_cpu() -> 
             assert th.equal(value, after["state"][key][name]), name
 
 
-def test_masked_mode_restores_the_step_and_raises_at_the_next_sync_point(tmp_path: Path) -> None:
+@pytest.mark.parametrize("path", PATHS)
+def test_masked_mode_restores_the_step_and_raises_at_the_next_sync_point(tmp_path: Path, path: str) -> None:
     """The GPU's mode, forced on the CPU: no raise inside the step; the step (and the later ones) undone;
     the error at the diagnostics line, which shows the NaN loss as "nan"."""
-    model = trained_model(diagnostics_path=str(tmp_path / "d.jsonl"), diagnostics_interval=10_000)
+    model = trained_model(**PATHS[path], diagnostics_path=str(tmp_path / "d.jsonl"),
+                          diagnostics_interval=10_000)
     model.guard = model.learner.guard = NanGuard("cpu", immediate=False)
     good = params_of(model)
     vaccine = model.vaccine.target_cos.clone()
@@ -152,18 +169,23 @@ def test_masked_mode_restores_the_step_and_raises_at_the_next_sync_point(tmp_pat
         model.check_finite()
 
 
-def test_masked_mode_gives_the_same_parameters_as_no_guard() -> None:
-    """The guard changes no arithmetic and no random draw: masked, immediate and off train alike."""
-    results = []
+@pytest.mark.parametrize("path", PATHS)
+def test_masked_mode_gives_the_same_parameters_as_no_guard(path: str) -> None:
+    """The guard changes no arithmetic and no random draw: masked, immediate and off train alike (the
+    parameters, PopArt and the optimizer's moments and step counts, bit for bit)."""
+    results, optimizers = [], []
     for guard in ("off", "immediate", "masked"):
         env = DummyVecEnv([lambda: BadEnv(), lambda: BadEnv()])
-        model = BranchingIQN("MlpPolicy", env, **TINY, nan_guard=guard != "off")
+        model = BranchingIQN("MlpPolicy", env, **PATHS[path], nan_guard=guard != "off")
         if guard == "masked":
             model.guard = model.learner.guard = NanGuard("cpu", immediate=False)
         model.learn(60)
         results.append(params_of(model))
+        optimizers.append(model.policy.optimizer.state_dict()["state"])
     assert_same(results[0], results[1])
     assert_same(results[0], results[2])
+    for optimizer in optimizers[1:]:
+        assert_same_optimizer_state(optimizers[0], optimizer)
 
 
 def test_an_inf_learning_rate_is_refused() -> None:
@@ -254,9 +276,12 @@ def test_popart_overflow_is_refused_before_the_statistics_change() -> None:
     assert not nonfinite_tensors(named_state(model.policy, model.policy.optimizer))
 
 
-def test_masked_mode_restores_an_overflowed_popart_and_names_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("path", "when"), [("fused", "before"), ("full snapshot", "after")])
+def test_masked_mode_restores_an_overflowed_popart_and_names_it(tmp_path: Path, path: str, when: str) -> None:
+    """The fused path checks PopArt with the rest of what changed before the optimizer step (and skips the
+    step); the full path checks the whole state after it (and restores it)."""
     model = BranchingIQN("MlpPolicy", DummyVecEnv([HugeRewardEnv, HugeRewardEnv]),
-                         **{**TINY, "learning_starts": 30})
+                         **{**PATHS[path], "learning_starts": 30})
     masked_guard(model)
     model.learn(29)
     model._fit_observation_normalizer()  # as the first train() would
@@ -264,7 +289,7 @@ def test_masked_mode_restores_an_overflowed_popart_and_names_it(tmp_path: Path) 
     model.replay_buffer.rewards[: model.replay_buffer.size()] = 1e30
     model.train(2, model.batch_size)
     assert_same(good, params_of(model))  # PopArt's buffers are in the state dict: restored
-    with pytest.raises(NonFiniteError, match=r"model state after the optimizer step \(popart\.nu\) at "
+    with pytest.raises(NonFiniteError, match=rf"model state {when} the optimizer step \(popart\.nu\) at "
                        r"gradient step 1: .*last good ones \(checked finite\)"):
         model.guard.raise_if_tripped()
 
