@@ -20,7 +20,8 @@ from foxhunt.device_env import DeviceLOBVecEnv
 from sb3_her_ext import BranchingIQN
 from sb3_her_ext.device_env import DeviceStep
 from sb3_her_ext.diagnostics import read_diagnostics
-from sb3_her_ext.guard import NanGuard, NonFiniteError, named_state, nonfinite_tensors
+from sb3_her_ext.guard import NanGuard, NonFiniteError, named_state, nonfinite_tensors, skips_steps
+from tests.sb3_her_ext._op_count import ops_of
 
 TINY_POLICY = dict(net_arch=[16], n_ensemble=2, n_cos=8, n_quantiles=4, n_quantiles_target=4,
                    n_quantiles_act=4, n_atoms=11)
@@ -324,3 +325,142 @@ def test_save_refuses_state_changed_outside_training(tmp_path: Path) -> None:
     with pytest.raises(NonFiniteError, match=r"non-finite values in optimizer .*\.exp_avg_sq; every gradient "
                        r"step the NaN guard checked left it finite"):
         model.save(tmp_path / "bad.zip")
+
+
+# ---------------------------------------------------------------------- the masked mode's fused path
+def test_skips_steps_is_the_fused_optimizers_contract() -> None:
+    params = [th.nn.Parameter(th.zeros(2))]
+    assert skips_steps(th.optim.Adam(params, fused=True)) and skips_steps(th.optim.AdamW(params, fused=True))
+    assert skips_steps(th.optim.SGD(params, lr=0.1, fused=True))
+    assert not skips_steps(th.optim.Adam(params, foreach=True))
+    assert not skips_steps(th.optim.Adam(params, fused=False, capturable=True))
+    guard = NanGuard("cpu", immediate=False)
+    assert not guard.snapshots_all(th.optim.Adam(params, fused=True))
+    assert guard.snapshots_all(th.optim.Adam(params, foreach=True))
+    assert not NanGuard("cpu").snapshots_all(th.optim.Adam(params, foreach=True))  # immediate: never
+
+
+def test_a_fused_optimizer_skips_a_poisoned_step_bit_for_bit() -> None:
+    """The masked mode's default path: a NaN loss leaves parameters, PopArt, GradVac and the optimizer's
+    moments and step counts as they were, bit for bit, and every later step too."""
+    model = trained_model()
+    guard = masked_guard(model)
+    optimizer = model.policy.optimizer
+    assert skips_steps(optimizer) and not guard.snapshots_all(optimizer)
+    model.train(2, model.batch_size)  # good masked steps
+    assert not bool(guard.tripped) and int(guard.steps) == 2
+    before, optimizer_before = params_of(model), copy.deepcopy(optimizer.state_dict()["state"])
+    vaccine = model.vaccine.target_cos.clone()
+    poison_buffer(model)
+    model.train(3, model.batch_size)  # a vaccine step among them
+    assert_same(before, params_of(model))
+    assert_same_optimizer_state(optimizer_before, optimizer.state_dict()["state"])  # step counts included
+    assert th.equal(vaccine, model.vaccine.target_cos)
+    assert int(guard.steps) == 5
+    with pytest.raises(NonFiniteError, match=r"non-finite loss at gradient step 3: that step and any later "
+                       r"ones were not applied; .*last good ones \(checked finite\)"):
+        model.log_diagnostics()
+
+
+def test_the_found_inf_flag_lives_only_for_the_guarded_step(tmp_path: Path) -> None:
+    """``found_inf`` is one tensor (what a CUDA graph replays), set on the optimizer for its step only: not
+    after it, not after a step that raised, never in the state dict or a saved model."""
+    model = trained_model()
+    masked_guard(model)
+    optimizer = model.policy.optimizer
+    original, seen = optimizer.step, []
+
+    def spy(*args, **kwargs):
+        seen.append(optimizer.found_inf)
+        return original(*args, **kwargs)
+
+    optimizer.step = spy
+    model.train(3, model.batch_size)
+    assert len(seen) == 3 and seen[0] is seen[1] is seen[2] and float(seen[0]) == 0.0
+    assert not hasattr(optimizer, "found_inf")
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("the optimizer failed")
+
+    optimizer.step = failing
+    with pytest.raises(RuntimeError, match="the optimizer failed"):
+        model.train(1, model.batch_size)
+    assert not hasattr(optimizer, "found_inf")
+    del optimizer.step  # the class's step again
+    assert "found_inf" not in str(model.get_parameters())
+    model.save(tmp_path / "model.zip")
+    loaded = BranchingIQN.load(tmp_path / "model.zip", env=model.get_env())
+    assert not hasattr(loaded.policy.optimizer, "found_inf")
+    masked_guard(loaded)
+    loaded.learn(30)  # trains on, masked
+    loaded.check_finite()
+    assert int(loaded.guard.steps) > 0 and not hasattr(loaded.policy.optimizer, "found_inf")
+
+
+@pytest.mark.parametrize(("poisoned", "train_steps", "message"), [
+    # the next step's check meets the non-finite loss first; the guard then names what made it so
+    ("q_net.hidden.0.weight", 4, r"non-finite loss at gradient step 3: that step and any later ones were not "
+     r"applied; but the model already holds non-finite values in q_net\.hidden\.0\.weight.*, made so by "
+     r"gradient step 2"),
+    # an inf second moment leaves the next loss finite: the next step's check names the moment
+    ("exp_avg_sq", 4, r"non-finite model state after the optimizer step \(optimizer q_net\.hidden\.0\.weight"
+     r"\.exp_avg_sq\) at gradient step 2: its gradients were finite, so the optimizer applied that step"),
+    # the last step before the sync point: checked there
+    ("q_net.hidden.0.weight", 2, r"non-finite model state after the optimizer step \(q_net\.hidden\.0\."
+     r"weight\) at gradient step 2: its gradients were finite, so the optimizer applied that step \(a "
+     r"skipping optimizer cannot undo it\), not the later ones; .*made so by gradient step 2"),
+])
+def test_an_optimizer_step_that_overflows_is_named_and_later_steps_are_skipped(
+    tmp_path: Path, poisoned: str, train_steps: int, message: str,
+) -> None:
+    """Finite gradients, a non-finite result of the update (written into the state by the test): the skipping
+    path cannot undo that step, but records it, skips every later one and names the step and the tensor;
+    save then refuses the model, naming the step."""
+    model = trained_model()
+    guard = masked_guard(model)
+    optimizer = model.policy.optimizer
+    weight = model.policy.q_net.hidden[0].weight
+    original, after_bad = optimizer.step, {}
+
+    def overflowing(*args, **kwargs):
+        original(*args, **kwargs)
+        if int(guard.steps) == 2:
+            with th.no_grad():
+                target = optimizer.state[weight]["exp_avg_sq"] if poisoned == "exp_avg_sq" else weight
+                target.view(-1)[0] = float("inf")
+            after_bad["params"] = params_of(model)
+            after_bad["optimizer"] = copy.deepcopy(optimizer.state_dict()["state"])
+
+    optimizer.step = overflowing
+    model.train(train_steps, model.batch_size)
+    assert_same(after_bad["params"], params_of(model))  # nothing after the bad step was applied
+    assert_same_optimizer_state(after_bad["optimizer"], optimizer.state_dict()["state"])
+    with pytest.raises(NonFiniteError, match=message):
+        guard.raise_if_tripped()
+    with pytest.raises(NonFiniteError, match=r"refusing to save .*it went bad at gradient step 2"):
+        model.save(tmp_path / "model.zip")
+
+
+def test_the_masked_guard_costs_a_fixed_handful_of_ops_whatever_the_model_size() -> None:
+    """Each op is about one GPU kernel. The fused path adds a fixed handful to a gradient step (the full
+    snapshot added two per state tensor: over a hundred for foxhunt's network), the env check a fixed
+    handful to a vector step."""
+    added = []
+    for net_arch in ([16], [32, 32, 32]):
+        counts = []
+        for guard in ("off", "masked"):
+            policy = {**TINY_POLICY, "net_arch": net_arch}
+            model = trained_model(policy_kwargs=policy, nan_guard=guard != "off")
+            if guard == "masked":
+                masked_guard(model)
+            batch = model.replay_buffer.sample(model.batch_size)
+            weights = th.ones(model.batch_size)
+            model.learner.step(batch, weights)  # the optimizer state exists, as in every later step
+            counts.append(len(ops_of(lambda: model.learner.step(batch, weights))))  # noqa: B023
+        added.append(counts[1] - counts[0])
+    assert added[0] == added[1] <= 17, added
+    guard = NanGuard("cpu", immediate=False)
+    obs, rewards = th.zeros(4, 3), th.zeros(4)
+    for observations in ((obs,), (obs, obs)):
+        ops = ops_of(lambda: guard.check_env_tensors(5, observations, rewards))  # noqa: B023
+        assert len(ops) <= 12 + 2 * len(observations), ops
