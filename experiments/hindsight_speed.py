@@ -62,11 +62,18 @@ def default_agent() -> str:
     return "iqn_joint" if presets.ACTION_FACE == "joint" else "iqn"
 
 
-def to_target(run: dict[str, Any], key: str) -> tuple[float, bool]:
+def to_target(run: dict[str, Any], key: str, share: float | None = None) -> tuple[float, bool]:
     """A run's env steps (``key="steps"``) or training seconds (``"seconds"``) to the target, and whether it
-    is censored (not reached: then what it trained, a lower bound)."""
-    if run["reached"]:
+    is censored (not reached: then what it trained, a lower bound).
+
+    :param share: another bar than the run's target, at most it: its first crossing among the run's scored
+        points (None: the run's target).
+    """
+    if share is None and run["reached"]:
         return float(run[key]), False
+    crossed = next((p for p in run["points"] if p["share"] >= share), None) if share is not None else None
+    if crossed is not None:
+        return float(crossed["steps"] if key == "steps" else crossed["train_s"]), False
     return float(run["trained_steps"] if key == "steps" else (run["trained_s"] or math.nan)), True
 
 
@@ -78,13 +85,14 @@ def interval(draws: torch.Tensor, level: float = LEVEL) -> tuple[float, float]:
 
 
 def compare(runs_on: Sequence[dict[str, Any]], runs_off: Sequence[dict[str, Any]], key: str,
-            resamples: int = RESAMPLES, seed: int = 0) -> dict[str, Any]:
+            resamples: int = RESAMPLES, seed: int = 0, share: float | None = None) -> dict[str, Any]:
     """Each arm's mean ``key`` to the target with its bootstrap interval, and the speed-up ``mean(off) /
     mean(on)`` with a paired bootstrap interval over the seeds.
 
     :param runs_on: the hindsight-on runs, in seed order.
     :param runs_off: the hindsight-off runs, same seeds.
     :param key: ``"steps"`` or ``"seconds"``.
+    :param share: a lower bar than the runs' target (:func:`to_target`); None: the target.
     :return: ``on`` / ``off`` (values, censored flags, mean, interval), ``speedup`` and its interval, and
         ``bound``: ``"exact"``, ``"lower"`` (only "off" runs censored), ``"upper"`` (only "on") or ``"none"``
         (both).
@@ -96,7 +104,7 @@ def compare(runs_on: Sequence[dict[str, Any]], runs_off: Sequence[dict[str, Any]
     out: dict[str, Any] = {}
     draws = {}
     for arm, runs in (("on", runs_on), ("off", runs_off)):
-        values, censored = zip(*(to_target(run, key) for run in runs), strict=True)
+        values, censored = zip(*(to_target(run, key, share) for run in runs), strict=True)
         tensor = torch.tensor(values, dtype=torch.float64)
         # the same seed draws the same seed indices for both arms: a paired resample
         draws[arm] = block_bootstrap_means(tensor, resamples=resamples, block=1, seed=seed)
@@ -133,7 +141,8 @@ def _per_seed(values: dict[str, Any], fmt: str) -> str:
 
 
 def table(arms: dict[str, str], runs: dict[str, list[dict[str, Any]]], steps: dict[str, Any],
-          seconds: dict[str, Any], decision: dict[str, Any], target: float) -> str:
+          seconds: dict[str, Any], decision: dict[str, Any], target: float,
+          lower: tuple[float, dict[str, Any]] | None = None) -> str:
     """The markdown table: per arm the runs that reached the target, mean env steps and seconds to it with
     intervals and per seed, the best and final shares; then the speed-up and the verdict."""
     pct = f"{100 * target:.0f} %"
@@ -165,6 +174,13 @@ def table(arms: dict[str, str], runs: dict[str, list[dict[str, Any]]], steps: di
         f"Target >= {TARGET_SPEEDUP:g}x fewer steps: **{'PASS' if decision['target_met'] else 'FAIL'}**; "
         f"{decision['decision']}.",
     ]
+    if lower is not None:
+        bar, low = lower
+        lines.append(
+            f"At the lower bar of {100 * bar:.0f} % (first crossing among the scored points; context, not "
+            f"the verdict): env steps {_ci(low['on'], '{:,.0f}')} with hindsight, "
+            f"{_ci(low['off'], '{:,.0f}')} without; speed-up {low['speedup']:.2f}x "
+            f"({low['speedup_interval'][0]:.2f} – {low['speedup_interval'][1]:.2f}){bound[low['bound']]}.")
     return "\n".join(lines)
 
 
@@ -216,6 +232,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="the BranchingIQN agent compared with hindsight on and off (default: the "
                              "default face's, iqn_joint on the joint face; custom ones too)")
     parser.add_argument("--target", type=float, default=0.5, help="share of the oracle's held-out PnL")
+    parser.add_argument("--lower-bar", type=float, default=0.25,
+                        help="also compare the env steps to this lower share (context; 0: none)")
     parser.add_argument("--score-every", type=int, default=32_768, help="env steps between scores")
     parser.add_argument("--cap-seconds", type=float, default=600.0, help="training seconds per run")
     parser.add_argument("--run-to-budget", action="store_true",
@@ -279,11 +297,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     steps = compare(runs[on], runs[off], "steps")
     seconds = compare(runs[on], runs[off], "seconds")
     decision = verdict(steps)
-    markdown = table(arms, runs, steps, seconds, decision, args.target)
+    lower = None
+    if args.lower_bar and args.lower_bar < args.target:
+        lower = (args.lower_bar, compare(runs[on], runs[off], "steps", share=args.lower_bar))
+    markdown = table(arms, runs, steps, seconds, decision, args.target, lower)
     title = (f"hindsight speed: {on} vs {off}, {setup.describe()}; {args.steps:,} steps x {args.n_envs} "
              f"books, {args.seeds} seeds, {args.device}")
     plot(arms, runs, steps, args.target, out / "hindsight_speed.png", title)
-    payload.update({"steps": steps, "seconds": seconds, "verdict": decision, "table": markdown})
+    payload.update({"steps": steps, "seconds": seconds, "verdict": decision, "table": markdown,
+                    "lower_bar": None if lower is None else {"share": lower[0], "steps": lower[1]}})
     results.write_json(out / "hindsight_speed.json", payload)
     (out / "hindsight_speed.md").write_text(f"`{payload['command']}`\n\n{setup.describe()}\n\n{markdown}\n")
     print("\n" + markdown)

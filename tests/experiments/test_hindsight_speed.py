@@ -96,3 +96,13 @@ def test_concurrent_runs_score_as_the_runs_alone(tmp_path: Path) -> None:
     for arm, runs in alone["runs"].items():
         assert [(p["steps"], p["share"]) for p in runs[0]["points"]] == [
             (p["steps"], p["share"]) for p in both["runs"][arm][0]["points"]]
+
+
+def test_a_lower_bar_reads_the_first_crossing_among_the_points() -> None:
+    points = [{"steps": 100, "train_s": 1.0, "share": 0.1}, {"steps": 200, "train_s": 2.0, "share": 0.3},
+              {"steps": 300, "train_s": 3.0, "share": 0.2}]
+    scored = {**run(None, trained=300), "points": points}
+    assert hindsight_speed.to_target(scored, "steps", share=0.25) == (200.0, False)
+    assert hindsight_speed.to_target(scored, "seconds", share=0.25) == (2.0, False)
+    assert hindsight_speed.to_target(scored, "steps", share=0.4) == (300.0, True)
+    assert hindsight_speed.to_target(scored, "steps") == (300.0, True)
