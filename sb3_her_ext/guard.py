@@ -17,20 +17,23 @@ them at the next sync point: a diagnostics line, a device-loop flush, the end of
 ``BranchingIQN.check_finite``. Between the failure and that point:
 
 * the env rows of a failing step, and of every later step, are pushed with each non-finite value
-  replaced by 0 (the push cannot skip rows without a sync), so the buffer never holds a non-finite value;
+  replaced by 0 (the push cannot skip rows without a sync), so the buffer never holds a non-finite value
+  (per vector step: a max-norm per env of its reward and of its observations, ``nan_to_num``, the record);
 * every gradient step is undone, so nothing learned after the failure counts and the data stored after it
   is never learned from. With an optimizer that skips a step on the device (:func:`skips_steps`: the fused
   Adam and AdamW, BranchingIQN's default, and any optimizer GradScaler drives the same way) the guard sets
   the optimizer's ``found_inf`` flag before ``optimizer.step()``, and the fused kernel leaves parameters,
   moments and step count alone; only the state that changed before the optimizer step (PopArt's statistics
-  and rescaled layers, GradVac's buffers: a few small tensors) is snapshot and put back with
-  ``torch.where``. Any other optimizer gets the full path: every parameter and optimizer tensor snapshot
-  before the step and restored after it.
+  and rescaled layers, GradVac's buffers: a few small tensors) is snapshot and put back. Any other
+  optimizer gets the full path: every parameter and optimizer tensor snapshot before the step and restored
+  after it.
 
-Both are exact: the same arithmetic and random draws as without the guard. Per step, the skipping path
-costs one multi-tensor copy (the snapshot), one multi-tensor max-norm over the loss, the gradient norm,
-the small state and what the optimizer wrote (parameters, moments) and a few scalar ops (the record, the
-flag, one ``torch.where`` per small tensor), all inside the graph with ``cuda_graph=True``. The flag is
+Both are exact: the same arithmetic and random draws as without the guard, and a restore that is bit for
+bit (``t += (backup - t) * tripped`` on the tensors' bits as integers: three multi-tensor ops, whatever
+the number of tensors). Per gradient step the skipping path costs a fixed handful of kernels, whatever the
+model's size, all inside the graph with ``cuda_graph=True``: one multi-tensor copy (the snapshot), one
+multi-tensor max-norm over the loss, the gradient norm, the small state and what the optimizer wrote
+(parameters, moments), the record, the flag, the restore. The flag is
 the guard's own tensor (the same one at every replay), set on the optimizer only for the call and removed
 after it: it is never in the optimizer's state dict, a pickle or a step the guard does not drive.
 

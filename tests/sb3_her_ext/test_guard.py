@@ -464,3 +464,26 @@ def test_the_masked_guard_costs_a_fixed_handful_of_ops_whatever_the_model_size()
     for observations in ((obs,), (obs, obs)):
         ops = ops_of(lambda: guard.check_env_tensors(5, observations, rewards))  # noqa: B023
         assert len(ops) <= 12 + 2 * len(observations), ops
+
+
+def test_the_masked_env_check_names_the_first_bad_env_and_zeroes_only_non_finite_values() -> None:
+    guard = NanGuard("cpu", immediate=False)
+    obs = th.tensor([[1.0, -0.0], [2.0, 3.0], [4.0, 5.0]])
+    final = th.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+    rewards = th.tensor([0.5, -1.0, 2.0])
+    (safe_obs, safe_final), safe_rewards = guard.check_env_tensors(7, (obs, final), rewards)
+    assert not bool(guard.tripped)  # all finite: the same values, bit for bit (-0.0 stays -0.0)
+    assert th.equal(safe_obs.view(th.int32), obs.view(th.int32)) and th.equal(safe_final, final)
+    assert th.equal(safe_rewards, rewards)
+    final[2, 1], obs[1, 0] = float("-inf"), float("nan")  # observations of envs 1 and 2
+    (safe_obs, safe_final), _ = guard.check_env_tensors(8, (obs, final), rewards)
+    assert safe_obs[1, 0] == 0.0 and safe_final[2, 1] == 0.0 and th.equal(safe_final[:2], final[:2])
+    rewards[2] = float("inf")  # a later failure: the first one stays recorded
+    guard.check_env_tensors(9, (obs, final), rewards)
+    with pytest.raises(NonFiniteError, match="non-finite observation from env 1 at step 8"):
+        guard.raise_if_tripped()
+    guard = NanGuard("cpu", immediate=False)  # a reward and an observation at once: the reward is named
+    _, safe_rewards = guard.check_env_tensors(th.tensor(10), (obs, final), rewards)
+    assert safe_rewards[2] == 0.0
+    with pytest.raises(NonFiniteError, match="non-finite reward from env 2 at step 10"):
+        guard.raise_if_tripped()
