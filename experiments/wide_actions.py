@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import textwrap
 import time
 from collections.abc import Mapping, Sequence
@@ -86,8 +87,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-progress", action="store_true")
     parser.set_defaults(signal_strength=2.0, signal_horizon=5, seeds=5)
     args = options.parse(parser, argv)
-    if args.smoke:
-        given = set(argv if argv is not None else [])
+    if args.smoke:  # the smoke budget, but for the options given
+        given = {word.split("=")[0] for word in (sys.argv[1:] if argv is None else argv)}
         for key, value in SMOKE.items():
             if f"--{key.replace('_', '-')}" not in given:
                 setattr(args, key, value)

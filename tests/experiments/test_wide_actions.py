@@ -60,3 +60,9 @@ def test_bad_options_are_refused_before_training(tmp_path: Path, argv: list[str]
 def test_peer_seeds_must_fit_the_seeds() -> None:
     with pytest.raises(SystemExit):
         wide_actions.parse_args(["--seeds", "2", "--peer-seeds", "3"])
+
+
+def test_smoke_keeps_the_options_given() -> None:
+    args = wide_actions.parse_args(["--smoke", "--seeds=3", "--steps", "500"])
+    assert (args.seeds, args.steps, args.n_envs) == (3, 500, wide_actions.SMOKE["n_envs"])
+    assert (args.signal_strength, args.signal_horizon) == (2.0, 5)  # the planted market by default
