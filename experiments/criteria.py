@@ -400,8 +400,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     text = "\n\n".join([
         f"# criteria: {agent.name}", f"`{command}`",
         f"{title}. Epoch = {epoch_steps:,} env steps (summed over books); warm-up = {args.steps:,}. "
-        f"Held out: {setup.eval_envs or 'default'} books, market seed {setup.eval_market_seed}; Sharpe per "
-        f"step of the PnL after fees; train {seconds[0]:.0f} ± {seconds[1]:.0f} s per seed."
+        f"Held out: {setup.eval_envs or 'the default (synthetic 16)'} books, market seed "
+        f"{setup.eval_market_seed}; Sharpe per step of the PnL after fees; train {seconds[0]:.0f} ± "
+        f"{seconds[1]:.0f} s per seed."
         + (" The best rule: experiments.market_mix's family fitted on the training market." if best else ""),
         "## Criteria (mix over every book-step, after the last epoch)", criteria_table(rows, seeds, fair),
         f"What the market needs: {fair_line}.",
