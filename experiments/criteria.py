@@ -6,11 +6,13 @@ held-out Sharpe that holds from epoch to epoch once the learning curve has conve
 Each seed trains one agent (``--agent``, default ``default``: the agent ``foxhunt train`` builds, BranchingIQN
 with the presets on :data:`foxhunt.presets.ACTION_FACE`) in one ``learn`` call:
 
-* *warm-up*: ``--steps`` environment steps (summed over books), the budget at which the curve has
-  converged. It is a fixed budget, chosen from the learning experiment (``experiments/README.md`` (a): the
-  default agent's held-out Sharpe is at its plateau, near the oracle's, after 40k steps x 8 books on the CPU
-  and 256k x 64 on the H200); the report shows the held-out Sharpe at the end of the warm-up (*epoch 0*)
-  beside epoch 1's, so a curve still rising shows as such;
+* *warm-up*: ``--steps`` environment steps (summed over books), a fixed budget at which the curve has
+  converged, chosen from the learning experiment (``experiments/README.md`` (a): the default agent's
+  held-out Sharpe is at its plateau after 40k steps x 8 books on the CPU and 256k x 64 on the H200). ε
+  decays within the warm-up as in a run of that budget alone (:func:`warmup_schedule`), so the epochs run
+  at the final ε (PER's β and the IQR bonus still anneal over the whole run). The report shows the held-out
+  Sharpe at the warm-up's end (*epoch 0*) beside the epochs' and the training curve, so a curve still
+  rising shows as such;
 * then ``--epochs`` (5) *epochs* of ``--epoch-steps`` environment steps each; by default one epoch is one
   pass over the training market: as many book-steps as the training market has rows (``--market-steps``),
   so the unit is the data, not the number of books or the machine.
@@ -66,6 +68,14 @@ def default_agent() -> Agent:
     from foxhunt.presets import ACTION_FACE
 
     return Agent(DEFAULT_AGENT, action_face=ACTION_FACE)
+
+
+def warmup_schedule(agent: Agent, setup: runner.Setup, warmup: int) -> Agent:
+    """The agent with ε decaying within the warm-up as in a run of ``warmup`` steps alone: the run's
+    ``exploration_fraction`` (of the whole budget ``setup.steps``) scaled by ``warmup / setup.steps``, so the
+    warm-up is the run whose budget is known to converge and the epochs continue at the final ε."""
+    fraction = float(setup.config(agent, 0).resolved_model_kwargs()["exploration_fraction"])
+    return replace(agent, model={**agent.model, "exploration_fraction": fraction * warmup / setup.steps})
 
 
 def agent_of(name: str, roster: Roster) -> Agent:
@@ -223,7 +233,7 @@ def plot(runs: Sequence[Mapping[str, Any]], marks: Sequence[int], references: Ma
     for k, mark in enumerate(marks):
         cx.axvline(mark, color="k", lw=1.2 if k == 0 else 0.5, ls="-" if k == 0 else ":")
     cx.set_xlabel("environment steps (solid: warm-up end; dotted: epoch ends)")
-    cx.set_ylabel("training episode reward (recent episodes)")
+    cx.set_ylabel("training episode reward (ε-greedy, recent episodes)")
     cx.set_title("has the curve converged by the warm-up's end?", fontsize=8)
     cx.grid(alpha=0.3)
     epochs = np.arange(len(runs[0]["epochs"]))
@@ -328,6 +338,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     warm = options.setup_of(args)
     epoch_steps = args.epoch_steps or warm.market_steps
     setup = replace(warm, steps=args.steps + args.epochs * epoch_steps)
+    agent = warmup_schedule(agent, setup, args.steps)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     env_kwargs, market_kwargs = split_env_kwargs(setup.config(agent, 0).resolved_env_kwargs())

@@ -153,3 +153,15 @@ def test_criteria_on_cuda_through_the_device_loop(tmp_path: Path) -> None:
     assert all(mark >= 200 + 40 * k for k, mark in enumerate(run["marks"]))
     assert all(a <= b for a, b in zip(run["marks"], run["marks"][1:], strict=False))
     assert (out / "criteria.png").is_file()
+
+
+def test_warmup_schedule_puts_the_whole_decay_of_epsilon_in_the_warm_up() -> None:
+    from experiments.runner import Setup
+
+    setup = Setup(signal_strength=2.0, signal_horizon=5, steps=5000)
+    agent = criteria.default_agent()
+    fraction = setup.config(agent, 0).resolved_model_kwargs()["exploration_fraction"]
+    scheduled = criteria.warmup_schedule(agent, setup, 1000)
+    assert scheduled.model["exploration_fraction"] == pytest.approx(fraction / 5)
+    assert setup.config(scheduled, 0).resolved_model_kwargs()["exploration_fraction"] == pytest.approx(
+        fraction / 5)  # what the run trains with
