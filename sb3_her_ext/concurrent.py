@@ -12,8 +12,9 @@ their kernels, and each gets the results it gets alone (tested bit for bit on th
   models built in several threads at once each see their own seed's numbers;
 - CUDA graphs are captured one at a time (:func:`cuda_ext.graph_capture.capture`'s lock) in the
   ``thread_local`` error mode, so another thread's work during a capture neither breaks it nor is captured;
-- ``torch.cuda.stream`` is thread-local: each thread's kernels go to its own stream
-  (:func:`own_stream`), so the models' kernels run side by side and no model waits on another's.
+- ``torch.cuda.stream`` is thread-local: each thread's kernels go to a stream that no other thread holds
+  (:func:`own_stream`; torch's pool hands the same stream to several callers, and a capture records whatever
+  is queued to its stream), so the models' kernels run side by side and no model waits on another's.
 
 On the CPU the same threads run (torch releases the GIL inside its ops); the results are again each model's
 own. Usage::
@@ -33,6 +34,8 @@ from typing import Any, TypeVar
 import torch as th
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.utils import get_device
+
+from cuda_ext.graph_capture import thread_streams
 
 __all__ = ["MODEL_BUILD_LOCK", "ConcurrentTrainingError", "StopOnEvent", "holding_build_lock",
            "learn_concurrently", "own_stream", "run_concurrently"]
@@ -73,23 +76,19 @@ class ConcurrentTrainingError(RuntimeError):
 
 @contextlib.contextmanager
 def own_stream(device: th.device | str | None) -> Iterator[th.cuda.Stream | None]:
-    """Make a new CUDA stream the current stream of this thread while inside (nothing on another device);
-    at the end wait for its work, so what it computed can be read on any stream.
+    """Make a CUDA stream that no other thread holds the current stream of this thread while inside, with a
+    side stream of its own for warm-ups (:func:`cuda_ext.graph_capture.thread_streams`; nothing on another
+    device); at the end wait for its work, so what it computed can be read on any stream.
 
-    :param device: the device the work runs on (a stream is made for a CUDA device only).
+    :param device: the device the work runs on (streams are made for a CUDA device only).
     :return: the stream, or None.
     """
     device = get_device(device) if device is not None else None  # "auto" too
     if device is None or device.type != "cuda":
         yield None
         return
-    stream = th.cuda.Stream(device=device)
-    stream.wait_stream(th.cuda.current_stream(device))  # what this thread queued before comes first
-    try:
-        with th.cuda.stream(stream):
-            yield stream
-    finally:
-        stream.synchronize()
+    with thread_streams(device) as stream:
+        yield stream
 
 
 def run_concurrently(tasks: Sequence[Callable[[], T]], names: Sequence[str] | None = None,

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 import torch as th
 
-from cuda_ext.graph_capture import capture
+from cuda_ext.graph_capture import capture, side_stream
 
 
 class StaticBatch(NamedTuple):
@@ -113,7 +113,7 @@ class GraphedTrainStep:
             return
         if self.warmup_left > 0:  # an eager step on a side stream, as CUDA-graph capture requires
             self.warmup_left -= 1
-            side = th.cuda.Stream()
+            side = side_stream()
             side.wait_stream(th.cuda.current_stream())
             with th.cuda.stream(side):
                 self._load(batches, weights)

@@ -40,7 +40,7 @@ from typing import Any
 
 import torch as th
 
-from cuda_ext.graph_capture import capture
+from cuda_ext.graph_capture import capture, side_stream
 from sb3_her_ext.collect.episodes import EpisodeStats, record_steps
 from sb3_her_ext.collect.protocol import CollectingAlgorithm
 from sb3_her_ext.device_env import DeviceStep
@@ -234,7 +234,7 @@ class FusedBlock:
         elif self.warmup_left.setdefault(key, self.WARMUP_BLOCKS) > 0 or th.cuda.get_sync_debug_mode():
             # warm-up; or a sync debug mode is on (a capture begins with a device sync): eager until it is off
             self.warmup_left[key] = max(self.warmup_left[key] - 1, 0)
-            side = th.cuda.Stream()
+            side = side_stream()
             side.wait_stream(th.cuda.current_stream())
             with th.cuda.stream(side):
                 outputs = self.block(algorithm, key)
