@@ -165,6 +165,7 @@ def test_a_joint_hindsight_cuda_run_injects_through_the_graphed_device_loop(tmp_
     model = BranchingIQN("MlpPolicy", env, **{**TINY, "device": "cuda", "buffer_size": 20_000,
                                               "learning_starts": 512, "batch_size": 64, "train_freq": 4,
                                               "cuda_graph": True})
+    model.collector.configure(callback_stride=4)  # a multiple of train_freq: rollouts can be fused
     model.learn(6_400)
     assert model.collector.block is not None and model.collector.block.captures >= 1
     counts = {k: int(v) for k, v in model.replay_buffer.hindsight_counts.items()}
