@@ -12,8 +12,8 @@ the joint face) trains twice per seed, hindsight on and off (``Roster.hindsight_
 the held-out market every ``--score-every`` env steps (:mod:`experiments.scoring`, as
 ``benchmarks/time_to_score.py``) until the share reaches ``--target`` (or ``--cap-seconds`` of training, or
 ``--steps``: then it is censored at what it trained). ``--concurrent-seeds K`` trains K runs at once (a thread
-and a CUDA stream each, :mod:`sb3_her_ext.concurrent`; a seed's two arms side by side): the env steps are
-those of a run alone, the seconds those of a shared device.
+and a CUDA stream each, :mod:`sb3_her_ext.concurrent`; with ``--processes`` a fresh process each; a seed's two
+arms side by side): the env steps are those of a run alone, the seconds those of a shared device.
 
 The statistics over the paired seeds: each arm's mean env steps and seconds to the target with a bootstrap
 95 % interval, and the speed-up ``mean(off) / mean(on)`` with a paired bootstrap interval (the seeds resampled
@@ -42,7 +42,7 @@ import torch
 from tqdm.auto import tqdm
 
 from experiments import options, results, scoring
-from sb3_her_ext.concurrent import run_concurrently
+from sb3_her_ext.concurrent import run_concurrently, run_in_processes
 
 #: The waves of the measurement's market (over :class:`foxenv.data.SyntheticProfile`'s wave defaults: a wave
 #: every ~50 quiet steps, 20 steps long on average, 10 ticks a step, given back after its end). There the
@@ -238,6 +238,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--cap-seconds", type=float, default=600.0, help="training seconds per run")
     parser.add_argument("--run-to-budget", action="store_true",
                         help="train on past the target to --steps (or the cap): the whole curve")
+    parser.add_argument("--processes", action="store_true",
+                        help="train each batch of --concurrent-seeds runs in fresh processes, one each, not "
+                             "threads (their host work overlaps; threads share the GIL)")
     parser.add_argument("--out", type=Path, default=Path("runs/experiments/hindsight_speed"))
     parser.add_argument("--quick", action="store_true", help="a tiny CPU smoke run (seconds)")
     parser.add_argument("--no-progress", action="store_true")
@@ -285,8 +288,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         tasks = [lambda seed=seed, side=side: scoring.train_scored(
             roster.get(arms[side]), seed, setup, scorer, every=args.score_every, target=args.target,
             cap_seconds=args.cap_seconds, run_to_budget=args.run_to_budget) for seed, side in jobs]
-        done = (run_concurrently(tasks, [f"{arms[side]} seed {seed}" for seed, side in jobs],
-                                 [setup.device] * len(jobs)) if len(jobs) > 1 else [tasks[0]()])
+        names = [f"{arms[side]} seed {seed}" for seed, side in jobs]
+        if args.processes:
+            done = run_in_processes(scoring.train_scored_in_process, [
+                (roster.get(arms[side]), seed, setup, args.score_every, args.target, args.cap_seconds,
+                 args.run_to_budget) for seed, side in jobs], names)
+        else:
+            done = (run_concurrently(tasks, names, [setup.device] * len(jobs)) if len(jobs) > 1
+                    else [tasks[0]()])
         for (seed, side), run in zip(jobs, done, strict=True):
             runs[arms[side]].append(run)
             reached = (f"{run['steps']:,} steps, {run['seconds']:.1f} s" if run["reached"] else

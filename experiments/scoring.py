@@ -236,3 +236,11 @@ def train_scored(agent: Agent, seed: int, setup: runner.Setup, scorer: HeldOutSc
         "trained_steps": int(model.num_timesteps), "score_s": callback.score_s, "wall_s": wall,
         "points": callback.points, **timing_breakdown(callback.points, callback.warmup_s, learning_starts),
     }
+
+
+def train_scored_in_process(agent: Agent, seed: int, setup: runner.Setup, every: int, target: float,
+                            cap_seconds: float, run_to_budget: bool = False) -> dict[str, Any]:
+    """:func:`train_scored` for a worker process (:func:`sb3_her_ext.concurrent.run_in_processes`): the
+    process builds its own :class:`HeldOutScorer` (the held-out market's tensors stay in their process)."""
+    return train_scored(agent, seed, setup, HeldOutScorer(setup), every=every, target=target,
+                        cap_seconds=cap_seconds, run_to_budget=run_to_budget)

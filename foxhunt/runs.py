@@ -507,29 +507,37 @@ def train(config: RunConfig, callback: Any = None, *, resume_from: str | Path | 
     return out
 
 
-def train_concurrently(configs: list[RunConfig], callbacks: list[Any] | None = None) -> list[Path]:
-    """:func:`train` of several runs at once in this process: one thread each, on a CUDA stream of its own
-    (:mod:`sb3_her_ext.concurrent`). Each run folder ends as :func:`train` alone makes it with the same
-    config (a model's draws come from its own generators); on one GPU several small runs take little more
-    wall time than one. When a run fails the others stop at their next step.
+def train_concurrently(configs: list[RunConfig], callbacks: list[Any] | None = None,
+                       processes: bool = False) -> list[Path]:
+    """:func:`train` of several runs at once: one thread each in this process, on a CUDA stream of its own
+    (:mod:`sb3_her_ext.concurrent`), or with ``processes`` one fresh process each. Each run folder ends as
+    :func:`train` alone makes it with the same config (a model's draws come from its own generators). On
+    one GPU, threads take about the sum of the runs' walls (their host work shares the GIL); processes
+    overlap (``benchmarks/concurrent_seeds.py``). When a run in a thread fails, the others stop at their
+    next step; runs in processes run to their end.
 
     :param configs: the runs (seeded: ``seed`` set, or their results are not reproducible anyway).
-    :param callbacks: per run, SB3 callback(s) for its ``learn`` (None: none).
+    :param callbacks: per run, SB3 callback(s) for its ``learn`` (None: none; threads only).
+    :param processes: one spawned process per run instead of a thread.
     :return: the run folders, in order.
     :raises sb3_her_ext.ConcurrentTrainingError: naming the run (index and seed) that failed.
     """
     import threading
 
-    from sb3_her_ext.concurrent import StopOnEvent, run_concurrently
+    from sb3_her_ext.concurrent import StopOnEvent, run_concurrently, run_in_processes
 
     callbacks = [None] * len(configs) if callbacks is None else list(callbacks)
     if len(callbacks) != len(configs):
         raise ValueError(f"callbacks has {len(callbacks)} entries for {len(configs)} configs")
+    if processes and any(callback is not None for callback in callbacks):
+        raise ValueError("train_concurrently: callbacks live in this process; with processes=True pass none")
     _check_fit_together(configs)
+    names = [f"run {i} (seed {config.seed})" for i, config in enumerate(configs)]
+    if processes:
+        return run_in_processes(train, [(config,) for config in configs], names)
     stop = threading.Event()
     tasks = [lambda config=config, callback=callback: train(config, [StopOnEvent(stop), callback])
              for config, callback in zip(configs, callbacks, strict=True)]
-    names = [f"run {i} (seed {config.seed})" for i, config in enumerate(configs)]
     return run_concurrently(tasks, names, [config.device for config in configs], stop.set)
 
 

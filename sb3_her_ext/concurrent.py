@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import multiprocessing
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any, TypeVar
 
 import torch as th
@@ -38,7 +40,7 @@ from stable_baselines3.common.utils import get_device
 from cuda_ext.graph_capture import thread_streams
 
 __all__ = ["MODEL_BUILD_LOCK", "ConcurrentTrainingError", "StopOnEvent", "holding_build_lock",
-           "learn_concurrently", "own_stream", "run_concurrently"]
+           "learn_concurrently", "own_stream", "run_concurrently", "run_in_processes"]
 
 T = TypeVar("T")
 
@@ -143,6 +145,50 @@ def run_concurrently(tasks: Sequence[Callable[[], T]], names: Sequence[str] | No
                 thread.join()
             raise
     failures = [(name, error) for name, error in zip(names, errors, strict=True) if error is not None]
+    if failures:
+        name, error = failures[0]
+        raise ConcurrentTrainingError(name, error, len(failures)) from error
+    return results
+
+
+def run_in_processes(function: Callable[..., T], arguments: Sequence[tuple[Any, ...]],
+                     names: Sequence[str] | None = None, processes: int | None = None) -> list[T]:
+    """``function(*args)`` for each entry of ``arguments``, each in a fresh (spawned) process, up to
+    ``processes`` at once; their results in order.
+
+    Threads (:func:`run_concurrently`) share one interpreter: the host side of K models (a step's
+    bookkeeping, its graph launches) takes turns on the GIL, and on one GPU K small models trained by threads
+    take about K times one model's wall (``benchmarks/concurrent_seeds.py``). Processes have an interpreter
+    and a CUDA context each: their host work runs side by side and the GPU interleaves their kernels. Each
+    task starts a process of its own (a CUDA context and the imports, seconds), and its results are those of
+    the same call in any other fresh process.
+
+    :param function: a module-level function (it is pickled by reference).
+    :param arguments: per task, the positional arguments (picklable).
+    :param names: a name per task for errors (default ``task i``).
+    :param processes: tasks running at once (default: all).
+    :return: the tasks' results (picklable).
+    :raises ConcurrentTrainingError: naming the first task that failed (its exception as the cause), after
+        every task has ended.
+    """
+    n = len(arguments)
+    names = [f"task {i}" for i in range(n)] if names is None else [str(name) for name in names]
+    if len(names) != n:
+        raise ValueError(f"names ({len(names)}) must have one entry per task ({n})")
+    workers = n if processes is None else int(processes)
+    if workers < 1:
+        raise ValueError(f"processes={processes!r} must be >= 1")
+    results: list[Any] = [None] * n
+    failures: list[tuple[str, BaseException]] = []
+    context = multiprocessing.get_context("spawn")  # CUDA cannot be forked
+    with ProcessPoolExecutor(max_workers=min(workers, max(n, 1)), mp_context=context,
+                             max_tasks_per_child=1) as pool:
+        futures = [pool.submit(function, *args) for args in arguments]
+        for i, future in enumerate(futures):
+            try:
+                results[i] = future.result()
+            except BaseException as error:  # re-raised below, naming the task
+                failures.append((names[i], error))
     if failures:
         name, error = failures[0]
         raise ConcurrentTrainingError(name, error, len(failures)) from error

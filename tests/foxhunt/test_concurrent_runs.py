@@ -36,6 +36,17 @@ def test_runs_trained_at_once_equal_each_trained_alone(tmp_path: Path) -> None:
         assert (together["sharpe"], together["pnl"]) == (by_itself["sharpe"], by_itself["pnl"])
 
 
+def test_runs_trained_in_processes_equal_each_trained_alone(tmp_path: Path) -> None:
+    configs = [small_config(tmp_path / "processes" / f"seed{seed}", seed=seed, steps=300, checkpoint_every=0,
+                            threads=1) for seed in (5, 6)]
+    folders = train_concurrently(configs, processes=True)
+    assert folders == [Path(config.out) for config in configs]
+    alone = train(dataclasses.replace(configs[1], out=str(tmp_path / "alone")))
+    assert_same_model(folders[1] / "model.zip", alone / "model.zip")
+    with pytest.raises(ValueError, match=r"callbacks live in this process; with processes=True pass none"):
+        train_concurrently(configs, [None, object()], processes=True)
+
+
 def test_runs_that_fit_alone_but_not_together_are_refused(tmp_path: Path, monkeypatch) -> None:
     configs = [small_config(tmp_path / f"r{seed}", seed=seed) for seed in (0, 1)]
     one = sum(size for _, size in run_memory(configs[0]).values())

@@ -4,6 +4,8 @@ re-raised naming the model and stops the others; nothing in ``learn`` draws from
 
 from __future__ import annotations
 
+import math
+import operator
 import random
 import threading
 from typing import Any
@@ -16,7 +18,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 from foxhunt.device_env import DeviceLOBVecEnv
 from foxhunt.envs import LOBVecEnv
 from sb3_her_ext import BranchingIQN, ConcurrentTrainingError, learn_concurrently
-from sb3_her_ext.concurrent import run_concurrently
+from sb3_her_ext.concurrent import run_concurrently, run_in_processes
 
 TINY_POLICY = dict(net_arch=[16], n_ensemble=2, n_cos=8, n_quantiles=4, n_quantiles_target=4,
                    n_quantiles_act=4, n_atoms=11)
@@ -138,6 +140,18 @@ def test_a_failure_is_reraised_naming_the_model_and_stops_the_others() -> None:
         learn_concurrently(models, 10**6, callbacks=callbacks)
     assert isinstance(info.value.__cause__, RuntimeError)
     assert all(model.num_timesteps < 10**5 for model in models)  # the others stopped soon after
+
+
+def test_tasks_in_processes_return_in_order_and_a_failure_names_its_task() -> None:
+    assert run_in_processes(math.sqrt, [(4.0,), (9.0,), (16.0,)], processes=2) == [2.0, 3.0, 4.0]
+    with pytest.raises(ConcurrentTrainingError, match=r"^b failed: ZeroDivisionError: .*\(1 other task\(s\) "
+                                                      r"failed too\)") as caught:
+        run_in_processes(operator.truediv, [(1, 2), (1, 0), (2, 0)], names=["a", "b", "c"])
+    assert isinstance(caught.value.__cause__, ZeroDivisionError)
+    with pytest.raises(ValueError, match=r"processes=0 must be >= 1"):
+        run_in_processes(math.sqrt, [(1.0,)], processes=0)
+    with pytest.raises(ValueError, match=r"names \(1\) must have one entry per task \(2\)"):
+        run_in_processes(math.sqrt, [(1.0,), (2.0,)], names=["x"])
 
 
 def test_bad_arguments_are_refused_naming_them() -> None:
