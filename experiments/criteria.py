@@ -23,8 +23,8 @@ per-step Sharpe of the PnL after fees (:func:`foxenv.metrics.sharpe_ratio`, pool
 project's table metric), PnL and share of the oracle's PnL, and the action mix. Criteria (each seed):
 
 1. after the last epoch the greedy magnitude is Half > 15 % and Full > 10 % of book-steps, the greedy order
-   LimitMaker > 5 % and IoC > 3 % (:data:`experiments.exploration.MIX_FLOORS`);
-2. the Sharpe of epochs 2..E lies within ±0.3 of epoch 1's (:data:`experiments.exploration.SHARPE_BAND`).
+   LimitMaker > 5 % and IoC > 3 % (:data:`experiments.market_mix.MIX_FLOORS`);
+2. the Sharpe of epochs 2..E lies within ±0.3 of epoch 1's (:data:`SHARPE_BAND`).
 
 The mix is counted over every book-step (the criterion as written) and over the *working* book-steps, those
 whose target position differs from the position held before the step (where size and order type decide
@@ -53,13 +53,14 @@ from tqdm.auto import tqdm
 
 from experiments import market_mix, options, results, runner
 from experiments.agents import Agent, Roster
-from experiments.exploration import MIX_FLOORS, SHARPE_BAND
-from experiments.market_mix import MIX_SCOPES, VALUE_NAMES, action_mix
+from experiments.market_mix import MIX_FLOORS, MIX_SCOPES, VALUE_NAMES, action_mix
 from foxenv import spec
 from foxenv.config import EnvConfig, split_env_kwargs
 
 #: Epochs after the warm-up.
 EPOCHS = 5
+#: Largest distance of an epoch's Sharpe from epoch 1's (the plan's criterion).
+SHARPE_BAND = 0.3
 #: The name ``--agent`` takes for the agent ``foxhunt train`` builds.
 DEFAULT_AGENT = "default"
 def default_agent() -> Agent:

@@ -11,7 +11,7 @@ two taker fees) and adds a *sizing* rule (Quarter, Half or Full by the edge rati
 *order* rule (how it enters and how it exits: Market, IoC, LimitMaker). :data:`SIZINGS` x :data:`ENTRIES` x
 :data:`EXITS` make the family; the all-in Market rule is the oracle itself. The family is scored on the
 training market and the best rule by PnL after fees is scored on the held-out market beside the oracle.
-Where the best rule clears the floors of :data:`experiments.exploration.MIX_FLOORS` and out-earns the
+Where the best rule clears the floors of :data:`MIX_FLOORS` and out-earns the
 oracle, the market needs those sizes and order types; where the all-in Market rule wins, it does not.
 
 ``--max-positions`` repeats the search for several ``max_position`` settings (a position larger than the
@@ -33,10 +33,15 @@ from typing import Any
 import torch
 
 from experiments import results
-from experiments.exploration import MIX_FLOORS
 from foxenv import spec
 from foxenv.config import EnvConfig
 from foxhunt.evaluation.baselines import POSITION_FROM_END, OraclePolicy
+
+#: The plan's least shares of the greedy action mix (issue 23.3): (branch, value index, value name, share).
+MIX_FLOORS: tuple[tuple[str, int, str, float], ...] = (
+    ("magnitude", 1, "Half", 0.15), ("magnitude", 2, "Full", 0.10),
+    ("order", 1, "LimitMaker", 0.05), ("order", 2, "IoC", 0.03),
+)
 
 #: Value names of each branch, in the tables and figures.
 VALUE_NAMES: dict[str, tuple[str, ...]] = {

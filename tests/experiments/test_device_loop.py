@@ -89,20 +89,6 @@ def test_device_loop_on_lobster(lobster_dir: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_exploration_epochs_under_the_device_loop(tmp_path: Path) -> None:
-    """The five evaluation epochs run from the device loop's callbacks, one at or past each mark."""
-    from experiments.exploration import EPOCHS, main
-
-    payload = main(["--out", str(tmp_path / "explore"), "--agent", "iqn_lean", "--seeds", "1",
-                    "--steps", "400", "--n-envs", "2", "--market-steps", "2000", "--episode-length", "40",
-                    "--eval-envs", "2", "--eval-steps", "20", "--device-loop", "on", "--no-progress"])
-    assert payload["loop"] == "device"
-    marks = payload["epoch_steps"]
-    assert len(marks) == EPOCHS and marks[-1] == 400
-    assert all(mark >= 400 * (k + 1) // EPOCHS for k, mark in enumerate(marks))
-
-
-@pytest.mark.slow
 def test_hindsight_arms_under_the_device_loop(tmp_path: Path) -> None:
     """A custom agent's two hindsight arms train through the device loop; --reuse reads their diagnostics
     again, unless the loop changed."""

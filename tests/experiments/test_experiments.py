@@ -10,7 +10,6 @@ import torch
 
 from experiments import results
 from experiments.agents import builtin_agent
-from experiments.exploration import judge
 from experiments.hindsight import compare_lq, injections, sign_flip_p
 from experiments.runner import Setup
 
@@ -77,17 +76,6 @@ def test_hindsight_criteria_numbers() -> None:
     result = compare_lq(worse, same)
     assert not result["pass"] and result["mean_difference"] > 0
     assert result["intervals_p_on_higher"] == pytest.approx(1 / 512)
-
-
-def test_exploration_criteria_numbers() -> None:
-    good = {"sharpe": 0.1, "action_mix": {"magnitude": [0.5, 0.3, 0.2], "order": [0.8, 0.1, 0.1]}}
-    drift = {**good, "sharpe": 0.5}
-    no_ioc = {**good, "action_mix": {"magnitude": [0.5, 0.3, 0.2], "order": [0.9, 0.1, 0.0]}}
-    verdicts = judge([[good] * 5], [2], cuda=True)
-    assert [v[1] for v in verdicts] == [True, True, True, True]
-    verdicts = judge([[good, good, drift, good, no_ioc]], [3], cuda=True)
-    assert [v[1] for v in verdicts] == [True, False, False, False]
-    assert judge([[good] * 5], [0], cuda=False)[-1][1] is None
 
 
 TINY = ["--agents", "iqn_lean,dqn", "--seeds", "1", "--steps", "300", "--n-envs", "4",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from experiments import agents, exploration, hindsight, learning, options
+from experiments import agents, criteria, hindsight, hindsight_speed, learning, options
 from experiments.agents import Roster
 from experiments.runner import LOOP_DEVICE, LOOP_SB3, Setup
 
@@ -122,7 +122,7 @@ def test_device_loop_option_and_the_configs_it_gives() -> None:
         Setup(eval_market_seed=0)
 
 
-@pytest.mark.parametrize("script", [learning, hindsight, exploration])
+@pytest.mark.parametrize("script", [learning, hindsight, criteria, hindsight_speed])
 def test_every_script_takes_the_shared_options(script: object) -> None:
     argv = ["--device-loop", "on", "--agent-kwargs", 'x={"base": "iqn_lean"}', "--env-kwargs",
             '{"reward_scale": 0.5}', "--levels", "5", "--net-arch", "32,32", "--learning-rate", "1e-3",
