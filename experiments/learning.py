@@ -37,6 +37,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     options.add_arguments(parser)
     parser.add_argument("--reuse", action="store_true",
                         help="load runs already finished in the output folder instead of training them again")
+    parser.add_argument("--processes", action="store_true",
+                        help="train each batch of --concurrent-seeds BranchingIQN runs in fresh processes, "
+                             "one each, not threads (their host work overlaps; threads share the GIL)")
     parser.add_argument("--no-progress", action="store_true")
     return options.parse(parser, argv)
 
@@ -70,7 +73,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     loaded = [runner.load(agent, seed, setup, folder) if args.reuse else None for agent, seed, folder in jobs]
     pending = [job for job, done in zip(jobs, loaded, strict=True) if done is None]
     with tqdm(total=len(pending), desc="training", disable=args.no_progress) as bar:
-        fresh = iter(runner.train_all(pending, setup, args.concurrent_seeds, on_done=lambda _: bar.update()))
+        fresh = iter(runner.train_all(pending, setup, args.concurrent_seeds, on_done=lambda _: bar.update(),
+                                         processes=args.processes))
     runs = [done or next(fresh) for done in loaded]
 
     evaluation = results.evaluate({results.run_key(r.agent, r.seed): r.model for r in runs}, setup,

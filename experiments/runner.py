@@ -6,10 +6,12 @@ QR-DQN on the env :func:`foxhunt.runs.make_env` builds for the same config on th
 Each run folder ``<out>/<agent>/seed<k>/`` also gets ``run.json`` (agent, config, seconds, learning curve,
 loop): a later ``--reuse`` loads the run instead of training it again when agent and config are unchanged.
 
-:func:`train_all` trains a list of runs, BranchingIQN runs up to ``concurrent`` at once in this process
-(``--concurrent-seeds``: one thread and CUDA stream each, :mod:`sb3_her_ext.concurrent`; each run ends as it
-ends trained alone); DQN / QR-DQN always one at a time (SB3's DQN draws its ε-greedy coin from numpy's
-process-wide generator).
+:func:`train_all` trains a list of runs, BranchingIQN runs up to ``concurrent`` at once
+(``--concurrent-seeds``): in this process, one thread and CUDA stream each (:mod:`sb3_her_ext.concurrent`), or
+with ``processes`` one fresh process each (``--processes``: their host work overlaps, where threads share the
+GIL; on one H200 five seeds in processes took the wall of one, in threads 6x:
+``benchmarks/concurrent_seeds.py``); each run ends as it ends trained alone. DQN / QR-DQN always one at a time
+(SB3's DQN draws its ε-greedy coin from numpy's process-wide generator).
 """
 
 from __future__ import annotations
@@ -251,9 +253,18 @@ def train(agent: Agent, seed: int, setup: Setup, folder: Path, callback: BaseCal
     return TrainedRun(agent.name, seed, model, curve.curve, seconds, folder, loop)
 
 
+def train_in_process(agent: Agent, seed: int, setup: Setup, folder: Path) -> TrainedRun:
+    """:func:`train` in a worker process (:func:`sb3_her_ext.concurrent.run_in_processes`): the run without
+    its model, which stays in the worker (the caller loads it from ``folder``)."""
+    run = train(agent, seed, setup, folder)
+    run.model = None
+    return run
+
+
 def train_all(jobs: Sequence[tuple[Agent, int, Path]], setup: Setup, concurrent: int = 1,
               callbacks: Sequence[BaseCallback | None] | None = None,
-              on_done: Callable[[TrainedRun], None] | None = None) -> list[TrainedRun]:
+              on_done: Callable[[TrainedRun], None] | None = None,
+              processes: bool = False) -> list[TrainedRun]:
     """:func:`train` of every ``(agent, seed, folder)`` job, in order; BranchingIQN jobs in batches of up to
     ``concurrent`` trained at once (see the module docstring), the others one at a time.
 
@@ -262,29 +273,39 @@ def train_all(jobs: Sequence[tuple[Agent, int, Path]], setup: Setup, concurrent:
     :param concurrent: BranchingIQN runs trained at once; >= 1.
     :param callbacks: per job, an SB3 callback (as :func:`train`'s), or None.
     :param on_done: called with each finished run (a batch's runs when the batch has ended).
+    :param processes: a batch's runs in fresh processes, one each, instead of threads (no ``callbacks``).
     :return: the trained runs, in the jobs' order.
     :raises sb3_her_ext.ConcurrentTrainingError: a run of a batch failed (naming its agent and seed; raised
         when the batch's other runs have ended).
     """
-    from sb3_her_ext.concurrent import run_concurrently
+    from sb3_her_ext.concurrent import run_concurrently, run_in_processes
 
     if isinstance(concurrent, bool) or not isinstance(concurrent, int) or concurrent < 1:
         raise ValueError(f"concurrent={concurrent!r} must be an integer >= 1")
     callbacks = [None] * len(jobs) if callbacks is None else list(callbacks)
+    if processes and any(callback is not None for callback in callbacks):
+        raise ValueError("train_all: callbacks live in this process; with processes=True pass none")
     done: dict[int, TrainedRun] = {}
     batch: list[int] = []
 
     def flush() -> None:
         tasks = [lambda i=i: train(jobs[i][0], jobs[i][1], setup, jobs[i][2], callbacks[i]) for i in batch]
         names = [f"{jobs[i][0].name} seed {jobs[i][1]}" for i in batch]
-        for i, run in zip(batch, run_concurrently(tasks, names, [setup.device] * len(batch)), strict=True):
+        if processes:
+            arguments = [(jobs[i][0], jobs[i][1], setup, jobs[i][2]) for i in batch]
+            trained = run_in_processes(train_in_process, arguments, names)
+            for run in trained:
+                run.model = algorithm_classes("iqn")[0].load(run.folder / "model.zip", device=setup.device)
+        else:
+            trained = run_concurrently(tasks, names, [setup.device] * len(batch))
+        for i, run in zip(batch, trained, strict=True):
             done[i] = run
             if on_done is not None:
                 on_done(run)
         batch.clear()
 
     for i, (agent, seed, folder) in enumerate(jobs):
-        if agent.algorithm == "iqn" and concurrent > 1:
+        if agent.algorithm == "iqn" and (concurrent > 1 or processes):
             batch.append(i)
             if len(batch) == concurrent:
                 flush()

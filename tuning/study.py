@@ -517,7 +517,10 @@ class StudySettings:
         workers leave them to the launcher).
     :param trials_per_process: trials this worker runs at once, each in a thread and on a CUDA stream of its
         own (Optuna's ``n_jobs``; a trial's result does not depend on the others: sb3_her_ext.concurrent);
-        several small trials then share one GPU. With ``--n-workers`` each worker runs this many.
+        several small trials then share one GPU. With ``--n-workers`` each worker runs this many. Threads
+        share the GIL: on one H200 five small runs in threads took 6x one run's wall, in processes about one
+        run's (``benchmarks/concurrent_seeds.py``), so many trials on one GPU run faster as workers
+        (``--n-workers auto --workers-per-gpu K``).
     """
 
     study_name: str = "foxhunt"

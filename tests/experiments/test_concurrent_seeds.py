@@ -47,6 +47,19 @@ def test_seeds_trained_at_once_equal_the_seeds_trained_one_by_one(tmp_path: Path
     assert not all(torch.equal(x, y) for x, y in zip(parameters(alone[0]), parameters(alone[1]), strict=True))
 
 
+def test_seeds_trained_in_processes_equal_the_seeds_trained_one_by_one(tmp_path: Path) -> None:
+    setup, agent = tiny_setup(), builtin_agent("iqn_lean")
+    alone = runner.train_all([(agent, 1, tmp_path / "alone")], setup)
+    jobs = [(agent, seed, tmp_path / "processes" / f"seed{seed}") for seed in (0, 1)]
+    together = runner.train_all(jobs, setup, concurrent=2, processes=True)
+    assert [run.seed for run in together] == [0, 1] and together[1].model.num_timesteps == 160
+    for x, y in zip(parameters(alone[0]), parameters(together[1]), strict=True):
+        assert torch.equal(x, y)
+    assert together[1].curve == alone[0].curve and (together[1].folder / "run.json").is_file()
+    with pytest.raises(ValueError, match="callbacks live in this process; with processes=True pass none"):
+        runner.train_all(jobs, setup, concurrent=2, callbacks=[None, object()], processes=True)
+
+
 def test_the_option_is_parsed_and_checked() -> None:
     parser = argparse.ArgumentParser()
     options.add_arguments(parser)

@@ -93,9 +93,12 @@ def test_concurrent_runs_score_as_the_runs_alone(tmp_path: Path) -> None:
     alone = hindsight_speed.main(["--quick", "--seeds", "1", "--no-progress", "--out", str(tmp_path / "a")])
     both = hindsight_speed.main(["--quick", "--seeds", "1", "--concurrent-seeds", "2", "--no-progress",
                                  "--out", str(tmp_path / "b")])
+    spawned = hindsight_speed.main(["--quick", "--seeds", "1", "--concurrent-seeds", "2", "--processes",
+                                    "--no-progress", "--out", str(tmp_path / "c")])
     for arm, runs in alone["runs"].items():
-        assert [(p["steps"], p["share"]) for p in runs[0]["points"]] == [
-            (p["steps"], p["share"]) for p in both["runs"][arm][0]["points"]]
+        points = [(p["steps"], p["share"]) for p in runs[0]["points"]]
+        assert points == [(p["steps"], p["share"]) for p in both["runs"][arm][0]["points"]]
+        assert points == [(p["steps"], p["share"]) for p in spawned["runs"][arm][0]["points"]]
 
 
 def test_a_lower_bar_reads_the_first_crossing_among_the_points() -> None:
