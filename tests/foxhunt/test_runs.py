@@ -261,3 +261,22 @@ def test_train_through_the_device_loop_on_the_cpu(tmp_path: Path) -> None:
         train(crashed, callback=_CrashAt(450))
     resumed = resume(tmp_path / "crashed")
     assert_same_model(out / "model.zip", resumed / "model.zip")  # on the CPU, bit for bit
+
+
+def test_a_run_with_longer_rollouts_calls_back_between_rollouts(tmp_path: Path) -> None:
+    """``train_freq`` 4 on the device loop: callbacks run every 4 vector steps, so each rollout can be one
+    fused CUDA graph (a stride that train_freq does not divide keeps the fused path off)."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class Strides(BaseCallback):
+        def _on_training_start(self) -> None:
+            self.stride = self.model.collector.settings.callback_stride
+
+        def _on_step(self) -> bool:
+            return True
+
+    seen = Strides()
+    config = small_config(tmp_path / "run", device_loop=True, checkpoint_every=0,
+                          model_kwargs={**SMALL_MODEL_KWARGS, "train_freq": 4, "gradient_steps": 4})
+    train(config, callback=seen)
+    assert seen.stride == 4 and seen.n_calls == 600 // (2 * 4)
