@@ -20,8 +20,9 @@ Clocks, each run (synchronised on CUDA at every score, never inside a training s
 
 Many seeds at once (``--concurrent K``, issue 24): a BranchingIQN agent's seeds train K at a time in this
 process, each in a thread on a CUDA stream of its own (:mod:`sb3_her_ext.concurrent`; each seed's results
-are the ones it gets alone). Then each such agent first trains seed 0 alone (after an untimed warm-up run)
-and the table's line ``concurrency`` gives the wall seconds of each batch of K seeds against that one seed,
+are the ones it gets alone), or with ``--processes`` in K fresh processes. Then each such agent first trains
+seed 0 alone (in threads after an untimed warm-up run; with ``--processes`` in one fresh process) and the
+table's line ``concurrency`` gives the wall seconds of each batch of K seeds against that one seed,
 their ratio (the target: 5 seeds in <= 2x one seed's wall), and whether seed 0 scored the same points in
 its batch as alone. DQN / QR-DQN seeds train one at a time (SB3's DQN draws from numpy's global generator).
 
@@ -58,8 +59,12 @@ from _common import default_out, machine_info, write_json  # noqa: E402
 
 from experiments import options, results, runner  # noqa: E402
 from experiments.agents import Agent  # noqa: E402
-from experiments.scoring import HeldOutScorer, train_scored  # noqa: E402  (shared with hindsight_speed)
-from sb3_her_ext.concurrent import run_concurrently  # noqa: E402
+from experiments.scoring import (  # noqa: E402  (shared with hindsight_speed)
+    HeldOutScorer,
+    train_scored,
+    train_scored_in_process,
+)
+from sb3_her_ext.concurrent import run_concurrently, run_in_processes  # noqa: E402
 
 RESULTS = default_out("time_to_score")
 
@@ -86,23 +91,33 @@ def run_seeds(agent: Agent, setup: runner.Setup, scorer: HeldOutScorer, args: ar
             runs.append(run_one(agent, seed, setup, scorer, args))
             printed(runs[-1])
         return runs, None
-    run_one(agent, 0, dataclasses.replace(setup, steps=min(setup.steps, args.score_every)), scorer, args)
+    def in_processes(batch: list[int]) -> list[dict[str, Any]]:
+        return run_in_processes(train_scored_in_process, [
+            (agent, seed, setup, args.score_every, args.target, args.cap_seconds, args.run_to_budget)
+            for seed in batch], [f"{agent.name} seed {seed}" for seed in batch])
+
+    if not args.processes:  # CUDA, cuBLAS and cuda_ext loaded outside the clock (a process counts them)
+        run_one(agent, 0, dataclasses.replace(setup, steps=min(setup.steps, args.score_every)), scorer, args)
     began = time.perf_counter()
-    alone = run_one(agent, 0, setup, scorer, args)
+    alone = in_processes([0])[0] if args.processes else run_one(agent, 0, setup, scorer, args)
     alone_wall = time.perf_counter() - began
     runs, walls = [], []
     for first in range(0, len(seeds), args.concurrent):
         batch = seeds[first:first + args.concurrent]
         began = time.perf_counter()
-        tasks = [lambda seed=seed: run_one(agent, seed, setup, scorer, args) for seed in batch]
-        runs += run_concurrently(tasks, [f"{agent.name} seed {seed}" for seed in batch],
-                                 [setup.device] * len(batch))
+        if args.processes:
+            runs += in_processes(batch)
+        else:
+            tasks = [lambda seed=seed: run_one(agent, seed, setup, scorer, args) for seed in batch]
+            runs += run_concurrently(tasks, [f"{agent.name} seed {seed}" for seed in batch],
+                                     [setup.device] * len(batch))
         walls.append({"seeds": len(batch), "wall_s": time.perf_counter() - began})
         for run in runs[-len(batch):]:
             printed(run)
     same = [(p["steps"], p["share"]) for p in runs[0]["points"]] == [(p["steps"], p["share"])
                                                                       for p in alone["points"]]
-    record = {"concurrent": args.concurrent, "alone_wall_s": alone_wall, "batches": walls,
+    record = {"concurrent": args.concurrent, "mode": "processes" if args.processes else "threads",
+              "alone_wall_s": alone_wall, "batches": walls,
               "ratio": walls[0]["wall_s"] / alone_wall, "seed0_same_points": same,
               "alone_points": alone["points"]}
     return runs, record
@@ -111,7 +126,8 @@ def run_seeds(agent: Agent, setup: runner.Setup, scorer: HeldOutScorer, args: ar
 def concurrency_line(agent: str, record: dict[str, Any]) -> str:
     """One line: a batch's wall against one seed's, the ratio, whether seed 0 scored the same."""
     batch = record["batches"][0]
-    return (f"concurrency {agent}: {batch['seeds']} seeds at once in {batch['wall_s']:.1f} s vs one seed "
+    return (f"concurrency {agent} ({record.get('mode', 'threads')}): {batch['seeds']} seeds at once in "
+            f"{batch['wall_s']:.1f} s vs one seed "
             f"alone {record['alone_wall_s']:.1f} s: ratio {record['ratio']:.2f} (target <= 2); seed 0 "
             f"{'scored the same points' if record['seed0_same_points'] else 'scored OTHER points'} in the "
             "batch as alone")
@@ -184,6 +200,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--concurrent", type=int, default=1, metavar="K",
                         help="train a BranchingIQN agent's seeds K at once (threads, a CUDA stream each) and "
                              "report the wall of a batch against one seed alone (default 1: one at a time)")
+    parser.add_argument("--processes", action="store_true",
+                        help="with --concurrent K: the K seeds (and seed 0 alone) in fresh processes, one "
+                             "each, not threads (each process's start counted)")
     parser.add_argument("--quick", action="store_true", help="a tiny CPU smoke run")
     args = options.parse(parser, argv)
     if args.quick:

@@ -134,16 +134,18 @@ def test_quick_run_writes_its_table_json(tmp_path: Path) -> None:
     assert result["target"] == 0.5 and market["oracle_pnl"] > 0
 
 
-def test_quick_run_with_seeds_at_once_reports_the_ratio_and_the_same_seed_0(tmp_path: Path) -> None:
-    """--concurrent 2: seed 0 alone, then seeds 0 and 1 at once; seed 0 scores the same points in the batch
-    as alone; the record has the walls and their ratio."""
+@pytest.mark.parametrize("mode", ["threads", "processes"])
+def test_quick_run_with_seeds_at_once_reports_the_ratio_and_the_same_seed_0(tmp_path: Path,
+                                                                            mode: str) -> None:
+    """--concurrent 2 (in threads, or --processes): seed 0 alone, then seeds 0 and 1 at once; seed 0 scores
+    the same points in the batch as alone; the record has the walls and their ratio."""
     bench = _module()
     out = tmp_path / "tts.json"
     bench.main(["--quick", "--agents", "iqn_joint", "--seeds", "2", "--concurrent", "2", "--run-to-budget",
-                "--out", str(out)])
+                "--out", str(out), *(["--processes"] if mode == "processes" else [])])
     market = json.loads(out.read_text())["markets"]["2"]
     record = market["concurrency"]["iqn_joint"]
-    assert record["concurrent"] == 2 and record["seed0_same_points"] is True
+    assert record["concurrent"] == 2 and record["seed0_same_points"] is True and record["mode"] == mode
     assert record["batches"][0]["seeds"] == 2 and record["alone_wall_s"] > 0
     assert record["ratio"] == pytest.approx(record["batches"][0]["wall_s"] / record["alone_wall_s"])
     runs = market["runs"]["iqn_joint"]
