@@ -106,7 +106,7 @@ class BatchedLOB(AcceleratedStep):
         self.n_market_features = market_feature_dim(config)
         self.observation_dim = self.n_market_features + len(PORTFOLIO_FEATURES)
         #: The per-market tables a step gathers from (:class:`~foxenv.tables.MarketTables`).
-        self._tables = MarketTables.build(self.market, config, self.device)
+        self._tables = MarketTables.cached(self.market, config, self.device)
 
         self._generator = torch.Generator(device=self.device)
         if seed is None:
