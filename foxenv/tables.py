@@ -163,14 +163,14 @@ class MarketTables:
         above = torch.cat(
             [torch.flip(torch.cumsum(torch.flip(exec_ask, [1]), dim=1), [1])[:, 1:], no_volume], dim=1
         )
-        flow = torch.stack(
-            [
-                torch.stack([exec_bid, market.cancel_bid.double(), below], dim=2),
-                torch.stack([exec_ask, market.cancel_ask.double(), above], dim=2),
-            ],
-            dim=1,
-        )
-        flow = flow.reshape(-1, 3).to(torch.float32).contiguous()
+        # written column by column into the float32 table (each value rounded once, as a float64 stack cast
+        # at the end would be, without its two float64 copies of the whole table)
+        flow = torch.empty((num_steps, 2, width, 3), dtype=torch.float32, device=device)
+        for side, columns3 in enumerate(((exec_bid, market.cancel_bid, below), (exec_ask, market.cancel_ask,
+                                                                                  above))):
+            for column, values in enumerate(columns3):
+                flow[:, side, :, column] = values
+        flow = flow.reshape(-1, 3)
         # Market features of snapshot i (for reset) and of snapshot i + 1 (what a step from row i shows).
         features = market_features(market, config)
         next_features = features[following].contiguous()
