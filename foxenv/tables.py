@@ -10,6 +10,7 @@ with ``is``), never by an address that a freed tensor's successor could reuse.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, fields
@@ -25,6 +26,7 @@ from foxenv.spec import DIRECTIONS, ORDER_TYPES
 #: Tables kept by :meth:`MarketTables.cached` (the most recently used).
 CACHED_TABLES = 4
 _CACHE: OrderedDict[tuple, tuple[list[weakref.ref], MarketTables]] = OrderedDict()
+_CACHE_LOCK = threading.Lock()  # envs may be built in several threads at once
 
 #: Columns of the per-market-step row table (:attr:`MarketTables.rows`).
 ROW_COLUMNS = (
@@ -95,14 +97,16 @@ class MarketTables:
         others = tuple(getattr(market, f.name) for f in fields(market)
                        if not isinstance(getattr(market, f.name), torch.Tensor))
         key = (tuple(id(t) for t in tensors), repr(others), repr(config), str(device))
-        hit = _CACHE.get(key)
-        if hit is not None and all(ref() is t for ref, t in zip(hit[0], tensors, strict=True)):
-            _CACHE.move_to_end(key)
-            return hit[1]
+        with _CACHE_LOCK:
+            hit = _CACHE.get(key)
+            if hit is not None and all(ref() is t for ref, t in zip(hit[0], tensors, strict=True)):
+                _CACHE.move_to_end(key)
+                return hit[1]
         tables = cls.build(market, config, device)
-        _CACHE[key] = ([weakref.ref(t) for t in tensors], tables)
-        while len(_CACHE) > CACHED_TABLES:
-            _CACHE.popitem(last=False)
+        with _CACHE_LOCK:
+            _CACHE[key] = ([weakref.ref(t) for t in tensors], tables)
+            while len(_CACHE) > CACHED_TABLES:
+                _CACHE.popitem(last=False)
         return tables
 
     @classmethod
