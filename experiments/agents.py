@@ -3,8 +3,10 @@
 
 * ``iqn``: BranchingIQN with foxhunt's presets on the branched face, hindsight on; ``iqn_joint``: the joint
   face (one branch of the 81 joint codes; the presets drop the per-branch settings, hindsight and the
-  vaccine); ``iqn_lean``: every feature of :data:`LEAN_OFF` off; ``iqn-no_<feature>``: the presets with one
-  feature of :data:`FEATURES` off; ``iqn_lean+<feature>``: lean with one feature back on;
+  vaccine); ``iqn_fast``: the joint face with ``foxhunt train --recipe fast``'s algorithm and policy
+  settings (the recipe's book count is the experiment's ``--n-envs``); ``iqn_lean``: every feature of
+  :data:`LEAN_OFF` off; ``iqn-no_<feature>``: the presets with one feature of :data:`FEATURES` off;
+  ``iqn_lean+<feature>``: lean with one feature back on;
 * ``dqn``, ``qrdqn``: SB3 DQN and sb3-contrib QR-DQN (the ``bench`` extra) on the joint face, with the
   arguments they share with BranchingIQN taken from the same config (:data:`SHARED_DQN_KWARGS`);
 * custom agents (``--agent-kwargs NAME=JSON``): a known agent with more model and policy arguments, kept in
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from foxenv import spec
+from foxhunt.presets import RECIPES
 
 #: The algorithms an agent can name.
 ALGORITHMS: tuple[str, ...] = ("iqn", "dqn", "qrdqn")
@@ -92,6 +95,12 @@ def _features_off(features: Iterable[str]) -> tuple[dict[str, Any], dict[str, An
     return model, policy
 
 
+def _recipe_part(recipe: str, section: str) -> dict[str, Any]:
+    """The fields of ``foxhunt train --recipe`` ``recipe`` in one section (``"algorithm."``), bare-named."""
+    return {key.removeprefix(section): value for key, value in RECIPES[recipe].items()
+            if key.startswith(section)}
+
+
 def builtin_agent(name: str) -> Agent | None:
     """The built-in agent of that name (see the module docstring), or None."""
     if name in ("dqn", "qrdqn"):
@@ -100,6 +109,9 @@ def builtin_agent(name: str) -> Agent | None:
         return Agent(name, model={"hindsight": True})
     if name == "iqn_joint":
         return Agent(name, action_face="joint")
+    if name == "iqn_fast":
+        return Agent(name, model=_recipe_part("fast", "algorithm."), policy=_recipe_part("fast", "policy."),
+                     action_face="joint")
     if name == "iqn_lean":
         return Agent(name, "iqn", *_features_off(LEAN_OFF))
     feature = name.removeprefix("iqn-no_")

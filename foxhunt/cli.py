@@ -165,20 +165,30 @@ def config_from_args(args: argparse.Namespace, base: RunConfig | None = None,
     fields given on the command line in place of its values; checked as :meth:`RunConfig.check` does. Errors
     name the option typed (``--n-envs=0 must be >= 1``) or the file's field.
 
-    :param args: parsed arguments of a command with :func:`add_config_options` and ``--config``.
+    ``--recipe NAME`` (:data:`foxhunt.presets.RECIPES`) sets its fields over the file's (or the defaults'),
+    and the options given override it.
+
+    :param args: parsed arguments of a command with :func:`add_config_options` and ``--config`` (and
+        optionally ``--recipe``).
     :param base: the config without ``--config`` (``None``: the defaults, a GPU's sizes on CUDA).
     :param skip: as :func:`given_options`.
     :return: the run config.
     """
-    given = given_options(args, skip)
+    typed = given_options(args, skip)
+    recipe = getattr(args, "recipe", None)
+    if recipe is not None and recipe not in presets.RECIPES:
+        raise ValueError(f"--recipe={recipe!r}: no such recipe (recipes: {', '.join(presets.RECIPES)})")
+    given = {**(presets.RECIPES[recipe] if recipe is not None else {}), **typed}
     config_file = getattr(args, "config", None)
     if config_file is not None:
         if not Path(config_file).is_file():
             raise FileNotFoundError(f"--config={config_file!r}: no such file")
         base = RunConfig.load(config_file)
 
-    def name(field: str) -> str:  # an option given, or a value of the config file
-        return flag(field) if field in given or config_file is None else f"{config_file}: {field}"
+    def name(field: str) -> str:  # an option given, a value of the recipe, or one of the config file
+        if field in typed or (field not in given and config_file is None):
+            return flag(field)
+        return f"--recipe {recipe}: {field}" if field in given else f"{config_file}: {field}"
 
     if base is None and str(given.get("device", "cpu")).startswith("cuda"):
         # a GPU run's sizes unless given: thousands of books through the device loop
@@ -204,7 +214,7 @@ def train(args: argparse.Namespace) -> Any:
     if args.resume is not None:
         given = given_options(args)
         extra = [flag(name) for name in given if name != "progress"]
-        extra += ["--config"] if args.config is not None else []
+        extra += [f"--{name}" for name in ("config", "recipe") if getattr(args, name) is not None]
         if extra:
             raise ValueError(
                 f"--resume {args.resume} continues that run as its config.json says: {', '.join(extra)} "
@@ -277,6 +287,11 @@ def build_parser() -> argparse.ArgumentParser:
     train_parser.add_argument("--config", default=None, metavar="FILE",
                               help="start from this RunConfig JSON (a run's config.json, a study's "
                                    "best_config.json); the options given on the command line override it")
+    train_parser.add_argument("--recipe", default=None, choices=sorted(presets.RECIPES),
+                              help="a named set of settings over the defaults (or --config's), the options "
+                                   "given overriding it; fast: the settings that learn the planted signal "
+                                   "fastest on a GPU (64 books, rollouts of 8 steps, lr 1e-3, gamma 0.9, "
+                                   "one Q head, no C51)")
     train_parser.add_argument("--resume", default=None, metavar="RUN_DIR",
                               help="continue the run in RUN_DIR from its newest checkpoint, as its "
                                    "config.json says")

@@ -63,6 +63,17 @@ CPU_SIZES: dict[str, int] = {"buffer_size": 100_000, "learning_starts": 1_000, "
 GPU_SIZES: dict[str, int] = {"buffer_size": 500_000, "learning_starts": 20_000, "batch_size": 256,
                              "target_update_interval": 20_000, "diagnostics_interval": 20_000}
 
+#: ``foxhunt train --recipe NAME``: config fields by dotted name (as ``--hyperparams`` takes them) that a
+#: named recipe sets unless the command line gives them. ``fast``: the settings that learned the weak planted
+#: signal (strength 1) to 50 % of the oracle's held-out PnL in a median 8.8 s of training on one H200, 5/5
+#: seeds (``benchmarks/RESULTS.md``, "Time to score"): 64 books, a rollout of 8 vector steps then 8 gradient
+#: steps (one graph replay), learning rate 1e-3, discount 0.9, one ensemble head, no C51 head.
+RECIPES: dict[str, dict[str, Any]] = {
+    "fast": {"n_envs": 64, "algorithm.learning_rate": 1e-3, "algorithm.gamma": 0.9,
+             "algorithm.c51_alpha": 0.0, "algorithm.train_freq": 8, "algorithm.gradient_steps": 8,
+             "policy.n_ensemble": 1},
+}
+
 
 def trading_algorithm_kwargs() -> dict[str, Any]:
     """The trading-specific arguments of :class:`~sb3_her_ext.BranchingIQN` for foxenv's action.

@@ -140,6 +140,30 @@ def test_config_file_with_options_given_on_the_command_line_overriding_it(tmp_pa
     assert _train_config(["--config", str(path)]) == RunConfig.load(path)
 
 
+def test_recipe_fast_sets_its_fields_and_the_options_given_override_it(tmp_path: Path) -> None:
+    fast = _train_config(["--recipe", "fast"])
+    assert (fast.n_envs, fast.algorithm.learning_rate, fast.algorithm.gamma, fast.algorithm.c51_alpha) == (
+        64, 1e-3, 0.9, 0.0)
+    assert (fast.algorithm.train_freq, fast.algorithm.gradient_steps, fast.policy.n_ensemble) == (8, 8, 1)
+    assert fast.steps == RunConfig().steps and fast.action_face == RunConfig().action_face  # others: defaults
+    mine = _train_config(["--recipe", "fast", "--algorithm.gamma", "0.95", "--hyperparams", "n_ensemble:2"])
+    assert (mine.algorithm.gamma, mine.policy.n_ensemble, mine.algorithm.learning_rate) == (0.95, 2, 1e-3)
+    # over a config file: the recipe's fields replace the file's, the file keeps the others
+    path = RunConfig(steps=77, n_envs=3, model_kwargs={"gamma": 0.5}).save(tmp_path / "config.json")
+    over = _train_config(["--config", str(path), "--recipe", "fast"])
+    assert (over.steps, over.n_envs, over.algorithm.gamma) == (77, 64, 0.9)
+
+
+def test_an_unknown_recipe_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    args = build_parser().parse_args(["train"])
+    args.recipe = "slow"
+    with pytest.raises(ValueError, match=r"--recipe='slow': no such recipe \(recipes: fast\)"):
+        config_from_args(args)
+    with pytest.raises(SystemExit):
+        main(["train", "--recipe", "slow"])
+    assert "invalid choice: 'slow'" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(("content", "message"), [
     ({"steps": 10, "stepz": 3}, r"unknown RunConfig fields \['stepz'\]"),
     ({"seed": 1.5}, r"RunConfig.seed=1.5 must be an integer"),
@@ -167,6 +191,8 @@ def test_resume_takes_no_run_options(tmp_path: Path, capsys: pytest.CaptureFixtu
                       r"--resume .* continues that run as its config.json says: --steps, --seed cannot be")
     assert_user_error(capsys, ["train", "--resume", str(tmp_path), "--config", str(tmp_path / "c.json")],
                       r"--config cannot be given with it")
+    assert_user_error(capsys, ["train", "--resume", str(tmp_path), "--recipe", "fast"],
+                      r"--recipe cannot be given with it")
     assert_user_error(capsys, ["train", "--resume", str(tmp_path / "nowhere"), "--no-progress"],
                       r"resume='.*nowhere': no run folder there")
 
