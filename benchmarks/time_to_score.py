@@ -34,7 +34,9 @@ Usage::
         --agents iqn_joint --run-to-budget       # 5 seeds at once vs 1 seed: the wall ratio
     python benchmarks/time_to_score.py --quick      # tiny CPU smoke run
 
-Prints one table per market and writes ``benchmarks/results/time_to_score.json`` (or ``--out``).
+Prints one table per market and writes ``benchmarks/results/time_to_score.json`` (or ``--out``) and, beside
+it, a ``.png`` of every run's share against seconds and env steps; ``--plot JSON ...`` redraws saved results
+(several merged by market) without training.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import json
 import math
 import statistics
 import sys
@@ -73,7 +76,8 @@ def run_one(agent: Agent, seed: int, setup: runner.Setup, scorer: HeldOutScorer,
             args: argparse.Namespace) -> dict[str, Any]:
     """Train ``agent`` with ``seed`` until it scores ``args.target`` (or the cap); its record."""
     return train_scored(agent, seed, setup, scorer, every=args.score_every, target=args.target,
-                        cap_seconds=args.cap_seconds, run_to_budget=args.run_to_budget)
+                        cap_seconds=args.cap_seconds, run_to_budget=args.run_to_budget,
+                        fuse_random_rollouts=args.fuse_random_rollouts)
 
 
 def run_seeds(agent: Agent, setup: runner.Setup, scorer: HeldOutScorer, args: argparse.Namespace,
@@ -93,7 +97,8 @@ def run_seeds(agent: Agent, setup: runner.Setup, scorer: HeldOutScorer, args: ar
         return runs, None
     def in_processes(batch: list[int]) -> list[dict[str, Any]]:
         return run_in_processes(train_scored_in_process, [
-            (agent, seed, setup, args.score_every, args.target, args.cap_seconds, args.run_to_budget)
+            (agent, seed, setup, args.score_every, args.target, args.cap_seconds, args.run_to_budget,
+             args.fuse_random_rollouts)
             for seed in batch], [f"{agent.name} seed {seed}" for seed in batch])
 
     if not args.processes:  # CUDA, cuBLAS and cuda_ext loaded outside the clock (a process counts them)
@@ -182,6 +187,58 @@ def table(rows: dict[str, dict[str, Any]], runs: dict[str, list[dict[str, Any]]]
     return "\n".join(lines)
 
 
+def merged_runs(results: Sequence[dict[str, Any]]) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """The runs of several results by market (strength) and agent, in the order given."""
+    markets: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for result in results:
+        for strength, market in result["markets"].items():
+            for agent, agent_runs in market.get("runs", {}).items():
+                markets.setdefault(strength, {}).setdefault(agent, []).extend(agent_runs)
+    return markets
+
+
+def plot(results: Sequence[dict[str, Any]], path: Path, target: float = 0.5) -> Path:
+    """The scored points of every run: held-out share of the oracle's PnL against seconds of training (left)
+    and env steps (right), one row per market, a color per agent, a line per seed; a dot where a seed first
+    reached ``target``.
+
+    :param results: this benchmark's JSON results (several: their markets' runs merged by strength).
+    :param path: the PNG to write.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    markets = merged_runs(results)
+    if not markets:
+        raise ValueError("time_to_score plot: the results hold no runs")
+    fig, axes = plt.subplots(len(markets), 2, figsize=(12, 4.2 * len(markets)), squeeze=False)
+    for row, (strength, runs) in zip(axes, sorted(markets.items()), strict=True):
+        for color, (agent, agent_runs) in enumerate(runs.items()):
+            for i, run in enumerate(agent_runs):
+                points = run["points"]
+                shares = [100 * p["share"] for p in points]
+                for ax, key in zip(row, ("train_s", "steps"), strict=True):
+                    ax.plot([p[key] for p in points], shares, color=f"C{color}", lw=1, alpha=0.75,
+                            label=f"{agent} ({len(agent_runs)} seeds)" if i == 0 else None)
+                    first = next((p for p in points if p["share"] >= target), None)
+                    if first is not None:
+                        ax.plot(first[key], 100 * first["share"], "o", color=f"C{color}", ms=4)
+        for ax, label in zip(row, ("seconds of training (scoring apart)", "environment steps"), strict=True):
+            ax.axhline(100 * target, color="k", ls="--", lw=0.8)
+            ax.set_xlabel(label)
+            ax.set_ylabel("held-out share of the oracle's PnL (%)")
+            ax.set_title(f"planted signal strength {strength}", fontsize=9)
+            ax.grid(alpha=0.3)
+        row[0].legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command line (the experiments' market, budget and evaluation options, plus the ones here)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
@@ -203,7 +260,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--processes", action="store_true",
                         help="with --concurrent K: the K seeds (and seed 0 alone) in fresh processes, one "
                              "each, not threads (each process's start counted)")
+    parser.add_argument("--fuse-random-rollouts", action="store_true",
+                        help="BranchingIQN on the device loop: the rollouts before learning_starts as fused "
+                             "random blocks (graph replays on CUDA) instead of eager vector steps")
     parser.add_argument("--quick", action="store_true", help="a tiny CPU smoke run")
+    parser.add_argument("--plot", type=Path, nargs="+", default=None, metavar="JSON",
+                        help="train nothing: plot these results (runs merged by market) to --out's .png")
     args = options.parse(parser, argv)
     if args.quick:
         given = argv if argv is not None else sys.argv
@@ -235,6 +297,13 @@ def _record_run(label: str, runs: dict[str, list[dict[str, Any]]], agent: str, m
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Run every market, agent and seed; print the tables; write the JSON."""
     args = parse_args(argv)
+    if args.plot is not None:
+        missing = [str(path) for path in args.plot if not path.is_file()]
+        if missing:
+            raise SystemExit(f"time_to_score: --plot: no such file: {', '.join(missing)}")
+        results_read = [json.loads(path.read_text()) for path in args.plot]
+        print(f"wrote {plot(results_read, args.out.with_suffix('.png'), args.target)}")
+        return {"plotted": [str(path) for path in args.plot]}
     th.set_num_threads(args.threads)
     roster = options.roster_of(args)
     agents = [roster.get(a.strip()) for a in args.agents.split(",") if a.strip()]  # unknown: fails first
@@ -263,6 +332,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         result["markets"][f"{strength:g}"] = {"setup": setup.describe(), "oracle_pnl": scorer.oracle_pnl,
                                               "summary": rows, "runs": runs, "concurrency": concurrency}
     write_json(args.out, result)
+    print(f"wrote {plot([result], args.out.with_suffix('.png'), args.target)}")
     return result
 
 

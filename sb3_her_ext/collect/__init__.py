@@ -8,11 +8,12 @@ algorithm's collector holds its own.
 
 from sb3_her_ext.collect.collector import NORMALIZER_PENDING, CollectorSettings, DeviceCollector
 from sb3_her_ext.collect.episodes import EpisodeStats
-from sb3_her_ext.collect.fused import CaptureError, FusedBlock
+from sb3_her_ext.collect.fused import RANDOM, CaptureError, FusedBlock
 from sb3_her_ext.collect.protocol import CollectingAlgorithm, Counters
 
 __all__ = [
     "NORMALIZER_PENDING",
+    "RANDOM",
     "CaptureError",
     "CollectingAlgorithm",
     "CollectorSettings",

@@ -23,7 +23,10 @@ learn loop's own rollouts past ``learning_starts``, on an env with the static fa
 ``callback_stride`` that is a multiple of ``train_freq`` (callbacks run between replays), until a capture
 fails (it warns once and the device loop takes over). :meth:`DeviceCollector.unsupported_reason` names what
 stops a rollout; with ``graph_collect=True`` a rollout past ``learning_starts`` that does not qualify warns
-once. A fused rollout works at block granularity: a callback's ``on_step`` and its stop take effect after
+once. With ``fuse_random_rollouts=True`` (:meth:`DeviceCollector.configure`) the rollouts that lie wholly
+before ``learning_starts`` run fused as well, as random blocks (uniform random actions from the warm-up
+generator, no gradient step); a random block whose capture fails turns only the random blocks off. A fused
+rollout works at block granularity: a callback's ``on_step`` and its stop take effect after
 the block (its transitions are stored and its gradient steps done, where the device loop stores nothing of
 the step a callback stopped at); diagnostics lines, flushes and log dumps due inside a block are written at
 its end (the line then already counts the block's gradient steps).
@@ -84,11 +87,16 @@ class CollectorSettings:
         flush points); ``None``: the algorithm's ``diagnostics_interval``.
     :param eager: run the fused block without capturing it, on any device (the CPU included): the function
         a graph would capture, for tests and as the reference of graph replays.
+    :param fuse_random_rollouts: run the rollouts before ``learning_starts`` (uniform random actions) as
+        fused random blocks too (:data:`~sb3_her_ext.collect.fused.RANDOM`), where the configuration
+        qualifies and the whole rollout lies before ``learning_starts``: the same draws and replay contents as
+        the device loop, its eager vector steps replaced by graph replays.
     """
 
     callback_stride: int = 1
     stats_interval: int | None = None
     eager: bool = False
+    fuse_random_rollouts: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.callback_stride, bool) or not isinstance(self.callback_stride, int) \
@@ -99,8 +107,9 @@ class CollectorSettings:
             or self.stats_interval < 1
         ):
             raise ValueError(f"stats_interval={self.stats_interval!r} must be an integer >= 1 or None")
-        if not isinstance(self.eager, bool):
-            raise ValueError(f"eager={self.eager!r} must be a bool")
+        for name in ("eager", "fuse_random_rollouts"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r} must be a bool")
 
 
 class _Rollout(NamedTuple):
@@ -134,6 +143,8 @@ class DeviceCollector:
         self.block: FusedBlock | None = None
         #: why the fused path is off for good (a failed capture), or None
         self.failed: str | None = None
+        #: why the random blocks are off for good (their capture failed), or None
+        self.random_failed: str | None = None
         self._warned: set[str] = set()
         self._fused_trained = False  # the last fused rollout ran the coming train() call's gradient steps
         self._n_actions: th.Tensor | None = None
@@ -153,15 +164,16 @@ class DeviceCollector:
         return algorithm
 
     def configure(self, callback_stride: int = 1, stats_interval: int | None = None,
-                  eager: bool = False) -> None:
+                  eager: bool = False, fuse_random_rollouts: bool = False) -> None:
         """Set the settings (:class:`CollectorSettings`; every one not given goes back to its default). They
         last as long as the algorithm object (not saved). A change of ``eager`` drops the fused block.
 
         :param callback_stride: callbacks' ``on_step`` every this many vector steps.
         :param stats_interval: env steps between host reads of the episode statistics.
         :param eager: run fused blocks without capturing them.
+        :param fuse_random_rollouts: run the rollouts before ``learning_starts`` as fused random blocks.
         """
-        settings = CollectorSettings(callback_stride, stats_interval, eager)
+        settings = CollectorSettings(callback_stride, stats_interval, eager, fuse_random_rollouts)
         if settings.eager != self.settings.eager:
             self.block = None
         self.settings = settings
@@ -208,12 +220,19 @@ class DeviceCollector:
             return (f"a rollout of {train_freq.frequency} steps is not the learn loop's (train_freq="
                     f"{algorithm.train_freq.frequency}): its gradient steps would not follow it")
         if algorithm.num_timesteps < learning_starts:
-            return (f"num_timesteps={algorithm.num_timesteps} < learning_starts={learning_starts} "
-                    "(random actions)")
+            random = (f"num_timesteps={algorithm.num_timesteps} < learning_starts={learning_starts} "
+                      "(random actions)")
+            if not self.settings.fuse_random_rollouts:
+                return random
+            if self.random_failed is not None:
+                return f"{random}; random blocks are off: {self.random_failed}"
+            if algorithm.num_timesteps + train_freq.frequency * env.num_envs > learning_starts:
+                return f"{random}, and the rollout reaches past learning_starts"
         stride = self.settings.callback_stride
         if stride % train_freq.frequency:
             return f"callback_stride={stride} is not a multiple of train_freq={train_freq.frequency}"
-        if algorithm.policy.observation_normalizer_pending:  # fitted by train() on the host, before any graph
+        # fitted by train() on the host, before any graph that acts through it (random blocks do not)
+        if algorithm.policy.observation_normalizer_pending and algorithm.num_timesteps >= learning_starts:
             return NORMALIZER_PENDING
         return None
 
@@ -297,22 +316,32 @@ class DeviceCollector:
         assert self.stats is not None and self.action_counts is not None
         steps, n_envs = train_freq.frequency, env.num_envs
         state = (self.stats, self.action_counts)
-        if self.block is None or not self.block.matches(algorithm, env, *state, steps):
-            self.block = FusedBlock(algorithm, env, *state, steps, capture=not self.settings.eager)
+        # the random blocks' draws: the device loop's warm-up generator (a block made with it runs both kinds)
+        generator = self.warmup_generator if self.settings.fuse_random_rollouts else None
+        if self.block is None or not self.block.matches(algorithm, env, *state, steps, generator):
+            self.block = FusedBlock(algorithm, env, *state, steps, capture=not self.settings.eager,
+                                    random_generator=generator,
+                                    n_actions=self._n_actions if generator is not None else None)
+        random = algorithm.num_timesteps < learning_starts  # unsupported_reason checked the whole rollout
         # as SB3's loop: before the rollout's first step (a checkpoint written here holds the state before it;
         # a capture that fails below hands the rollout to the device loop, which calls it again)
         callback.on_rollout_start()
         saved = algorithm.counters()
-        key = self.block.prepare(algorithm)
+        key = self.block.prepare(algorithm, random=random)
         try:
             actions, step = self.block.run(algorithm, key)
         except CaptureError as error:
             algorithm.restore_counters(saved)
+            if random:  # the learning rollouts may still capture: only the random blocks are off
+                self.random_failed = f"capture failed ({error})"
+                self._warn_once(f"the random rollouts' CUDA graph is off for this model: "
+                                f"{self.random_failed}; the device loop runs them instead")
+                return None
             self.failed = f"capture failed ({error})"
             self._warn_once(f"the fused collect + train CUDA graph is off for this model: {self.failed}; the "
                             "device loop runs instead")
             return None
-        algorithm.count_gradient_steps(len(key))  # they ran with the block: train() skips them
+        algorithm.count_gradient_steps(len(key or ()))  # they ran with the block: train() skips them
         rollout = _Rollout(env, callback, train_freq, replay_buffer, learning_starts, log_interval)
         stopped = self._callback_step(rollout, steps, actions, step, steps, 0)
         if stopped is not None:  # the block is stored and trained already (module docstring)
@@ -321,7 +350,7 @@ class DeviceCollector:
         if algorithm.update_progress():  # (the block's last step set it already: is the total reached?)
             episodes += self._end_of_training(callback, n_envs, log_interval)
         callback.on_rollout_end()
-        self._fused_trained = len(key) > 0
+        self._fused_trained = bool(key)
         return RolloutReturn(steps * n_envs, episodes, continue_training=True)
 
     def take_fused_training(self) -> bool:

@@ -14,6 +14,11 @@ due in those steps (masked by device flags: the online network does not change w
 applying them after the collection is the same arithmetic); then ``g`` gradient steps
 (:meth:`~sb3_her_ext.learner.Learner.train_step_in_graph`: PER β read from a device tensor).
 
+A *random block* (key :data:`RANDOM`) is a rollout before ``learning_starts``: the same vector steps with
+uniform random actions drawn from the collector's warm-up generator, and no gradient step (SB3 trains only
+past ``learning_starts``). The collector runs such rollouts so when asked (``fuse_random_rollouts``), which
+turns the warm-up's eager vector steps into graph replays as well.
+
 Before each replay :meth:`FusedBlock.prepare` advances the host counters and schedules exactly as the device
 loop would step by step, and copies every value the block reads (ε and the IQR bonus per step, the target
 update flags, PER β, the first step number) into one device tensor (one copy from pinned memory, no sync);
@@ -41,12 +46,17 @@ from typing import Any
 import torch as th
 
 from cuda_ext.graph_capture import capture, side_stream
-from sb3_her_ext.collect.episodes import EpisodeStats, record_steps
+from sb3_her_ext.collect.episodes import EpisodeStats, random_actions, record_steps
 from sb3_her_ext.collect.protocol import CollectingAlgorithm
 from sb3_her_ext.device_env import DeviceStep
 
 #: what an env needs for the fused graph, besides the device vector env protocol
 STATIC_FACE = ("step_tensors_static", "pin_static_state", "set_current_obs", "graph_generators")
+#: The key of a random block (a rollout of uniform random actions before ``learning_starts``, no gradient
+#: step); the other keys say, per gradient step, whether it is a vaccine step.
+RANDOM = None
+#: A block's key: :data:`RANDOM`, or per gradient step whether it is a vaccine step.
+BlockKey = tuple[bool, ...] | None
 
 
 class CaptureError(RuntimeError):
@@ -80,13 +90,18 @@ class FusedBlock:
     :param action_counts: the collector's ``[NB, A]`` action counts.
     :param steps: vector steps per block (``train_freq``).
     :param capture: capture CUDA graphs (else every block runs eagerly).
+    :param random_generator: the generator of the random blocks' actions (the collector's warm-up
+        generator); None: this block runs no random block.
+    :param n_actions: ``[NB]`` int64 actions of each branch (the random blocks' draws); with
+        ``random_generator``.
     """
 
     #: eager blocks of each key before its capture (optimizer state, library workspaces, compiles)
     WARMUP_BLOCKS = 2
 
     def __init__(self, algorithm: CollectingAlgorithm, env: Any, stats: EpisodeStats,
-                 action_counts: th.Tensor, steps: int, capture: bool) -> None:
+                 action_counts: th.Tensor, steps: int, capture: bool,
+                 random_generator: th.Generator | None = None, n_actions: th.Tensor | None = None) -> None:
         device = th.device(env.device)
         self.env = env
         self.stats, self.action_counts = stats, action_counts
@@ -106,42 +121,53 @@ class FusedBlock:
         #: target updates a block can hold at most (due calls in ``steps`` consecutive ones)
         self.max_target_updates = math.ceil(self.steps / interval)
         buffer_generator = getattr(algorithm.replay_buffer, "generator", None)  # its stratified draws
+        if (random_generator is None) != (n_actions is None):
+            raise ValueError("random_generator and n_actions go together (the random blocks' draws)")
+        self.random_generator, self.n_actions = random_generator, n_actions
         self.generators = [algorithm.generator, *([buffer_generator] if buffer_generator is not None else []),
+                           *([random_generator] if random_generator is not None else []),
                            *env.graph_generators()]
-        self.graphs: dict[tuple[bool, ...], th.cuda.CUDAGraph] = {}
-        self.outputs: dict[tuple[bool, ...], tuple[th.Tensor, DeviceStep]] = {}
+        self.graphs: dict[BlockKey, th.cuda.CUDAGraph] = {}
+        self.outputs: dict[BlockKey, tuple[th.Tensor, DeviceStep]] = {}
         #: the buffer's host state a block leaves (set by its Python, which a replay skips)
-        self.left_by_block: dict[tuple[bool, ...], tuple[bool, th.Tensor]] = {}
-        self.warmup_left: dict[tuple[bool, ...], int] = {}
+        self.left_by_block: dict[BlockKey, tuple[bool, th.Tensor]] = {}
+        self.warmup_left: dict[BlockKey, int] = {}
         #: graphs captured, graph replays and eager blocks so far
         self.captures = 0
         self.replays = 0
         self.eager_blocks = 0
 
     def matches(self, algorithm: CollectingAlgorithm, env: Any, stats: EpisodeStats, action_counts: th.Tensor,
-                steps: int) -> bool:
-        """Whether this block still fits the algorithm (same objects, same sizes)."""
+                steps: int, random_generator: th.Generator | None = None) -> bool:
+        """Whether this block still fits the algorithm (same objects, same sizes, the same random blocks'
+        generator)."""
         parts = _parts(algorithm, env, stats, action_counts)
         return (len(parts) == len(self.parts) and all(a is b for a, b in zip(parts, self.parts, strict=True))
+                and random_generator is self.random_generator
                 and steps == self.steps
                 and gradient_steps_after(algorithm, steps, env.num_envs) == self.gradient_steps
                 and int(algorithm.batch_size) == self.batch_size)
 
     # ------------------------------------------------------------------ the captured function
 
-    def block(self, algorithm: CollectingAlgorithm, key: tuple[bool, ...]) -> tuple[th.Tensor, DeviceStep]:
-        """``steps`` vector steps then ``len(key)`` gradient steps (``key``: which are vaccine steps), reading
-        every host-decided value from :attr:`schedule` (the function a graph captures; no host sync).
+    def block(self, algorithm: CollectingAlgorithm, key: BlockKey) -> tuple[th.Tensor, DeviceStep]:
+        """``steps`` vector steps then ``len(key)`` gradient steps (``key``: which are vaccine steps), or, for
+        :data:`RANDOM`, ``steps`` vector steps of uniform random actions and none; every host-decided value
+        read from :attr:`schedule` (the function a graph captures; no host sync).
 
         :param algorithm: the algorithm.
-        :param key: per gradient step, whether it is a vaccine step.
+        :param key: :data:`RANDOM`, or per gradient step whether it is a vaccine step.
         :return: the last vector step's actions and step (a callback's locals).
         """
         env, k = self.env, self.steps
         schedule, buffer, guard = self.schedule, algorithm.replay_buffer, algorithm.guard
         first_step = schedule[3 * k + 1].to(th.int64)
+        random = key is RANDOM
+        if random and self.random_generator is None:
+            raise ValueError("a random block needs the random_generator this block was made without")
         rates = schedule[: 2 * k].float()  # ε and the IQR bonus of every step, cast once
-        branch_rates = algorithm.branch_rates(rates[:k, None])  # [k, NB]: every step's, made once
+        # [k, NB]: every step's, made once
+        branch_rates = None if random else algorithm.branch_rates(rates[:k, None])
         # the NaN guard's step number after each vector step, made once
         numbers = first_step + th.arange(1, k + 1, device=first_step.device) * env.num_envs
         obs = self.obs
@@ -151,7 +177,12 @@ class FusedBlock:
         algorithm.policy.set_training_mode(False)
         for i in range(k):
             # 1. act; 2. env step; 3. NaN guard, replay push (the device loop's order; the statistics after)
-            actions = algorithm.explore(obs, iqr_bonus=rates[k + i], branch_rates=branch_rates[i])
+            if random:  # the device loop's warm-up draws, in its order
+                assert self.random_generator is not None and self.n_actions is not None
+                actions = random_actions(self.n_actions, self.random_generator, env.num_envs)
+            else:
+                assert branch_rates is not None
+                actions = algorithm.explore(obs, iqr_bonus=rates[k + i], branch_rates=branch_rates[i])
             step = env.step_tensors_static(actions)
             taken.append((step.done, step.episode_return, step.episode_length, actions))
             final_obs, reward = step.final_obs, step.reward
@@ -190,11 +221,12 @@ class FusedBlock:
 
     # ------------------------------------------------------------------ host side
 
-    def prepare(self, algorithm: CollectingAlgorithm) -> tuple[bool, ...]:
+    def prepare(self, algorithm: CollectingAlgorithm, random: bool = False) -> BlockKey:
         """Advance the host bookkeeping over the block as the device loop would step by step, and copy the
         values the block reads into :attr:`schedule`.
 
-        :return: the block's key (per gradient step: a vaccine step).
+        :param random: a random block (before ``learning_starts``: no gradient step is planned).
+        :return: the block's key (:data:`RANDOM`, or per gradient step: a vaccine step).
         """
         k, n = self.steps, self.env.num_envs
         values = [0.0] * (3 * k + 2)
@@ -209,9 +241,9 @@ class FusedBlock:
             self.schedule.copy_(th.tensor(values, dtype=th.float64).pin_memory(), non_blocking=True)
         else:
             self.schedule.copy_(th.tensor(values, dtype=th.float64))
-        return algorithm.plan_gradient_steps(self.gradient_steps)
+        return RANDOM if random else algorithm.plan_gradient_steps(self.gradient_steps)
 
-    def run(self, algorithm: CollectingAlgorithm, key: tuple[bool, ...]) -> tuple[th.Tensor, DeviceStep]:
+    def run(self, algorithm: CollectingAlgorithm, key: BlockKey) -> tuple[th.Tensor, DeviceStep]:
         """One block: a replay of ``key``'s graph, or an eager block (warm-up, or no capture), or the
         capture (then its first replay).
 
@@ -245,7 +277,7 @@ class FusedBlock:
         env.set_current_obs(self.obs, outputs[1].infos)  # the block copied the last step's there
         return outputs
 
-    def _capture(self, algorithm: CollectingAlgorithm, key: tuple[bool, ...]) -> tuple[th.Tensor, DeviceStep]:
+    def _capture(self, algorithm: CollectingAlgorithm, key: BlockKey) -> tuple[th.Tensor, DeviceStep]:
         """Capture ``key``'s block, then replay it once (the block's real run)."""
         buffer = algorithm.replay_buffer
         left = buffer.host_state()

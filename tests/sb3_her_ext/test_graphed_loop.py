@@ -15,7 +15,7 @@ from stable_baselines3.common.utils import LinearSchedule
 
 from foxhunt.device_env import DeviceLOBVecEnv
 from sb3_her_ext import BranchingIQN
-from sb3_her_ext.collect import NORMALIZER_PENDING, CaptureError, FusedBlock
+from sb3_her_ext.collect import NORMALIZER_PENDING, RANDOM, CaptureError, FusedBlock
 from sb3_her_ext.diagnostics import read_diagnostics
 from sb3_her_ext.exploration import branch_epsilons, linear_anneal, select_actions
 
@@ -39,11 +39,12 @@ def make_env(n_envs: int = 4, device: str = "cpu", **kwargs) -> DeviceLOBVecEnv:
     return DeviceLOBVecEnv(n_envs, device=device, **{**params, **kwargs})
 
 
-def run(tmp_path: Path, fused: bool, total: int = 400, stride: int = 2, **kwargs) -> BranchingIQN:
-    name = "fused" if fused else "loop"
+def run(tmp_path: Path, fused: bool, total: int = 400, stride: int = 2, random_blocks: bool = False,
+        **kwargs) -> BranchingIQN:
+    name = ("random" if random_blocks else "fused") if fused else "loop"
     model = BranchingIQN("MlpPolicy", make_env(), diagnostics_path=str(tmp_path / f"{name}.jsonl"),
                          diagnostics_interval=40, **{**TINY, **kwargs})
-    model.collector.configure(callback_stride=stride, eager=fused)
+    model.collector.configure(callback_stride=stride, eager=fused, fuse_random_rollouts=random_blocks)
     return model.learn(total, log_interval=1)
 
 
@@ -107,6 +108,54 @@ def test_the_fused_block_equals_the_device_loop_across_settings(tmp_path: Path, 
     assert_same_training(loop, fused)
     block = fused.collector.block
     assert block is not None and block.eager_blocks > 0
+
+
+@pytest.mark.parametrize("learning_starts", [40, 44])
+def test_random_rollouts_as_fused_random_blocks_give_the_device_loops_results(tmp_path: Path,
+                                                                             learning_starts: int) -> None:
+    """Rollouts of 2 vector steps x 4 envs: the five before 40 env steps run as random blocks; with 44 the
+    rollout from 40 reaches past it and runs through the device loop (random, then exploring actions)."""
+    loop = run(tmp_path, fused=False, total=240, learning_starts=learning_starts)
+    fused = run(tmp_path, fused=True, total=240, learning_starts=learning_starts)
+    randomised = run(tmp_path, fused=True, total=240, learning_starts=learning_starts, random_blocks=True)
+    assert_same_training(loop, randomised)
+    assert fused.collector.block is not None and randomised.collector.block is not None
+    assert randomised.collector.block.eager_blocks == fused.collector.block.eager_blocks + 5
+    assert randomised.collector.block.random_generator is randomised.collector.warmup_generator
+    assert fused.collector.block.random_generator is None
+
+
+def test_random_blocks_qualify_only_wholly_before_learning_starts() -> None:
+    model = BranchingIQN("MlpPolicy", make_env(), **TINY)  # observation normalizer on, not fitted yet
+    freq, env = TrainFreq(2, TrainFrequencyUnit.STEP), model.get_env()
+    model.collector.configure(callback_stride=2, eager=True)
+    assert "learning_starts=8 (random actions)" in model.collector.unsupported_reason(env, freq, 8)
+    model.collector.configure(callback_stride=2, eager=True, fuse_random_rollouts=True)
+    assert model.collector.unsupported_reason(env, freq, 8) is None  # 2 steps x 4 envs: all before 8
+    assert "reaches past learning_starts" in model.collector.unsupported_reason(env, freq, 7)
+    assert model.collector.unsupported_reason(env, freq, 0) == NORMALIZER_PENDING  # it acts through it
+    with pytest.raises(ValueError, match="fuse_random_rollouts='yes' must be a bool"):
+        model.collector.configure(fuse_random_rollouts="yes")  # type: ignore[arg-type]
+
+
+def test_a_failed_random_block_capture_turns_off_only_the_random_blocks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_run = FusedBlock.run
+
+    def refuse_random(self, model, key):
+        if key is RANDOM:
+            raise CaptureError("RuntimeError: operation not permitted when stream is capturing")
+        return real_run(self, model, key)
+
+    monkeypatch.setattr(FusedBlock, "run", refuse_random)
+    with pytest.warns(RuntimeWarning, match="random rollouts' CUDA graph is off") as warned:
+        model = run(tmp_path, fused=True, total=240, learning_starts=40, random_blocks=True)
+    assert len([w for w in warned if issubclass(w.category, RuntimeWarning)]) == 1
+    assert model.collector.failed is None and "capture failed" in model.collector.random_failed
+    assert model.collector.block is not None and model.collector.block.eager_blocks > 0  # learning: fused
+    monkeypatch.setattr(FusedBlock, "run", real_run)
+    assert_same_training(run(tmp_path, fused=False, total=240, learning_starts=40), model)
 
 
 def test_schedule_values_read_from_device_tensors_equal_the_python_schedules() -> None:

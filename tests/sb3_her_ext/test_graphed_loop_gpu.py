@@ -18,7 +18,7 @@ from stable_baselines3.common.type_aliases import TrainFreq, TrainFrequencyUnit
 
 from foxhunt.device_env import DeviceLOBVecEnv
 from sb3_her_ext import BranchingIQN
-from sb3_her_ext.collect import FusedBlock
+from sb3_her_ext.collect import RANDOM, FusedBlock
 from sb3_her_ext.diagnostics import read_diagnostics
 
 pytestmark = pytest.mark.gpu
@@ -77,6 +77,40 @@ def test_graph_replays_equal_the_same_blocks_run_eagerly() -> None:
     assert [e["r"] for e in graphed.ep_info_buffer] == [e["r"] for e in eager.ep_info_buffer]
     for kind, count in graphed.replay_buffer.hindsight_counts.items():
         assert int(count) == int(eager.replay_buffer.hindsight_counts[kind])
+
+
+def test_random_blocks_replay_the_warm_up_with_the_device_loops_results() -> None:
+    """learning_starts over 12 rollouts: with ``fuse_random_rollouts`` they are random blocks (2 eager, one
+    capture, 9 replays after it), and the run ends with the device loop's replay rows, parameters and episodes
+    (the device loop runs the warm-up eagerly; both fuse the learning blocks)."""
+    total, starts = 64 * 2 * 30, 64 * 2 * 12
+
+    def model(random_blocks: bool) -> BranchingIQN:
+        built = BranchingIQN("MlpPolicy", make_env(), **{**CHANGING, "learning_starts": starts})
+        built.collector.configure(callback_stride=2, stats_interval=10**9, fuse_random_rollouts=random_blocks)
+        return built.learn(total)
+
+    fused = model(True)
+    block = fused.collector.block
+    assert block is not None and RANDOM in block.graphs
+    # three keys (random; the vaccine patterns (F, T, F) and (T, F, T)), each eager twice, then captured
+    assert block.captures == 3 and block.eager_blocks == 3 * block.WARMUP_BLOCKS
+    assert block.replays == 30 - 3 * block.WARMUP_BLOCKS
+    loop = model(False)  # made after: torch's global stream is seeded again
+    assert loop.collector.block is not None and RANDOM not in loop.collector.block.graphs
+    assert loop.collector.block.captures == 2
+    for buffer in (fused.replay_buffer, loop.replay_buffer):
+        buffer.refresh_tree()
+    for name in fused.replay_buffer._tensor_names():
+        a, b = getattr(fused.replay_buffer, name), getattr(loop.replay_buffer, name)
+        if name == "tree":
+            th.testing.assert_close(a, b, rtol=1e-12, atol=0.0, msg=name)
+        else:
+            assert th.equal(a, b), name
+    states = zip(fused.policy.state_dict().items(), loop.policy.state_dict().values(), strict=True)
+    for (name, a), b in states:
+        assert th.equal(a, b), name
+    assert fused._n_updates == loop._n_updates and fused._episode_num == loop._episode_num
 
 
 class ScheduleWatch(BaseCallback):

@@ -132,6 +132,41 @@ def test_quick_run_writes_its_table_json(tmp_path: Path) -> None:
         assert run["points"][-1]["steps"] == 600 and run["final_share"] == run["points"][-1]["share"]
         assert all(math.isfinite(p["share"]) for p in run["points"])
     assert result["target"] == 0.5 and market["oracle_pnl"] > 0
+    assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the figure beside the JSON
+    # --plot redraws saved results without training: two files' runs merged by market and agent
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"markets": {"2": {"runs": {"dqn": market["runs"]["dqn"]}}}}))
+    merged = bench.merged_runs([data, json.loads(other.read_text())])
+    assert list(merged) == ["2"] and len(merged["2"]["dqn"]) == 2 and len(merged["2"]["iqn_joint"]) == 1
+    assert bench.main(["--plot", str(out), str(other), "--out", str(tmp_path / "both.json")]) == {
+        "plotted": [str(out), str(other)]}
+    assert (tmp_path / "both.png").stat().st_size > 0 and not (tmp_path / "both.json").exists()
+    with pytest.raises(SystemExit, match="no such file"):
+        bench.main(["--plot", str(tmp_path / "nope.json")])
+
+
+def test_fuse_random_rollouts_reaches_the_collector(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--fuse-random-rollouts configures each device-loop model's collector so (on the CPU the fused path
+    does not run, so the scores are the device loop's either way)."""
+    from sb3_her_ext.collect import DeviceCollector
+
+    seen: list[bool] = []
+    configure = DeviceCollector.configure
+
+    def record(self, *args, **kwargs):
+        seen.append(kwargs.get("fuse_random_rollouts", False))
+        return configure(self, *args, **kwargs)
+
+    monkeypatch.setattr(DeviceCollector, "configure", record)
+    bench = _module()
+    points = []
+    for flag in ([], ["--fuse-random-rollouts"]):
+        out = tmp_path / f"tts{len(flag)}.json"
+        bench.main(["--quick", "--agents", "iqn_joint", "--device-loop", "on", "--run-to-budget", "--out",
+                    str(out), *flag])
+        run = json.loads(out.read_text())["markets"]["2"]["runs"]["iqn_joint"][0]
+        points.append([(p["steps"], p["share"]) for p in run["points"]])
+    assert seen == [False, True] and points[0] == points[1]
 
 
 @pytest.mark.parametrize("mode", ["threads", "processes"])
