@@ -1,8 +1,9 @@
 """Time to a score: seconds and env steps until the held-out share of the oracle's PnL first reaches 50 %.
 
 For each planted market (``--strengths``, horizon ``--signal-horizon``), agent (``--agents``, the names of
-:mod:`experiments.agents`: ``iqn_joint`` the default agent on the joint face, ``iqn`` the
-branched presets, ``dqn``, ``qrdqn``, and ``--agent-kwargs`` custom ones) and seed, one ``learn`` call trains
+:mod:`experiments.agents`: ``iqn_joint`` the default agent on the joint face, ``iqn_fast`` the settings
+of ``foxhunt train --recipe fast``, ``iqn`` the branched presets, ``dqn``, ``qrdqn``, and ``--agent-kwargs``
+custom ones) and seed, one ``learn`` call trains
 on the training market (synthetic seed ``--train-market-seed``) and a callback scores the greedy policy every
 ``--score-every`` env steps on the held-out market (seed ``--eval-market-seed``): the same books, windows and
 recorder as :func:`foxhunt.evaluation.evaluate_policies`, the actions taken from the policy on device tensors
@@ -30,7 +31,9 @@ Usage::
 
     python benchmarks/time_to_score.py --device cuda --strengths 2 1 --seeds 5 \
         --agents iqn_joint,iqn,dqn,qrdqn --n-envs 64 --steps 512000 --score-every 32768 --cap-seconds 60
-    python benchmarks/time_to_score.py --device cuda --strengths 1 --seeds 5 --concurrent 5 \
+    python benchmarks/time_to_score.py --device cuda --strengths 1 --seeds 5 --agents iqn_fast,dqn \
+        --n-envs 64 --score-every 65536 --eval-envs 64 --cap-seconds 60   # the weak signal in seconds
+    python benchmarks/time_to_score.py --device cuda --strengths 1 --seeds 5 --concurrent 5 --processes \
         --agents iqn_joint --run-to-budget       # 5 seeds at once vs 1 seed: the wall ratio
     python benchmarks/time_to_score.py --quick      # tiny CPU smoke run
 
@@ -247,7 +250,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.set_defaults(signal_horizon=5, seeds=5, steps=512_000, n_envs=64, market_steps=100_000)
     parser.add_argument("--strengths", type=float, nargs="+", default=[2.0, 1.0],
                         help="planted signal strengths, one market each (overrides --signal-strength)")
-    parser.add_argument("--agents", default="iqn_joint,iqn,dqn,qrdqn", help="comma separated")
+    parser.add_argument("--agents", default="iqn_joint,iqn_fast,iqn,dqn,qrdqn", help="comma separated")
     parser.add_argument("--target", type=float, default=0.5, help="share of the oracle's held-out PnL")
     parser.add_argument("--score-every", type=int, default=32_768, help="env steps between scores")
     parser.add_argument("--cap-seconds", type=float, default=1200.0, help="training seconds per run")
