@@ -65,13 +65,17 @@ GPU_SIZES: dict[str, int] = {"buffer_size": 500_000, "learning_starts": 20_000, 
 
 #: ``foxhunt train --recipe NAME``: config fields by dotted name (as ``--hyperparams`` takes them) that a
 #: named recipe sets unless the command line gives them. ``fast``: the settings that learned the weak planted
-#: signal (strength 1) to 50 % of the oracle's held-out PnL in a median 8.8 s of training on one H200, 5/5
-#: seeds (``benchmarks/RESULTS.md``, "Time to score"): 64 books, a rollout of 8 vector steps then 8 gradient
-#: steps (one graph replay), learning rate 1e-3, discount 0.9, one ensemble head, no C51 head.
+#: signal (strength 1) to 50 % of the oracle's held-out PnL in a median 8.8 s of training on one H200 and
+#: 101 s on a 2-core CPU, 5/5 seeds each (``benchmarks/RESULTS.md``, "Time to score"): 64 books, a rollout of
+#: 8 vector steps then 8 gradient steps (one graph replay on a GPU), learning rate 1e-3, discount 0.9, one
+#: ensemble head, C51 loss weight 0, with the GPU's replay sizes on any device (batch 256, 20k random steps
+#: first, a target update every 20k steps, 500k rows) and 2^20 env steps (checkpoints every 2^18).
 RECIPES: dict[str, dict[str, Any]] = {
-    "fast": {"n_envs": 64, "algorithm.learning_rate": 1e-3, "algorithm.gamma": 0.9,
-             "algorithm.c51_alpha": 0.0, "algorithm.train_freq": 8, "algorithm.gradient_steps": 8,
-             "policy.n_ensemble": 1},
+    "fast": {"n_envs": 64, "steps": 2**20, "checkpoint_every": 2**18,
+             "algorithm.learning_rate": 1e-3, "algorithm.gamma": 0.9, "algorithm.c51_alpha": 0.0,
+             "algorithm.train_freq": 8, "algorithm.gradient_steps": 8, "algorithm.batch_size": 256,
+             "algorithm.learning_starts": 20_000, "algorithm.target_update_interval": 20_000,
+             "algorithm.buffer_size": 500_000, "policy.n_ensemble": 1},
 }
 
 

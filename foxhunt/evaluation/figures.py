@@ -57,11 +57,11 @@ def plot_equity(evaluation: Evaluation, path: Path) -> Path:
             axis.axvline(boundary, color="0.85", linewidth=0.8, zorder=0)
         axis.grid(alpha=0.3)
     top.axhline(0, color="black", linewidth=0.6)
-    top.set_ylabel(f"equity, summed over books ({_currency(evaluation)})")
+    top.set_ylabel(f"equity, summed over books\n({_currency(evaluation)})")
     top.set_title(f"Equity after fees: {evaluation.setup['books']} books, {evaluation.setup['market']}"
                   "\n(grey lines: episode boundaries, all books restart together)", fontsize=10)
     top.legend(loc="upper left", fontsize=9)
-    bottom.set_ylabel(f"drawdown ({_currency(evaluation)})")
+    bottom.set_ylabel(f"drawdown\n({_currency(evaluation)})")
     bottom.set_xlabel("step (each step moves every book once)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -34,8 +34,10 @@ def test_iqn_fast_is_the_joint_agent_of_the_fast_recipe() -> None:
     fast = Roster().get("iqn_fast")
     assert fast.action_face == "joint" and fast.policy == {"n_ensemble": 1}
     assert fast.model == {"learning_rate": 1e-3, "gamma": 0.9, "c51_alpha": 0.0, "train_freq": 8,
-                          "gradient_steps": 8}
+                          "gradient_steps": 8, "batch_size": 256, "learning_starts": 20_000,
+                          "target_update_interval": 20_000, "buffer_size": 500_000}
     model = runner.build(fast, 0, runner.Setup(market_steps=2000, steps=100, n_envs=2))
+    assert (model.batch_size, model.learning_starts, model.buffer_size) == (256, 20_000, 500_000)
     assert (model.learning_rate, model.gamma, model.c51_alpha, model.gradient_steps) == (1e-3, 0.9, 0.0, 8)
     assert model.train_freq.frequency == 8 and model.policy.n_ensemble == 1
     assert model.action_space == spaces.Discrete(81)

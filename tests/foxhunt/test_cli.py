@@ -145,13 +145,17 @@ def test_recipe_fast_sets_its_fields_and_the_options_given_override_it(tmp_path:
     assert (fast.n_envs, fast.algorithm.learning_rate, fast.algorithm.gamma, fast.algorithm.c51_alpha) == (
         64, 1e-3, 0.9, 0.0)
     assert (fast.algorithm.train_freq, fast.algorithm.gradient_steps, fast.policy.n_ensemble) == (8, 8, 1)
-    assert fast.steps == RunConfig().steps and fast.action_face == RunConfig().action_face  # others: defaults
+    # the GPU's replay sizes on any device, and a run long enough to learn
+    assert (fast.algorithm.batch_size, fast.algorithm.learning_starts, fast.algorithm.buffer_size,
+            fast.algorithm.target_update_interval, fast.steps) == (256, 20_000, 500_000, 20_000, 2**20)
+    assert fast.device == RunConfig().device and fast.action_face == RunConfig().action_face  # the defaults
     mine = _train_config(["--recipe", "fast", "--algorithm.gamma", "0.95", "--hyperparams", "n_ensemble:2"])
     assert (mine.algorithm.gamma, mine.policy.n_ensemble, mine.algorithm.learning_rate) == (0.95, 2, 1e-3)
     # over a config file: the recipe's fields replace the file's, the file keeps the others
     path = RunConfig(steps=77, n_envs=3, model_kwargs={"gamma": 0.5}).save(tmp_path / "config.json")
-    over = _train_config(["--config", str(path), "--recipe", "fast"])
-    assert (over.steps, over.n_envs, over.algorithm.gamma) == (77, 64, 0.9)
+    assert _train_config(["--config", str(path), "--recipe", "fast"]).steps == 2**20
+    over = _train_config(["--config", str(path), "--recipe", "fast", "--steps", "77"])
+    assert (over.steps, over.n_envs, over.algorithm.gamma, over.seed) == (77, 64, 0.9, 0)
 
 
 def test_an_unknown_recipe_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
