@@ -100,6 +100,8 @@ class BatchedLOB(AcceleratedStep):
         self.market = market.to(self.device)
         self.config = config
         self.num_books = int(num_books)
+        if validate_actions is not None and not isinstance(validate_actions, bool):
+            raise ValueError(f"validate_actions={validate_actions!r} must be a bool or None")
         self.validate_actions = self.device.type == "cpu" if validate_actions is None else validate_actions
         self.ACTION_NVEC = config.grid.nvec
         self.MAGNITUDES = config.grid.magnitudes

@@ -42,7 +42,9 @@ from foxenv.checks import check_device, check_seed
 from foxenv.config import EnvConfig, is_whole
 from foxenv.factory import DataSource, action_space_of, make_core, observation_space_of
 from foxhunt import fingerprint
+from foxhunt.preflight import book_bytes
 from foxhunt.presets import ACTION_FACES
+from sb3_her_ext.validation import check_allocation
 
 
 def _numpy_dtype(dtype: torch.dtype) -> type:
@@ -166,6 +168,7 @@ class LOBVecEnv(VecEnv):
         num_envs = int(num_envs)
         self.device = check_device(device)
         seed = check_seed(seed)
+        check_allocation("num_envs", num_envs, num_envs * book_bytes(env_kwargs), self.device)
         self.lob = make_core(data, num_envs, device=self.device, seed=seed, **env_kwargs)
         self.config: EnvConfig = self.lob.config
         self.render_mode = None

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import torch as th
 
 from foxenv.checks import check_device
+from sb3_her_ext.validation import free_memory
 
 #: How messages name the replay buffer's size (the flag of ``RunConfig.algorithm.buffer_size``).
 BUFFER_OPTION = "--algorithm.buffer-size"
@@ -31,25 +31,6 @@ EVAL_BYTES_PER_BOOK_STEP = 8 * 20
 #: fixed (the order-flow grids).
 MARKET_BYTES_PER_LEVEL = 64
 MARKET_BYTES = 4 * 64 * 4 + 256
-
-
-def free_memory(device: str | th.device) -> int | None:
-    """Free memory of ``device`` in bytes: a CUDA device's free memory, the host's ``MemAvailable``.
-
-    :param device: the device.
-    :return: bytes, or None where it cannot be read.
-    """
-    device = th.device(device)
-    if device.type == "cuda":
-        free, _ = th.cuda.mem_get_info(device)
-        return int(free)
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 def _gb(size: float) -> str:
@@ -88,6 +69,16 @@ def observation_size(env_kwargs: Mapping[str, Any]) -> int:
     return market_feature_dim(EnvConfig(**config)) + len(PORTFOLIO_FEATURES)
 
 
+def book_bytes(env_kwargs: Mapping[str, Any]) -> float:
+    """The estimated bytes of one book of the env and its loop for these env settings (the minimum where
+    the settings cannot be read yet: the env's own checks name a bad one)."""
+    try:
+        size = observation_size(env_kwargs)
+    except (TypeError, ValueError):
+        size = 1
+    return float(BOOK_BYTES_PER_FEATURE * size + BOOK_BYTES)
+
+
 def run_memory(config: Any) -> dict[str, tuple[tuple[str, ...], float]]:
     """The estimated memory of a run's large parts, by part: ``{what: (the options that scale it, bytes)}``.
 
@@ -102,7 +93,7 @@ def run_memory(config: Any) -> dict[str, tuple[tuple[str, ...], float]]:
     row = 8 * size + 8 * branches + 9
     levels = int(env_kwargs.get("levels", 10))
     parts = {
-        "books": (("--n-envs",), float(config.n_envs) * (BOOK_BYTES_PER_FEATURE * size + BOOK_BYTES)),
+        "books": (("--n-envs",), float(config.n_envs) * book_bytes(env_kwargs)),
         "replay buffer": ((BUFFER_OPTION,), float(buffer_size) * row + tree),
         "final evaluation": (("--eval-steps", "--n-envs"),
                              float(config.eval_steps) * config.n_envs * EVAL_BYTES_PER_BOOK_STEP),

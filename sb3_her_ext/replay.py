@@ -66,6 +66,7 @@ from sb3_her_ext.hindsight import (
     HindsightState,
     StepBatch,
 )
+from sb3_her_ext.validation import check_allocation
 
 __all__ = ["HindsightConfig", "PrioritizedHindsightReplayBuffer", "PrioritizedReplaySamples"]
 
@@ -231,6 +232,9 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
             seed = int(torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64))
         #: every random draw of the buffer comes from this generator on its device (pickled with the buffer)
         self.generator = _seeded_generator(self._device, seed)
+        row = 8 * self.obs_dim + 8 * self.n_branches + 9  # obs and next obs (float32), actions, the rest
+        tree = 16 * (1 << max(self.buffer_size - 1, 0).bit_length())  # the sum and min trees
+        check_allocation("buffer_size", buffer_size, float(self.buffer_size) * row + tree, self._device)
         self._allocate()
 
     # ----------------------------------------------------------------------------------- storage

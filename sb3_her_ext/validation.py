@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import math
 import numbers
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch as th
 
 
 def is_whole(value: Any) -> bool:
@@ -106,3 +108,38 @@ def check_known_kwargs(name: str, kwargs: Any, target: Any, skip: tuple[str, ...
     if unknown:
         raise ValueError(f"{name} holds unknown keys {unknown}; {getattr(target, '__name__', target)} takes "
                          f"{known}")
+
+
+def free_memory(device: str | th.device) -> int | None:
+    """Free memory of ``device`` in bytes: a CUDA device's free memory, the host's ``MemAvailable``.
+
+    :param device: the device.
+    :return: bytes, or None where it cannot be read.
+    """
+    device = th.device(device)
+    if device.type == "cuda":
+        free, _ = th.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def check_allocation(name: str, value: Any, size: float, device: str | th.device) -> None:
+    """Refuse, before allocating, ``size`` bytes that ``device`` does not have free.
+
+    :param name: the argument that scales the allocation, named in the error.
+    :param value: its value, quoted.
+    :param size: the bytes the allocation needs.
+    :param device: where it would live.
+    :raises ValueError: ``name=value needs about X GB ... and device has Y GB free``.
+    """
+    free = free_memory(device)
+    if free is not None and size > free:
+        need, have = (f"{b / 1e9:,.3g}" if b < 1e12 else f"{b / 1e9:,.0f}" for b in (size, free))
+        raise ValueError(f"{name}={value!r} needs about {need} GB of memory and {th.device(device)} has "
+                         f"{have} GB free; lower {name}")

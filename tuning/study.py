@@ -311,23 +311,25 @@ def open_study(
     :return: the study.
     """
     existing = {s.study_name: s for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
+    taken = (f"study {name!r} already exists in the storage; pass --resume to continue it or "
+             "choose another --study-name")
     if name in existing and not resume:
-        raise ValueError(
-            f"study {name!r} already exists in the storage; pass --resume to continue it or "
-            "choose another --study-name"
-        )
+        raise ValueError(taken)
     if name in existing and existing[name].user_attrs.get("metric", metric) != metric:
         raise ValueError(
             f"study {name!r} maximises metric={existing[name].user_attrs['metric']!r}, not metric={metric!r}"
         )
-    study = retry_races(lambda: optuna.create_study(
-        study_name=name,
-        storage=storage,
-        sampler=sampler,
-        pruner=pruner,
-        direction="maximize",
-        load_if_exists=resume,
-    ))
+    try:
+        study = retry_races(lambda: optuna.create_study(
+            study_name=name,
+            storage=storage,
+            sampler=sampler,
+            pruner=pruner,
+            direction="maximize",
+            load_if_exists=resume,
+        ))
+    except optuna.exceptions.DuplicatedStudyError:  # another worker created it since the check above
+        raise ValueError(taken) from None
     if "metric" not in study.user_attrs:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -440,11 +442,17 @@ def write_best_config(study: optuna.Study, path: str | Path, full: RunConfig | N
     return dataclasses.replace(config, out=None, **budget).save(path)
 
 
-def write_plots(study: optuna.Study, out: str | Path) -> list[Path]:
-    """Optimization history, parameter importances and parallel coordinates as PNGs in ``out``.
+#: Completed trials below which ``param_importances.png`` is not drawn: fANOVA's ranking of a handful of
+#: trials is noise (Optuna itself draws it from two).
+MIN_IMPORTANCE_TRIALS = 10
 
-    A plot that needs more trials than the study has (importances need two completed trials with
-    varying parameters) is skipped with a warning.
+
+def write_plots(study: optuna.Study, out: str | Path) -> list[Path]:
+    """Optimization history, parameter importances and parallel coordinates as PNGs in ``out``, their value
+    axes named with the study's metric (``sharpe``, not Optuna's "Objective Value").
+
+    A plot that needs more trials than the study has is skipped with a warning: importances need
+    :data:`MIN_IMPORTANCE_TRIALS` completed trials, the other plots one.
 
     :param study: the study.
     :param out: the study folder.
@@ -465,11 +473,17 @@ def write_plots(study: optuna.Study, out: str | Path) -> list[Path]:
             top = list(optuna.importance.get_param_importances(study))[:PARALLEL_PARAMS]
     except Exception:  # fewer than two completed trials, or no parameter varies
         top = None
+    metric = study.user_attrs.get("metric", "objective")
     plots = {
-        "optimization_history": ovm.plot_optimization_history,
-        "param_importances": ovm.plot_param_importances,
-        "parallel_coordinate": lambda s: ovm.plot_parallel_coordinate(s, params=top),
+        "optimization_history": lambda s: ovm.plot_optimization_history(s, target_name=metric),
+        "param_importances": lambda s: ovm.plot_param_importances(s, target_name=metric),
+        "parallel_coordinate": lambda s: ovm.plot_parallel_coordinate(s, params=top, target_name=metric),
     }
+    completed = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    if completed < MIN_IMPORTANCE_TRIALS:
+        del plots["param_importances"]
+        warnings.warn(f"param_importances.png not written: {completed} completed trials, importances need "
+                      f"at least {MIN_IMPORTANCE_TRIALS}", stacklevel=2)
     for name, plot in plots.items():
         try:
             with warnings.catch_warnings():
@@ -566,6 +580,16 @@ class StudySettings:
         if isinstance(self.trials_per_process, bool) or not isinstance(self.trials_per_process, int) \
                 or self.trials_per_process < 1:
             raise ValueError(f"trials_per_process={self.trials_per_process!r} must be an integer >= 1")
+        for name, low, none_ok in (("sampler_seed", 0, True), ("max_retry", 0, True),
+                                   ("heartbeat_interval", 1, False), ("grace_period", 1, False)):
+            value = getattr(self, name)
+            if value is None and none_ok:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < low or (
+                    name == "sampler_seed" and value >= 2**32):
+                option = "--" + name.replace("_", "-")
+                bound = "in [0, 2**32)" if name == "sampler_seed" else f">= {low}"
+                raise ValueError(f"{option} {value!r}: {name} must be an integer {bound}")
 
     def storage_url(self) -> str:
         """The storage URL (the study folder's SQLite file unless ``storage`` names one)."""
@@ -678,12 +702,16 @@ def optimize(study: optuna.Study, objective: Objective, settings: StudySettings,
     :param settings: the study's settings (trials, timeout, metric, progress).
     :param tag: the worker's name in its lines.
     """
+    # The bar ends at the budget: over trials when a number is given, else over the timeout's seconds.
+    by_time = settings.n_trials is None
     bar = tqdm(
-        total=settings.n_trials,
+        total=settings.timeout if by_time else settings.n_trials,
         desc=f"study {settings.study_name}",
-        unit="trial",
+        unit="s" if by_time else "trial",
         disable=not settings.progress,
+        bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s [{elapsed}<{remaining}]" if by_time else None,
     )
+    started = time.monotonic()
 
     concurrent = settings.trials_per_process > 1
 
@@ -693,7 +721,8 @@ def optimize(study: optuna.Study, objective: Objective, settings: StudySettings,
         if objective.storage_error is not None:  # said by tune, as one line
             study.stop()
             return
-        bar.update(1)
+        done = min(time.monotonic() - started, bar.total) if by_time else min(bar.n + 1, bar.total)
+        bar.update(done - bar.n)
         best = ""
         try:
             best = f" | best {settings.metric}={study.best_value:.6g} (trial {study.best_trial.number})"
@@ -711,8 +740,27 @@ def optimize(study: optuna.Study, objective: Objective, settings: StudySettings,
             gc_after_trial=not concurrent,
             n_jobs=settings.trials_per_process,
         )
+    except AssertionError as error:
+        # Optuna's _run_trial asserts "Should not reach." when the storage fails while it records a
+        # trial's end (a disk that fills mid-trial): the storage's error is the assertion's context.
+        cause = storage_cause(error)
+        if cause is None:
+            raise
+        raise cause from None
     finally:
         bar.close()
+
+
+def storage_cause(error: BaseException) -> BaseException | None:
+    """The database error in ``error``'s chain of causes and contexts, or ``None``."""
+    seen: set[int] = set()
+    link: BaseException | None = error
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if isinstance(link, sqlalchemy.exc.SQLAlchemyError | optuna.exceptions.StorageInternalError):
+            return link
+        link = link.__cause__ or link.__context__
+    return None
 
 
 def state_counts(study: optuna.Study) -> dict[str, int]:

@@ -176,6 +176,9 @@ def load_market(
     if unknown:
         raise ValueError(f"load_market got unknown option(s) {unknown}; the wave knobs are "
                          f"{list(WAVE_KNOBS)}")
+    for name, fraction in (("train_fraction", train_fraction), ("validation_fraction", validation_fraction)):
+        if isinstance(fraction, bool) or not isinstance(fraction, int | float):
+            raise ValueError(f"{name}={fraction!r} must be a number strictly between 0 and 1")
     if not 0.0 < validation_fraction < 1.0:
         raise ValueError(f"validation_fraction={validation_fraction} must lie strictly between 0 and 1")
     bad_steps = isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1

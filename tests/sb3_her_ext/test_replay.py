@@ -664,3 +664,14 @@ def test_a_buffer_file_without_a_checksum_loads_with_a_warning(tmp_path):
     with pytest.warns(UserWarning, match=r"old.pkl carries no SHA-256 \(saved before checksums\?\)"):
         model.load_replay_buffer(tmp_path / "old.pkl")
     assert model.replay_buffer.size() > 0
+
+
+def test_a_buffer_larger_than_free_memory_is_refused_before_allocating() -> None:
+    """Issue 39.13: ``buffer_size=10**10`` named in one line, not the allocator's error."""
+    from gymnasium import spaces as gym_spaces
+
+    from sb3_her_ext.replay import PrioritizedHindsightReplayBuffer
+
+    space = gym_spaces.Box(-1, 1, (8,))
+    with pytest.raises(ValueError, match=r"buffer_size=10000000000 needs about .* lower buffer_size"):
+        PrioritizedHindsightReplayBuffer(10**10, space, gym_spaces.MultiDiscrete([3, 3]))
