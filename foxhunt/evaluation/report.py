@@ -18,6 +18,49 @@ TABLE_METRICS = (
 )
 
 
+#: The references the headline states the policy's PnL as a share of: (result name, what it is). A reference
+#: not among an evaluation's results is left out (the oracle exists on a planted-signal market only).
+HEADLINE_REFERENCES: tuple[tuple[str, str], ...] = (("oracle", "the oracle's PnL"),)
+
+
+def headline_shares(evaluation: Evaluation, main: str) -> list[tuple[str, float | None, float, float]]:
+    """The main policy's PnL as a share of each reference's on the same windows.
+
+    :param evaluation: the evaluation.
+    :param main: the policy the report is about.
+    :return: ``(what the reference is, share or None when the reference made no profit, policy PnL,
+        reference PnL)`` per reference present.
+    """
+    pnl = float(evaluation.results[main].metrics["pnl"])
+    shares = []
+    for name, label in HEADLINE_REFERENCES:
+        result = evaluation.results.get(name)
+        if result is None or name == main:
+            continue
+        reference = float(result.metrics["pnl"])
+        share = pnl / reference if reference > 0 and math.isfinite(reference) else None
+        shares.append((label, share, pnl, reference))
+    return shares
+
+
+def headline_lines(evaluation: Evaluation, main: str) -> list[str]:
+    """``share of the oracle's PnL: 60.0 %`` (one line per reference; none without a reference)."""
+    lines = []
+    for label, share, pnl, reference in headline_shares(evaluation, main):
+        shown = "n/a (it made no profit)" if share is None else f"{100 * share:.1f} %"
+        lines.append(f"share of {label}: {shown} ({main} {_fmt(pnl)}, reference {_fmt(reference)}, "
+                     "same windows)")
+    return lines
+
+
+def interval_note(setup: dict[str, Any]) -> str:
+    """How the comparisons' intervals and verdicts are computed: the level, unadjusted intervals, and the
+    multiple-comparison correction of the verdicts' p-values."""
+    level = setup.get("level", 0.95)
+    return (f"intervals: {100 * level:g} % circular block bootstrap over the windows, not Holm-adjusted; "
+            f"verdicts: {_correction(setup)}")
+
+
 def _units(evaluation: Evaluation, main: str) -> dict[str, str]:
     """The vocabulary's units with the evaluation's currency named."""
     return units(evaluation.results[main].metrics.get("currency", "currency"))
@@ -63,6 +106,7 @@ def json_document(evaluation: Evaluation, main: str) -> dict[str, Any]:
     return _clean({
         "eval_data": held_out_line(evaluation.setup),
         "policy": main,
+        "shares": {label: share for label, share, _, _ in headline_shares(evaluation, main)},
         **evaluation.results[main].metrics,
         "units": _units(evaluation, main),
         **evaluation.to_json(),
@@ -117,6 +161,8 @@ def markdown(evaluation: Evaluation, main: str, title: str, figures: dict[str, P
     lines = [
         f"# {title}",
         "",
+        *[f"**{line}**" for line in headline_lines(evaluation, main)],
+        *([""] if headline_lines(evaluation, main) else []),
         f"- data: **{held_out_line(setup)}** ({setup['market']}, {setup['market_steps']:,} steps)",
         f"- {setup['books']} books x {setup['vector_steps']:,} steps = {setup['book_steps']:,} book-steps, "
         f"episodes of {setup['episode_length']} steps, {setup['episodes_per_book']} per book; "
@@ -197,9 +243,14 @@ def print_evaluation(evaluation: Evaluation, main: str, title: str) -> None:
               f"{m['trades']:>8,} {m['fees']:>10,.0f}")
     for note in evaluation.setup.get("notes", []):
         print(f"  note: {note}")
+    for line in headline_lines(evaluation, main):
+        print(f"\n  {line}")
+    if any(evaluation.comparisons.values()):
+        print(f"\n  {interval_note(evaluation.setup)}")
     for name, rows in evaluation.comparisons.items():
         for row in rows:
             interval = ("no interval" if row["ci_low"] is None
-                        else f"[{row['ci_low']:+,.1f}, {row['ci_high']:+,.1f}]")
+                        else f"[{row['ci_low']:+,.1f}, {row['ci_high']:+,.1f}] ({100 * row['level']:g} % CI, "
+                        "not Holm-adjusted)")
             print(f"  {name} - {row['baseline']}: {row['mean_difference']:+,.1f} per window {interval} over "
                   f"{row['windows']} window(s): {row['verdict']}")

@@ -88,6 +88,19 @@ def test_plan_windows_never_gives_more_books_than_disjoint_windows() -> None:
     assert (books, steps) == (4, 200) and len(notes) == 1
 
 
+def test_windows_are_whole() -> None:
+    """A 500-step book cut into 200-step windows counted 3 windows, the last a half one (issue 39.8)."""
+    assert plan_windows(10_001, 200, 8, 500, 16) == (8, 400, [
+        "500 steps asked for are 2.5 windows of 200 steps: 400 steps per book, whole windows only"])
+    assert plan_windows(10_001, 200, 8, 150, 16) == (8, 150, [])  # less than one episode: one window
+    evaluation = evaluate_policies({"policy": "buy_and_hold"}, random_market(2_001, num_levels=5, seed=3),
+                                   baselines=("flat",), n_envs=2, steps=500,
+                                   env_kwargs={"episode_length": 200, "levels": 5})
+    setup = evaluation.setup
+    assert setup["windows"] == 4 and setup["vector_steps"] == 400 and setup["episodes_per_book"] == 2
+    assert evaluation.comparisons["policy"][0]["windows"] == 4
+
+
 def test_the_issue_25_confident_wrong_result_is_impossible() -> None:
     # `foxhunt train --data lobster` scored 8 books x 500 steps on a 296-step split and bootstrapped 16 copies
     # of one path into "+325.5 [+318.5, +332.5]" for a policy that made no trade: now one window, no interval
