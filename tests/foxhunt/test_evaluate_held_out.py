@@ -163,3 +163,24 @@ def test_goog_held_out_by_the_models_own_clock(lobster_dir: Path, tmp_path: Path
                               '{"split_times": null}', *QUICK)
     assert status == 2 and err.count("\n") == 0, err
     assert "overlaps the training clock 09:30:" in err
+
+
+def test_train_on_lobster_scores_the_same_signal_baselines_and_its_model_file_agrees(
+        day: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 39.8: ``foxhunt train``'s report on LOBSTER data scores the imbalance rule and the market maker;
+    issue 39.1: ``RUN_DIR`` and ``RUN_DIR/model.zip`` get the same evaluation."""
+    run = tmp_path / "run"
+    market = json.dumps({"step_seconds": STEP_SECONDS, "split_times": ["13:00", "14:00"]})  # test: 2 h
+    assert main(["train", "--data", str(day), "--env.levels", "5", "--env.market", market, "--steps", "120",
+                 "--n-envs", "2", "--eval-steps", "70", "--env.episode-length", "30", "--out", str(run),
+                 "--no-progress", "--no-hindsight", "--algorithm.learning-starts", "50"]) == 0
+    text = capsys.readouterr().out
+    assert "policy - imbalance: " in text and "policy - market_maker: " in text
+    assert "60 steps x 2 books" in text  # 70 steps are 2 whole 30-step windows per book
+    own = json.loads((run / "evaluation.json").read_text())
+    assert {"imbalance", "market_maker"} <= set(own["policies"]) and own["setup"]["windows"] == 4
+    for k, target in enumerate((run, run / "model.zip")):
+        out = tmp_path / f"report{k}"
+        assert main(["evaluate", str(target), "--no-plots", "--out", str(out)]) == 0
+        again = json.loads((out / "evaluation.json").read_text())
+        assert again["setup"] == own["setup"] and again["policies"] == own["policies"], target
