@@ -5,12 +5,14 @@
   codes) or ``MultiDiscrete([3, 3, 3, 3])`` (branches): an SB3 DQN over ``Discrete(9)`` is refused instead of
   having its codes played as joint actions;
 - :func:`saved_env_kwargs`: the env settings a model was trained with, from the fingerprint in its file
-  (:mod:`foxhunt.fingerprint`: levels, step clock, episode length, max_position, fees, reward), which
-  ``foxhunt evaluate MODEL.zip`` uses;
+  (:mod:`foxhunt.fingerprint`: levels, step clock, episode length, max_position, fees, reward, and every
+  market option: ``split_times``, fractions, aggregation, the synthetic knobs), which ``foxhunt evaluate
+  MODEL.zip`` uses for a file without its run's config;
 - :func:`check_levels`: a LOBSTER folder with fewer book levels than the model's observation holds is refused
   in one line saying so and how to fix it (the observation layout depends on the levels: no fewer is sound);
-- :func:`check_held_out`: scoring a model on the LOBSTER data it was trained on is refused, as a synthetic
-  evaluation on the training market's seed is.
+- :func:`check_held_out`: scoring a model on LOBSTER steps it was trained on is refused (the same files and
+  an overlapping clock range, whatever the market options), as a synthetic evaluation on the training
+  market's seed is.
 """
 
 from __future__ import annotations
