@@ -69,8 +69,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--env.market", dest="env_market", default=None, metavar="JSON",
                    help="market options over the model's own, as a JSON object (as foxhunt train's "
                    "--env.market): LOBSTER load options (split_times, train_fraction, step_seconds, "
-                   "step_events, ...) or synthetic generator knobs; null removes one. A LOBSTER window "
-                   "that overlaps the training clock on the same files is refused")
+                   "step_events, ...) or synthetic generator knobs; null puts one back to its default. A "
+                   "LOBSTER window that overlaps the training clock on the same files is refused")
     p.add_argument("--device", default=None,
                    help="cpu or cuda (default: the run's device where it exists here, else cpu)")
     p.add_argument("--out", default=None,
@@ -169,7 +169,7 @@ def market_settings(target: Target, synthetic: bool, overrides: dict[str, Any]) 
         options = {k: v for k, v in options.items() if k == "market_seed"}
     if overrides:
         notes.append(f"market options set with --env.market (not the model's): {overrides}")
-        options = {**options, **overrides}
+        options = {k: v for k, v in {**options, **overrides}.items() if overrides.get(k, v) is not None}
     return {**config_kwargs, **options}, notes
 
 
