@@ -23,13 +23,13 @@ TABLE_METRICS = (
 HEADLINE_REFERENCES: tuple[tuple[str, str], ...] = (("oracle", "the oracle's PnL"),)
 
 
-def headline_shares(evaluation: Evaluation, main: str) -> list[tuple[str, float | None, float, float]]:
-    """The main policy's PnL as a share of each reference's on the same windows.
+def headline_shares(evaluation: Evaluation, main: str) -> list[dict[str, Any]]:
+    """The main policy's PnL as a share of each reference's (:data:`HEADLINE_REFERENCES`) on the same windows.
 
     :param evaluation: the evaluation.
     :param main: the policy the report is about.
-    :return: ``(what the reference is, share or None when the reference made no profit, policy PnL,
-        reference PnL)`` per reference present.
+    :return: one ``{"reference", "label", "share", "pnl", "reference_pnl"}`` per reference present;
+        ``share`` is None when the reference made no profit.
     """
     pnl = float(evaluation.results[main].metrics["pnl"])
     shares = []
@@ -39,17 +39,18 @@ def headline_shares(evaluation: Evaluation, main: str) -> list[tuple[str, float 
             continue
         reference = float(result.metrics["pnl"])
         share = pnl / reference if reference > 0 and math.isfinite(reference) else None
-        shares.append((label, share, pnl, reference))
+        shares.append({"reference": name, "label": label, "share": share, "pnl": pnl,
+                       "reference_pnl": reference})
     return shares
 
 
 def headline_lines(evaluation: Evaluation, main: str) -> list[str]:
     """``share of the oracle's PnL: 60.0 %`` (one line per reference; none without a reference)."""
     lines = []
-    for label, share, pnl, reference in headline_shares(evaluation, main):
-        shown = "n/a (it made no profit)" if share is None else f"{100 * share:.1f} %"
-        lines.append(f"share of {label}: {shown} ({main} {_fmt(pnl)}, reference {_fmt(reference)}, "
-                     "same windows)")
+    for row in headline_shares(evaluation, main):
+        shown = "n/a (it made no profit)" if row["share"] is None else f"{100 * row['share']:.1f} %"
+        lines.append(f"share of {row['label']}: {shown} ({main} {_fmt(row['pnl'])}, {row['reference']} "
+                     f"{_fmt(row['reference_pnl'])}, same windows)")
     return lines
 
 
@@ -106,7 +107,7 @@ def json_document(evaluation: Evaluation, main: str) -> dict[str, Any]:
     return _clean({
         "eval_data": held_out_line(evaluation.setup),
         "policy": main,
-        "shares": {label: share for label, share, _, _ in headline_shares(evaluation, main)},
+        "shares": {row["reference"]: row["share"] for row in headline_shares(evaluation, main)},
         **evaluation.results[main].metrics,
         "units": _units(evaluation, main),
         **evaluation.to_json(),

@@ -60,7 +60,7 @@ def test_evaluate_a_run_folder_with_the_signal_and_the_oracle(run_dir: Path, tmp
     assert "**share of the oracle's PnL: " in report
     oracle = document["policies"]["oracle"]["pnl"]
     if oracle > 0:
-        assert document["shares"]["the oracle's PnL"] == pytest.approx(document["pnl"] / oracle)
+        assert document["shares"]["oracle"] == pytest.approx(document["pnl"] / oracle)
     assert not list(out.glob("*.png"))
 
 
