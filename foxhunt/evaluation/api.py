@@ -39,12 +39,11 @@ from foxhunt.evaluation.baselines import (
     make_baseline,
 )
 from foxhunt.evaluation.metrics import compute_metrics, episode_pnl
+from foxhunt.evaluation.names import DEFAULT_BASELINES
 from foxhunt.evaluation.recorder import Recording, record
 
 #: Steps of a generated synthetic evaluation market when none is given.
 DEFAULT_SYNTHETIC_STEPS = 20_000
-#: Baselines run beside every evaluated model by default (the oracle joins on a planted-signal market).
-DEFAULT_BASELINES = ("flat", "random", "buy_and_hold")
 #: Books of a synthetic evaluation when none are given.
 DEFAULT_SYNTHETIC_BOOKS = 16
 

@@ -16,16 +16,15 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from foxenv.config import split_env_kwargs
-from foxenv.data import SPLITS
-from foxhunt.evaluation import model_file
-from foxhunt.evaluation.baselines import BASELINES
+from foxhunt.evaluation.names import BASELINES  # the parser imports nothing heavy: the libraries load in run
 
-# loading and checking a model file: foxhunt.evaluation.model_file (re-exported for existing callers)
-from foxhunt.evaluation.model_file import MODEL_CLASSES, load_model  # noqa: E402,F401
-from foxhunt.evaluation.target import Target, resolve
+if TYPE_CHECKING:
+    from foxhunt.evaluation.target import Target
+
+#: LOBSTER splits (foxenv.data.SPLITS, which imports torch; checked equal by the tests).
+SPLITS = ("all", "train", "test", "fit", "validation")
 
 
 def add_parser(subparsers: Any) -> None:
@@ -157,6 +156,8 @@ def market_settings(target: Target, synthetic: bool, overrides: dict[str, Any]) 
     :param overrides: ``--env.market``'s options.
     :return: ``(env kwargs, notes for the report)``.
     """
+    from foxenv.config import split_env_kwargs
+
     config_kwargs, options = split_env_kwargs(target.env_kwargs)
     trained = target.trained_source or ("synthetic" if target.data == "synthetic" else "lobster")
     scored = "synthetic" if synthetic else "lobster"
@@ -196,8 +197,11 @@ def run(args: argparse.Namespace) -> int:
     :param args: parsed ``evaluate`` arguments.
     :return: the exit status (0).
     """
+    from foxenv.config import split_env_kwargs
+    from foxhunt.evaluation import model_file
     from foxhunt.evaluation.api import evaluate_policies
     from foxhunt.evaluation.report import held_out_line, print_evaluation, write_report
+    from foxhunt.evaluation.target import resolve
 
     _check(args)
     _check_out(args.out)
@@ -224,10 +228,10 @@ def run(args: argparse.Namespace) -> int:
         market_seed = train_seed + (2 if split == "validation" else 1)
     device = args.device or target.device
 
-    models = {"policy": load_model(target.model, device)}
+    models = {"policy": model_file.load_model(target.model, device)}
     for path in args.models:
         name = Path(path).stem if Path(path).stem not in models else str(path)
-        models[name] = load_model(path, device)
+        models[name] = model_file.load_model(path, device)
     evaluation = evaluate_policies(
         models, data, baselines=args.baselines,
         n_envs=args.n_envs if args.n_envs is not None else target.n_envs,

@@ -184,3 +184,21 @@ def test_train_on_lobster_scores_the_same_signal_baselines_and_its_model_file_ag
         assert main(["evaluate", str(target), "--no-plots", "--out", str(out)]) == 0
         again = json.loads((out / "evaluation.json").read_text())
         assert again["setup"] == own["setup"] and again["policies"] == own["policies"], target
+
+
+def test_the_evaluate_parser_loads_no_torch() -> None:
+    """``foxhunt evaluate``'s parser and its names import nothing heavy (issue 39.4: parse first, import
+    later); its copy of the LOBSTER splits is foxenv's."""
+    import subprocess
+    import sys
+
+    from foxenv.data import SPLITS
+    from foxhunt.evaluation import cli, names
+    from foxhunt.evaluation.baselines import BASELINES, SIGNAL_BASELINES
+
+    assert cli.SPLITS == SPLITS
+    assert names.BASELINES == BASELINES and names.SIGNAL_BASELINES == SIGNAL_BASELINES
+    code = ("import sys, argparse; from foxhunt.evaluation import cli; "
+            "cli.add_parser(argparse.ArgumentParser().add_subparsers()); print('torch' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
