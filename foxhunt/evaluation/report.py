@@ -18,8 +18,10 @@ TABLE_METRICS = (
 )
 
 
-#: The references the headline states the policy's PnL as a share of: (result name, what it is). A reference
-#: not among an evaluation's results is left out (the oracle exists on a planted-signal market only).
+#: The references the headline states the policy's PnL as a share of: (name, what it is). A reference's PnL is
+#: its result's (a policy run on the same windows, as the oracle) or, for a bound that is no policy,
+#: ``setup["reference_pnl"][name]`` on the same windows; a reference with neither is left out (the oracle
+#: exists on a planted-signal market only).
 HEADLINE_REFERENCES: tuple[tuple[str, str], ...] = (("oracle", "the oracle's PnL"),)
 
 
@@ -35,9 +37,11 @@ def headline_shares(evaluation: Evaluation, main: str) -> list[dict[str, Any]]:
     shares = []
     for name, label in HEADLINE_REFERENCES:
         result = evaluation.results.get(name)
-        if result is None or name == main:
+        value = (result.metrics["pnl"] if result is not None
+                 else evaluation.setup.get("reference_pnl", {}).get(name))
+        if value is None or name == main:
             continue
-        reference = float(result.metrics["pnl"])
+        reference = float(value)
         share = pnl / reference if reference > 0 and math.isfinite(reference) else None
         shares.append({"reference": name, "label": label, "share": share, "pnl": pnl,
                        "reference_pnl": reference})

@@ -185,3 +185,25 @@ def test_the_imbalance_rule_is_fitted_on_fit_data_and_earns_a_planted_signal() -
     with pytest.raises(ValueError, match="fit_data"):
         evaluate_policies({"f": "flat"}, random_market(500, num_levels=2), baselines=("imbalance",),
                           env_kwargs=env)
+
+
+def test_the_headline_states_shares_of_each_reference() -> None:
+    """Issue 39.8: the report states the policy's share of the oracle's PnL (and of a bound that is no
+    policy, given in ``setup["reference_pnl"]``, such as the clairvoyant bound)."""
+    from foxhunt.evaluation import report
+
+    evaluation = evaluate_policies({"policy": "buy_and_hold"}, random_market(801, num_levels=5, seed=3),
+                                   baselines=("flat",), n_envs=2, steps=100,
+                                   env_kwargs={"episode_length": 100, "levels": 5})
+    pnl = evaluation.results["policy"].metrics["pnl"]
+    assert report.headline_lines(evaluation, "policy") == []  # no oracle on this market
+    evaluation.setup["reference_pnl"] = {"bound": 4 * abs(pnl) + 1.0}
+    original = report.HEADLINE_REFERENCES
+    try:
+        report.HEADLINE_REFERENCES = (*original, ("bound", "the bound"))
+        (line,) = report.headline_lines(evaluation, "policy")
+        share = 100 * pnl / (4 * abs(pnl) + 1.0)
+        assert line.startswith(f"share of the bound: {share:.1f} %")
+        assert f"**{line}**" in markdown(evaluation, "policy", "t", {})
+    finally:
+        report.HEADLINE_REFERENCES = original
