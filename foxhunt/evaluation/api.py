@@ -295,6 +295,7 @@ def _setup(data: Any, market: MarketData, split: str, synthetic: bool, seeds: tu
         "fitted_baselines": fitted,
         "seed": int(seed),
         "step_seconds": first.step_seconds,
+        "clock": None if synthetic else [float(market.time[0]), float(market.time[-1])],
         "step_seconds_source": "assumed: the synthetic profile's step_seconds" if synthetic
         else "measured: median clock gap between steps of the data",
         "env_config": config_settings(EnvConfig(**config_kwargs)),

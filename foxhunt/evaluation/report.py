@@ -105,6 +105,16 @@ def held_out_line(setup: dict[str, Any]) -> str:
     return str(setup.get("data"))
 
 
+def _clock_span(setup: dict[str, Any]) -> str:
+    """``, clock 15:30:07-15:59:59`` of LOBSTER data (the steps scored), else nothing."""
+    if not setup.get("clock"):
+        return ""
+    from foxhunt.evaluation.model_file import clock
+
+    first, last = setup["clock"]
+    return f", clock {clock(first)}-{clock(last)}"
+
+
 def json_document(evaluation: Evaluation, main: str) -> dict[str, Any]:
     """``evaluation.json``: the main policy's metrics at the top level, then every policy, comparisons and
     the setup."""
@@ -168,7 +178,8 @@ def markdown(evaluation: Evaluation, main: str, title: str, figures: dict[str, P
         "",
         *[f"**{line}**" for line in headline_lines(evaluation, main)],
         *([""] if headline_lines(evaluation, main) else []),
-        f"- data: **{held_out_line(setup)}** ({setup['market']}, {setup['market_steps']:,} steps)",
+        f"- data: **{held_out_line(setup)}** ({setup['market']}, {setup['market_steps']:,} steps"
+        f"{_clock_span(setup)})",
         f"- {setup['books']} books x {setup['vector_steps']:,} steps = {setup['book_steps']:,} book-steps, "
         f"episodes of {setup['episode_length']} steps, {setup['episodes_per_book']} per book; "
         f"**{setup['independent_steps']:,} independent steps** (distinct market rows stepped from; every "

@@ -67,6 +67,8 @@ def test_a_model_file_is_scored_with_its_split_times(day: Path, tmp_path: Path,
     assert setup["market_options"]["split_times"] == SPLIT_TIMES
     test = load_market(str(day), split="test", step_seconds=STEP_SECONDS, split_times=SPLIT_TIMES)
     assert setup["market_steps"] == test.num_steps and float(test.time[0]) >= 15.5 * 3600
+    assert setup["clock"] == [float(test.time[0]), float(test.time[-1])]
+    assert ", clock 15:30:" in (tmp_path / "r" / "report.md").read_text()
 
 
 def test_a_window_inside_the_training_clock_is_refused(day: Path, tmp_path: Path,
