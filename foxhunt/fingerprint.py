@@ -9,7 +9,9 @@ A fingerprint is a plain JSON-able dict::
      "action_face": "joint", the action the model learns on, and "action_space": "Discrete(81)"
      "env": {...},           the env settings (EnvConfig: levels, episode length, max_position, fees, reward,
                              ...; and the market's step_events / step_seconds)
-     "code": {...}}          the code version (package version and git commit when known)
+     "code": {...},          the code version (package version and git commit when known)
+     "evaluation": {...}}    how the run is scored (eval_steps): ``foxhunt evaluate MODEL.zip`` scores the
+                             model as ``foxhunt evaluate RUN_DIR`` does; never compared
 
 :func:`stamp` puts it on a model (an attribute SB3's ``save`` writes into ``model.zip``'s ``data``) and on its
 replay buffer (pickled with it); a checkpoint's manifest records it too. :func:`compare` is the check that
@@ -34,6 +36,8 @@ FORMAT = 1
 ATTRIBUTE = "foxhunt_fingerprint"
 #: RunConfig fields that steer a run without changing what it learns on (left out of the fingerprint).
 RUN_CONTROL = ("steps", "eval_steps", "progress", "out", "checkpoint_every", "keep_checkpoints", "threads")
+#: Fingerprint parts that say how an artefact is used, not what it was made on (:func:`compare` skips them).
+NOT_COMPARED = ("code", "evaluation")
 #: Fields whose change is a change of market (allowed by ``allow_market_change``).
 MARKET_CONFIG_FIELDS = ("data", "synthetic_market_steps")
 
@@ -159,7 +163,19 @@ def run_fingerprint(config: Any, split: str | None = None) -> dict[str, Any]:
         "action_space": f"Discrete({grid.joint_actions})" if joint else f"MultiDiscrete({list(grid.nvec)})",
         "env": env_settings(env_kwargs),
         "code": code_version(),
+        "evaluation": {"eval_steps": int(config.eval_steps)},
     }
+
+
+def evaluation_settings(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
+    """The run's evaluation settings a fingerprint records (``{"eval_steps": ...}``; ``{}`` in one made
+    before they were recorded).
+
+    :param fingerprint: a fingerprint.
+    :return: RunConfig fields by name.
+    """
+    values = fingerprint.get("evaluation")
+    return {k: v for k, v in values.items() if k == "eval_steps"} if isinstance(values, Mapping) else {}
 
 
 def stamp(model: Any, fingerprint: Mapping[str, Any]) -> None:
@@ -248,8 +264,8 @@ def compare(saved: Mapping[str, Any] | None, current: Mapping[str, Any], *, what
     if saved is None:
         warnings.warn(f"{what} carries no fingerprint (made before fingerprints): not checked", stacklevel=2)
         return []
-    differences = _differences({k: v for k, v in saved.items() if k != "code"},
-                               {k: v for k, v in current.items() if k != "code"})
+    differences = _differences({k: v for k, v in saved.items() if k not in NOT_COMPARED},
+                               {k: v for k, v in current.items() if k not in NOT_COMPARED})
     allowed = [path for path, _, _ in differences if allow_market_change and _is_market(path)]
     refused = [(path, old, new) for path, old, new in differences if path not in allowed]
     if refused:

@@ -584,7 +584,7 @@ def _evaluate_run(config: RunConfig, model: Any, out: Path) -> None:
     write_report(evaluation, out, "policy", title)
     held_out = held_out_line(evaluation.setup)
     print_evaluation(evaluation, "policy", f"evaluation: deterministic policy, {held_out}, "
-                     f"{config.eval_steps} steps x {evaluation.setup['books']} books")
+                     f"{evaluation.setup['vector_steps']} steps x {evaluation.setup['books']} books")
     if note:
         print(f"\nnote: {note}")
 

@@ -17,7 +17,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from foxhunt.evaluation.baselines import (
     BASELINES,
     IMBALANCE_ORDERS,
     IMBALANCE_THRESHOLDS,
+    SIGNAL_BASELINES,
     ImbalancePolicy,
     OraclePolicy,
     WaveOraclePolicy,
@@ -38,12 +39,11 @@ from foxhunt.evaluation.baselines import (
     make_baseline,
 )
 from foxhunt.evaluation.metrics import compute_metrics, episode_pnl
+from foxhunt.evaluation.names import DEFAULT_BASELINES
 from foxhunt.evaluation.recorder import Recording, record
 
 #: Steps of a generated synthetic evaluation market when none is given.
 DEFAULT_SYNTHETIC_STEPS = 20_000
-#: Baselines run beside every evaluated model by default (the oracle joins on a planted-signal market).
-DEFAULT_BASELINES = ("flat", "random", "buy_and_hold")
 #: Books of a synthetic evaluation when none are given.
 DEFAULT_SYNTHETIC_BOOKS = 16
 
@@ -116,7 +116,9 @@ def plan_windows(market_steps: int, episode_length: int, books: int | None, step
 
     A market of ``T`` rows holds ``(T - 1) // L`` disjoint windows of ``L`` steps. Books beyond that would
     replay the same rows (copies, not evidence), so they are cut to the windows the market holds, and so are
-    the episodes per book; each cut is reported in the returned notes (and so in the report).
+    the episodes per book; steps beyond one episode are cut to whole episodes (a 500-step book of 200-step
+    windows is 2 windows, 400 steps, not 3); each cut is reported in the returned notes (and so in the
+    report).
 
     :param market_steps: rows ``T``.
     :param episode_length: steps ``L`` of a window.
@@ -140,6 +142,11 @@ def plan_windows(market_steps: int, episode_length: int, books: int | None, step
         notes.append(f"{wanted_steps:,} steps asked for x {wanted_books} books exceed the {capacity} "
                      f"disjoint window(s) of {episode_length} steps: {most} episode(s) per book")
         wanted_steps = most * episode_length
+    elif wanted_steps > episode_length and wanted_steps % episode_length:  # windows are whole
+        whole = wanted_steps // episode_length * episode_length
+        notes.append(f"{wanted_steps:,} steps asked for are {wanted_steps / episode_length:.3g} windows of "
+                     f"{episode_length} steps: {whole:,} steps per book, whole windows only")
+        wanted_steps = whole
     return wanted_books, wanted_steps, notes
 
 
@@ -192,11 +199,138 @@ def _oracle_for(market_kwargs: Mapping[str, Any], env_config: Mapping[str, Any],
                         price=float(market_kwargs.get("start_price", 580.0)), **knobs)
 
 
+def default_baselines(data: str | Path | MarketData) -> tuple[str, ...]:
+    """The baselines run beside a model by default: flat, random and buy-and-hold; on a LOBSTER folder also
+    the baselines that read the same signal as the agent (the imbalance rule, fitted on the fit data, and
+    the market maker), as ``experiments.real_data`` scores them.
+
+    :param data: ``"synthetic"``, a LOBSTER folder or a :class:`MarketData`.
+    :return: baseline names.
+    """
+    if isinstance(data, MarketData) or str(data) == "synthetic":
+        return DEFAULT_BASELINES
+    return DEFAULT_BASELINES + SIGNAL_BASELINES
+
+
+def _named_policies(policies: Mapping[str, Any] | Iterable[Any], oracle: Any, grid: Any) -> dict[str, Any]:
+    """The evaluated policies by name, as recorder policies (``"oracle"``: the market's oracle)."""
+    if isinstance(policies, Mapping):
+        items = [(str(name), policy) for name, policy in policies.items()]
+    else:
+        items = [(getattr(p, "name", None) or (p if isinstance(p, str) else f"model{i}"), p)
+                 for i, p in enumerate(policies)]
+    named: dict[str, Any] = {}
+    for name, policy in items:
+        if isinstance(policy, str) and policy == "oracle":
+            if oracle is None:
+                raise ValueError("the oracle needs a synthetic market with signal_strength > 0 or "
+                                 "wave_rate > 0")
+            named[name] = oracle
+        else:
+            named[name] = as_policy(policy, name=name, grid=grid)
+    return named
+
+
+def _fit_imbalance(fit_market: MarketData, config_kwargs: Mapping[str, Any], seed: int,
+                   device: str | torch.device) -> tuple[ImbalancePolicy, dict[str, Any]]:
+    """The imbalance rule fitted on ``fit_market`` and what the report says of the fit."""
+    rule, scores = fit_imbalance_rule(fit_market, dict(config_kwargs), seed=seed, device=device)
+    return rule, {"threshold": rule.threshold, "order": ("market", "limit_maker")[rule.order],
+                  "fit_pnl": max(scores.values()), "fit_pnl_by_rule": scores,
+                  "fit_market": fit_market.name, "fit_steps": int(fit_market.num_steps)}
+
+
+def _baseline_policies(baselines: Iterable[str], named: Mapping[str, Any], oracle: Any, grid: Any, seed: int,
+                       fit_imbalance: Callable[[], tuple[ImbalancePolicy, dict[str, Any]]]) -> (
+                           tuple[dict[str, Any], dict[str, Any]]):
+    """The baselines by name and the fitted ones' fit (``fit_imbalance`` is called only when the imbalance
+    rule is asked for)."""
+    baselines = tuple(baselines)
+    for name in baselines:
+        if name not in BASELINES:
+            raise ValueError(f"baselines holds {name!r}; known baselines are {BASELINES}")
+    policies: dict[str, Any] = {}
+    fitted: dict[str, Any] = {}
+    for name in (b for b in baselines if b != "oracle"):
+        if name == "imbalance":
+            policies[name], fitted[name] = fit_imbalance()
+        else:
+            policies[name] = make_baseline(name, seed=seed, grid=grid)
+    if oracle is not None and not any(p is oracle for p in named.values()):
+        policies["oracle"] = oracle
+    elif "oracle" in baselines:
+        raise ValueError("baselines holds 'oracle' but the market has no planted signal or waves "
+                         "(signal_strength=0, wave_rate=0)")
+    clash = sorted(set(named) & set(policies))
+    if clash:
+        raise ValueError(f"policies named {clash} clash with the baselines' names; rename them")
+    return policies, fitted
+
+
+def _setup(data: Any, market: MarketData, split: str, synthetic: bool, seeds: tuple[int, int | None, int],
+           first: Recording, capacity: int, notes: list[str], family: int, level: float,
+           fitted: dict[str, Any], config_kwargs: Mapping[str, Any], market_options: Mapping[str, Any],
+           device: Any) -> dict[str, Any]:
+    """An evaluation's setup (:attr:`Evaluation.setup`); ``seeds``: (market, training market, windows)."""
+    market_seed, train_market_seed, seed = seeds
+    return {
+        "data": str(data) if not isinstance(data, MarketData) else data.name,
+        "market": market.name,
+        "split": split if not synthetic else None,
+        "market_seed": int(market_seed) if synthetic else None,
+        "train_market_seed": None if train_market_seed is None or not synthetic else int(train_market_seed),
+        "market_steps": int(market.num_steps),
+        "books": int(first.num_books),
+        "vector_steps": first.num_steps,
+        "episode_length": first.episode_length,
+        "episodes_per_book": int(first.offsets.shape[0]),
+        "book_steps": first.num_steps * first.num_books,
+        "independent_steps": first.independent_steps(),
+        "windows": int(first.offsets.numel()),
+        "window_capacity": int(capacity),
+        "notes": notes,
+        "comparison_family": family,
+        "correction": f"Holm over {family} comparisons" if family > 1 else "none",
+        "level": level,
+        "fitted_baselines": fitted,
+        "seed": int(seed),
+        "step_seconds": first.step_seconds,
+        "clock": None if synthetic else [float(market.time[0]), float(market.time[-1])],
+        "step_seconds_source": "assumed: the synthetic profile's step_seconds" if synthetic
+        else "measured: median clock gap between steps of the data",
+        "env_config": config_settings(EnvConfig(**config_kwargs)),
+        "market_options": dict(market_options),
+        "device": str(device),
+    }
+
+
+def _record_and_compare(named: Mapping[str, Any], baselines: Mapping[str, Any], market: MarketData, *,
+                        n_envs: int, steps: int, seed: int, config_kwargs: Mapping[str, Any],
+                        device: str | torch.device, progress: bool, level: float) -> (
+                            tuple[dict[str, EvaluationResult], dict[str, list[dict[str, Any]]]]):
+    """Record every policy and baseline on the same windows; compare each policy with each baseline."""
+    results: dict[str, EvaluationResult] = {}
+    for name, policy in {**named, **baselines}.items():
+        rec = record(policy, market, num_books=n_envs, num_steps=steps, seed=seed,
+                     env_kwargs=dict(config_kwargs), device=device, progress=progress)
+        rec.policy = name
+        results[name] = EvaluationResult(name, compute_metrics(rec), rec.series, rec)
+    first = next(iter(results.values())).recording
+    windows = {name: episode_pnl(result.recording) for name, result in results.items()}
+    comparisons = {
+        name: [stats.paired_windows(windows[name], windows[b], first.offsets, first.episode_length,
+                                    baseline=b, level=level, seed=seed)
+               for b in baselines]
+        for name in named
+    }
+    return results, comparisons
+
+
 def evaluate_policies(
     policies: Mapping[str, Any] | Iterable[Any],
     data: str | Path | MarketData = "synthetic",
     *,
-    baselines: Iterable[str] = DEFAULT_BASELINES,
+    baselines: Iterable[str] | None = None,
     n_envs: int | None = None,
     steps: int | None = None,
     seed: int = 0,
@@ -212,19 +346,20 @@ def evaluate_policies(
 ) -> Evaluation:
     """Record every policy and baseline on the same books and windows of one market, score and compare them.
 
-    Every episode window is disjoint from every other (:func:`plan_windows`: never more books than disjoint
-    windows); the comparisons are paired over those windows, with block-bootstrap intervals, Holm-corrected
-    verdicts over all of them and a power statement (:mod:`foxhunt.evaluation.stats`).
+    Every episode window is whole and disjoint from every other (:func:`plan_windows`: never more books than
+    disjoint windows); the comparisons are paired over those windows, with block-bootstrap intervals,
+    Holm-corrected verdicts over all of them and a power statement (:mod:`foxhunt.evaluation.stats`).
 
     :param policies: models (anything with ``predict``) or recorder policies, by name (a mapping) or not.
     :param data: ``"synthetic"``, a LOBSTER folder or a :class:`MarketData`.
-    :param baselines: names from :data:`~foxhunt.evaluation.baselines.BASELINES`; the oracle is added on a
-        synthetic market with ``signal_strength > 0`` in ``market_kwargs``; ``"imbalance"`` is fitted on
-        ``fit_data``.
+    :param baselines: names from :data:`~foxhunt.evaluation.baselines.BASELINES` (None:
+        :func:`default_baselines`); the oracle is added on a synthetic market with ``signal_strength > 0``
+        in ``market_kwargs``; ``"imbalance"`` is fitted on ``fit_data``.
     :param n_envs: books; ``None``: synthetic 16, LOBSTER as many disjoint episode windows as the split
         holds (with ``steps=None`` the split is then walked once, no window scored twice). Never more than
         the disjoint windows the market holds (a cut is noted in ``setup["notes"]``).
-    :param steps: vector steps per policy; ``None``: one episode per book.
+    :param steps: vector steps per policy; ``None``: one episode per book; beyond one episode, whole
+        episodes (a partial last window is cut, and noted).
     :param seed: seeds the episode windows, the env and the random baseline.
     :param market_seed: synthetic: the evaluation market's generator seed.
     :param train_market_seed: synthetic: the training market's seed, recorded in the setup (and a
@@ -261,95 +396,27 @@ def evaluate_policies(
     n_envs, steps, notes = plan_windows(market.num_steps, length, n_envs, steps,
                                         DEFAULT_SYNTHETIC_BOOKS if synthetic else capacity)
 
-    if isinstance(policies, Mapping):
-        items = [(str(name), policy) for name, policy in policies.items()]
-    else:
-        items = [(getattr(p, "name", None) or (p if isinstance(p, str) else f"model{i}"), p)
-                 for i, p in enumerate(policies)]
     oracle = (_oracle_for(market_options, config_kwargs, market_seed, market.num_steps) if synthetic
               else None)
     grid = EnvConfig(**config_kwargs).grid
-    named: dict[str, Any] = {}
-    for name, policy in items:
-        if isinstance(policy, str) and policy == "oracle":
-            if oracle is None:
-                raise ValueError("the oracle needs a synthetic market with signal_strength > 0 or "
-                                 "wave_rate > 0")
-            named[name] = oracle
-        else:
-            named[name] = as_policy(policy, name=name, grid=grid)
-    baseline_names = [b for b in baselines if b != "oracle"]
-    for name in baseline_names:
-        if name not in BASELINES:
-            raise ValueError(f"baselines holds {name!r}; known baselines are {BASELINES}")
-    baseline_policies: dict[str, Any] = {}
-    fitted: dict[str, Any] = {}
-    for name in baseline_names:
-        if name == "imbalance":
-            if fit_data is None:
-                fit_market = _fit_market(data, split, market_seed, train_market_seed, device, market_options)
-            else:
-                fit_market = build_market(fit_data, split="all", market_seed=market_seed, device=device,
-                                          **market_options)
-            rule, scores = fit_imbalance_rule(fit_market, config_kwargs, seed=seed, device=device)
-            baseline_policies[name] = rule
-            fitted[name] = {"threshold": rule.threshold, "order": ("market", "limit_maker")[rule.order],
-                            "fit_pnl": max(scores.values()), "fit_pnl_by_rule": scores,
-                            "fit_market": fit_market.name, "fit_steps": int(fit_market.num_steps)}
-        else:
-            baseline_policies[name] = make_baseline(name, seed=seed, grid=grid)
-    if oracle is not None and not any(p is oracle for p in named.values()):
-        baseline_policies["oracle"] = oracle
-    elif "oracle" in tuple(baselines):
-        raise ValueError("baselines holds 'oracle' but the market has no planted signal or waves "
-                         "(signal_strength=0, wave_rate=0)")
+    named = _named_policies(policies, oracle, grid)
 
-    clash = sorted(set(named) & set(baseline_policies))
-    if clash:
-        raise ValueError(f"policies named {clash} clash with the baselines' names; rename them")
-    results: dict[str, EvaluationResult] = {}
-    for name, policy in {**named, **baseline_policies}.items():
-        rec = record(policy, market, num_books=n_envs, num_steps=steps, seed=seed, env_kwargs=config_kwargs,
-                     device=device, progress=progress)
-        rec.policy = name
-        results[name] = EvaluationResult(name, compute_metrics(rec), rec.series, rec)
+    def fit_imbalance() -> tuple[ImbalancePolicy, dict[str, Any]]:
+        if fit_data is None:
+            fit_market = _fit_market(data, split, market_seed, train_market_seed, device, market_options)
+        else:
+            fit_market = build_market(fit_data, split="all", market_seed=market_seed, device=device,
+                                      **market_options)
+        return _fit_imbalance(fit_market, config_kwargs, seed, device)
+
+    chosen = default_baselines(data) if baselines is None else tuple(baselines)
+    baseline_policies, fitted = _baseline_policies(chosen, named, oracle, grid, seed, fit_imbalance)
+    results, comparisons = _record_and_compare(
+        named, baseline_policies, market, n_envs=n_envs, steps=steps, seed=seed, config_kwargs=config_kwargs,
+        device=device, progress=progress, level=level)
     first = next(iter(results.values())).recording
-    windows = {name: episode_pnl(result.recording) for name, result in results.items()}
-    comparisons = {
-        name: [stats.paired_windows(windows[name], windows[b], first.offsets, first.episode_length,
-                                    baseline=b, level=level, seed=seed)
-               for b in baseline_policies]
-        for name in named
-    }
-    family = stats.correct(comparisons)
-    setup = {
-        "data": str(data) if not isinstance(data, MarketData) else data.name,
-        "market": market.name,
-        "split": split if not synthetic else None,
-        "market_seed": int(market_seed) if synthetic else None,
-        "train_market_seed": None if train_market_seed is None or not synthetic else int(train_market_seed),
-        "market_steps": int(market.num_steps),
-        "books": int(n_envs),
-        "vector_steps": first.num_steps,
-        "episode_length": first.episode_length,
-        "episodes_per_book": int(first.offsets.shape[0]),
-        "book_steps": first.num_steps * first.num_books,
-        "independent_steps": first.independent_steps(),
-        "windows": int(first.offsets.numel()),
-        "window_capacity": int(capacity),
-        "notes": notes,
-        "comparison_family": family,
-        "correction": f"Holm over {family} comparisons" if family > 1 else "none",
-        "level": level,
-        "fitted_baselines": fitted,
-        "seed": int(seed),
-        "step_seconds": first.step_seconds,
-        "step_seconds_source": "assumed: the synthetic profile's step_seconds" if synthetic
-        else "measured: median clock gap between steps of the data",
-        "env_config": config_settings(EnvConfig(**config_kwargs)),
-        "market_options": {k: v for k, v in market_options.items()},
-        "device": str(device),
-    }
+    setup = _setup(data, market, split, synthetic, (market_seed, train_market_seed, seed), first, capacity,
+                   notes, stats.correct(comparisons), level, fitted, config_kwargs, market_options, device)
     for result in results.values():
         result.setup = setup
     return Evaluation(results, comparisons, setup)

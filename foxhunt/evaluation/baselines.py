@@ -23,13 +23,10 @@ import torch
 
 from foxenv.data.synthetic import SyntheticProfile, signal_drift_ticks, signal_from_imbalance
 from foxenv.spec import DEFAULT_GRID, ActionGrid
+from foxhunt.evaluation.names import BASELINES, SIGNAL_BASELINES  # noqa: F401 (re-exported)
 
 #: foxenv's action branches and their sizes on the default grid (any grid: ``grid.nvec``).
 NVEC = DEFAULT_GRID.nvec
-#: Names of the built-in baselines (:func:`make_baseline`).
-BASELINES = ("flat", "random", "buy_and_hold", "oracle", "imbalance", "market_maker")
-#: Baselines that read the same signal as the agent (the imbalance rule is fitted on the fit data).
-SIGNAL_BASELINES = ("imbalance", "market_maker")
 #: Thresholds of ``|top-of-book imbalance|`` the imbalance rule is fitted over.
 IMBALANCE_THRESHOLDS = (0.0, 0.25, 0.5, 0.75, 0.9, 0.95)
 #: Order types the imbalance rule is fitted over: Market (pays the spread), post-only LimitMaker at the touch.

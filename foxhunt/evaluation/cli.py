@@ -2,8 +2,12 @@
 
 ``foxhunt evaluate RUN_DIR`` reads the run's ``config.json`` and ``model.zip`` and, unless told otherwise,
 evaluates as the run's own final evaluation did: its env settings, data, held-out split or market, books,
-evaluation steps and seed, so with no options it reproduces the run's ``evaluation.json``. ``foxhunt evaluate
-MODEL.zip`` takes the presets' env settings. Each evaluation gets a folder of its own,
+evaluation steps and seed, so with no options it reproduces the run's ``evaluation.json``; a run stopped
+before it ended is scored with its newest checkpoint. ``foxhunt evaluate MODEL.zip`` takes the settings the
+model file carries (its run's config: the same evaluation as ``RUN_DIR``; the presets' for a file without
+them). Every market option the model was trained with is used (``split_times``, fractions, aggregation, the
+synthetic knobs); ``--env.market`` changes them deliberately, and a LOBSTER test window that overlaps the
+training clock on the same files is refused. Each evaluation gets a folder of its own,
 ``RUN_DIR/evaluations/<stamp>/`` (beside the model for a ``.zip``; ``--out`` names another), so the run's own
 report is never overwritten.
 """
@@ -12,15 +16,15 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from foxenv.config import split_env_kwargs
-from foxenv.data import SPLITS
-from foxhunt.evaluation import model_file
-from foxhunt.evaluation.baselines import BASELINES
+from foxhunt.evaluation.names import BASELINES  # the parser imports nothing heavy: the libraries load in run
 
-# loading and checking a model file: foxhunt.evaluation.model_file (re-exported for existing callers)
-from foxhunt.evaluation.model_file import MODEL_CLASSES, load_model  # noqa: E402,F401
+if TYPE_CHECKING:
+    from foxhunt.evaluation.target import Target
+
+#: LOBSTER splits (foxenv.data.SPLITS, which imports torch; checked equal by the tests).
+SPLITS = ("all", "train", "test", "fit", "validation")
 
 
 def add_parser(subparsers: Any) -> None:
@@ -41,9 +45,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--split", default=None, choices=SPLITS,
                    help="held-out data: a LOBSTER split, or on synthetic data 'validation' for the third "
                    "market (default: the run's eval_split, else test)")
-    p.add_argument("--baselines", nargs="*", default=["flat", "random", "buy_and_hold"],
+    p.add_argument("--baselines", nargs="*", default=None,
                    choices=BASELINES, help="baselines run beside the model (default: flat random "
-                   "buy_and_hold; the oracle joins on a planted-signal market)")
+                   "buy_and_hold, on LOBSTER data also imbalance (fitted on the fit data) and market_maker; "
+                   "the oracle joins on a planted-signal market)")
     p.add_argument("--models", nargs="*", default=[], help="other saved models to compare (.zip)")
     p.add_argument("--steps", type=int, default=None,
                    help="steps per book (default: the run's eval_steps, else one episode)")
@@ -60,6 +65,11 @@ def add_parser(subparsers: Any) -> None:
                    help="synthetic: planted-signal strength (default: the run's, else 0)")
     p.add_argument("--signal-horizon", type=int, default=None,
                    help="synthetic: planted-signal horizon in steps (default: the run's, else 1)")
+    p.add_argument("--env.market", dest="env_market", default=None, metavar="JSON",
+                   help="market options over the model's own, as a JSON object (as foxhunt train's "
+                   "--env.market): LOBSTER load options (split_times, train_fraction, step_seconds, "
+                   "step_events, ...) or synthetic generator knobs; null puts one back to its default. A "
+                   "LOBSTER window that overlaps the training clock on the same files is refused")
     p.add_argument("--device", default=None,
                    help="cpu or cuda (default: the run's device where it exists here, else cpu)")
     p.add_argument("--out", default=None,
@@ -89,42 +99,79 @@ def _check(args: argparse.Namespace) -> None:
     check_evaluation_size(args.steps, args.n_envs, args.device or "cpu")
 
 
-def _settings(args: argparse.Namespace) -> dict[str, Any]:
-    """What to evaluate and how: the options given, else the run's own evaluation settings (a run folder)
-    or the presets' (a model ``.zip``)."""
-    import torch
+def market_overrides(text: str | None, synthetic: bool) -> dict[str, Any]:
+    """``--env.market``'s options: a JSON object of market options known for the data.
 
-    from foxhunt import presets
-    from foxhunt.runs import RunConfig, eval_seed
+    :param text: the option's value (None: not given).
+    :param synthetic: whether the evaluation market is the synthetic generator.
+    :return: option name -> value.
+    :raises ValueError: one line naming the option and the value.
+    """
+    import difflib
+    import json
 
-    target = Path(args.target)
-    if target.is_dir():
-        config_path = target / "config.json"
-        if not config_path.is_file() or not (target / "model.zip").is_file():
-            raise ValueError(f"{str(target)!r} is a folder without config.json and model.zip "
-                             "(not a run folder)")
-        config = RunConfig.load(config_path)
-        usable = config.device == "cpu" or torch.cuda.is_available()
-        stamped, source = model_file.run_settings(config, target / "model.zip", target)
-        return dict(
-            model=target / "model.zip", home=target, env_kwargs=config.resolved_env_kwargs(),
-            data=config.data, market_steps=config.synthetic_market_steps, split=config.eval_split,
-            n_envs=config.n_envs, steps=config.eval_steps, seed=eval_seed(config),
-            device=config.device if usable else "cpu", stamped=stamped, source=source,
-        )
-    if target.suffix == ".zip" and target.is_file():
-        env_kwargs, market_steps = RunConfig().resolved_env_kwargs(), presets.SYNTHETIC_MARKET_STEPS
-        stamped = model_file.saved_fingerprint(target)
-        if stamped is not None:  # a model carries its settings (issue 25)
-            env_kwargs, steps, _ = model_file.saved_env_kwargs(stamped)
-            market_steps = steps or market_steps
-            model_file.check_data_given(stamped, args.data)
-        return dict(
-            model=target, home=target.parent, env_kwargs=env_kwargs, data="synthetic",
-            market_steps=market_steps, split="test", n_envs=None, steps=None, seed=0,
-            device="cpu", stamped=stamped, source="the settings saved in the model file",
-        )
-    raise ValueError(f"target={str(target)!r} must be a run folder or a model .zip")
+    if text is None:
+        return {}
+    try:
+        given = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"--env.market={text!r} is not valid JSON ({error.msg})") from None
+    if not isinstance(given, dict):
+        raise ValueError(f"--env.market={text!r} must be a JSON object of market options")
+    if "market_seed" in given:
+        raise ValueError("--env.market holds 'market_seed': give the evaluation market's seed with "
+                         "--market-seed")
+    known = market_option_names(synthetic)
+    for key in given:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f" (known: {', '.join(known)})"
+            raise ValueError(f"--env.market holds {key!r}, not a {'synthetic' if synthetic else 'LOBSTER'} "
+                             f"market option{hint}")
+    return given
+
+
+def market_option_names(synthetic: bool) -> list[str]:
+    """The market options of the synthetic generator or of a LOBSTER load (``foxenv.data.load_market``)."""
+    import inspect
+
+    from foxenv.data import load_market
+    from foxenv.data.synthetic import SyntheticProfile
+
+    if synthetic:
+        return sorted({*SyntheticProfile.__dataclass_fields__, "num_steps", "tick_size"})
+    skip = {"source", "split", "device", "seed", "cache_dir", "signal_strength", "signal_horizon", "waves",
+            "levels"}
+    return sorted(set(inspect.signature(load_market).parameters) - skip)
+
+
+def market_settings(target: Target, synthetic: bool, overrides: dict[str, Any]) -> (
+    tuple[dict[str, Any], list[str]]
+):
+    """The env settings an evaluation uses: the model's (every market option it was trained with), less the
+    options of another data source, with ``--env.market`` over them.
+
+    :param target: the model and its settings.
+    :param synthetic: whether the evaluation data is synthetic.
+    :param overrides: ``--env.market``'s options.
+    :return: ``(env kwargs, notes for the report)``.
+    """
+    from foxenv.config import split_env_kwargs
+
+    config_kwargs, options = split_env_kwargs(target.env_kwargs)
+    trained = target.trained_source or ("synthetic" if target.data == "synthetic" else "lobster")
+    scored = "synthetic" if synthetic else "lobster"
+    notes = []
+    if trained != scored:
+        dropped = {k: v for k, v in options.items() if k != "market_seed"}
+        if dropped:
+            notes.append(f"the model's {trained} market options {dropped} do not apply to {scored} data: "
+                         "not used")
+        options = {k: v for k, v in options.items() if k == "market_seed"}
+    if overrides:
+        notes.append(f"market options set with --env.market (not the model's): {overrides}")
+        options = {k: v for k, v in {**options, **overrides}.items() if overrides.get(k, v) is not None}
+    return {**config_kwargs, **options}, notes
 
 
 def _check_out(out: str | None) -> None:
@@ -150,51 +197,52 @@ def run(args: argparse.Namespace) -> int:
     :param args: parsed ``evaluate`` arguments.
     :return: the exit status (0).
     """
+    from foxenv.config import split_env_kwargs
+    from foxhunt.evaluation import model_file
     from foxhunt.evaluation.api import evaluate_policies
     from foxhunt.evaluation.report import held_out_line, print_evaluation, write_report
+    from foxhunt.evaluation.target import resolve
 
     _check(args)
     _check_out(args.out)
-    settings = _settings(args)
-    data = args.data or settings["data"]
-    split = args.split or settings["split"]
+    target = resolve(args.target, args.data)
+    data = args.data or target.data
+    split = args.split or target.split
     synthetic = data == "synthetic"
     if not synthetic and not Path(data).is_dir():
         raise ValueError(f"--data={data!r} must be 'synthetic' or a folder of LOBSTER files")
-    if not synthetic:  # a market the model's observation cannot fit, or the data it was trained on
-        model_file.check_levels(settings["env_kwargs"], data, settings["source"])
-        stamped = settings["stamped"]
-        model_file.check_held_out(stamped.get("market") if stamped else None, data, split)
-    config_kwargs, market_kwargs = split_env_kwargs(settings["env_kwargs"])
+    env_kwargs, notes = market_settings(target, synthetic, market_overrides(args.env_market, synthetic))
+    config_kwargs, market_kwargs = split_env_kwargs(env_kwargs)
     train_seed = int(market_kwargs.pop("market_seed", 0) or 0)
     if synthetic:
-        market_kwargs.setdefault("num_steps", settings["market_steps"])
+        market_kwargs.setdefault("num_steps", target.market_steps)
         for name in ("signal_strength", "signal_horizon"):
             if getattr(args, name) is not None:
                 market_kwargs[name] = getattr(args, name)
-    else:
-        for name in ("signal_strength", "signal_horizon", "num_steps"):
-            market_kwargs.pop(name, None)
+    else:  # a market the model's observation cannot fit, or the steps it was trained on
+        model_file.check_levels(target.env_kwargs, data, target.source)
+        trained_on = target.stamped.get("market") if target.stamped else None
+        model_file.check_held_out(trained_on, data, split, market_kwargs)
     market_seed = args.market_seed
     if market_seed is None:  # as foxhunt.runs.eval_market_seed: the test market, or a third for validation
         market_seed = train_seed + (2 if split == "validation" else 1)
-    device = args.device or settings["device"]
+    device = args.device or target.device
 
-    model_path = settings["model"]
-    models = {"policy": load_model(model_path, device)}
+    models = {"policy": model_file.load_model(target.model, device)}
     for path in args.models:
         name = Path(path).stem if Path(path).stem not in models else str(path)
-        models[name] = load_model(path, device)
-    steps = args.steps if args.steps is not None else settings["steps"]
+        models[name] = model_file.load_model(path, device)
     evaluation = evaluate_policies(
         models, data, baselines=args.baselines,
-        n_envs=args.n_envs if args.n_envs is not None else settings["n_envs"],
-        steps=steps, seed=args.seed if args.seed is not None else settings["seed"], market_seed=market_seed,
+        n_envs=args.n_envs if args.n_envs is not None else target.n_envs,
+        steps=args.steps if args.steps is not None else target.steps,
+        seed=args.seed if args.seed is not None else target.seed, market_seed=market_seed,
         train_market_seed=train_seed if synthetic else None, split=split, env_kwargs=config_kwargs,
         market_kwargs=market_kwargs, device=device, progress=args.progress,
     )
-    out = _report_folder(args.out, settings["home"])
-    paths = write_report(evaluation, out, "policy", f"Evaluation of {model_path}", plots=args.plots)
+    evaluation.setup["notes"] = [*target.notes, *notes, *evaluation.setup.get("notes", [])]
+    out = _report_folder(args.out, target.home)
+    paths = write_report(evaluation, out, "policy", f"Evaluation of {target.model}", plots=args.plots)
     held_out = held_out_line(evaluation.setup)
     print_evaluation(evaluation, "policy", f"evaluation: deterministic policy, {held_out}")
     print(f"\nreport: {paths['report']}")

@@ -5,12 +5,14 @@
   codes) or ``MultiDiscrete([3, 3, 3, 3])`` (branches): an SB3 DQN over ``Discrete(9)`` is refused instead of
   having its codes played as joint actions;
 - :func:`saved_env_kwargs`: the env settings a model was trained with, from the fingerprint in its file
-  (:mod:`foxhunt.fingerprint`: levels, step clock, episode length, max_position, fees, reward), which
-  ``foxhunt evaluate MODEL.zip`` uses;
+  (:mod:`foxhunt.fingerprint`: levels, step clock, episode length, max_position, fees, reward, and every
+  market option: ``split_times``, fractions, aggregation, the synthetic knobs), which ``foxhunt evaluate
+  MODEL.zip`` uses for a file without its run's config;
 - :func:`check_levels`: a LOBSTER folder with fewer book levels than the model's observation holds is refused
   in one line saying so and how to fix it (the observation layout depends on the levels: no fewer is sound);
-- :func:`check_held_out`: scoring a model on the LOBSTER data it was trained on is refused, as a synthetic
-  evaluation on the training market's seed is.
+- :func:`check_held_out`: scoring a model on LOBSTER steps it was trained on is refused (the same files and
+  an overlapping clock range, whatever the market options), as a synthetic evaluation on the training
+  market's seed is.
 """
 
 from __future__ import annotations
@@ -79,8 +81,8 @@ def check_action_space(model: Any, name: str = "model", grid: spec.ActionGrid | 
     nvec = getattr(space, "nvec", None)
     if nvec is not None and any(tuple(int(n) for n in nvec) == g.nvec for g in grids):
         return
-    start = int(getattr(space, "start", 0))
-    if nvec is None and start == 0 and any(getattr(space, "n", None) == g.joint_actions for g in grids):
+    if nvec is None and int(getattr(space, "start", 0)) == 0 and any(
+            getattr(space, "n", None) == g.joint_actions for g in grids):
         return
     faces = "; ".join(f"{g.name} grid: Discrete({g.joint_actions}) or MultiDiscrete({list(g.nvec)})"
                       for g in grids)
@@ -111,7 +113,8 @@ def saved_env_kwargs(stamped: Mapping[str, Any]) -> tuple[dict[str, Any], int | 
     if market.get("source") == "synthetic":
         options = {**dict(market.get("params") or {}), "market_seed": market.get("seed", 0)}
         return {**env, **options}, market.get("num_steps"), options
-    return env, None, dict(market.get("options") or {})
+    options = dict(market.get("options") or {})  # split_times, fractions, aggregation: every one is used
+    return {**env, **options}, None, options
 
 
 def check_run_settings(stamped: Mapping[str, Any] | None, config_fingerprint: Mapping[str, Any],
@@ -166,30 +169,84 @@ def check_levels(env_kwargs: Mapping[str, Any], data: str | Path, source: str) -
         )
 
 
-def check_held_out(trained_on: Mapping[str, Any] | None, data: str | Path, split: str) -> None:
-    """Refuse to score a model on LOBSTER steps it was trained on (as a synthetic evaluation on the training
-    market's seed is refused).
+def clock_range(data: str | Path, split: str, options: Mapping[str, Any]) -> tuple[float, float]:
+    """The clock range ``(first, last)`` of a LOBSTER split's steps (seconds since the first day's midnight),
+    loaded with ``options`` (``split_times``, ``train_fraction``, ``step_events``, ...) as evaluated.
 
-    :param trained_on: the model's training market (a fingerprint's ``market``; None: not checked).
+    :param data: the LOBSTER folder.
+    :param split: the split.
+    :param options: ``load_market``'s options.
+    :return: the first and last step's time.
+    """
+    from foxenv.data import load_market
+
+    market = load_market(str(data), split=split, device="cpu", **dict(options))
+    return float(market.time[0]), float(market.time[-1])
+
+
+def clock(seconds: float) -> str:
+    """``HH:MM:SS`` of a time in seconds since midnight (``day N HH:MM:SS`` past the first day)."""
+    day, rest = divmod(int(seconds), 86_400)
+    text = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"day {day} {text}" if day else text
+
+
+def _clock_text(span: tuple[float, float] | None) -> str:
+    return "" if span is None else f"{clock(span[0])}-{clock(span[1])}"
+
+
+def check_held_out(trained_on: Mapping[str, Any] | None, data: str | Path, split: str,
+                   options: Mapping[str, Any] | None = None) -> None:
+    """Refuse to score a model on LOBSTER steps it was trained on (as a synthetic evaluation on the training
+    market's seed is refused): the same files (SHA-256) and a scored clock range that overlaps the training
+    one. With the model's own market options the splits' names decide (the cut is the same); with other
+    options (``--env.market``: another ``split_times``, ``train_fraction``, aggregation) both splits are
+    loaded and their clock ranges compared.
+
+    :param trained_on: the model's training market (a fingerprint's ``market``: files, split, options;
+        None: not checked).
     :param data: the LOBSTER folder scored on.
     :param split: the split scored on.
-    :raises ValueError: when the files are the training files and the splits overlap.
+    :param options: the market options it is scored with (None: the training market's).
+    :raises ValueError: one line naming both clock ranges, when the scored steps overlap the training ones.
     """
     if not trained_on or trained_on.get("source") != "lobster":
         return
     if trained_on.get("files") != fingerprint.lobster_files(data):
         return
     trained_split = str(trained_on.get("split", "all"))
-    overlap = _SPLIT_PARTS.get(split, {split}) & _SPLIT_PARTS.get(trained_split, {trained_split})
-    if overlap:
-        held_out = "test" if trained_split in ("train", "fit", "validation") else None
-        fix = f"use --split {held_out}" if held_out else "score it on other files"
-        if trained_split == "fit":
-            fix = "use --split validation or --split test"
-        raise ValueError(
-            f"--split {split}: the model was trained on the {trained_split!r} split of these LOBSTER files "
-            f"(same SHA-256), so {split!r} is not held out; {fix}"
-        )
+    trained_options = dict(trained_on.get("options") or {})
+    options = trained_options if options is None else dict(options)
+    same_cut = options == trained_options
+    trained_clock = scored_clock = None
+    if same_cut:
+        overlap = bool(_SPLIT_PARTS.get(split, {split}) & _SPLIT_PARTS.get(trained_split, {trained_split}))
+    else:
+        trained_clock = clock_range(data, trained_split, trained_options)
+        scored_clock = clock_range(data, split, options)
+        overlap = scored_clock[0] < trained_clock[1] and trained_clock[0] < scored_clock[1]
+    if not overlap:
+        return
+    if same_cut:
+        try:
+            trained_clock = clock_range(data, trained_split, trained_options)
+            scored_clock = clock_range(data, split, options)
+        except ValueError:  # a split too short to load: the names say it
+            pass
+    held_out = "test" if trained_split in ("train", "fit", "validation") else None
+    fix = f"use --split {held_out}" if held_out else "score it on other files"
+    if trained_split == "fit":
+        fix = "use --split validation or --split test"
+    if not same_cut:
+        changed = sorted(k for k in set(options) | set(trained_options)
+                         if options.get(k) != trained_options.get(k))
+        fix = f"score it with the model's own market options ({', '.join(changed)} differ), or on other files"
+    spans = (f": the scored steps' clock {_clock_text(scored_clock)} overlaps the training clock "
+             f"{_clock_text(trained_clock)}" if scored_clock and trained_clock else "")
+    raise ValueError(
+        f"--split {split}: the model was trained on the {trained_split!r} split of these LOBSTER files "
+        f"(same SHA-256), so {split!r} is not held out{spans}; {fix}"
+    )
 
 
 def run_settings(config: Any, model_path: str | Path, run_dir: str | Path) -> (
@@ -208,8 +265,9 @@ def run_settings(config: Any, model_path: str | Path, run_dir: str | Path) -> (
            "action_face": config.resolved_action_face()}
     check_run_settings(stamped, now, run_dir)
     if stamped is None and config.data != "synthetic" and Path(config.data).is_dir():
-        stamped = {"market": {"source": "lobster", "files": fingerprint.lobster_files(config.data),
-                              "split": config.train_split()}}
+        stamped = {"market": fingerprint.market_fingerprint(
+            config.data, config.resolved_env_kwargs(), split=config.train_split(),
+            synthetic_market_steps=config.synthetic_market_steps)}
     return stamped, f"its run's config.json, {Path(run_dir) / 'config.json'}"
 
 

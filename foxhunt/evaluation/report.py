@@ -18,6 +18,54 @@ TABLE_METRICS = (
 )
 
 
+#: The references the headline states the policy's PnL as a share of: (name, what it is). A reference's PnL is
+#: its result's (a policy run on the same windows, as the oracle) or, for a bound that is no policy,
+#: ``setup["reference_pnl"][name]`` on the same windows; a reference with neither is left out (the oracle
+#: exists on a planted-signal market only).
+HEADLINE_REFERENCES: tuple[tuple[str, str], ...] = (("oracle", "the oracle's PnL"),)
+
+
+def headline_shares(evaluation: Evaluation, main: str) -> list[dict[str, Any]]:
+    """The main policy's PnL as a share of each reference's (:data:`HEADLINE_REFERENCES`) on the same windows.
+
+    :param evaluation: the evaluation.
+    :param main: the policy the report is about.
+    :return: one ``{"reference", "label", "share", "pnl", "reference_pnl"}`` per reference present;
+        ``share`` is None when the reference made no profit.
+    """
+    pnl = float(evaluation.results[main].metrics["pnl"])
+    shares = []
+    for name, label in HEADLINE_REFERENCES:
+        result = evaluation.results.get(name)
+        value = (result.metrics["pnl"] if result is not None
+                 else evaluation.setup.get("reference_pnl", {}).get(name))
+        if value is None or name == main:
+            continue
+        reference = float(value)
+        share = pnl / reference if reference > 0 and math.isfinite(reference) else None
+        shares.append({"reference": name, "label": label, "share": share, "pnl": pnl,
+                       "reference_pnl": reference})
+    return shares
+
+
+def headline_lines(evaluation: Evaluation, main: str) -> list[str]:
+    """``share of the oracle's PnL: 60.0 %`` (one line per reference; none without a reference)."""
+    lines = []
+    for row in headline_shares(evaluation, main):
+        shown = "n/a (it made no profit)" if row["share"] is None else f"{100 * row['share']:.1f} %"
+        lines.append(f"share of {row['label']}: {shown} ({main} {_fmt(row['pnl'])}, {row['reference']} "
+                     f"{_fmt(row['reference_pnl'])}, same windows)")
+    return lines
+
+
+def interval_note(setup: dict[str, Any]) -> str:
+    """How the comparisons' intervals and verdicts are computed: the level, unadjusted intervals, and the
+    multiple-comparison correction of the verdicts' p-values."""
+    level = setup.get("level", 0.95)
+    return (f"intervals: {100 * level:g} % circular block bootstrap over the windows, not Holm-adjusted; "
+            f"verdicts: {_correction(setup)}")
+
+
 def _units(evaluation: Evaluation, main: str) -> dict[str, str]:
     """The vocabulary's units with the evaluation's currency named."""
     return units(evaluation.results[main].metrics.get("currency", "currency"))
@@ -57,12 +105,23 @@ def held_out_line(setup: dict[str, Any]) -> str:
     return str(setup.get("data"))
 
 
+def _clock_span(setup: dict[str, Any]) -> str:
+    """``, clock 15:30:07-15:59:59`` of LOBSTER data (the steps scored), else nothing."""
+    if not setup.get("clock"):
+        return ""
+    from foxhunt.evaluation.model_file import clock
+
+    first, last = setup["clock"]
+    return f", clock {clock(first)}-{clock(last)}"
+
+
 def json_document(evaluation: Evaluation, main: str) -> dict[str, Any]:
     """``evaluation.json``: the main policy's metrics at the top level, then every policy, comparisons and
     the setup."""
     return _clean({
         "eval_data": held_out_line(evaluation.setup),
         "policy": main,
+        "shares": {row["reference"]: row["share"] for row in headline_shares(evaluation, main)},
         **evaluation.results[main].metrics,
         "units": _units(evaluation, main),
         **evaluation.to_json(),
@@ -117,7 +176,10 @@ def markdown(evaluation: Evaluation, main: str, title: str, figures: dict[str, P
     lines = [
         f"# {title}",
         "",
-        f"- data: **{held_out_line(setup)}** ({setup['market']}, {setup['market_steps']:,} steps)",
+        *[f"**{line}**" for line in headline_lines(evaluation, main)],
+        *([""] if headline_lines(evaluation, main) else []),
+        f"- data: **{held_out_line(setup)}** ({setup['market']}, {setup['market_steps']:,} steps"
+        f"{_clock_span(setup)})",
         f"- {setup['books']} books x {setup['vector_steps']:,} steps = {setup['book_steps']:,} book-steps, "
         f"episodes of {setup['episode_length']} steps, {setup['episodes_per_book']} per book; "
         f"**{setup['independent_steps']:,} independent steps** (distinct market rows stepped from; every "
@@ -197,9 +259,14 @@ def print_evaluation(evaluation: Evaluation, main: str, title: str) -> None:
               f"{m['trades']:>8,} {m['fees']:>10,.0f}")
     for note in evaluation.setup.get("notes", []):
         print(f"  note: {note}")
+    for line in headline_lines(evaluation, main):
+        print(f"\n  {line}")
+    if any(evaluation.comparisons.values()):
+        print(f"\n  {interval_note(evaluation.setup)}")
     for name, rows in evaluation.comparisons.items():
         for row in rows:
             interval = ("no interval" if row["ci_low"] is None
-                        else f"[{row['ci_low']:+,.1f}, {row['ci_high']:+,.1f}]")
+                        else f"[{row['ci_low']:+,.1f}, {row['ci_high']:+,.1f}] ({100 * row['level']:g} % CI, "
+                        "not Holm-adjusted)")
             print(f"  {name} - {row['baseline']}: {row['mean_difference']:+,.1f} per window {interval} over "
                   f"{row['windows']} window(s): {row['verdict']}")

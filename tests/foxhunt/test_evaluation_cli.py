@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -46,11 +47,20 @@ def test_evaluate_a_run_folder_with_the_signal_and_the_oracle(run_dir: Path, tmp
                  "--signal-strength", "1", "--signal-horizon", "5", "--market-seed", "9", "--no-plots"]) == 0
     text = capsys.readouterr().out
     assert "evaluation: deterministic policy, synthetic, market seed 9, training market seed 0" in text
+    # the headline number, and whether the console's intervals are Holm-adjusted (issue 39.8)
+    assert "  share of the oracle's PnL: " in text and " %" in text.split("share of the oracle's PnL: ")[1]
+    assert "intervals: 95 % circular block bootstrap over the windows, not Holm-adjusted; verdicts: " \
+           "p-values corrected with Holm over 4 comparisons" in text
+    assert "(95 % CI, not Holm-adjusted) over 3 window(s)" in text
     document = json.loads((out / "evaluation.json").read_text())
     assert document["steps"] == 15 * 3 and document["policy"] == "policy"
     assert "oracle" in document["policies"] and len(document["comparisons"]["policy"]) == 4
     report = (out / "report.md").read_text()
     assert "independent steps" in report and "market seed 9" in report
+    assert "**share of the oracle's PnL: " in report
+    oracle = document["policies"]["oracle"]["pnl"]
+    if oracle > 0:
+        assert document["shares"]["oracle"] == pytest.approx(document["pnl"] / oracle)
     assert not list(out.glob("*.png"))
 
 
@@ -93,3 +103,32 @@ def test_evaluate_refuses_an_out_folder_that_holds_a_report(run_dir: Path,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["evaluate", str(run_dir), "--out", str(run_dir), "--no-plots"]) == 2
     assert "must be a new or empty folder" in capsys.readouterr().err
+
+
+def test_a_model_file_gets_the_evaluation_of_its_run_folder(run_dir: Path, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """``foxhunt evaluate RUN_DIR/model.zip`` scored 16 books with seed 0 where ``RUN_DIR`` scored 2 books
+    with seed 1005 (issue 39.1): the model file carries its run's settings."""
+    own = json.loads((run_dir / "evaluation.json").read_text())
+    assert main(["evaluate", str(run_dir / "model.zip"), "--no-plots", "--out", str(tmp_path / "r")]) == 0
+    capsys.readouterr()
+    again = json.loads((tmp_path / "r" / "evaluation.json").read_text())
+    assert again["setup"]["books"] == own["setup"]["books"] == 2
+    assert again["setup"] == own["setup"] and again["policies"] == own["policies"]
+
+
+def test_a_killed_run_is_scored_with_its_newest_checkpoint(run_dir: Path, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """A run folder without model.zip (the run was killed) was "a folder without config.json" although
+    config.json is there (issue 39.7)."""
+    killed = tmp_path / "killed"
+    shutil.copytree(run_dir, killed, ignore=shutil.ignore_patterns("evaluations", ".lock"))
+    (killed / "model.zip").unlink()
+    assert main(["evaluate", str(killed), "--no-plots", "--out", str(tmp_path / "r")]) == 0
+    text = capsys.readouterr().out
+    newest = sorted((killed / "checkpoints").iterdir())[-1].name
+    said = f"the run has no model.zip (it stopped before it ended): its newest checkpoint, {newest}"
+    assert said in text and said in (tmp_path / "r" / "report.md").read_text()
+    shutil.rmtree(killed / "checkpoints")
+    assert main(["evaluate", str(killed), "--no-plots"]) == 2
+    assert "holds config.json but neither model.zip nor a checkpoint" in capsys.readouterr().err

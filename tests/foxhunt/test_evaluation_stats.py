@@ -88,6 +88,19 @@ def test_plan_windows_never_gives_more_books_than_disjoint_windows() -> None:
     assert (books, steps) == (4, 200) and len(notes) == 1
 
 
+def test_windows_are_whole() -> None:
+    """A 500-step book cut into 200-step windows counted 3 windows, the last a half one (issue 39.8)."""
+    assert plan_windows(10_001, 200, 8, 500, 16) == (8, 400, [
+        "500 steps asked for are 2.5 windows of 200 steps: 400 steps per book, whole windows only"])
+    assert plan_windows(10_001, 200, 8, 150, 16) == (8, 150, [])  # less than one episode: one window
+    evaluation = evaluate_policies({"policy": "buy_and_hold"}, random_market(2_001, num_levels=5, seed=3),
+                                   baselines=("flat",), n_envs=2, steps=500,
+                                   env_kwargs={"episode_length": 200, "levels": 5})
+    setup = evaluation.setup
+    assert setup["windows"] == 4 and setup["vector_steps"] == 400 and setup["episodes_per_book"] == 2
+    assert evaluation.comparisons["policy"][0]["windows"] == 4
+
+
 def test_the_issue_25_confident_wrong_result_is_impossible() -> None:
     # `foxhunt train --data lobster` scored 8 books x 500 steps on a 296-step split and bootstrapped 16 copies
     # of one path into "+325.5 [+318.5, +332.5]" for a policy that made no trade: now one window, no interval
@@ -172,3 +185,25 @@ def test_the_imbalance_rule_is_fitted_on_fit_data_and_earns_a_planted_signal() -
     with pytest.raises(ValueError, match="fit_data"):
         evaluate_policies({"f": "flat"}, random_market(500, num_levels=2), baselines=("imbalance",),
                           env_kwargs=env)
+
+
+def test_the_headline_states_shares_of_each_reference() -> None:
+    """Issue 39.8: the report states the policy's share of the oracle's PnL (and of a bound that is no
+    policy, given in ``setup["reference_pnl"]``, such as the clairvoyant bound)."""
+    from foxhunt.evaluation import report
+
+    evaluation = evaluate_policies({"policy": "buy_and_hold"}, random_market(801, num_levels=5, seed=3),
+                                   baselines=("flat",), n_envs=2, steps=100,
+                                   env_kwargs={"episode_length": 100, "levels": 5})
+    pnl = evaluation.results["policy"].metrics["pnl"]
+    assert report.headline_lines(evaluation, "policy") == []  # no oracle on this market
+    evaluation.setup["reference_pnl"] = {"bound": 4 * abs(pnl) + 1.0}
+    original = report.HEADLINE_REFERENCES
+    try:
+        report.HEADLINE_REFERENCES = (*original, ("bound", "the bound"))
+        (line,) = report.headline_lines(evaluation, "policy")
+        share = 100 * pnl / (4 * abs(pnl) + 1.0)
+        assert line.startswith(f"share of the bound: {share:.1f} %")
+        assert f"**{line}**" in markdown(evaluation, "policy", "t", {})
+    finally:
+        report.HEADLINE_REFERENCES = original

@@ -147,3 +147,27 @@ def test_a_run_whose_config_changed_after_training_is_refused(tmp_path: Path, ca
     status, err = run_cli(capsys, "evaluate", str(run), *EVALUATE)
     assert status == 2 and err.count("\n") == 0
     assert "model.zip was made with another env.levels: 5 -> 10" in err
+
+
+def test_a_model_file_scores_as_its_run_and_says_what_it_cannot_restore(tmp_path: Path, capsys) -> None:
+    """A model file carries its run's config (books, evaluation seed, eval_steps): ``foxhunt evaluate
+    MODEL.zip`` scored 16 books with seed 0 where its run folder scored n_envs books with seed + 1000
+    (issue 39.1); a file saved before eval_steps were stamped says which it assumed."""
+    path = saved_model(tmp_path / "m.zip", levels=5)
+    status, err = run_cli(capsys, "evaluate", str(path), "--no-plots", "--baselines", "flat", "--out",
+                          str(tmp_path / "r"))
+    assert status == 0, err
+    setup = json.loads((tmp_path / "r" / "evaluation.json").read_text())["setup"]
+    config = RunConfig()
+    assert setup["books"] == config.n_envs and setup["seed"] == config.seed + 1000
+    assert not any("eval_steps" in note for note in setup["notes"])
+    model = BranchingIQN.load(path)
+    stamped = fingerprint.read_model_file(path)
+    del stamped["evaluation"]
+    fingerprint.stamp(model, stamped)
+    model.save(path)
+    status, err = run_cli(capsys, "evaluate", str(path), "--no-plots", "--baselines", "flat", "--out",
+                          str(tmp_path / "r2"))
+    assert status == 0, err
+    assert ("the model file does not record its run's eval_steps (saved before they were): 500 steps per "
+            "book assumed") in (tmp_path / "r2" / "report.md").read_text()
