@@ -198,7 +198,7 @@ def test_resume_takes_no_run_options(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert_user_error(capsys, ["train", "--resume", str(tmp_path), "--recipe", "fast"],
                       r"--recipe cannot be given with it")
     assert_user_error(capsys, ["train", "--resume", str(tmp_path / "nowhere"), "--no-progress"],
-                      r"resume='.*nowhere': no run folder there")
+                      r"--resume '.*nowhere': no run folder there")  # the option typed, not resume=
 
 
 @pytest.mark.gpu
@@ -296,7 +296,8 @@ def test_hyperparams_set_fields_by_dotted_or_bare_name() -> None:
      r"--algorithm\.buffer-size=10 must be >= batch_size=64$"),
     (["--env.max-position", "-1"], r"--env\.max-position=-1\.0 must be > 0$"),
     (["--algorithm.buffer-size", "x"], r"invalid int value"),
-    (["--hyperparams", "gama:0.9"], r"--hyperparams gama: no config field of that name"),
+    (["--hyperparams", "gama:0.9"],
+     r"--hyperparams gama: no config field or market option of that name; did you mean 'gamma'\?$"),
     (["--hyperparams", "n_quantiles:4x"], r"--policy\.n-quantiles='4x' must be an integer"),
     (["--hyperparams", "gamma"], r"--hyperparams 'gamma' must be KEY:VALUE"),
 ])
