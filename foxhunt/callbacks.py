@@ -16,7 +16,13 @@ from typing import Any, TextIO
 
 from stable_baselines3.common.callbacks import BaseCallback
 
-from foxhunt.options import format_duration
+
+def format_duration(seconds: float) -> str:
+    """``1h02m``, ``3m05s`` or ``42s``."""
+    seconds = max(int(round(seconds)), 0)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 class ProgressLineCallback(BaseCallback):

@@ -37,7 +37,6 @@ from foxhunt.options import (
     add_field_options,
     config_from_args,
     flag,
-    format_duration,
     given_options,
     parse_duration,
     parse_value,
@@ -80,7 +79,7 @@ def train(args: argparse.Namespace) -> Any:
 
     callbacks = []
     if args.time_limit is not None:
-        from foxhunt.callbacks import TimeLimitCallback
+        from foxhunt.callbacks import TimeLimitCallback, format_duration
 
         limit = f"--time-limit {format_duration(args.time_limit)}"
         callbacks.append(TimeLimitCallback(args.time_limit, limit))

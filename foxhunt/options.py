@@ -74,14 +74,6 @@ def parse_duration(text: str) -> float:
     return seconds
 
 
-def format_duration(seconds: float) -> str:
-    """``1h02m``, ``3m05s`` or ``42s``."""
-    seconds = max(int(round(seconds)), 0)
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
-
-
 def did_you_mean(word: str, choices: Sequence[str]) -> str:
     """``"; did you mean 'x'?"`` naming the choice closest to ``word``, or ``""`` when none is close."""
     close = difflib.get_close_matches(word, list(choices), n=1)
@@ -242,6 +234,10 @@ def given_options(args: argparse.Namespace, skip: Sequence[str] = ()) -> dict[st
             raise ValueError(f"--hyperparams {item!r} must be KEY:VALUE")
         given[_field_name(key, names)] = parse_value(value)
     given.update({name: value for name, value in vars(args).items() if name in names})
+    market = given.get("env.market")
+    if isinstance(market, dict):  # --env.market JSON and --hyperparams env.market.KEY:VALUE together
+        for name in [name for name in given if name.startswith("env.market.")]:
+            market.setdefault(name.removeprefix("env.market."), given.pop(name))
     return given
 
 
