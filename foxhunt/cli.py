@@ -2,9 +2,12 @@
 
 ``foxhunt train`` with no arguments trains BranchingIQN on the built-in synthetic market (a few minutes
 on a laptop CPU) and writes a run folder (see :mod:`foxhunt.runs`). Its options are generated from the
-config tree (:class:`~foxhunt.runs.RunConfig`): one per field, named by its dotted path (``--n-envs``,
-``--action-face``, ``--env.episode-length``, ``--algorithm.learning-rate``), with the field's docstring as
-help; ``--hyperparams algorithm.gamma:0.98 env.episode_length:200`` sets any of them as rl-zoo3 does.
+config tree (:class:`~foxhunt.runs.RunConfig`, :mod:`foxhunt.options`): one per field, named by its dotted
+path (``--n-envs``, ``--action-face``, ``--env.episode-length``, ``--algorithm.learning-rate``), with the
+field's docstring as help, one help group per section; ``--hyperparams algorithm.gamma:0.98
+env.episode_length:200`` sets any of them as rl-zoo3 does. ``--time-limit 90m`` stops training early (then
+saved and evaluated), ``--exp-name NAME`` names the run folder; off a terminal a progress line comes every
+30 s (:mod:`foxhunt.callbacks`).
 ``foxhunt train --config FILE`` starts from a RunConfig JSON (a run's ``config.json`` or a study's
 ``best_config.json``; the options given override it); ``foxhunt train --resume RUN_DIR`` continues a run
 from its newest checkpoint. ``foxhunt rollout`` scores a uniformly random policy. ``foxhunt evaluate``
@@ -297,7 +300,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         except USER_ERRORS as error:
             if debug:
                 raise
-            raise type(error)(typed_names(str(error))) from None
+            message = typed_names(str(error))
+            if message == str(error):
+                raise
+            raise (ValueError if isinstance(error, ValueError) else OSError)(message) from None
 
     return report_errors(command, debug)
 
