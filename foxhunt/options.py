@@ -192,7 +192,9 @@ def add_config_options(parser: argparse.ArgumentParser, skip: Sequence[str] = ()
     :param title: words put before each group's title (``foxhunt tune``: the base config of the trials).
     """
     run = parser.add_argument_group(title + GROUP_TITLES[""])
-    add_field_options(run, RunConfig, skip=skip)
+    add_field_options(run, RunConfig, skip=skip, helps={
+        "progress": "show progress: a bar on a terminal, else (a log file, a batch job) a line every 30 s "
+                    "with steps, rate, ETA and episode reward (default: on)"})
     run.add_argument("--hyperparams", nargs="+", default=argparse.SUPPRESS, metavar="KEY:VALUE",
                      help="config fields by dotted name, as rl-zoo3's --hyperparams: "
                           "algorithm.learning_rate:1e-4 env.episode_length:200 (a name of one section or a "
