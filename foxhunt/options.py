@@ -86,20 +86,24 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         """Print ``PROG: error: MESSAGE`` and a hint on stderr, exit with status 2."""
+        prog = self.prog
         unknown = re.fullmatch(r"unrecognized arguments: (\S+).*", message, re.S)
-        if unknown and unknown[1].startswith("--"):
-            message += did_you_mean(unknown[1].split("=")[0], _options(self))
-        self.exit(2, f"{self.prog}: error: {message}\n({self.prog} --help lists the options)\n")
+        if unknown and unknown[1].startswith("--"):  # a subcommand's leftovers come up to its parent
+            options = _options(self)
+            close = difflib.get_close_matches(unknown[1].split("=")[0], list(options), n=1)
+            if close:
+                message, prog = f"{message}; did you mean {close[0]!r}?", options[close[0]]
+        self.exit(2, f"{self.prog}: error: {message}\n({prog} --help lists the options)\n")
 
 
-def _options(parser: argparse.ArgumentParser) -> list[str]:
-    """The long options of ``parser`` and of its subcommands' parsers."""
-    options = []
+def _options(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """The long options of ``parser`` and of its subcommands' parsers -> the ``prog`` of their parser."""
+    options: dict[str, str] = {}
     for action in parser._actions:
-        options += [option for option in action.option_strings if option.startswith("--")]
         if isinstance(action, argparse._SubParsersAction):
             for sub in action.choices.values():
-                options += _options(sub)
+                options = {**_options(sub), **options}
+        options.update({option: parser.prog for option in action.option_strings if option.startswith("--")})
     return options
 
 
