@@ -246,7 +246,7 @@ def load_checkpoint(checkpoint: str | Path, env: Any, device: str, *,
 
     Restores the model (``force_reset=False``: the env is not reset, ``_last_obs`` stays), its replay
     buffer, every generator and the env's state. The diagnostics accumulators are returned in the manifest
-    (key ``"diagnostics_state"``) to be put back once ``learn`` has started (:class:`CheckpointCallback`).
+    (key ``"diagnostics_state"``) to be put back once ``learn`` has started (:class:`RunCheckpointCallback`).
 
     :param checkpoint: the checkpoint folder.
     :param env: a fresh training env built from the run's config.
@@ -293,8 +293,10 @@ def load_checkpoint(checkpoint: str | Path, env: Any, device: str, *,
     return model, {**manifest, "diagnostics_state": state["diagnostics"]}
 
 
-class CheckpointCallback(BaseCallback):
-    """Checkpoint the run every ``every`` environment steps and when training ends.
+class RunCheckpointCallback(BaseCallback):
+    """Checkpoint the run every ``every`` environment steps and when training ends: the model, its replay
+    buffer, RNG and env state, resumable bit for bit (not SB3's ``CheckpointCallback``, which saves the model
+    only).
 
     Checkpoints are taken at the start of a rollout, after the previous rollout's gradient steps, where a
     resumed ``learn`` continues exactly. A resumed run's callback also puts back the diagnostics

@@ -2,9 +2,12 @@
 
 ``foxhunt train`` with no arguments trains BranchingIQN on the built-in synthetic market (a few minutes
 on a laptop CPU) and writes a run folder (see :mod:`foxhunt.runs`). Its options are generated from the
-config tree (:class:`~foxhunt.runs.RunConfig`): one per field, named by its dotted path (``--n-envs``,
-``--action-face``, ``--env.episode-length``, ``--algorithm.learning-rate``), with the field's docstring as
-help; ``--hyperparams algorithm.gamma:0.98 env.episode_length:200`` sets any of them as rl-zoo3 does.
+config tree (:class:`~foxhunt.runs.RunConfig`, :mod:`foxhunt.options`): one per field, named by its dotted
+path (``--n-envs``, ``--action-face``, ``--env.episode-length``, ``--algorithm.learning-rate``), with the
+field's docstring as help, one help group per section; ``--hyperparams algorithm.gamma:0.98
+env.episode_length:200`` sets any of them as rl-zoo3 does. ``--time-limit 90m`` stops training early (then
+saved and evaluated), ``--exp-name NAME`` names the run folder; off a terminal a progress line comes every
+30 s (:mod:`foxhunt.callbacks`).
 ``foxhunt train --config FILE`` starts from a RunConfig JSON (a run's ``config.json`` or a study's
 ``best_config.json``; the options given override it); ``foxhunt train --resume RUN_DIR`` continues a run
 from its newest checkpoint. ``foxhunt rollout`` scores a uniformly random policy. ``foxhunt evaluate``
@@ -13,40 +16,40 @@ study (:mod:`tuning.cli`, imported only when the command runs).
 
 A user error (a bad option, a missing file, a used run folder) prints one line ``foxhunt: error: ...`` on
 stderr, naming the option as typed, and exits with status 2; ``--debug`` shows the traceback instead.
+The parser is built without torch (the config tree's options: :mod:`foxhunt.options`), so ``--help``,
+``--version`` and a mistyped option answer at once; a command imports what it needs when it runs
+(``evaluate`` and ``tune`` parse their own arguments then).
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
-import dataclasses
 import re
+import secrets
 import sys
-import types
-import typing
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch as th
-
-from foxenv.checks import check_device
 from foxhunt import presets
-from foxhunt.config import field_docs
-from foxhunt.evaluation import cli as evaluation_cli
-from foxhunt.runs import EVAL_SPLITS, SECTIONS, RunConfig, field_names
+from foxhunt.options import (
+    USER_ERRORS,
+    Parser,
+    add_config_options,
+    add_field_options,
+    config_from_args,
+    flag,
+    given_options,
+    parse_duration,
+    parse_value,
+    report_errors,
+)
 
-#: Exceptions that are the user's to fix: one line and exit status 2 (``--debug``: the traceback).
-USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError)
-#: The choices of the config fields that take one of a few names.
-CHOICES: dict[str, tuple[str, ...]] = {"action_face": presets.ACTION_FACES, "eval_split": EVAL_SPLITS,
-                                       "env.fill_model": ("conservative", "optimistic")}
-
-
-def flag(name: str) -> str:
-    """The option of a dotted config field: ``n_envs`` -> ``--n-envs``, ``algorithm.batch_size`` ->
-    ``--algorithm.batch-size``."""
-    return "--" + name.replace("_", "-")
+__all__ = ["USER_ERRORS", "add_config_options", "add_field_options", "build_parser", "config_from_args",
+           "flag", "given_options", "main", "parse_value", "report_errors", "run", "version"]
+#: Names of values inside the libraries -> the option a ``foxhunt`` user typed for them.
+TYPED_NAMES: dict[str, str] = {"source": "--data=", "resume": "--resume=", "target": ""}
 
 
 def version() -> str:
@@ -60,150 +63,16 @@ def version() -> str:
         return "0+unknown"
 
 
-# ------------------------------------------------------------------------------------------ config options
-
-
-def parse_value(text: str) -> Any:
-    """A command-line value: a Python/JSON literal (``3``, ``1e-4``, ``[64, 64]``, ``{"a": 1}``, ``None``,
-    ``true``), else the text itself."""
-    literal = {"true": "True", "false": "False", "null": "None", "none": "None"}.get(text.lower(), text)
-    try:
-        return ast.literal_eval(literal)
-    except (ValueError, SyntaxError):
-        return text
-
-
-def add_field_options(parser: Any, cls: type, prefix: str = "", skip: Sequence[str] = (),
-                      helps: Mapping[str, str] | None = None) -> None:
-    """One option per field of the dataclass ``cls`` (but nested dataclasses and ``skip``), named and
-    stored by ``prefix`` + its name, absent from the namespace unless given; its doc is the help.
-
-    :param parser: a parser (or an argument group of one).
-    :param cls: a dataclass whose fields all have defaults.
-    :param prefix: the fields' dotted prefix (``"algorithm."``).
-    :param skip: dotted names left out.
-    :param helps: field name -> help, in place of its doc (and default).
-    """
-    hints, docs, defaults = typing.get_type_hints(cls), {**field_docs(cls), **(helps or {})}, cls()
-    for f in dataclasses.fields(cls):
-        name, hint, default, doc = prefix + f.name, hints[f.name], getattr(defaults, f.name), docs.get(f.name)
-        doc = doc or ""
-        if name in skip or dataclasses.is_dataclass(hint):
-            continue
-        kind: dict[str, Any] = {"type": parse_value, "metavar": "VALUE"}
-        union = typing.get_origin(hint) in (typing.Union, types.UnionType)
-        scalars = {str if arg is Path else arg for arg in (typing.get_args(hint) if union else (hint,))}
-        scalars.discard(type(None))
-        if scalars == {bool}:
-            kind = {"action": argparse.BooleanOptionalAction}
-        elif name in CHOICES:
-            kind = {"choices": CHOICES[name]}
-        elif len(scalars) == 1 and next(iter(scalars)) in (int, float, str):
-            scalar = next(iter(scalars))
-            kind = {"type": scalar, "metavar": scalar.__name__.upper()}
-        if f.name not in (helps or {}) and default is not None and not re.search("default:|preset", doc):
-            doc += f" (default: {default})"
-        doc = re.sub(r":\w+:`~?([\w.]+)`", r"\1", doc).replace("``", "")  # reST roles read as plain names
-        parser.add_argument(flag(name), dest=name, default=argparse.SUPPRESS, help=doc.replace("%", "%%"),
-                            **kind)
-
-
-def add_config_options(parser: Any, skip: Sequence[str] = ()) -> None:
-    """One option per field of the config tree (but ``skip``), absent from the namespace unless given;
-    ``--hyperparams KEY:VALUE ...``.
-
-    :param parser: the command's parser (or an argument group of it).
-    :param skip: dotted names that the command does not take.
-    """
-    add_field_options(parser, RunConfig, skip=skip)
-    for name, section in SECTIONS.items():
-        add_field_options(parser, section, f"{name}.", skip)
-    parser.add_argument("--hyperparams", nargs="+", default=argparse.SUPPRESS, metavar="KEY:VALUE",
-                        help="config fields by dotted name, as rl-zoo3's --hyperparams: "
-                             "algorithm.learning_rate:1e-4 env.episode_length:200 (a name of one section "
-                             "may be given bare: gamma:0.98); the options given override them")
-
-
-def _field_name(key: str, names: Sequence[str]) -> str:
-    """The dotted field a ``--hyperparams`` key names: itself, or the one field of that bare name."""
-    if key in names or key.startswith("env.market."):
-        return key
-    matches = [name for name in names if name.rsplit(".", 1)[-1] == key]
-    if len(matches) == 1:
-        return matches[0]
-    if matches:
-        raise ValueError(f"--hyperparams {key}: ambiguous, give one of {matches}")
-    raise ValueError(f"--hyperparams {key}: no config field of that name (fields: {', '.join(names)})")
-
-
-def given_options(args: argparse.Namespace, skip: Sequence[str] = ()) -> dict[str, Any]:
-    """The config fields set on the command line: ``--hyperparams``, then the options given.
-
-    :param args: parsed arguments of a command with :func:`add_config_options`.
-    :param skip: the fields that are no options of the command (its own options of those names).
-    :return: dotted field name -> value.
-    """
-    names = [name for name in field_names() if name not in skip]
-    given: dict[str, Any] = {}
-    for item in getattr(args, "hyperparams", []):
-        key, sep, value = item.partition(":")
-        if not sep:
-            raise ValueError(f"--hyperparams {item!r} must be KEY:VALUE")
-        given[_field_name(key, names)] = parse_value(value)
-    given.update({name: value for name, value in vars(args).items() if name in names})
-    return given
-
-
-def renaming(message: str, name: Callable[[str], str]) -> str:
-    """``message`` with each ``RunConfig.FIELD`` written as ``name(FIELD)``."""
-    return re.sub(r"RunConfig\.((?:[a-z_]+\.)*[a-z_]+)", lambda match: name(match[1]), message)
-
-
-def config_from_args(args: argparse.Namespace, base: RunConfig | None = None,
-                     skip: Sequence[str] = ()) -> RunConfig:
-    """The :class:`RunConfig` of the options: ``--config``'s file (or ``base``, or the defaults) with the
-    fields given on the command line in place of its values; checked as :meth:`RunConfig.check` does. Errors
-    name the option typed (``--n-envs=0 must be >= 1``) or the file's field.
-
-    ``--recipe NAME`` (:data:`foxhunt.presets.RECIPES`) sets its fields over the file's (or the defaults'),
-    and the options given override it.
-
-    :param args: parsed arguments of a command with :func:`add_config_options` and ``--config`` (and
-        optionally ``--recipe``).
-    :param base: the config without ``--config`` (``None``: the defaults, a GPU's sizes on CUDA).
-    :param skip: as :func:`given_options`.
-    :return: the run config.
-    """
-    typed = given_options(args, skip)
-    recipe = getattr(args, "recipe", None)
-    if recipe is not None and recipe not in presets.RECIPES:
-        raise ValueError(f"--recipe={recipe!r}: no such recipe (recipes: {', '.join(presets.RECIPES)})")
-    given = {**(presets.RECIPES[recipe] if recipe is not None else {}), **typed}
-    config_file = getattr(args, "config", None)
-    if config_file is not None:
-        if not Path(config_file).is_file():
-            raise FileNotFoundError(f"--config={config_file!r}: no such file")
-        base = RunConfig.load(config_file)
-
-    def name(field: str) -> str:  # an option given, a value of the recipe, or one of the config file
-        if field in typed or (field not in given and config_file is None):
-            return flag(field)
-        return f"--recipe {recipe}: {field}" if field in given else f"{config_file}: {field}"
-
-    if base is None and str(given.get("device", "cpu")).startswith("cuda"):
-        # a GPU run's sizes unless given: thousands of books through the device loop
-        base = RunConfig(n_envs=presets.GPU_N_ENVS, steps=presets.GPU_TRAIN_STEPS,
-                         checkpoint_every=presets.GPU_CHECKPOINT_EVERY)
-    try:
-        config = (base or RunConfig()).with_values(given)
-        config.check()
-    except ValueError as error:
-        raise ValueError(renaming(str(error), name)) from None
-    return config
+def exp_name(text: str) -> str:
+    """``--exp-name``'s value: letters, digits, ``.``, ``_`` and ``-`` (a folder name's prefix)."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", text):
+        raise argparse.ArgumentTypeError(f"{text!r} must be letters, digits, '.', '_' or '-' (a folder name)")
+    return text
 
 
 def train(args: argparse.Namespace) -> Any:
-    """``foxhunt train``: :func:`foxhunt.runs.train` on the options' config, or ``--resume`` a run.
+    """``foxhunt train``: :func:`foxhunt.runs.train` on the options' config, or ``--resume`` a run;
+    ``--time-limit`` stops training early (then saved and evaluated as a finished run).
 
     :param args: parsed command-line arguments.
     :return: the run folder.
@@ -211,21 +80,43 @@ def train(args: argparse.Namespace) -> Any:
     from foxhunt.runs import resume
     from foxhunt.runs import train as train_run
 
+    callbacks = []
+    if args.time_limit is not None:
+        from foxhunt.callbacks import TimeLimitCallback, format_duration
+
+        limit = f"--time-limit {format_duration(args.time_limit)}"
+        callbacks.append(TimeLimitCallback(args.time_limit, limit))
     if args.resume is not None:
         given = given_options(args)
         extra = [flag(name) for name in given if name != "progress"]
-        extra += [f"--{name}" for name in ("config", "recipe") if getattr(args, name) is not None]
+        extra += [f"--{name.replace('_', '-')}" for name in ("config", "recipe", "exp_name")
+                  if getattr(args, name) is not None]
         if extra:
             raise ValueError(
                 f"--resume {args.resume} continues that run as its config.json says: {', '.join(extra)} "
                 "cannot be given with it"
             )
-        return resume(args.resume, progress=given.get("progress"),
+        if not (Path(args.resume) / "config.json").is_file():
+            raise FileNotFoundError(f"--resume {args.resume!r}: no run folder there (no config.json)")
+        return resume(args.resume, callbacks, progress=given.get("progress"),
                       allow_market_change=args.allow_market_change)
     if args.allow_market_change:
         raise ValueError("--allow-market-change goes with --resume RUN_DIR (a new run has no market to "
                          "change)")
-    return train_run(config_from_args(args))
+    config = config_from_args(args)
+    if args.exp_name is not None:
+        import dataclasses
+
+        from foxhunt.run_folder import DEFAULT_RUNS_ROOT
+
+        if config.out is not None:
+            raise ValueError(f"--exp-name {args.exp_name} names a new folder under {DEFAULT_RUNS_ROOT}/: "
+                             "give it or --out, not both")
+        name = f"{args.exp_name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+        config = dataclasses.replace(config, out=str(DEFAULT_RUNS_ROOT / name))
+    for callback in callbacks:
+        callback.total = config.steps
+    return train_run(config, callbacks)
 
 
 def rollout(args: argparse.Namespace) -> dict[str, Any]:
@@ -235,6 +126,7 @@ def rollout(args: argparse.Namespace) -> dict[str, Any]:
     :param args: parsed command-line arguments.
     :return: the metrics printed.
     """
+    from foxenv.checks import check_device
     from foxhunt.evaluation.rollout import print_summary, random_rollout
     from foxhunt.runs import RunConfig
 
@@ -260,13 +152,60 @@ def _debug(p: argparse.ArgumentParser, top: bool = False) -> None:
                    help="on an error, show the traceback instead of one line")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``foxhunt`` argument parser.
+def _add_train_parser(sub: Any) -> None:
+    """``foxhunt train``: the command's own options, then one group per section of the config tree."""
+    p = sub.add_parser(
+        "train", help="train BranchingIQN and write a run folder",
+        usage="%(prog)s [--config FILE | --recipe NAME | --resume RUN_DIR] [--time-limit DURATION] "
+        "[OPTION ...]",
+        description="Train BranchingIQN on a LOB market; write model.zip, config.json, diagnostics.jsonl, "
+        "TensorBoard logs and training.png to the run folder, then print an evaluation of the "
+        "deterministic policy on held-out data (LOBSTER test split, or a synthetic market with another "
+        "seed). Checkpoints every --checkpoint-every steps; --resume RUN_DIR continues a killed run from its "
+        "newest one. Off a terminal (a log file, a batch job) a progress line is printed every 30 s. Each "
+        "option below 'run' sets the RunConfig field of its name; on --device cuda the sizes default "
+        f"to {presets.GPU_N_ENVS} books and {presets.GPU_TRAIN_STEPS:,} steps.",
+    )
+    command = p.add_argument_group("command (this invocation, not recorded in config.json)")
+    command.add_argument("--config", default=None, metavar="FILE",
+                         help="start from this RunConfig JSON (a run's config.json, a study's "
+                              "best_config.json); the options given on the command line override it")
+    command.add_argument("--recipe", default=None, choices=sorted(presets.RECIPES),
+                         help="a named set of settings over the defaults (or --config's), the options "
+                              "given overriding it; fast: the settings that learn the planted signal "
+                              "fastest (64 books, 2^20 steps, rollouts of 8 steps, batch 256, lr 1e-3, "
+                              "gamma 0.9, one Q head, C51 loss weight 0)")
+    command.add_argument("--resume", default=None, metavar="RUN_DIR",
+                         help="continue the run in RUN_DIR from its newest checkpoint, as its "
+                              "config.json says")
+    command.add_argument("--allow-market-change", action="store_true",
+                         help="with --resume: go on although config.json now names another market than "
+                              "the checkpoint was made on (the books start afresh on it)")
+    command.add_argument("--time-limit", type=parse_duration, default=None, metavar="DURATION",
+                         help="stop training after this wall time (seconds, or 90m, 1.5h, 1h30m; counted "
+                              "from the first step), then save the model and a checkpoint and evaluate "
+                              "as usual; the report says where training was cut (--resume goes on)")
+    command.add_argument("--exp-name", type=exp_name, default=None, metavar="NAME",
+                         help="name the new run folder runs/NAME-<timestamp>-<random> (instead of "
+                              "runs/<timestamp>-<random>; --out names it outright)")
+    _debug(command)
+    add_config_options(p)
 
-    :return: the parser with ``train``, ``evaluate``, ``rollout`` and ``tune`` subcommands (``tune``'s
-        arguments are parsed by :mod:`tuning.cli` when it runs).
+
+def _add_delegated_parser(sub: Any, name: str, help_text: str) -> None:
+    """A command whose arguments its own module parses when it runs (``foxhunt NAME --help`` included), so
+    that ``foxhunt``'s parser needs none of its imports."""
+    p = sub.add_parser(name, help=help_text, add_help=False, prefix_chars="+")
+    p.add_argument(f"{name}_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``foxhunt`` argument parser (built without importing torch).
+
+    :return: the parser with ``train``, ``evaluate``, ``rollout`` and ``tune`` subcommands (``evaluate``'s
+        arguments are parsed by :func:`evaluate_parser`, ``tune``'s by :mod:`tuning.cli`, when they run).
     """
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="foxhunt",
         description="Deep RL for limit-order-book trading: train BranchingIQN, evaluate it, score a random "
         "policy, tune with Optuna.",
@@ -274,33 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"foxhunt {version()}")
     _debug(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="{train,evaluate,rollout,tune}")
-
-    train_parser = sub.add_parser(
-        "train", help="train BranchingIQN and write a run folder",
-        description="Train BranchingIQN on a LOB market; write model.zip, config.json, diagnostics.jsonl, "
-        "TensorBoard logs and training.png to the run folder, then print an evaluation of the "
-        "deterministic policy on held-out data (LOBSTER test split, or a synthetic market with another "
-        "seed). Checkpoints every --checkpoint-every steps; --resume RUN_DIR continues a killed run from its "
-        "newest one. Each option sets the RunConfig field of its name; on --device cuda the sizes default "
-        f"to {presets.GPU_N_ENVS} books and {presets.GPU_TRAIN_STEPS:,} steps.",
-    )
-    train_parser.add_argument("--config", default=None, metavar="FILE",
-                              help="start from this RunConfig JSON (a run's config.json, a study's "
-                                   "best_config.json); the options given on the command line override it")
-    train_parser.add_argument("--recipe", default=None, choices=sorted(presets.RECIPES),
-                              help="a named set of settings over the defaults (or --config's), the options "
-                                   "given overriding it; fast: the settings that learn the planted signal "
-                                   "fastest (64 books, 2^20 steps, rollouts of 8 steps, batch 256, lr 1e-3, "
-                                   "gamma 0.9, one Q head, C51 loss weight 0)")
-    train_parser.add_argument("--resume", default=None, metavar="RUN_DIR",
-                              help="continue the run in RUN_DIR from its newest checkpoint, as its "
-                                   "config.json says")
-    train_parser.add_argument("--allow-market-change", action="store_true",
-                              help="with --resume: go on although config.json now names another market than "
-                                   "the checkpoint was made on (the books start afresh on it)")
-    add_config_options(train_parser)
-    _debug(train_parser)
-    evaluation_cli.add_parser(sub)
+    _add_train_parser(sub)
+    _add_delegated_parser(sub, "evaluate", "evaluate a saved model beside baselines on held-out data; "
+                          "foxhunt evaluate --help lists its options")
     rollout_parser = sub.add_parser(
         "rollout", help="score a uniformly random policy",
         description="Run a uniformly random policy on foxhunt train's env settings and print its metrics "
@@ -317,11 +232,19 @@ def build_parser() -> argparse.ArgumentParser:
                                 help="show a progress bar (default: on)")
     rollout_parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1)")
     _debug(rollout_parser)
-    tune_parser = sub.add_parser(
-        "tune", help="Optuna study over BranchingIQN (TPE, pruning, SQLite or PostgreSQL storage); "
-        "foxhunt tune --help lists its options", add_help=False, prefix_chars="+",
-    )
-    tune_parser.add_argument("tune_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    _add_delegated_parser(sub, "tune", "Optuna study over BranchingIQN (TPE, pruning, SQLite or PostgreSQL "
+                          "storage); foxhunt tune --help lists its options")
+    return parser
+
+
+def evaluate_parser() -> argparse.ArgumentParser:
+    """The parser of ``foxhunt evaluate ARGS`` (:mod:`foxhunt.evaluation.cli`; imports the evaluation)."""
+    from foxhunt.evaluation import cli as evaluation_cli
+
+    parser = Parser(prog="foxhunt")
+    sub = parser.add_subparsers(dest="command", required=True)
+    evaluation_cli.add_parser(sub)
+    _debug(sub.choices["evaluate"])
     return parser
 
 
@@ -332,6 +255,10 @@ def run(args: argparse.Namespace) -> int:
     :return: the exit status.
     """
     if args.command == "evaluate":
+        from foxhunt.evaluation import cli as evaluation_cli
+
+        if hasattr(args, "evaluate_args"):
+            args = evaluate_parser().parse_args(["evaluate", *args.evaluate_args])
         return evaluation_cli.run(args)
     if args.command == "tune":
         from tuning.cli import run as run_tune
@@ -341,6 +268,8 @@ def run(args: argparse.Namespace) -> int:
     if threads is not None:
         if threads < 1:
             raise ValueError(f"--threads={threads} must be >= 1")
+        import torch as th
+
         th.set_num_threads(threads)
     if args.command == "train":
         train(args)
@@ -349,22 +278,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def report_errors(command: Callable[[], int], debug: bool, prog: str = "foxhunt") -> int:
-    """Run ``command``; a user error (:data:`USER_ERRORS`) becomes one stderr line and exit status 2.
-
-    :param command: what to run.
-    :param debug: raise the error instead (its traceback).
-    :param prog: how the line starts.
-    :return: the command's exit status, or 2.
-    """
-    try:
-        return command()
-    except USER_ERRORS as error:
-        if debug:
-            raise
-        message = " ".join(str(error).split()) or type(error).__name__
-        print(f"{prog}: error: {message}", file=sys.stderr)
-        return 2
+def typed_names(message: str) -> str:
+    """``message`` with the libraries' names of values (``source=``, ``resume=``, ``target=``) written as
+    the options typed (:data:`TYPED_NAMES`)."""
+    return re.sub(r"(?<![\w.-])(source|resume|target)=", lambda match: TYPED_NAMES[match[1]], message)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -374,8 +291,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     :return: the exit status: 0, or 2 after a user error (printed as one line on stderr).
     """
     args = build_parser().parse_args(argv)
-    debug = args.debug or "--debug" in getattr(args, "tune_args", ())
-    return report_errors(lambda: run(args), debug)
+    rest = [*getattr(args, "tune_args", ()), *getattr(args, "evaluate_args", ())]
+    debug = args.debug or "--debug" in rest
+
+    def command() -> int:
+        try:
+            return run(args)
+        except USER_ERRORS as error:
+            if debug:
+                raise
+            message = typed_names(str(error))
+            if message == str(error):
+                raise
+            raise (ValueError if isinstance(error, ValueError) else OSError)(message) from None
+
+    return report_errors(command, debug)
 
 
 if __name__ == "__main__":

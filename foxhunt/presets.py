@@ -14,10 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from foxenv import spec
-
-#: foxenv's four action branches, in order (foxenv publishes them as ``branch_names``).
-BRANCH_NAMES: tuple[str, ...] = spec.BRANCH_NAMES
+#: foxenv's four action branches, in order (``foxenv.spec.BRANCH_NAMES``, written out so that building
+#: ``foxhunt``'s parser imports no torch; tests/foxhunt/test_cli.py checks they agree).
+BRANCH_NAMES: tuple[str, ...] = ("direction", "magnitude", "order", "urgency")
 #: Market-feature bottleneck width of each branch: the magnitude branch reads the most of the market.
 BOTTLENECK_DIMS: dict[str, int] = {"direction": 4, "magnitude": 8, "order": 6, "urgency": 4}
 #: Per-branch ε multipliers: explore sizes and order types more than the direction.

@@ -23,14 +23,12 @@ import difflib
 import json
 import os
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch as th
-
-from foxenv.config import split_env_kwargs
 from foxhunt import presets
 from foxhunt.config import (
     AlgorithmSettings,
@@ -158,7 +156,8 @@ class RunConfig:
         setattr(self, name, dataclasses.replace(section, **values))
 
     def _check_env(self) -> None:
-        """The env section's foxenv settings, checked by foxenv's ``EnvConfig`` (errors name the field)."""
+        """The env section's foxenv settings, checked by foxenv's ``EnvConfig`` (errors name the field), and
+        its market's option names."""
         from foxenv.config import EnvConfig
 
         known = {f.name for f in dataclasses.fields(EnvConfig)}
@@ -166,6 +165,14 @@ class RunConfig:
             EnvConfig(**{k: v for k, v in self.env.kwargs().items() if k in known})
         except ValueError as error:
             raise ValueError(_in_section("env", error)) from None
+        from foxenv.factory import MARKET_KWARGS
+
+        options = [*MARKET_KWARGS, *sorted(known)]
+        for key in self.env.market:
+            if key not in options:
+                close = difflib.get_close_matches(key, options, n=1)
+                hint = f"did you mean {close[0]!r}?" if close else f"options: {', '.join(options)}"
+                raise ValueError(f"RunConfig.env.market has no option {key!r}; {hint}")
 
     def check(self) -> None:
         """What the run needs beyond its values' types (checked on construction): its data folder, its
@@ -176,6 +183,8 @@ class RunConfig:
         :raises ValueError: naming the field (``RunConfig.algorithm.gamma=2.0 must lie in [0, 1]``).
         """
         import inspect
+
+        import torch as th
 
         from foxenv.checks import check_device
         from foxhunt.preflight import check_run
@@ -202,6 +211,8 @@ class RunConfig:
 
     def resolved_cuda_graph(self) -> bool:
         """Whether gradient steps run as CUDA graphs (``cuda_graph``, or the device's default)."""
+        import torch as th
+
         on_cuda = th.device(self.device).type == "cuda"
         graph = on_cuda if self.cuda_graph is None else self.cuda_graph
         if graph and not on_cuda:
@@ -210,6 +221,8 @@ class RunConfig:
 
     def resolved_device_loop(self) -> bool:
         """Whether collection runs through the device loop (``device_loop``, or on exactly on CUDA)."""
+        import torch as th
+
         return th.device(self.device).type == "cuda" if self.device_loop is None else self.device_loop
 
     def resolved_action_face(self) -> str:
@@ -228,6 +241,8 @@ class RunConfig:
     def resolved_model_kwargs(self) -> dict[str, Any]:
         """BranchingIQN's keyword arguments: the run's presets (:func:`foxhunt.config.algorithm_presets`),
         the ``algorithm`` fields set, and ``hindsight``."""
+        import torch as th
+
         base = algorithm_presets(self.resolved_action_face(), cuda=th.device(self.device).type == "cuda",
                                  steps=self.steps, n_envs=self.n_envs)
         return {**base, **self.algorithm.kwargs(), "hindsight": self.resolved_hindsight()}
@@ -451,8 +466,11 @@ def train(config: RunConfig, callback: Any = None, *, resume_from: str | Path | 
     :param allow_market_change: with ``resume_from``, the market may differ from the checkpoint's.
     :return: the run folder.
     """
+    import torch as th
+
     from foxhunt import fingerprint
-    from foxhunt.checkpoint import CheckpointCallback
+    from foxhunt.callbacks import ProgressLineCallback
+    from foxhunt.checkpoint import RunCheckpointCallback
     from foxhunt.evaluation.plots import plot_training
     from foxhunt.run_folder import discard_run_folder, lock_run_folder, new_run_folder
     from sb3_her_ext.algorithm import BranchingIQN
@@ -488,11 +506,14 @@ def train(config: RunConfig, callback: Any = None, *, resume_from: str | Path | 
         fingerprint.stamp(model, expected)
         if model.train_freq.frequency > 1:  # callbacks between rollouts: a rollout can run as one CUDA graph
             model.collector.configure(callback_stride=model.train_freq.frequency)
-        checkpoints = CheckpointCallback(out, config.checkpoint_every, config.keep_checkpoints,
-                                         diagnostics_path, resumed_from=resumed)
+        checkpoints = RunCheckpointCallback(out, config.checkpoint_every, config.keep_checkpoints,
+                                            diagnostics_path, resumed_from=resumed)
+        callbacks = _callbacks(checkpoints, callback)
+        bar = config.progress and sys.stdout.isatty()  # off a terminal (a log file): a line every 30 s
+        callbacks += [ProgressLineCallback(config.steps)] if config.progress and not bar else []
         learning = True
-        model.learn(max(config.steps - model.num_timesteps, 0), callback=_callbacks(checkpoints, callback),
-                    progress_bar=config.progress, reset_num_timesteps=resumed is None)
+        model.learn(max(config.steps - model.num_timesteps, 0), callback=callbacks, progress_bar=bar,
+                    reset_num_timesteps=resumed is None)
         model.log_diagnostics()  # the last, partial interval
         model.save(out / "model.zip")
     except BaseException:
@@ -504,7 +525,8 @@ def train(config: RunConfig, callback: Any = None, *, resume_from: str | Path | 
         lock.close()
     plot_training(out / "diagnostics.jsonl", out / "training.png", hindsight=config.resolved_hindsight())
 
-    _evaluate_run(config, model, out)
+    stopped = next((c.stop_reason for c in callbacks if getattr(c, "stop_reason", None)), None)
+    _evaluate_run(config, model, out, stopped)
     print(f"\nrun folder: {out}")
     return out
 
@@ -548,6 +570,8 @@ def _check_fit_together(configs: list[RunConfig]) -> None:
 
     :raises ValueError: one line naming the field, or how many runs do not fit at once.
     """
+    import torch as th
+
     from foxhunt.preflight import free_memory, run_memory
 
     needs: dict[str, float] = {}
@@ -563,8 +587,10 @@ def _check_fit_together(configs: list[RunConfig]) -> None:
                              f"together and it has {free / 1e9:,.3g} GB free; train fewer at once")
 
 
-def _evaluate_run(config: RunConfig, model: Any, out: Path) -> None:
-    """The final evaluation of ``train``: ``foxhunt evaluate``'s code on the run's held-out data."""
+def _evaluate_run(config: RunConfig, model: Any, out: Path, stopped: str | None = None) -> None:
+    """The final evaluation of ``train``: ``foxhunt evaluate``'s code on the run's held-out data; ``stopped``
+    says why training ended before its steps (a time limit), in the report's title and the output."""
+    from foxenv.config import split_env_kwargs
     from foxhunt.evaluation.api import evaluate_policies
     from foxhunt.evaluation.report import held_out_line, print_evaluation, write_report
 
@@ -579,7 +605,7 @@ def _evaluate_run(config: RunConfig, model: Any, out: Path) -> None:
         train_market_seed=train_market_seed(config) if synthetic else None,
         split=config.eval_split, env_kwargs=config_kwargs, market_kwargs=market_kwargs, device=config.device,
     )
-    note = smoke_test_note(config)
+    note = "; ".join(text for text in (stopped, smoke_test_note(config)) if text)
     title = f"Evaluation of {out / 'model.zip'}" + (f" ({note})" if note else "")
     write_report(evaluation, out, "policy", title)
     held_out = held_out_line(evaluation.setup)

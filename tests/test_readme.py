@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 #: The only edits: smaller budgets (each must still match, so a changed README cannot skip its cut).
 BUDGETS = {
     r"make_vec\(4096,": "make_vec(4,",
-    r"model\.learn\(15_000,": "model.learn(1_200,",
+    r"config = RunConfig\(\)":
+        'config = RunConfig(steps=1_200, synthetic_market_steps=1_500, env={"episode_length": 60})',
     r"n_eval_episodes=8": "n_eval_episodes=1",
-    r"\"episode_length\": presets\.EPISODE_LENGTH": '"episode_length": 60',
-    r"\"num_steps\": presets\.SYNTHETIC_MARKET_STEPS": '"num_steps": 1_500',
     r"\{\"episode_length\": 500\}": '{"episode_length": 60}',
     r"\{\"num_steps\": 20_000\}": '{"num_steps": 1_500}',
     r"steps=500": "steps=60",
@@ -42,9 +43,30 @@ def test_the_readme_examples_run_on_a_cpu(tmp_path: Path, monkeypatch: pytest.Mo
     missing = [pattern for pattern, count in counts.items() if not count]
     assert not missing, f"README no longer has {missing}: update BUDGETS"
     monkeypatch.chdir(tmp_path)
-    for block in cut:  # in order: the evaluation example loads the model the algorithm example saved
-        exec(compile(block, str(README), "exec"), {"__name__": "__readme__"})  # noqa: S102
+    threads = torch.get_num_threads()
+    namespaces = []
+    try:
+        for block in cut:  # in order: the evaluation example loads the model the algorithm example saved
+            namespaces.append({"__name__": "__readme__"})
+            exec(compile(block, str(README), "exec"), namespaces[-1])  # noqa: S102
+        assert torch.get_num_threads() == 1  # foxhunt train's threads: more made it crawl (issue 39.3)
+    finally:
+        torch.set_num_threads(threads)
     assert (tmp_path / "runs" / "demo" / "model.zip").is_file()
+    _assert_foxhunt_trains_this_agent(namespaces[1]["env"], namespaces[1]["model"])
+
+
+def _assert_foxhunt_trains_this_agent(env: Any, model: Any) -> None:
+    """The algorithm example says it trains foxhunt train's agent: the same face, env and arguments."""
+    from foxhunt.runs import RunConfig
+
+    config = RunConfig()
+    assert env.action_face == config.resolved_action_face() == "joint"  # not LOBVecEnv's default, branched
+    assert env.num_envs == config.n_envs
+    assert model.learning_rate == config.algorithm.learning_rate and model.gamma == config.algorithm.gamma
+    assert model.train_freq.frequency == config.algorithm.train_freq and model.seed == config.seed
+    assert model.policy_kwargs["net_arch"] == config.policy.net_arch
+    assert model.replay_buffer.hindsight_config is None  # off on the joint face, as in foxhunt train
 
 
 def test_the_readme_commands_are_the_ones_ci_runs() -> None:

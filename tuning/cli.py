@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from foxhunt.cli import add_config_options, add_field_options, config_from_args, report_errors
+from foxhunt.options import Parser, add_config_options, add_field_options, config_from_args, report_errors
 from foxhunt.runs import RunConfig
 from tuning.objective import METRICS
 from tuning.study import PRUNERS, SAMPLERS, StudySettings
@@ -50,8 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     :return: the parser.
     """
-    p = argparse.ArgumentParser(
-        prog="foxhunt tune",
+    p = Parser(
+        prog="foxhunt tune", usage="%(prog)s [--study-name NAME] [--storage URL] [--resume] [OPTION ...]",
         description="Tune BranchingIQN with Optuna: each trial trains foxhunt.runs.train on the train split "
         "and is scored on held-out data. Writes study.db (unless --storage), trials/, best_config.json "
         "and plots to the study folder. Trials that raise are marked FAIL and not retried; trials of a "
@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     study.add_argument("--debug", action="store_true",
                        help="on an error, show the traceback instead of one line")
     add_field_options(study, StudySettings, skip=LAUNCHER_FIELDS, helps=HELPS)
-    add_config_options(p.add_argument_group("run options (the base config of every trial)"), skip=NOT_OPTIONS)
+    add_config_options(p, skip=NOT_OPTIONS, title="the base config of every trial: ")
     return p
 
 

@@ -198,7 +198,7 @@ def test_resume_takes_no_run_options(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert_user_error(capsys, ["train", "--resume", str(tmp_path), "--recipe", "fast"],
                       r"--recipe cannot be given with it")
     assert_user_error(capsys, ["train", "--resume", str(tmp_path / "nowhere"), "--no-progress"],
-                      r"resume='.*nowhere': no run folder there")
+                      r"--resume '.*nowhere': no run folder there")  # the option typed, not resume=
 
 
 @pytest.mark.gpu
@@ -296,7 +296,8 @@ def test_hyperparams_set_fields_by_dotted_or_bare_name() -> None:
      r"--algorithm\.buffer-size=10 must be >= batch_size=64$"),
     (["--env.max-position", "-1"], r"--env\.max-position=-1\.0 must be > 0$"),
     (["--algorithm.buffer-size", "x"], r"invalid int value"),
-    (["--hyperparams", "gama:0.9"], r"--hyperparams gama: no config field of that name"),
+    (["--hyperparams", "gama:0.9"],
+     r"--hyperparams gama: no config field or market option of that name; did you mean 'gamma'\?$"),
     (["--hyperparams", "n_quantiles:4x"], r"--policy\.n-quantiles='4x' must be an integer"),
     (["--hyperparams", "gamma"], r"--hyperparams 'gamma' must be KEY:VALUE"),
 ])
@@ -335,3 +336,104 @@ def test_a_best_config_of_a_study_trains_with_config(tmp_path: Path) -> None:
 def test_rollout_errors_name_the_option_typed(capsys: pytest.CaptureFixture[str], argv: list[str],
                                               message: str) -> None:
     assert_user_error(capsys, ["rollout", *argv, "--no-progress"], message)
+
+
+# ------------------------------------------------------------- issue 39.4-6: answers at once, in one line
+
+
+def test_the_light_copies_of_foxenv_names_agree_with_foxenv() -> None:
+    """The parser is built without torch, from copies of two foxenv constants: they must stay the same."""
+    from foxenv import spec
+    from foxenv.factory import MARKET_KWARGS
+    from foxhunt.options import MARKET_OPTIONS
+
+    assert presets.BRANCH_NAMES == spec.BRANCH_NAMES
+    assert MARKET_OPTIONS == MARKET_KWARGS
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["train", "--n-envs", "x"], r"^foxhunt train: error: argument --n-envs: invalid int value: 'x'$"),
+    (["train", "--action-face", "flat"],
+     r"^foxhunt train: error: argument --action-face: invalid choice: 'flat'"),
+    (["train", "--stepz", "3"], r"unrecognized arguments: --stepz 3; did you mean '--steps'\?$"),
+    (["train", "--algorithm.gama", "0.9"], r"did you mean '--algorithm\.gamma'\?$"),
+    (["train", "--env.market", "signal_strength: 1"],
+     r"argument --env\.market: 'signal_strength: 1' is not a JSON object; give one such as"),
+    (["train", "--time-limit", "90x"], r"argument --time-limit: '90x' is no duration"),
+    (["train", "--exp-name", "a/b"], r"argument --exp-name: 'a/b' must be letters"),
+    (["evalute"], r"^foxhunt: error: argument \{train,evaluate,rollout,tune\}: invalid choice: 'evalute'"),
+])
+def test_an_argument_error_is_one_line_and_a_hint(capsys: pytest.CaptureFixture[str], argv: list[str],
+                                                  message: str) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2, lines  # not the 63-line usage
+    assert re.search(message, lines[0]), lines[0]
+    help_line = "(foxhunt --help lists the options)" if argv == ["evalute"] else \
+        "(foxhunt train --help lists the options)"
+    assert lines[1] == help_line
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--hyperparams", "signal_strenght:1"],
+     r"--hyperparams signal_strenght: no config field or market option of that name; did you mean "
+     r"'signal_strength'\?$"),
+    (["--env.market", '{"signal_strenght": 1}'], r"^foxhunt: error: --env\.market has no option "
+                                                 r"'signal_strenght'; did you mean 'signal_strength'\?$"),
+    (["--hyperparams", "env.market.wave_rat:0.1"], r"--env\.market has no option 'wave_rat'; did you mean "
+                                                   r"'wave_rate'\?$"),
+])
+def test_a_misspelt_market_key_gets_the_closest_name(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                     argv: list[str], message: str) -> None:
+    line = assert_user_error(capsys, ["train", *argv, "--out", str(tmp_path / "run")], message)
+    assert len(line) < 160  # no list of every field
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_bare_market_option_in_hyperparams_sets_the_market() -> None:
+    config = _train_config(["--hyperparams", "signal_strength:1.5", "--env.market", '{"signal_horizon": 4}'])
+    assert config.env.market == {"signal_horizon": 4, "signal_strength": 1.5}
+
+
+def test_a_config_file_with_a_misspelt_market_key_names_the_file(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"env": {"market": {"signal_strenth": 1}}}))
+    assert_user_error(capsys, ["train", "--config", str(path)],  # the file's name for it
+                      r"RunConfig\.env\.market has no option 'signal_strenth'; did you mean "
+                      r"'signal_strength'\?")
+
+
+def test_library_names_of_values_are_said_as_the_option_typed(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "empty").mkdir()
+    line = assert_user_error(capsys, ["train", "--data", str(tmp_path / "empty"), "--steps", "10", "--out",
+                                      str(tmp_path / "run"), "--no-progress"], r"--data='.*empty' holds no")
+    assert "source=" not in line
+
+
+def test_train_help_is_grouped_by_section() -> None:
+    train_help = build_parser()._subparsers._group_actions[0].choices["train"].format_help()
+    assert len(train_help.split("\n\n", 1)[0].splitlines()) <= 2  # a short usage, not every option
+    titles = ["command (", "run (", "env (", "algorithm (", "policy ("]
+    starts = [train_help.index("\n" + title) for title in titles]
+    assert starts == sorted(starts)
+    sections = dict(zip(titles, [train_help[a:b] for a, b in zip(starts, [*starts[1:], None], strict=True)],
+                        strict=True))
+    assert "--time-limit" in sections["command ("] and "--resume" in sections["command ("]
+    assert "--n-envs" in sections["run ("] and "--hyperparams" in sections["run ("]
+    assert "--env.episode-length" in sections["env ("] and "--algorithm." not in sections["env ("]
+    assert "--algorithm.gamma" in sections["algorithm ("] and "--policy." not in sections["algorithm ("]
+    assert "--policy.net-arch" in sections["policy ("]
+    market_help = " ".join(sections["env ("].split("--env.market JSON", 1)[1].split())
+    for key in ("signal_strength", "signal_horizon", "train_fraction", "wave_rate"):
+        assert key in market_help, key
+
+
+def test_exp_name_names_the_run_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert_user_error(capsys, ["train", "--exp-name", "demo", "--out", str(tmp_path / "x")],
+                      r"--exp-name demo names a new folder under runs/: give it or --out, not both")
+    assert_user_error(capsys, ["train", "--resume", str(tmp_path), "--exp-name", "demo"],
+                      r"--exp-name cannot be given with it")
