@@ -170,7 +170,8 @@ def test_the_checker_finds_the_circle_between_foxhunt_and_tuning(tmp_path: Path)
 
 #: modules that take seconds to import on a loaded 2-core machine: none before a command runs
 HEAVY = ("torch", "numpy", "stable_baselines3", "gymnasium", "optuna", "pandas", "scipy", "matplotlib",
-         "foxhunt.evaluation.api", "foxhunt.evaluation.report", "sb3_her_ext", "tuning")
+         "foxhunt.evaluation.api", "foxhunt.evaluation.report", "sb3_her_ext", "tuning.study",
+         "tuning.objective")
 
 
 def test_building_the_parser_and_its_answers_import_nothing_heavy() -> None:
@@ -181,7 +182,7 @@ import contextlib, io, sys
 from foxhunt.cli import build_parser, main
 build_parser()
 for argv in (["--help"], ["--version"], ["train", "--help"], ["rollout", "--help"], ["evaluate", "--help"],
-             ["evalute"], ["evaluate", "x", "--n-envs", "y"],
+             ["evalute"], ["evaluate", "x", "--n-envs", "y"], ["tune", "--help"], ["tune", "--n-trials", "x"],
              ["train", "--n-envs", "x"], ["train", "--stepz", "1"], ["train", "--env.market", "x:1"]):
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         try:

@@ -20,8 +20,7 @@ from pathlib import Path
 
 from foxhunt.options import Parser, add_config_options, add_field_options, config_from_args, report_errors
 from foxhunt.runs import RunConfig
-from tuning.objective import METRICS
-from tuning.study import PRUNERS, SAMPLERS, StudySettings
+from tuning.settings import METRICS, PRUNERS, SAMPLERS, StudySettings
 
 #: RunConfig fields that ``foxhunt tune`` does not take as options: the study has its own folder, progress
 #: bar and split (every trial gets them from the study's settings).
@@ -58,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         "worker that died are retried after --grace-period. The run options (--steps, --n-envs, "
         "--action-face, --algorithm.gamma, ..., --hyperparams) set the base config of every trial.",
     )
-    study = p.add_argument_group("study (tuning.study.StudySettings)")
+    study = p.add_argument_group("study (tuning.settings.StudySettings)")
     study.add_argument("--config", default=None,
                        help="base RunConfig JSON that every trial starts from (the run options override it)")
     study.add_argument("--space", default=None, help="YAML or JSON file overriding the search space")
@@ -113,14 +112,14 @@ def run(args: argparse.Namespace) -> int:
     :param args: parsed ``tune`` arguments, or ``foxhunt``'s with the unparsed ``tune_args``.
     :return: the exit status.
     """
+    if hasattr(args, "tune_args"):  # parsed before anything heavy is imported (--help answers at once)
+        args = build_parser().parse_args(args.tune_args)
     import torch as th
 
     from tuning.space import load_space
     from tuning.study import StudyFailed, tune
     from tuning.workers import launch, parse_n_workers, worker_devices
 
-    if hasattr(args, "tune_args"):
-        args = build_parser().parse_args(args.tune_args)
     n_workers = parse_n_workers(args.n_workers)
     devices = None
     if n_workers != 1:

@@ -29,15 +29,8 @@ from stable_baselines3.common.callbacks import BaseCallback
 from foxhunt.runs import RunConfig, check_eval_split, train
 from sb3_her_ext.concurrent import own_stream
 from tuning.evaluation import held_out_metrics
+from tuning.settings import METRICS, check_metric
 from tuning.space import Param, suggest, to_run_config
-
-#: ``--metric`` names and the keys that hold each in an evaluation's metrics (the first present is used;
-#: ``total_pnl`` is the name of the PnL before the evaluation recorder). All are maximised.
-METRICS: dict[str, tuple[str, ...]] = {
-    "sharpe": ("sharpe",),
-    "pnl": ("pnl", "total_pnl"),
-    "mean_episode_reward": ("mean_episode_reward",),
-}
 
 #: ``(model, config) -> metrics``: the held-out scoring (:func:`tuning.evaluation.held_out_metrics`).
 Evaluate = Callable[[Any, RunConfig], Mapping[str, Any]]
@@ -98,17 +91,6 @@ def thread_stdout(stream: Any) -> Iterator[None]:
             _stdout_users -= 1
             if _stdout_users == 0 and isinstance(sys.stdout, _ThreadStdout):
                 sys.stdout = sys.stdout.default
-
-
-def check_metric(metric: str) -> str:
-    """``metric`` if it is a name of :data:`METRICS`, else ``ValueError`` naming it.
-
-    :param metric: ``"sharpe"``, ``"pnl"`` (PnL after fees) or ``"mean_episode_reward"``.
-    :return: the metric.
-    """
-    if metric not in METRICS:
-        raise ValueError(f"metric={metric!r} is not a known metric; choose one of {sorted(METRICS)}")
-    return metric
 
 
 def metric_value(metrics: Mapping[str, Any], metric: str) -> float | None:
