@@ -282,7 +282,7 @@ class VWAPPolicy(SchedulePolicy):
 
 
 def make_execution_baseline(name: str, horizon: int, model: ExecutionModel | None = None,
-                            risk_aversion: float = 1e-6, intervals: int = 10, at_touch: int = 1
+                            risk_aversion: float = 1e-5, intervals: int = 10, at_touch: int = 1
                             ) -> SchedulePolicy:
     """The execution baseline ``name`` of :data:`EXECUTION_BASELINES`.
 
@@ -336,7 +336,8 @@ def score_windows(policy: Any, market: MarketData, config: EnvConfig, offsets: t
         this module, else ``config``'s).
     :return: ``{"shortfall_bps", "side", "quantity", "arrival", "filled_at"}``: ``[W]`` tensors on the CPU;
         ``shortfall_bps`` is the implementation shortfall in bps of the parent's notional (lower is better),
-        ``filled_at`` the step after which the parent was done.
+        ``filled_at`` the step after which the parent was done; ``"done"`` and ``"mid"``: ``[T, W]`` share
+        of the parent done and the mid after each step (the schedule on its price path).
     """
     if config.task != "execute":
         raise ValueError(f"task={config.task!r}: score_windows scores the execute task")
@@ -360,9 +361,12 @@ def score_windows(policy: Any, market: MarketData, config: EnvConfig, offsets: t
     filled_at = torch.full((books,), config.episode_length, dtype=torch.int64, device=device)
     alive = torch.ones(books, dtype=torch.bool, device=device)
     start = torch.ones(books, dtype=torch.bool, device=device)
+    positions, mids = [], []
     for step in range(config.episode_length):
         obs, _, terminated, _, info = env.step(policy.act(obs, start))
         start = torch.zeros_like(start)
+        positions.append(info["position"])
+        mids.append(info["mid"])
         cash = torch.where(alive, info["cash"], cash)
         filled_at = torch.where(alive & terminated, step + 1, filled_at)
         alive = alive & ~terminated
@@ -371,5 +375,6 @@ def score_windows(policy: Any, market: MarketData, config: EnvConfig, offsets: t
     side, quantity, arrival = execution.parent(env.state_dict()["offset"].to(device))
     shortfall = -1e4 * (cash + side * quantity * arrival) / (quantity * arrival)
     result = {"shortfall_bps": shortfall, "side": side, "quantity": quantity, "arrival": arrival,
-              "filled_at": filled_at}
+              "filled_at": filled_at, "done": torch.stack(positions) * side / quantity,
+              "mid": torch.stack(mids)}
     return {key: value.cpu() for key, value in result.items()}
