@@ -177,3 +177,102 @@ def plot_execution(scores: Mapping[str, Mapping[str, Mapping[str, torch.Tensor]]
     figure.savefig(path, dpi=120)
     plt.close(figure)
     return path
+
+
+def evaluate_execution(policies: Mapping[str, Any], fit: MarketData, held_out: MarketData, config: EnvConfig,
+                       out: str | Path | None = None, device: str | torch.device = "cpu",
+                       windows: int | None = None, risk_aversion: float = 1e-5, intervals: int = 10,
+                       title: str = "Execution") -> dict[str, Any]:
+    """The execute task's evaluation: the baselines fitted on ``fit``, then they and ``policies`` (models, as
+    :class:`~foxhunt.evaluation.baselines.ModelPolicy` or anything with ``predict``) on the disjoint windows
+    of ``held_out``, buys and sells; the report written to ``out`` (``execution.md``, ``execution.json``,
+    ``execution.png``) when given.
+
+    :return: ``{"report", "shortfall_bps", "offsets", "model", "table"}``.
+    """
+    import dataclasses
+
+    from foxenv.execution import window_quantities
+    from foxhunt.evaluation.baselines import ModelPolicy
+    from foxhunt.evaluation.execution_baselines import (
+        almgren_chriss_kappa,
+        disjoint_offsets,
+        fit_execution_model,
+        make_execution_baseline,
+    )
+
+    horizon = config.episode_length
+    offsets = disjoint_offsets(held_out.num_steps, horizon, windows)
+    if offsets.numel() == 0:
+        raise ValueError(f"the held-out market {held_out.name!r} ({held_out.num_steps} steps) holds no "
+                         f"window of episode_length={horizon}")
+    model = fit_execution_model(fit, float(window_quantities(fit, config).mean()) / horizon)
+    kappa = almgren_chriss_kappa(risk_aversion, model.sigma, model.eta)
+    at_touch = config.grid.at_touch
+    scored: dict[str, Any] = {name: make_execution_baseline(name, horizon, model, risk_aversion, intervals,
+                                                            at_touch) for name in EXECUTION_BASELINES}
+    for name, policy in policies.items():
+        scored[name] = policy if hasattr(policy, "act") else ModelPolicy(policy, name=name, grid=config.grid)
+    scores = score_policies(scored, held_out, config, offsets, device)
+    report = execution_report(scores, offsets, horizon)
+    header = (f"{title}: held out {held_out.name}, fitted on {fit.name}; T = {horizon} steps, "
+              f"Q = {config.exec_quantity:g} {config.exec_quantity_unit}, {offsets.numel()} disjoint windows;"
+              " "
+              f"sigma {model.sigma:.4g}, eta {model.eta:.4g}, Almgren-Chriss lambda {risk_aversion:g} "
+              f"(kappa T {kappa * horizon:.3g})\n\n")
+    table = header + format_report(report)
+    payload = {"report": report, "offsets": offsets.tolist(), "model": dataclasses.asdict(model),
+               "shortfall_bps": {side: {name: result["shortfall_bps"].tolist() for name, result in by.items()}
+                                 for side, by in scores.items()}, "table": table}
+    if out is not None:
+        import json
+
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "execution.md").write_text(table)
+        (out / "execution.json").write_text(json.dumps(_finite(payload), indent=2))
+        plot_execution(scores, out / "execution.png")
+    return payload
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with non-finite floats as strings (JSON has no infinity)."""
+    import math
+
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def evaluate_execution_run(run: Any, model: Any, out: Path, config_kwargs: Mapping[str, Any],
+                           market_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``foxhunt train``'s final evaluation of an execute run: :func:`evaluate_execution` of the model, fitted
+    on the run's training data (the synthetic market of its seed, or its LOBSTER training split) and scored on
+    its held-out data (the evaluation market seed, or ``eval_split``); the report is written to the run
+    folder and printed.
+
+    :param run: the :class:`~foxhunt.runs.RunConfig`.
+    :param model: the trained model.
+    :param out: the run folder.
+    :param config_kwargs: the run's :class:`EnvConfig` fields.
+    :param market_kwargs: its market options.
+    """
+    from foxhunt.evaluation.api import build_market
+    from foxhunt.runs import eval_market_seed, train_market_seed
+
+    config = EnvConfig(**config_kwargs)
+    options = {"levels": config.levels, **market_kwargs}
+    if run.data == "synthetic":
+        fit = build_market("synthetic", market_seed=train_market_seed(run), device=run.device, **options)
+        held_out = build_market("synthetic", market_seed=eval_market_seed(run), device=run.device, **options)
+    else:
+        fit = build_market(run.data, split=run.train_split(), device=run.device, **options)
+        held_out = build_market(run.data, split=run.eval_split, device=run.device, **options)
+    payload = evaluate_execution({"policy": model}, fit, held_out, config, out=out, device=run.device,
+                                 title=f"Execution evaluation of {out / 'model.zip'}")
+    print(payload["table"])
+    return payload
