@@ -108,9 +108,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if not path:
             raise SystemExit(f"--model {spec!r} must be NAME=PATH")
         from foxhunt.evaluation.baselines import ModelPolicy
-        from foxhunt.evaluation.model_file import load_model
+        from foxhunt.evaluation.execution_report import load_execution_model
 
-        policies[name] = ModelPolicy(load_model(path, device=args.device), name=name, grid=config.grid)
+        model_file = load_execution_model(path, config.grid, device=args.device)
+        policies[name] = ModelPolicy(model_file, name=name, grid=config.grid)
     scores = score_policies(policies, test, config, offsets, args.device)
     report = execution_report(scores, offsets, args.horizon)
     out = Path(args.out)
