@@ -275,3 +275,38 @@ def test_cuda_equals_cpu_with_the_cuda_graph() -> None:
                 torch.testing.assert_close(b.cpu(), a, rtol=1e-5, atol=1e-5)
             for key in ("position", "cash", "fees"):
                 torch.testing.assert_close(other[4][key].cpu(), out[4][key], rtol=1e-9, atol=1e-6)
+
+
+def test_a_state_dict_resumes_an_execute_episode_exactly() -> None:
+    market = random_market(300, 5, seed=11)
+    config = EnvConfig(levels=5, episode_length=10, task="execute", exec_quantity=80.0)
+    env = BatchedLOB(market, 8, config, seed=2)
+    env.reset()
+    gen = torch.Generator().manual_seed(3)
+    actions = [torch.stack([torch.randint(0, n, (8,), generator=gen) for n in env.ACTION_NVEC], dim=1)
+               for _ in range(25)]
+    for action in actions[:6]:
+        env.step_autoreset(action)
+    resumed = BatchedLOB(market, 8, config, seed=99)
+    resumed.load_state_dict(env.state_dict())
+    for action in actions[6:]:
+        first, second = env.step_autoreset(action), resumed.step_autoreset(action)
+        for a, b in zip(first[:4], second[:4], strict=True):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("shutil").which("g++") is None, reason="torch.compile on CPU needs g++")
+def test_compiled_execute_step_matches_eager() -> None:
+    market = random_market(400, 5, seed=12)
+    config = EnvConfig(levels=5, episode_length=8, task="execute", exec_quantity=90.0)
+    eager = BatchedLOB(market, 8, config, seed=3)
+    compiled = BatchedLOB(market, 8, config, seed=3)
+    compiled.enable_compile()
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(20):
+        action = torch.stack([torch.randint(0, n, (8,), generator=gen) for n in eager.ACTION_NVEC], dim=1)
+        out_e = eager.step_autoreset(action, host_sync=False)
+        out_c = compiled.step_autoreset(action, host_sync=False)
+        for a, b in zip(out_e[:4], out_c[:4], strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-6)

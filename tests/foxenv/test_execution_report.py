@@ -59,3 +59,27 @@ def test_the_experiment_runs_end_to_end(tmp_path) -> None:
     assert len(saved["offsets"]) == 12 and (tmp_path / "execution.png").stat().st_size > 0
     assert "twap_limit vs twap" in (tmp_path / "execution.md").read_text()
     assert payload["report"]["family"] == 10
+
+
+def test_hindsight_is_off_on_the_execute_task_and_refused_when_asked_for() -> None:
+    from foxhunt.runs import RunConfig
+
+    branched = {"action_face": "branched"}
+    assert RunConfig(env_kwargs={"task": "execute"}, **branched).resolved_hindsight() is False
+    assert RunConfig(**branched).resolved_hindsight() is True  # the trading task's branched face keeps it
+    with pytest.raises(ValueError, match="hindsight=True with env.task='execute'"):
+        RunConfig(env_kwargs={"task": "execute"}, hindsight=True).resolved_hindsight()
+
+
+def test_an_execute_run_trains_resumes_to_the_uninterrupted_model_and_reports_shortfall(tmp_path) -> None:
+    from foxhunt.runs import resume, train
+    from tests.foxhunt._small_runs import Crash, CrashAt, assert_same_model, small_config
+
+    env = {"episode_length": 20, "task": "execute", "exec_quantity": 50.0}
+    whole = train(small_config(tmp_path / "whole", env_kwargs=env))
+    table = (whole / "execution.md").read_text()
+    assert "policy vs twap" in table and "| immediate |" in table
+    with pytest.raises(Crash):
+        train(small_config(tmp_path / "crashed", env_kwargs=env), callback=CrashAt(450))
+    resumed = resume(tmp_path / "crashed", progress=False)
+    assert_same_model(whole / "model.zip", resumed / "model.zip")
