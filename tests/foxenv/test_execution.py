@@ -256,25 +256,44 @@ def test_volume_share_above_one_is_refused_and_trade_settings_are_unchanged() ->
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_equals_cpu_with_the_cuda_graph() -> None:
+def test_cuda_equals_cpu_and_the_cuda_graph_equals_eager_cuda() -> None:
     market = random_market(400, 5, seed=7)
     config = EnvConfig(levels=5, episode_length=12, task="execute", exec_quantity=120.0)
-    cpu = BatchedLOB(market, 16, config, seed=3)
-    cuda = BatchedLOB(market, 16, config, device="cuda", seed=3)
-    graph = BatchedLOB(market, 16, config, device="cuda", seed=3)
-    graph.enable_cuda_graph()
-    for env in (cpu, cuda, graph):
-        env.reset(seed=3)
     gen = torch.Generator().manual_seed(1)
+
+    def actions(books: int) -> torch.Tensor:
+        return torch.stack([torch.randint(0, n, (books,), generator=gen) for n in (4, 1, 3, 3)], dim=1)
+
+    # one episode on both devices from the same windows (the generators differ: no reset in between)
+    cpu = BatchedLOB(market, 16, config, device="cpu", seed=3)
+    cuda = BatchedLOB(market, 16, config, device="cuda", seed=3)
+    state = cpu.state_dict()
+    state["generator"] = cuda.state_dict()["generator"]
+    cuda.load_state_dict(state)
+    torch.testing.assert_close(cuda.reset(mask=torch.zeros(16, dtype=torch.bool, device="cuda")).cpu(),
+                               cpu.reset(mask=torch.zeros(16, dtype=torch.bool)), rtol=1e-6, atol=1e-5)
+    for _ in range(12):
+        action = actions(16)
+        out_c, out_g = cpu.step(action), cuda.step(action.cuda())
+        torch.testing.assert_close(out_g[0].cpu(), out_c[0], rtol=1e-6, atol=1e-5)
+        torch.testing.assert_close(out_g[1].cpu(), out_c[1], rtol=1e-6, atol=1e-5)
+        assert torch.equal(out_g[2].cpu(), out_c[2]) and torch.equal(out_g[3].cpu(), out_c[3])
+        for key in ("position", "cash", "fees", "order_remaining"):
+            torch.testing.assert_close(out_g[4][key].cpu(), out_c[4][key], rtol=1e-12, atol=1e-9)
+    assert bool(out_c[2].all())  # every parent done at T
+
+    # the captured step with its fused autoreset replays the eager CUDA step
+    eager = BatchedLOB(market, 16, config, device="cuda", seed=4)
+    graphed = BatchedLOB(market, 16, config, device="cuda", seed=4)
+    graphed.enable_cuda_graph()
     for _ in range(40):
-        action = torch.stack([torch.randint(0, n, (16,), generator=gen) for n in cpu.ACTION_NVEC], dim=1)
-        out = cpu.step_autoreset(action, host_sync=False)
-        for env in (cuda, graph):
-            other = env.step_autoreset(action.cuda(), host_sync=False)
-            for a, b in zip(out[:4], other[:4], strict=True):
-                torch.testing.assert_close(b.cpu(), a, rtol=1e-5, atol=1e-5)
-            for key in ("position", "cash", "fees"):
-                torch.testing.assert_close(other[4][key].cpu(), out[4][key], rtol=1e-9, atol=1e-6)
+        action = actions(16).cuda()
+        out_e = eager.step_autoreset(action, host_sync=False)
+        out_g = graphed.step_autoreset(action, host_sync=False)
+        for a, b in zip(out_e[:4] + out_e[5:], out_g[:4] + out_g[5:], strict=True):
+            assert torch.equal(a, b)
+        for key in out_e[4]:
+            assert torch.equal(out_e[4][key], out_g[4][key]), key
 
 
 def test_a_state_dict_resumes_an_execute_episode_exactly() -> None:
@@ -310,3 +329,24 @@ def test_compiled_execute_step_matches_eager() -> None:
         out_c = compiled.step_autoreset(action, host_sync=False)
         for a, b in zip(out_e[:4], out_c[:4], strict=True):
             torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("face", ["branched", "joint"])
+def test_the_device_envs_static_step_equals_its_step_on_the_execute_task(face: str) -> None:
+    from foxhunt.device_env import DeviceLOBVecEnv
+
+    market = random_market(300, 5, seed=13)
+    params = {"levels": 5, "episode_length": 6, "task": "execute", "exec_quantity": 30.0, "action_face": face}
+    plain, static = (DeviceLOBVecEnv(5, seed=7, data=market, **params) for _ in range(2))
+    plain.reset(), static.reset()
+    gen = np.random.default_rng(0)
+    nvec = plain.grid.nvec
+    for _ in range(20):  # episodes of at most 6 steps: resets included
+        branches = np.stack([gen.integers(0, n, 5) for n in nvec], axis=1)
+        if face == "joint":
+            branches = branches @ np.asarray(plain.grid.code_weights)
+        actions = torch.from_numpy(branches)
+        a, b = plain.step_tensors(actions), static.step_tensors_static(actions)
+        for name in ("obs", "reward", "done", "final_obs", "episode_return", "episode_length"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert bool((a.obs[:, -2] <= 1).all())
