@@ -325,8 +325,9 @@ class BatchedLOB(AcceleratedStep):
                 0, (action * tables.action_code).sum(dim=1)
             ).unbind(dim=1)
         else:  # the execute task's child order, as a target position (foxenv.execution)
+            parent = self._execution.parent(state.offset)
             target, slice_of_need, limit_offset, is_maker, improve, aggressive = self._execution.child_orders(
-                action, state
+                action, state, parent
             )
             cash_before, position_before = ledger.cash, ledger.position
         need = target - ledger.position
@@ -432,7 +433,7 @@ class BatchedLOB(AcceleratedStep):
         reached = torch.where(marketable, taker_reached, maker_reached)
         closed = ledger.apply_fill(quantity, price, fees, mid_now, state.step, target, reached)
         if self._execution is not None:  # what is left at the window's end crosses the next snapshot
-            fees = fees + self._execution.final_cross(state, row, mid)
+            fees = fees + self._execution.final_cross(state, row, mid, parent)
             alive = alive & (state.order_remaining > 0)
 
         # Advance the market, mark to market, reward.
@@ -444,11 +445,12 @@ class BatchedLOB(AcceleratedStep):
         terminated = drawdown_hit(state.peak_equity, equity, cfg)
         truncated = state.step >= cfg.episode_length
         if self._execution is not None:
-            reward, terminated = self._execution.outcome(state, cash_before, position_before)
+            reward, terminated = self._execution.outcome(state, cash_before, position_before, parent)
             truncated = truncated & ~terminated
         unrealized = ledger.unrealized(mid)
         order_price = state.order_tick * tables.tick
-        obs = self._observe(state, tables.next_features.index_select(0, row), mid, unrealized, order_price)
+        obs = self._observe(state, tables.next_features.index_select(0, row), mid, unrealized, order_price,
+                            parent if self._execution is not None else None)
         self._books, self._counters = state.pack()
 
         info = {
@@ -482,9 +484,11 @@ class BatchedLOB(AcceleratedStep):
         mid: torch.Tensor,
         unrealized: torch.Tensor,
         order_price: torch.Tensor,
+        parent: Any = None,
     ) -> torch.Tensor:
         """Observation ``[B, D]`` of every book in ``state``: its market ``features`` row, then its
-        portfolio features."""
+        portfolio features (and on the execute task its execution features; ``parent``: the books' parent
+        orders when the caller holds them)."""
         ledger = state.ledger
         time_in_trade = (state.step - ledger.trade_start) * (ledger.position != 0)
         portfolio = portfolio_features(
@@ -502,7 +506,7 @@ class BatchedLOB(AcceleratedStep):
             self._tables.portfolio_affine,
         )
         if self._execution is not None:
-            return torch.cat([features, portfolio, self._execution.features(state, mid)], dim=1)
+            return torch.cat([features, portfolio, self._execution.features(state, mid, parent)], dim=1)
         return torch.cat([features, portfolio], dim=1)
 
     # ------------------------------------------------------------------ checkpointing

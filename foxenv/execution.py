@@ -22,8 +22,9 @@ position, IoC, fees): it is the target position ``s * filled + s * child``. A Li
 queue: a resting order of the window's side no larger than the chosen size is left working (the core
 re-pegs it when the touch moves away); otherwise it is replaced by one of the chosen size, and a size of 0
 cancels it. After the last step's flow, what is left crosses the visible book of snapshot ``o + T`` as a
-Market order with the taker fee; a remainder the visible book cannot absorb is charged at its worst visible
-price (``walk_book`` drops it, the parent must not).
+Market order with the taker fee; a remainder the visible book cannot absorb is charged at the price of its
+deepest level (``walk_book`` drops it, the parent must not; MarketData prices an empty level one tick beyond
+the last, so it is always a price beyond every visible share).
 
 Reward of a step: ``-1e4 * cost / (Q * a)`` with ``a`` the arrival mid (snapshot ``o``) and ``cost`` what
 the step's fills paid beyond the arrival price, fees included (``-(cash change) - (position change) * a``),
@@ -38,7 +39,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -68,6 +69,14 @@ EXECUTION_FEATURES = (
 #: Seed of the per-start-row sides of ``exec_side="both"`` (fixed: the same window has the same side in
 #: every run, on every device).
 SIDE_SEED = 36
+
+
+class Parent(NamedTuple):
+    """The parent order of each book's window, ``[B]`` float64 each."""
+
+    side: torch.Tensor  # +1 buy, -1 sell
+    quantity: torch.Tensor  # shares
+    arrival: torch.Tensor  # the mid of the window's first snapshot
 
 
 @dataclass(frozen=True)
@@ -224,27 +233,32 @@ class ExecutionTask:
         self.levels = tables.levels
         self.tick = tables.tick
         self.taker_rate = tables.taker_rate
+        side = window_sides(market.num_steps, config.exec_side).to(device)
+        quantity = window_quantities(market, config).to(device)
+        #: ``[N, 3]`` float64: side, parent quantity and arrival mid of the window starting at each row (one
+        #: gather per step)
+        self._parents = torch.stack([side, quantity, tables.rows[:, 0]], dim=1).contiguous()
         #: ``[N]`` float64 side of the window starting at each row
-        self.side = window_sides(market.num_steps, config.exec_side).to(device)
+        self.side = self._parents[:, 0]
         #: ``[N]`` float64 parent quantity of the window starting at each row
-        self.quantity = window_quantities(market, config).to(device)
+        self.quantity = self._parents[:, 1]
         self.actions = action_table(grid, device)
         self.action_code = torch.tensor(grid.code_weights, dtype=torch.int64, device=device)
         self._sides = tables.sides
-        self._mid = tables.rows[:, 0].contiguous()
 
-    def parent(self, offset: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(side, quantity, arrival mid)`` ``[B]`` float64 of the windows starting at ``offset``."""
-        return self.side.index_select(0, offset), self.quantity.index_select(0, offset), \
-            self._mid.index_select(0, offset)
+    def parent(self, offset: torch.Tensor) -> Parent:
+        """The parent orders of the windows starting at ``offset`` (``[B]`` int64)."""
+        return Parent(*self._parents.index_select(0, offset).unbind(dim=1))
 
-    def child_orders(self, action: torch.Tensor, state: BookState) -> tuple[torch.Tensor, ...]:
+    def child_orders(
+        self, action: torch.Tensor, state: BookState, parent: Parent
+    ) -> tuple[torch.Tensor, ...]:
         """The step's child orders as the core's action columns: ``(target, slice_of_need, limit_offset,
         is_maker, improve, aggressive)``, each ``[B]`` float64 (see the module docstring)."""
         sizes, slice_of_need, limit_offset, is_maker, improve, aggressive = self.actions.index_select(
             0, (action * self.action_code).sum(dim=1)
         ).unbind(dim=1)
-        side, quantity, _ = self.parent(state.offset)
+        side, quantity, _ = parent
         position = state.ledger.position
         left = quantity - position * side
         wanted = sizes * quantity / self.horizon
@@ -255,28 +269,27 @@ class ExecutionTask:
         target = torch.where(keepable, state.order_target, fresh)
         return target, slice_of_need, limit_offset, is_maker, improve, aggressive
 
-    def final_cross(self, state: BookState, row: torch.Tensor, mid: torch.Tensor) -> torch.Tensor:
+    def final_cross(
+        self, state: BookState, row: torch.Tensor, mid: torch.Tensor, parent: Parent
+    ) -> torch.Tensor:
         """At the window's last step, cancel the resting order and cross what is left on snapshot ``row + 1``
         (the ledger books the fill); elsewhere nothing.
 
         :param state: the state after the step's fill (changed in place).
         :param row: ``[B]`` int64 market row of the step.
         :param mid: ``[B]`` mid of snapshot ``row + 1``.
+        :param parent: the books' parent orders.
         :return: ``[B]`` float64 fee of the cross (0 where none).
         """
         ledger = state.ledger
-        side, quantity, _ = self.parent(state.offset)
+        side, quantity, _ = parent
         at_end = state.step + 1 >= self.horizon
         left = (quantity - ledger.position * side).clamp_min(0.0) * at_end
         levels = self.levels
         book = self._sides.index_select(0, (row + 1) * 2 + (side > 0))
         ticks, sizes = book[:, :levels], book[:, levels:]
         taken, notional, _ = walk_book(ticks, sizes, side, left, side * NO_LIMIT)
-        shown = sizes > 0
-        worst = torch.where(side > 0, ticks.masked_fill(~shown, -NO_LIMIT).amax(dim=1),
-                            ticks.masked_fill(~shown, NO_LIMIT).amin(dim=1))
-        worst = torch.where(shown.any(dim=1), worst, mid / self.tick)  # an empty side: charged at the mid
-        notional = (notional + (left - taken) * worst) * self.tick
+        notional = (notional + (left - taken) * ticks[:, -1]) * self.tick  # the rest at the deepest level
         fee = notional * self.taker_rate
         price = notional / left.clamp_min(5e-324)
         crossing = left > 0
@@ -290,20 +303,21 @@ class ExecutionTask:
         return fee
 
     def outcome(
-        self, state: BookState, cash_before: torch.Tensor, position_before: torch.Tensor
+        self, state: BookState, cash_before: torch.Tensor, position_before: torch.Tensor, parent: Parent
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The step's reward (float32 bps, minus its share of the implementation shortfall) and whether the
         parent is done (``[B]`` bool)."""
         ledger = state.ledger
-        side, quantity, arrival = self.parent(state.offset)
+        side, quantity, arrival = parent
         cost = (cash_before - ledger.cash) - (ledger.position - position_before) * arrival
         reward = (cost * (-1e4) / (quantity * arrival)).to(torch.float32)
         done = (ledger.position * side >= quantity) | (state.step >= self.horizon)
         return reward, done
 
-    def features(self, state: BookState, mid: torch.Tensor) -> torch.Tensor:
-        """``[B, len(EXECUTION_FEATURES)]`` float32 execution features after a step (or a reset)."""
-        side, quantity, arrival = self.parent(state.offset)
+    def features(self, state: BookState, mid: torch.Tensor, parent: Parent | None = None) -> torch.Tensor:
+        """``[B, len(EXECUTION_FEATURES)]`` float32 execution features after a step (or a reset; ``parent``
+        ``None``: looked up)."""
+        side, quantity, arrival = self.parent(state.offset) if parent is None else parent
         remaining = (quantity - state.ledger.position * side) / quantity
         drift = side * (mid - arrival) / arrival * 1e4
         return torch.stack([side, remaining, drift], dim=1).to(torch.float32)

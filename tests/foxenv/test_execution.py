@@ -67,10 +67,11 @@ def test_hand_computed_window_fees_partial_fills_and_the_final_cross() -> None:
 
     # Step 2 (the last): the same child keeps the order and its queue (15 left <= 15 wanted); row 3 trades
     # 4 at 100.00, which fill it. The 11 left cross snapshot 3's asks: 5 @ 100.03 and 4 @ 100.05 visible, the
-    # 2 the book cannot show are charged at its worst visible price, 100.05; taker fee on all of it.
+    # 2 the book cannot show are charged at its deepest level's price, 100.06 (an empty level one tick
+    # beyond the last); taker fee on all of it.
     obs, reward, terminated, truncated, info = act(env, TWO_SLICES, MAKER, NORMAL)
     maker = 4 * 100.00 * (1 - 0.2e-4) - 4 * arrival
-    cross_notional = 5 * 100.03 + 6 * 100.05
+    cross_notional = 5 * 100.03 + 4 * 100.05 + 2 * 100.06
     cross = cross_notional * (1 + 0.5e-4) - 11 * arrival
     assert info["position"].item() == 30.0
     assert info["fees"].item() == pytest.approx(4 * 100.00 * -0.2e-4 + cross_notional * 0.5e-4, abs=1e-12)
@@ -83,7 +84,7 @@ def test_hand_computed_window_fees_partial_fills_and_the_final_cross() -> None:
     paid = -info["cash"].item()
     shortfall_bps = 1e4 * (paid - quantity * arrival) / notional
     assert shortfall_bps == pytest.approx(1e4 * (cost0 + cost1 + maker + cross) / notional, rel=1e-9)
-    assert shortfall_bps == pytest.approx(1.456629, abs=1e-5)  # 0.4370325 currency over 3000.3
+    assert shortfall_bps == pytest.approx(1.523293, abs=1e-5)  # 0.4570335 currency over 3000.3
 
 
 def test_a_partly_filled_order_keeps_its_queue_while_the_child_is_no_smaller() -> None:
