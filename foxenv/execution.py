@@ -24,7 +24,8 @@ re-pegs it when the touch moves away); otherwise it is replaced by one of the ch
 cancels it. After the last step's flow, what is left crosses the visible book of snapshot ``o + T`` as a
 Market order with the taker fee; a remainder the visible book cannot absorb is charged at the price of its
 deepest level (``walk_book`` drops it, the parent must not; MarketData prices an empty level one tick beyond
-the last, so it is always a price beyond every visible share).
+the last, so it is always a price beyond every visible share). The cross trades even when the last step is
+halted: the parent must be done at ``T``.
 
 Reward of a step: ``-1e4 * cost / (Q * a)`` with ``a`` the arrival mid (snapshot ``o``) and ``cost`` what
 the step's fills paid beyond the arrival price, fees included (``-(cash change) - (position change) * a``),
