@@ -351,3 +351,19 @@ def test_the_device_envs_static_step_equals_its_step_on_the_execute_task(face: s
         for name in ("obs", "reward", "done", "final_obs", "episode_return", "episode_length"):
             assert torch.equal(getattr(a, name), getattr(b, name)), name
     assert bool((a.obs[:, -2] <= 1).all())
+
+
+def test_the_execution_grid_answers_as_a_grid_and_survives_pickling() -> None:
+    import pickle
+
+    grid = EnvConfig(task="execute", action_grid="wide").grid
+    assert isinstance(grid, ExecutionGrid) and grid.nvec == (4, 1, 3, 12) and grid.joint_actions == 144
+    assert grid.code_weights == (36, 36, 12, 1)
+    assert grid.at_touch == 10 and grid.maker_offsets[grid.at_touch] == 0  # the base grid's fields
+    labels = grid.labels()
+    assert list(labels) == ["direction", "magnitude", "order", "urgency"]
+    assert labels["direction"] == ("0x", "0.5x", "1x", "2x") and len(labels["urgency"]) == 12
+    assert pickle.loads(pickle.dumps(grid)) == grid
+    assert grid.to_dict()["child_sizes"] == [0.0, 0.5, 1.0, 2.0] and grid.name == "execute-wide"
+    with pytest.raises(AttributeError):
+        grid.no_such_field  # noqa: B018
