@@ -582,7 +582,10 @@ def _evaluate_run(config: RunConfig, model: Any, out: Path) -> None:
     if config.env.task == "execute":  # scored by shortfall against the execution baselines
         from foxhunt.evaluation.execution_report import evaluate_execution_run
 
-        evaluate_execution_run(config, model, out, config_kwargs, market_kwargs)
+        evaluate_execution_run(model, out, config.data, config_kwargs, market_kwargs,
+                               fit_seed=train_market_seed(config), held_out_seed=eval_market_seed(config),
+                               fit_split=config.train_split(), held_out_split=config.eval_split,
+                               device=config.device)
         return
     evaluation = evaluate_policies(
         {"policy": model}, config.data, n_envs=config.n_envs, steps=config.eval_steps,

@@ -248,31 +248,31 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def evaluate_execution_run(run: Any, model: Any, out: Path, config_kwargs: Mapping[str, Any],
-                           market_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+def evaluate_execution_run(model: Any, out: Path, data: str, config_kwargs: Mapping[str, Any],
+                           market_kwargs: Mapping[str, Any], *, fit_seed: int, held_out_seed: int,
+                           fit_split: str, held_out_split: str, device: str = "cpu") -> dict[str, Any]:
     """``foxhunt train``'s final evaluation of an execute run: :func:`evaluate_execution` of the model, fitted
-    on the run's training data (the synthetic market of its seed, or its LOBSTER training split) and scored on
-    its held-out data (the evaluation market seed, or ``eval_split``); the report is written to the run
-    folder and printed.
+    on the run's training data (the synthetic market of ``fit_seed``, or the LOBSTER split ``fit_split``)
+    and scored on its held-out data (``held_out_seed``, or ``held_out_split``); the report is written to the
+    run folder and printed.
 
-    :param run: the :class:`~foxhunt.runs.RunConfig`.
     :param model: the trained model.
     :param out: the run folder.
+    :param data: the run's data source.
     :param config_kwargs: the run's :class:`EnvConfig` fields.
     :param market_kwargs: its market options.
     """
     from foxhunt.evaluation.api import build_market
-    from foxhunt.runs import eval_market_seed, train_market_seed
 
     config = EnvConfig(**config_kwargs)
     options = {"levels": config.levels, **market_kwargs}
-    if run.data == "synthetic":
-        fit = build_market("synthetic", market_seed=train_market_seed(run), device=run.device, **options)
-        held_out = build_market("synthetic", market_seed=eval_market_seed(run), device=run.device, **options)
+    if data == "synthetic":
+        fit = build_market("synthetic", market_seed=fit_seed, device=device, **options)
+        held_out = build_market("synthetic", market_seed=held_out_seed, device=device, **options)
     else:
-        fit = build_market(run.data, split=run.train_split(), device=run.device, **options)
-        held_out = build_market(run.data, split=run.eval_split, device=run.device, **options)
-    payload = evaluate_execution({"policy": model}, fit, held_out, config, out=out, device=run.device,
+        fit = build_market(data, split=fit_split, device=device, **options)
+        held_out = build_market(data, split=held_out_split, device=device, **options)
+    payload = evaluate_execution({"policy": model}, fit, held_out, config, out=out, device=device,
                                  title=f"Execution evaluation of {out / 'model.zip'}")
     print(payload["table"])
     return payload
