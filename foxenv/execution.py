@@ -27,10 +27,11 @@ deepest level (``walk_book`` drops it, the parent must not; MarketData prices an
 the last, so it is always a price beyond every visible share). The cross trades even when the last step is
 halted: the parent must be done at ``T``.
 
-Reward of a step: ``-1e4 * cost / (Q * a)`` with ``a`` the arrival mid (snapshot ``o``) and ``cost`` what
-the step's fills paid beyond the arrival price, fees included (``-(cash change) - (position change) * a``),
-so the episode's return is minus the implementation shortfall in basis points of the parent's notional
-(higher is better). An episode terminates when the parent is filled (at the latest at step ``T``).
+Reward of a step: ``-1e4 * cost / (Q * a)`` (times ``reward_scale``) with ``a`` the arrival mid (snapshot
+``o``) and ``cost`` what the step's fills paid beyond the arrival price, fees included (``-(cash change) -
+(position change) * a``), so the episode's return is minus the implementation shortfall in basis points of
+the parent's notional (higher is better). ``inventory_penalty`` and ``max_drawdown`` are the trading task's
+and refused here. An episode terminates when the parent is filled (at the latest at step ``T``).
 
 Observation: the trading observation plus :data:`EXECUTION_FEATURES` (the portfolio features' last entry is
 already the time left).
@@ -165,6 +166,11 @@ def check_execution_config(config: EnvConfig) -> None:
         raise ValueError(f"exec_quantity={quantity} must be <= 1 with exec_quantity_unit='volume' (a "
                          "share of the window's traded volume)")
     ExecutionGrid(config.action_grid, config.exec_child_sizes)  # checks the sizes
+    if config.task == "execute":
+        for name, unset in (("inventory_penalty", 0.0), ("max_drawdown", None)):
+            if getattr(config, name) != unset:
+                raise ValueError(f"{name}={getattr(config, name)!r} is the trading task's; task='execute' "
+                                 f"rewards minus the shortfall (leave {name} at {unset})")
 
 
 def window_sides(num_steps: int, exec_side: str) -> torch.Tensor:
@@ -231,6 +237,7 @@ class ExecutionTask:
         grid = config.grid
         assert isinstance(grid, ExecutionGrid)
         self.horizon = int(config.episode_length)
+        self.reward_scale = float(config.reward_scale)
         self.levels = tables.levels
         self.tick = tables.tick
         self.taker_rate = tables.taker_rate
@@ -311,7 +318,7 @@ class ExecutionTask:
         ledger = state.ledger
         side, quantity, arrival = parent
         cost = (cash_before - ledger.cash) - (ledger.position - position_before) * arrival
-        reward = (cost * (-1e4) / (quantity * arrival)).to(torch.float32)
+        reward = (cost * (-1e4 * self.reward_scale) / (quantity * arrival)).to(torch.float32)
         done = (ledger.position * side >= quantity) | (state.step >= self.horizon)
         return reward, done
 

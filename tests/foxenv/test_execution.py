@@ -247,6 +247,19 @@ def test_bad_execution_config_names_the_field(field: str, value) -> None:
         EnvConfig(task="execute", **{field: value}) if field != "task" else EnvConfig(task=value)
 
 
+def test_trading_only_settings_are_refused_and_reward_scale_scales_the_bps() -> None:
+    with pytest.raises(ValueError, match="inventory_penalty=0.1 is the trading task's"):
+        EnvConfig(task="execute", inventory_penalty=0.1)
+    with pytest.raises(ValueError, match="max_drawdown=5.0"):
+        EnvConfig(task="execute", max_drawdown=5.0)
+    rewards = []
+    for scale in (1.0, 0.5):
+        env = execute_env(hand_market(), reward_scale=scale)
+        env.reset()
+        rewards.append(act(env, ONE_SLICE, MARKET, NORMAL)[1].item())
+    assert rewards[1] == pytest.approx(rewards[0] / 2) and rewards[0] < 0
+
+
 def test_volume_share_above_one_is_refused_and_trade_settings_are_unchanged() -> None:
     with pytest.raises(ValueError, match="exec_quantity=2"):
         EnvConfig(task="execute", exec_quantity=2.0, exec_quantity_unit="volume")
