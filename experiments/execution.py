@@ -5,12 +5,15 @@ held-out windows, buys and sells, by implementation shortfall in bps; one comman
     python -m experiments.execution --data synthetic --horizon 50 --quantity 200
     python -m experiments.execution --data /path/to/lobster/GOOG --horizon 300 --volume-share 0.05 \\
         --model iqn=runs/execute_goog/model.zip
+    python -m experiments.execution --seeds 5 --faces branched joint --train-steps 200000 --device cuda
 
 The baselines (:mod:`foxhunt.evaluation.execution_baselines`: TWAP, TWAP limit-then-market, submit-and-leave,
 immediate, Almgren-Chriss, VWAP) are fitted on the fit data: the synthetic market of seed 0 (what ``foxhunt
 train`` trains on), or a LOBSTER folder's ``fit`` split; they are scored on the held-out data: the synthetic
 market of seed 1, or the folder's ``test`` split. A model (``--model NAME=PATH``, trained with ``foxhunt train
---env.task execute`` and the same execute settings) is scored on the same windows with its greedy actions.
+--env.task execute`` and the same execute settings) is scored on the same windows with its greedy actions;
+``--seeds N`` trains BranchingIQN first, ``N`` seeds per action face (``--faces``), each a ``foxhunt train``
+run under ``--out``/runs (its own report there), and scores them all as ``iqn_<face>_s<seed>``.
 
 Writes ``execution.json`` (the settings, the fitted model, per-window shortfalls, the report),
 ``execution.md`` (the tables and verdicts) and ``execution.png`` (the shortfall distributions and one window's
@@ -66,13 +69,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="synthetic market steps (default: 20,000)")
     parser.add_argument("--signal-strength", type=float, default=None,
                         help="synthetic planted signal strength")
+    parser.add_argument("--seeds", type=int, default=0, help="BranchingIQN seeds to train per face")
+    parser.add_argument("--faces", nargs="+", default=["branched"], choices=["branched", "joint"],
+                        help="action faces of the trained agents (default: branched)")
+    parser.add_argument("--train-steps", type=int, default=20_000, help="env steps per training run")
+    parser.add_argument("--n-envs", type=int, default=8, help="books per training run (default: 8)")
     parser.add_argument("--levels", type=int, default=10, help="book levels (default: 10)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", default="runs/experiments/execution")
     parser.add_argument("--smoke", action="store_true", help="a CPU check of seconds")
     args = parser.parse_args(argv)
     if args.smoke:
-        args.horizon, args.num_steps, args.windows = 20, 3000, 40
+        args.horizon, args.num_steps, args.windows, args.train_steps = 20, 3000, 40, 1500
     return args
 
 
@@ -85,6 +93,30 @@ def markets(args: argparse.Namespace) -> tuple[Any, Any]:
                                                                                 **common)
     common = {"levels": args.levels, "device": args.device}
     return build_market(args.data, split="fit", **common), build_market(args.data, split="test", **common)
+
+
+def train_agents(args: argparse.Namespace, unit: dict[str, Any]) -> dict[str, Path]:
+    """Train ``--seeds`` BranchingIQN runs per face (``foxhunt train`` on the fit data's market: the synthetic
+    seed 0, or the folder's training split); returns name -> model file."""
+    if args.seeds < 1:
+        return {}
+    from foxhunt.runs import RunConfig, train
+
+    env = {"task": "execute", "episode_length": args.horizon, "levels": args.levels, **unit}
+    if args.data == "synthetic" and args.signal_strength is not None:
+        env["signal_strength"] = args.signal_strength
+    models = {}
+    for face in args.faces:
+        for seed in range(args.seeds):
+            name = f"iqn_{face}_s{seed}"
+            folder = Path(args.out) / "runs" / name
+            if not (folder / "model.zip").is_file():
+                config = RunConfig(data=args.data, steps=args.train_steps, n_envs=args.n_envs, seed=seed,
+                                   device=args.device, action_face=face, progress=False, out=str(folder),
+                                   synthetic_market_steps=args.num_steps, env_kwargs=env)
+                train(config)
+            models[name] = folder / "model.zip"
+    return models
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -112,6 +144,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         model_file = load_execution_model(path, config.grid, device=args.device)
         policies[name] = ModelPolicy(model_file, name=name, grid=config.grid)
+    for name, path in train_agents(args, unit).items():
+        from foxhunt.evaluation.baselines import ModelPolicy
+        from foxhunt.evaluation.execution_report import load_execution_model
+
+        policies[name] = ModelPolicy(load_execution_model(path, config.grid, device=args.device), name=name,
+                                     grid=config.grid)
     scores = score_policies(policies, test, config, offsets, args.device)
     report = execution_report(scores, offsets, args.horizon)
     out = Path(args.out)
