@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from foxenv.execution import DEFAULT_CHILD_SIZES, ExecutionGrid, check_execution_config
 from foxenv.spec import DEFAULT_GRID, ActionGrid, action_grid
 
 #: The maker fill models of :attr:`EnvConfig.fill_model` (see :func:`foxenv.matching.meet_flow`).
@@ -61,6 +62,16 @@ class EnvConfig:
     :param action_grid: what the magnitude and urgency branches mean (:class:`foxenv.spec.ActionGrid`): a
         name (``"default"``: ``MultiDiscrete([3, 3, 3, 3])``; ``"wide"``: ``[3, 10, 3, 12]``, 1,080 joint
         codes), a mapping of the grid's fields, or a grid; held as the :class:`~foxenv.spec.ActionGrid`.
+    :param task: ``"trade"`` (default: target positions, reward the change of equity) or ``"execute"``
+        (work a parent order within ``episode_length`` steps, reward minus its shortfall in bps:
+        :mod:`foxenv.execution`).
+    :param exec_side: the execute task's parent side: ``"buy"``, ``"sell"`` or ``"both"`` (a fixed
+        pseudo-random side per window start).
+    :param exec_quantity: the parent quantity: shares (> 0), or with ``exec_quantity_unit="volume"`` a share
+        in ``(0, 1]`` of the volume the window trades.
+    :param exec_quantity_unit: ``"shares"`` or ``"volume"``.
+    :param exec_child_sizes: the child sizes of the execute task's size branch, in TWAP slices
+        (``exec_quantity / episode_length``), strictly increasing, each >= 0.
     """
 
     max_position: float = 100.0
@@ -78,6 +89,11 @@ class EnvConfig:
     fill_model: str = "conservative"
     order_latency: int = 0
     action_grid: ActionGrid | str | Mapping[str, Any] = "default"
+    task: str = "trade"
+    exec_side: str = "both"
+    exec_quantity: float = 100.0
+    exec_quantity_unit: str = "shares"
+    exec_child_sizes: tuple[float, ...] = DEFAULT_CHILD_SIZES
 
     def __post_init__(self) -> None:
         for name in (
@@ -125,11 +141,16 @@ class EnvConfig:
         if not is_whole(self.order_latency) or self.order_latency < 0:
             raise ValueError(f"order_latency={self.order_latency!r} must be an integer >= 0")
         object.__setattr__(self, "action_grid", action_grid(self.action_grid))
+        check_execution_config(self)
+        object.__setattr__(self, "exec_child_sizes", tuple(float(s) for s in self.exec_child_sizes))
 
     @property
     def grid(self) -> ActionGrid:
-        """The action grid (:attr:`action_grid`, typed)."""
+        """The action grid (:attr:`action_grid`, typed); on the execute task its
+        :class:`~foxenv.execution.ExecutionGrid`, which answers the same questions."""
         assert isinstance(self.action_grid, ActionGrid)
+        if self.task == "execute":
+            return ExecutionGrid(self.action_grid, self.exec_child_sizes)  # type: ignore[return-value]
         return self.action_grid
 
 
@@ -144,6 +165,9 @@ def config_settings(config: EnvConfig) -> dict[str, Any]:
     grid = settings.pop("action_grid")
     if grid != DEFAULT_GRID:
         settings["action_grid"] = grid.to_dict()
+    if config.task == "trade":  # a trading config records what it did before the execute task
+        for name in ("task", "exec_side", "exec_quantity", "exec_quantity_unit", "exec_child_sizes"):
+            settings.pop(name)
     return settings
 
 

@@ -40,6 +40,7 @@ import torch
 from foxenv.compiled import AcceleratedStep
 from foxenv.config import EnvConfig
 from foxenv.data.market import MarketData
+from foxenv.execution import EXECUTION_FEATURES, ExecutionTask
 from foxenv.features import PORTFOLIO_FEATURES, market_feature_dim, portfolio_features
 from foxenv.matching import meet_flow, meet_flow_conservative, walk_book
 from foxenv.rewards import drawdown_hit, step_reward
@@ -109,6 +110,11 @@ class BatchedLOB(AcceleratedStep):
         self.observation_dim = self.n_market_features + len(PORTFOLIO_FEATURES)
         #: The per-market tables a step gathers from (:class:`~foxenv.tables.MarketTables`).
         self._tables = MarketTables.cached(self.market, config, self.device)
+        #: The execute task's tables and step hooks (:mod:`foxenv.execution`); None on the trading task.
+        self._execution = (ExecutionTask(self.market, config, self._tables, self.device)
+                           if config.task == "execute" else None)
+        if self._execution is not None:
+            self.observation_dim += len(EXECUTION_FEATURES)
 
         self._generator = torch.Generator(device=self.device)
         if seed is None:
@@ -186,7 +192,10 @@ class BatchedLOB(AcceleratedStep):
         """
         self._reset_books(done, offsets)
         features = self._tables.features.index_select(0, self._counters[0])  # at the new offsets
-        start = torch.cat([features, self._tables.start_portfolio.expand(self.num_books, -1)], dim=1)
+        start = [features, self._tables.start_portfolio.expand(self.num_books, -1)]
+        if self._execution is not None:
+            start.append(self._execution.start_features(self._counters[0]))
+        start = torch.cat(start, dim=1)
         return torch.where(done[:, None], start, final_obs)
 
     # ------------------------------------------------------------------ step
@@ -313,9 +322,16 @@ class BatchedLOB(AcceleratedStep):
             flow_bid,
             flow_ask,
         ) = tables.rows.index_select(0, row).unbind(dim=1)
-        target, slice_of_need, limit_offset, is_maker, improve, aggressive = tables.actions.index_select(
-            0, (action * tables.action_code).sum(dim=1)
-        ).unbind(dim=1)
+        if self._execution is None:
+            target, slice_of_need, limit_offset, is_maker, improve, aggressive = tables.actions.index_select(
+                0, (action * tables.action_code).sum(dim=1)
+            ).unbind(dim=1)
+        else:  # the execute task's child order, as a target position (foxenv.execution)
+            parent = self._execution.parent(state.offset)
+            target, slice_of_need, limit_offset, is_maker, improve, aggressive = self._execution.child_orders(
+                action, state, parent
+            )
+            cash_before, position_before = ledger.cash, ledger.position
         need = target - ledger.position
         side = torch.sign(need)
         need = need.abs()
@@ -418,6 +434,9 @@ class BatchedLOB(AcceleratedStep):
         price = notional / quantity.abs().clamp_min(_SMALLEST_DOUBLE)
         reached = torch.where(marketable, taker_reached, maker_reached)
         closed = ledger.apply_fill(quantity, price, fees, mid_now, state.step, target, reached)
+        if self._execution is not None:  # what is left at the window's end crosses the next snapshot
+            fees = fees + self._execution.final_cross(state, row, mid, parent)
+            alive = alive & (state.order_remaining > 0)
 
         # Advance the market, mark to market, reward.
         state.step = state.step + 1
@@ -427,9 +446,13 @@ class BatchedLOB(AcceleratedStep):
         state.peak_equity = torch.maximum(state.peak_equity, equity)
         terminated = drawdown_hit(state.peak_equity, equity, cfg)
         truncated = state.step >= cfg.episode_length
+        if self._execution is not None:
+            reward, terminated = self._execution.outcome(state, cash_before, position_before, parent)
+            truncated = truncated & ~terminated
         unrealized = ledger.unrealized(mid)
         order_price = state.order_tick * tables.tick
-        obs = self._observe(state, tables.next_features.index_select(0, row), mid, unrealized, order_price)
+        obs = self._observe(state, tables.next_features.index_select(0, row), mid, unrealized, order_price,
+                            parent if self._execution is not None else None)
         self._books, self._counters = state.pack()
 
         info = {
@@ -463,9 +486,11 @@ class BatchedLOB(AcceleratedStep):
         mid: torch.Tensor,
         unrealized: torch.Tensor,
         order_price: torch.Tensor,
+        parent: Any = None,
     ) -> torch.Tensor:
         """Observation ``[B, D]`` of every book in ``state``: its market ``features`` row, then its
-        portfolio features."""
+        portfolio features (and on the execute task its execution features; ``parent``: the books' parent
+        orders when the caller holds them)."""
         ledger = state.ledger
         time_in_trade = (state.step - ledger.trade_start) * (ledger.position != 0)
         portfolio = portfolio_features(
@@ -482,6 +507,8 @@ class BatchedLOB(AcceleratedStep):
             self._tables.tick,
             self._tables.portfolio_affine,
         )
+        if self._execution is not None:
+            return torch.cat([features, portfolio, self._execution.features(state, mid, parent)], dim=1)
         return torch.cat([features, portfolio], dim=1)
 
     # ------------------------------------------------------------------ checkpointing

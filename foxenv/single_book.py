@@ -50,6 +50,11 @@ KNOWN_CONFIG_FIELDS = (
     "fill_model",
     "order_latency",
     "action_grid",
+    "task",  # the lean step is the trading task's (lean_path_problem refuses the execute task)
+    "exec_side",
+    "exec_quantity",
+    "exec_quantity_unit",
+    "exec_child_sizes",
 )
 #: The core's ``state_dict`` keys the lean step carries (its per-book state, plus the generator).
 KNOWN_STATE_KEYS = (
@@ -104,6 +109,8 @@ def lean_path_problem(core: BatchedLOB) -> str | None:
     fields = tuple(field.name for field in dataclasses.fields(EnvConfig))
     if fields != KNOWN_CONFIG_FIELDS:
         return f"EnvConfig fields {sorted(set(fields) ^ set(KNOWN_CONFIG_FIELDS))} are new to the lean step"
+    if core.config.task != "trade":
+        return f"task={core.config.task!r}: the lean step is the trading task's"
     keys = tuple(core.state_dict())
     if set(keys) != set(KNOWN_STATE_KEYS):
         return f"core state keys {sorted(set(keys) ^ set(KNOWN_STATE_KEYS))} are new to the lean step"

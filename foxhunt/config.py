@@ -56,6 +56,11 @@ class EnvSettings:
     action_grid: str | dict[str, Any] | None = None
     """The action grid: ``default`` ([3, 3, 3, 3], 81 joint codes), ``wide`` ([3, 10, 3, 12], 1,080), or a
     JSON mapping of ``foxenv.spec.ActionGrid`` fields."""
+    task: str | None = None  # ``trade`` (the default) or ``execute``: work a parent order (foxenv.execution).
+    exec_side: str | None = None  # The execute task's side: ``buy``, ``sell`` or ``both`` (the default).
+    exec_quantity: float | None = None  # The parent quantity: shares, or a share of the window's volume.
+    exec_quantity_unit: str | None = None  # ``shares`` (the default) or ``volume``.
+    exec_child_sizes: list[float] | None = None  # Child sizes in TWAP slices (default: 0, 0.5, 1, 2).
     market_seed: int | None = None  # Synthetic market's seed (None: 0; evaluation: + 1, + 2 on validation).
     market: dict[str, Any] = field(default_factory=dict)
     """Other market options (synthetic generator knobs such as ``signal_strength``; LOBSTER loading

@@ -235,7 +235,13 @@ class RunConfig:
         return "fit" if self.eval_split == "validation" else "train"
 
     def resolved_hindsight(self) -> bool:
-        """Whether hindsight replay is on (``hindsight``; ``None``: on for the branched face only)."""
+        """Whether hindsight replay is on (``hindsight``; ``None``: on for the branched face only, off on the
+        execute task, whose rewards are no trades' PnL)."""
+        if self.env.task == "execute":
+            if self.hindsight:
+                raise ValueError("hindsight=True with env.task='execute': hindsight replay relabels the "
+                                 "trading task's trades; train the execute task without it")
+            return False
         return self.resolved_action_face() == "branched" if self.hindsight is None else self.hindsight
 
     def resolved_model_kwargs(self) -> dict[str, Any]:
@@ -599,6 +605,14 @@ def _evaluate_run(config: RunConfig, model: Any, out: Path, stopped: str | None 
     market_kwargs.pop("market_seed", None)
     if synthetic:
         market_kwargs.setdefault("num_steps", config.synthetic_market_steps)
+    if config.env.task == "execute":  # scored by shortfall against the execution baselines
+        from foxhunt.evaluation.execution_report import evaluate_execution_run
+
+        evaluate_execution_run(model, out, config.data, config_kwargs, market_kwargs,
+                               fit_seed=train_market_seed(config), held_out_seed=eval_market_seed(config),
+                               fit_split=config.train_split(), held_out_split=config.eval_split,
+                               device=config.device)
+        return
     evaluation = evaluate_policies(
         {"policy": model}, config.data, n_envs=config.n_envs, steps=config.eval_steps,
         seed=eval_seed(config), market_seed=eval_market_seed(config),
