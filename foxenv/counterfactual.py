@@ -241,7 +241,7 @@ class CounterfactualStep:
             limit = self.num_actions if joint else self._nvec
             if bool(((actions < 0) | (actions >= limit)).any()):
                 bad = actions[(actions < 0) | (actions >= limit)][0]
-                what = f"a joint code in [0, {self.num_actions})" if joint else f"branch values in {self.nvec}"
+                what = f"a joint code in [0, {self.num_actions})" if joint else f"in branch nvec {self.nvec}"
                 raise ValueError(f"actions holds {int(bad)}: each must be {what}")
         return self.decode(actions) if joint else actions
 
