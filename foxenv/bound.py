@@ -159,6 +159,10 @@ def clairvoyant_bound(
     offsets = torch.as_tensor(offsets)
     if offsets.ndim != 1 or offsets.numel() < 1:
         raise ValueError(f"offsets shape {tuple(offsets.shape)} must be [W] with W >= 1")
+    high = core.market.num_steps - episode
+    if bool(((offsets < 0) | (offsets >= high)).any()):
+        raise ValueError(f"offsets values in [{int(offsets.min())}, {int(offsets.max())}] must lie in [0, "
+                         f"{high}): episodes of {episode} steps start there")
     cf = CounterfactualStep(core)
     state = start_state(offsets, core.device)
     num_windows = offsets.shape[0]

@@ -122,6 +122,7 @@ def test_a_capped_search_is_a_floor_flagged_inexact() -> None:
         ({"max_states": 0}, "max_states=0"),
         ({"chunk": 1.5}, "chunk=1.5"),
         ({"offsets": [[1, 2]]}, "offsets shape"),
+        ({"offsets": [5, STEPS - 10]}, "offsets values in \\[5, 1990\\]"),
     ],
 )
 def test_bad_arguments_name_the_field(kwargs: dict, match: str) -> None:
