@@ -90,14 +90,18 @@ class Counterfactual(NamedTuple):
 
 
 def core_of(env: Any) -> BatchedLOB:
-    """The :class:`~foxenv.core.BatchedLOB` of a core, a ``LOBVectorEnv`` or a ``LOBEnv`` (``.core``).
+    """The :class:`~foxenv.core.BatchedLOB` of a core, a ``LOBVectorEnv`` or a ``LOBEnv`` (``.core``), or
+    foxhunt's SB3 ``LOBVecEnv`` (``.lob``).
 
     :raises ValueError: for anything else.
     """
-    core = env if isinstance(env, BatchedLOB) else getattr(env, "core", None)
-    if not isinstance(core, BatchedLOB):
-        raise ValueError(f"env of type {type(env).__name__} must be a BatchedLOB or hold one as .core")
-    return core
+    if isinstance(env, BatchedLOB):
+        return env
+    for name in ("core", "lob"):
+        core = getattr(env, name, None)
+        if isinstance(core, BatchedLOB):
+            return core
+    raise ValueError(f"env of type {type(env).__name__} must be a BatchedLOB or hold one as .core or .lob")
 
 
 def export_state(env: Any) -> AgentState:
