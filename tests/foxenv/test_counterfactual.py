@@ -163,3 +163,20 @@ def test_restore_checks_the_number_of_books() -> None:
         restore_state(env, export_state(env).index(slice(0, 2)))
     with pytest.raises(ValueError, match="must be a BatchedLOB"):
         export_state(object())
+
+
+def test_clone_of_the_sb3_vec_env_on_the_joint_face() -> None:
+    from foxhunt.envs import LOBVecEnv
+
+    env = LOBVecEnv(5, seed=0, data=small_market(), action_face="joint", episode_length=25)
+    env.reset()
+    cf = CounterfactualStep(env)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(30):
+        before = export_state(env)
+        codes = torch.randint(0, 81, (5,), generator=generator)
+        out = cf(before)
+        obs, reward, done, _ = env.step(codes.numpy())
+        books = torch.arange(5)
+        assert_same("reward", out.reward[books, codes], torch.from_numpy(reward))
+        assert_same("obs", out.obs[books, codes][~torch.from_numpy(done)], torch.from_numpy(obs)[~done])
