@@ -266,8 +266,10 @@ class CounterfactualStep:
         num_states = state.books.shape[0]
         branch = self.actions_of(num_states, actions)
         clones = branch.shape[1]
-        books = state.books.repeat_interleave(clones, dim=0).T.contiguous()
-        counters = state.counters.repeat_interleave(clones, dim=0).T.contiguous()
+        # each state once per action, as [rows, B * K] (an expand, not repeat_interleave: no host sync)
+        books = state.books.T[:, :, None].expand(-1, -1, clones).reshape(len(BOOK_ROWS), -1).contiguous()
+        counters = state.counters.T[:, :, None].expand(-1, -1, clones).reshape(len(COUNTER_ROWS), -1)
+        counters = counters.contiguous()
         outputs, books, counters = self._step(books, counters, branch.reshape(-1, len(self.nvec)))
         obs, reward, terminated, truncated, info = outputs
         shape = (num_states, clones)
