@@ -51,7 +51,7 @@ class BoundResult:
 
     :param pnl: ``[W]`` float64, the bound of each window (currency); a floor where not ``exact``.
     :param exact: ``[W]`` bool, no state was dropped by ``max_states``.
-    :param states: ``[W, L]`` int64 distinct agent states (after merging) after each step.
+    :param states: ``[W, L]`` int64 distinct agent states after each step (after merging, before the cap).
     :param offsets: ``[W]`` int64 start rows of the windows.
     :param length: steps of each window.
     :param anytime: the bound is the maximum over every step of the window (a ``max_drawdown`` config).
@@ -142,7 +142,8 @@ def clairvoyant_bound(
     :param length: steps of each window; ``None``: the config's ``episode_length`` (at most that).
     :param config: the env config with a ``MarketData`` (default :class:`EnvConfig`).
     :param device: device of the search with a ``MarketData`` (default the market's).
-    :param max_states: states kept per window after each step (see the module docstring); >= 1.
+    :param max_states: states kept per window after each step but the last (see the module docstring);
+        >= 1.
     :param chunk: states stepped at once (``chunk * A`` books in one core step); >= 1.
     :param merge: merge states that differ only in cash (exact); ``False`` keeps every distinct full
         state (a check of the merge; the state count grows much faster).
@@ -178,12 +179,13 @@ def clairvoyant_bound(
             state, window = merge_states(state, window)
         else:
             state, window = unique_states(state, window)
-        state, window, dropped = cap_states(state, window, num_windows, max_states)
-        exact &= ~dropped
         states[:, t] = torch.bincount(window, minlength=num_windows)
         equity = torch.full((num_windows,), -torch.inf, dtype=torch.float64, device=core.device)
         equity = equity.scatter_reduce(0, window, state.books[:, _EQUITY], reduce="amax")
         best = torch.maximum(best, equity) if anytime else equity
+        if t < length - 1:  # the last step's states have no future: the cap would drop nothing that counts
+            state, window, dropped = cap_states(state, window, num_windows, max_states)
+            exact &= ~dropped
     return BoundResult(pnl=best, exact=exact, states=states, offsets=offsets.to(core.device),
                        length=length, anytime=anytime)
 

@@ -110,8 +110,11 @@ def test_a_capped_search_is_a_floor_flagged_inexact() -> None:
     exact = clairvoyant_bound(market, [40], 3, config=config)
     capped = clairvoyant_bound(market, [40], 3, config=config, max_states=20)
     assert not bool(capped.exact.any()) and bool(exact.exact.all())
-    assert int(capped.states.max()) <= 20
+    assert capped.states[0, 0] == exact.states[0, 0] > 20 and capped.states[0, 1] <= 20 * 81
     assert capped.pnl[0] <= exact.pnl[0]
+    # a cap that binds only on the last step drops nothing that counts
+    last = clairvoyant_bound(market, [40], 3, config=config, max_states=int(exact.states[0, :2].max()))
+    assert bool(last.exact.all()) and last.pnl[0] == exact.pnl[0]
 
 
 @pytest.mark.parametrize(
