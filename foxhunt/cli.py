@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import json
 import re
 import sys
 import types
@@ -160,7 +161,7 @@ def renaming(message: str, name: Callable[[str], str]) -> str:
 
 
 def config_from_args(args: argparse.Namespace, base: RunConfig | None = None,
-                     skip: Sequence[str] = ()) -> RunConfig:
+                     skip: Sequence[str] = (), check: bool = True) -> RunConfig:
     """The :class:`RunConfig` of the options: ``--config``'s file (or ``base``, or the defaults) with the
     fields given on the command line in place of its values; checked as :meth:`RunConfig.check` does. Errors
     name the option typed (``--n-envs=0 must be >= 1``) or the file's field.
@@ -172,6 +173,7 @@ def config_from_args(args: argparse.Namespace, base: RunConfig | None = None,
         optionally ``--recipe``).
     :param base: the config without ``--config`` (``None``: the defaults, a GPU's sizes on CUDA).
     :param skip: as :func:`given_options`.
+    :param check: run :meth:`RunConfig.check` (its device, data folder, memory); off, only the values' types.
     :return: the run config.
     """
     typed = given_options(args, skip)
@@ -192,11 +194,11 @@ def config_from_args(args: argparse.Namespace, base: RunConfig | None = None,
 
     if base is None and str(given.get("device", "cpu")).startswith("cuda"):
         # a GPU run's sizes unless given: thousands of books through the device loop
-        base = RunConfig(n_envs=presets.GPU_N_ENVS, steps=presets.GPU_TRAIN_STEPS,
-                         checkpoint_every=presets.GPU_CHECKPOINT_EVERY)
+        base = presets.GPU
     try:
         config = (base or RunConfig()).with_values(given)
-        config.check()
+        if check:
+            config.check()
     except ValueError as error:
         raise ValueError(renaming(str(error), name)) from None
     return config
@@ -211,6 +213,11 @@ def train(args: argparse.Namespace) -> Any:
     from foxhunt.runs import resume
     from foxhunt.runs import train as train_run
 
+    if getattr(args, "print_config", False):  # the resolved config as JSON; no run folder
+        config = (RunConfig.load(Path(args.resume) / "config.json") if args.resume is not None
+                  else config_from_args(args, check=False))
+        print(json.dumps(config.resolved().to_dict(), indent=2))
+        return None
     if args.resume is not None:
         given = given_options(args)
         extra = [flag(name) for name in given if name != "progress"]
@@ -282,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
         "deterministic policy on held-out data (LOBSTER test split, or a synthetic market with another "
         "seed). Checkpoints every --checkpoint-every steps; --resume RUN_DIR continues a killed run from its "
         "newest one. Each option sets the RunConfig field of its name; on --device cuda the sizes default "
-        f"to {presets.GPU_N_ENVS} books and {presets.GPU_TRAIN_STEPS:,} steps.",
+        f"to {presets.GPU.n_envs} books and {presets.GPU.steps:,} steps.",
     )
     train_parser.add_argument("--config", default=None, metavar="FILE",
                               help="start from this RunConfig JSON (a run's config.json, a study's "
@@ -298,6 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
     train_parser.add_argument("--allow-market-change", action="store_true",
                               help="with --resume: go on although config.json now names another market than "
                                    "the checkpoint was made on (the books start afresh on it)")
+    train_parser.add_argument("--print-config", action="store_true",
+                              help="print the config the run would use, every value resolved, as JSON (a "
+                                   "config.json) and exit without training")
     add_config_options(train_parser)
     _debug(train_parser)
     evaluation_cli.add_parser(sub)
