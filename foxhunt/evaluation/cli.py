@@ -113,7 +113,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
             device=config.device if usable else "cpu", stamped=stamped, source=source,
         )
     if target.suffix == ".zip" and target.is_file():
-        env_kwargs, market_steps = RunConfig().resolved_env_kwargs(), presets.SYNTHETIC_MARKET_STEPS
+        env_kwargs, market_steps = presets.CPU.resolved_env_kwargs(), presets.CPU.synthetic_market_steps
         stamped = model_file.saved_fingerprint(target)
         if stamped is not None:  # a model carries its settings (issue 25)
             env_kwargs, steps, _ = model_file.saved_env_kwargs(stamped)
