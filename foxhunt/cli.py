@@ -307,7 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "the checkpoint was made on (the books start afresh on it)")
     train_parser.add_argument("--print-config", action="store_true",
                               help="print the config the run would use, every value resolved, as JSON (a "
-                                   "config.json) and exit without training")
+                                   "config.json) and exit: no run folder, no training (its device need not "
+                                   "be present here)")
     add_config_options(train_parser)
     _debug(train_parser)
     evaluation_cli.add_parser(sub)

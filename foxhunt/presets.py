@@ -3,7 +3,7 @@
 The config tree's fields (:mod:`foxhunt.config`, :class:`foxhunt.runs.RunConfig`) carry the defaults; this
 module holds what is chosen over them:
 
-- the presets, as :class:`~foxhunt.runs.RunConfig` instances (:data:`PRESETS`): :data:`CPU` (``foxhunt
+- the presets, as :class:`~foxhunt.runs.RunConfig` instances: :data:`CPU` (``foxhunt
   train``, a few minutes on a laptop CPU), :data:`GPU` (``foxhunt train --device cuda``: thousands of books
   through the device loop) and :data:`FAST` (``foxhunt train --recipe fast``; :data:`RECIPES` names the
   fields it sets, as ``--hyperparams`` takes them);
@@ -29,7 +29,7 @@ from foxenv import spec
 from foxhunt.config import ACTION_FACE, ACTION_FACES, AlgorithmSettings, PolicySettings
 from foxhunt.runs import RunConfig
 
-__all__ = ["ACTION_FACE", "ACTION_FACES", "CPU", "FAST", "GPU", "PRESETS", "RECIPES", "resolve"]
+__all__ = ["ACTION_FACE", "ACTION_FACES", "CPU", "FAST", "GPU", "RECIPES", "resolve"]
 
 #: foxenv's four action branches, in order (foxenv publishes them as ``branch_names``).
 BRANCH_NAMES: tuple[str, ...] = spec.BRANCH_NAMES
@@ -73,8 +73,6 @@ FAST = RunConfig(
                                 buffer_size=500_000),
     policy=PolicySettings(n_ensemble=1),
 )
-#: The presets by name.
-PRESETS: dict[str, RunConfig] = {"cpu": CPU, "gpu": GPU, "fast": FAST}
 
 
 def changes(config: RunConfig, base: RunConfig = CPU) -> dict[str, Any]:
