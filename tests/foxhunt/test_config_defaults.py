@@ -21,6 +21,7 @@ from foxhunt.config import AUTO, NULL_MEANS
 from foxhunt.runs import SECTIONS, RunConfig, unrecorded_fields
 from sb3_her_ext import BranchingIQN
 from sb3_her_ext.policy import BranchingIQNPolicy
+from tests.foxhunt._small_runs import assert_same_model
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -174,3 +175,8 @@ def test_a_runs_config_json_holds_what_ran_and_runs_again_the_same(
         assert getattr(model, name) == algorithm[name], name
     assert _printed(capsys, ["--config", str(out / "config.json")]) == values
     assert _printed(capsys, ["--resume", str(out)]) == values
+    # run again from that config.json: the same config, the same model, bit for bit
+    again = tmp_path / "again"
+    assert main(["train", "--config", str(out / "config.json"), "--out", str(again)]) == 0
+    assert json.loads((again / "config.json").read_text()) == {**values, "out": str(again)}
+    assert_same_model(out / "model.zip", again / "model.zip")
