@@ -3,7 +3,7 @@
 :class:`foxhunt.runs.RunConfig` is the root of the tree: its own fields are the run's (data, sizes, device,
 seed, face, evaluation, checkpoints) and ``env``, ``algorithm`` and ``policy`` are these sections. Each field
 carries the value ``foxhunt train`` runs with; the few that depend on the run (its device, steps, action face
-or data) default to ``None`` and are chosen before it starts (:data:`AUTO`, :func:`foxhunt.presets.resolve`),
+or data) default to ``None`` and are chosen before it starts (:data:`AUTO`, :func:`resolve`),
 so a run's ``config.json`` holds every value that ran (``null`` only where :data:`NULL_MEANS` says what it
 means). Every field is type-checked on construction (:func:`check_fields`), and names itself by its dotted
 path (``RunConfig.algorithm.learning_rate``), which ``foxhunt train`` turns into the flag
@@ -24,6 +24,8 @@ import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any
+
+from foxenv import spec
 
 #: The action faces BranchingIQN can train on: foxenv's four branches, or one branch of 81 joint actions.
 ACTION_FACES: tuple[str, ...] = ("branched", "joint")
@@ -104,7 +106,7 @@ class AlgorithmSettings:
     verbose: int = 0  # SB3 verbosity.
     c51_alpha: float = 0.5  # Weight of the C51 head's loss beside the quantile loss, in [0, 1].
     exploration_mults: dict[str, float] | list[float] | None = None
-    """Per-branch ε multipliers (auto: ``foxhunt.presets.EXPLORATION_MULTS`` on the branched face, none on
+    """Per-branch ε multipliers (auto: :data:`EXPLORATION_MULTS` on the branched face, none on
     the joint face's one branch)."""
     boltzmann_branches: list[str] | list[int] | None = None
     """Branches exploring by Boltzmann sampling (auto: order and urgency on the branched face, none on the
@@ -150,7 +152,7 @@ class PolicySettings:
     popart: bool = True  # Normalise the returns with PopArt.
     popart_beta: float = 3e-4  # PopArt's moving-average rate.
     bottleneck_dims: dict[str, int] | list[int] | None = None
-    """Per-branch market-feature bottleneck widths (auto: ``foxhunt.presets.BOTTLENECK_DIMS`` on the
+    """Per-branch market-feature bottleneck widths (auto: :data:`BOTTLENECK_DIMS` on the
     branched face, none on the joint)."""
     n_market_features: int | None = None  # Leading observation features that are market features (None: all).
     shared_tau_embedding: bool = True  # One quantile embedding shared by the heads.
@@ -164,13 +166,13 @@ class PolicySettings:
 
 
 #: The config fields (dotted) whose default ``None`` is chosen for the run before it starts
-#: (:func:`foxhunt.presets.resolve`), and how; ``config.json`` records the choice.
+#: (:func:`resolve`), and how; ``config.json`` records the choice.
 AUTO: dict[str, str] = {
     "hindsight": "on for the branched action face, off for the joint",
     "cuda_graph": "on exactly on CUDA",
     "device_loop": "on exactly on CUDA",
     "env.market_seed": "0 on synthetic data (LOBSTER data: none)",
-    "algorithm.buffer_size": "the device's size (foxhunt.presets.DEVICE_SIZES)",
+    "algorithm.buffer_size": "the device's size (DEVICE_SIZES)",
     "algorithm.learning_starts": "the device's size, at most a quarter of the run",
     "algorithm.batch_size": "the device's size",
     "algorithm.target_update_interval": "the device's size",
@@ -194,6 +196,85 @@ NULL_MEANS: dict[str, str] = {
     "policy.bottleneck_dims": "the joint face: no per-branch bottleneck",
     "policy.n_market_features": "every observation feature is a market feature",
 }
+
+
+# ------------------------------------------------------------------------------------------ choices for a run
+
+#: foxenv's four action branches, in order (foxenv publishes them as ``branch_names``).
+BRANCH_NAMES: tuple[str, ...] = spec.BRANCH_NAMES
+#: Market-feature bottleneck width of each branch: the magnitude branch reads the most of the market.
+BOTTLENECK_DIMS: dict[str, int] = {"direction": 4, "magnitude": 8, "order": 6, "urgency": 4}
+#: Per-branch ε multipliers: explore sizes and order types more than the direction.
+EXPLORATION_MULTS: dict[str, float] = {"direction": 1.0, "magnitude": 2.0, "order": 1.5, "urgency": 1.5}
+#: Branches that explore by Boltzmann sampling over their scores instead of uniformly.
+BOLTZMANN_BRANCHES: tuple[str, ...] = ("order", "urgency")
+#: The branch whose actions stratify the gradient vaccine's batch (a third each of Small, Half, Full).
+VACCINE_BRANCH = "magnitude"
+#: BranchingIQN arguments that name the branched face's branches (none on the joint face).
+BRANCHED_ALGORITHM_ARGS: tuple[str, ...] = ("exploration_mults", "boltzmann_branches", "vaccine_branch")
+#: Policy arguments that name the branched face's branches (none on the joint face).
+BRANCHED_POLICY_ARGS: tuple[str, ...] = ("bottleneck_dims",)
+
+#: BranchingIQN's replay sizes by device type (``learning_starts`` and ``diagnostics_interval`` at most a
+#: quarter of the run): on CUDA a batch worth a graphed step (replay ratio 0.25 at 1024 books) and a buffer
+#: and intervals that fit thousands of books a step.
+DEVICE_SIZES: dict[str, dict[str, int]] = {
+    "cpu": {"buffer_size": 100_000, "learning_starts": 1_000, "batch_size": 64,
+            "target_update_interval": 2_000, "diagnostics_interval": 500},
+    "cuda": {"buffer_size": 500_000, "learning_starts": 20_000, "batch_size": 256,
+             "target_update_interval": 20_000, "diagnostics_interval": 20_000},
+}
+
+def face_settings(face: str) -> dict[str, Any]:
+    """The settings an action face chooses (the fields of :data:`foxhunt.config.AUTO` left ``None``).
+
+    :param face: ``"branched"`` or ``"joint"``.
+    :return: dotted field name -> value. On the branched face: hindsight, the per-branch trading settings and
+        the vaccine stratified by the magnitude branch; on the joint face (one branch of 81 codes): no
+        hindsight and the vaccine off (it stratifies by one branch's three values), no per-branch setting.
+    """
+    if face == "joint":
+        return {"hindsight": False, "algorithm.vaccine_interval": 0}
+    return {"hindsight": True, "algorithm.vaccine_interval": 5,
+            "algorithm.exploration_mults": dict(EXPLORATION_MULTS),
+            "algorithm.boltzmann_branches": list(BOLTZMANN_BRANCHES),
+            "algorithm.vaccine_branch": VACCINE_BRANCH,
+            "policy.bottleneck_dims": dict(BOTTLENECK_DIMS)}
+
+
+def auto_values(config: Any) -> dict[str, Any]:
+    """What the fields of :data:`foxhunt.config.AUTO` are for ``config``'s run (its device, steps, books,
+    action face and data), whether or not they are set.
+
+    :param config: a :class:`~foxhunt.runs.RunConfig`.
+    :return: dotted field name -> value.
+    """
+    cuda = str(config.device).split(":")[0] == "cuda"
+    sizes = DEVICE_SIZES["cuda" if cuda else "cpu"]
+    values: dict[str, Any] = {f"algorithm.{name}": value for name, value in sizes.items()}
+    values["algorithm.learning_starts"] = min(sizes["learning_starts"], max(config.steps // 4, config.n_envs))
+    values["algorithm.diagnostics_interval"] = min(sizes["diagnostics_interval"], max(config.steps // 4, 1))
+    values.update({"cuda_graph": cuda, "device_loop": cuda, **face_settings(config.action_face)})
+    if config.data == "synthetic":
+        values["env.market_seed"] = 0
+    return values
+
+
+def resolve(config: Any) -> Any:
+    """``config`` with each field of :data:`foxhunt.config.AUTO` that is ``None`` set to its run's choice
+    (:func:`auto_values`): every value the run will use. Resolving a resolved config changes nothing.
+
+    :param config: a :class:`~foxhunt.runs.RunConfig`.
+    :return: the resolved config.
+    """
+    tree = config.to_dict()
+
+    def unset(name: str) -> bool:
+        section, _, field = name.rpartition(".")
+        return (tree[section] if section else tree)[field] is None
+
+    chosen = {name: value for name, value in auto_values(config).items() if unset(name)}
+    return config.with_values(chosen) if chosen else config
 
 
 # ------------------------------------------------------------------------------------------ checks

@@ -42,7 +42,7 @@ from foxenv.checks import check_device, check_seed
 from foxenv.config import EnvConfig, is_whole
 from foxenv.factory import DataSource, action_space_of, make_core, observation_space_of
 from foxhunt import fingerprint
-from foxhunt.presets import ACTION_FACES
+from foxhunt.config import ACTION_FACES
 
 
 def _numpy_dtype(dtype: torch.dtype) -> type:

@@ -1,4 +1,4 @@
-"""``foxhunt train``'s presets, as configs, and the choices made for a run before it starts.
+"""``foxhunt train``'s presets, as configs, and the trading settings BranchingIQN receives.
 
 The config tree's fields (:mod:`foxhunt.config`, :class:`foxhunt.runs.RunConfig`) carry the defaults; this
 module holds what is chosen over them:
@@ -7,54 +7,44 @@ module holds what is chosen over them:
   train``, a few minutes on a laptop CPU), :data:`GPU` (``foxhunt train --device cuda``: thousands of books
   through the device loop) and :data:`FAST` (``foxhunt train --recipe fast``; :data:`RECIPES` names the
   fields it sets, as ``--hyperparams`` takes them);
-- the choices that depend on the run (:func:`resolve`, the fields of :data:`foxhunt.config.AUTO`): the
-  replay sizes of its device (:data:`DEVICE_SIZES`), the CUDA graphs and device loop on CUDA, and the trading
-  settings of its action face.
+- the trading settings BranchingIQN receives on the branched face (:func:`trading_algorithm_kwargs`,
+  :func:`trading_policy_kwargs`; defined in :mod:`foxhunt.config`, whose :func:`~foxhunt.config.resolve`
+  chooses them, with the device's sizes :data:`DEVICE_SIZES`, for the fields of
+  :data:`foxhunt.config.AUTO`).
 
 :mod:`sb3_her_ext` is a generic SB3 algorithm: equal bottleneck widths, ε multiplier 1, no Boltzmann branch
 unless asked. The values that suit foxenv's four-branch trading action (direction, magnitude, order,
-urgency) live here. BranchingIQN sees the action through one of two faces (:data:`ACTION_FACES`):
-``"branched"``, the four branches, or ``"joint"``, one branch of the 81 joint actions (code
-``27 d + 9 m + 3 o + u``, :func:`foxhunt.envs.decode_joint`); the per-branch settings apply to the branched
-face only.
+urgency) are named here (defined in :mod:`foxhunt.config`). BranchingIQN sees the action through one of two
+faces (:data:`ACTION_FACES`): ``"branched"``, the four branches, or ``"joint"``, one branch of the 81 joint
+actions (code ``27 d + 9 m + 3 o + u``, :func:`foxhunt.envs.decode_joint`); the per-branch settings apply
+to the branched face only.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import torch as th
-
-from foxenv import spec
-from foxhunt.config import ACTION_FACE, ACTION_FACES, AlgorithmSettings, PolicySettings
+from foxhunt.config import (
+    ACTION_FACE,
+    ACTION_FACES,
+    BOLTZMANN_BRANCHES,
+    BOTTLENECK_DIMS,
+    BRANCH_NAMES,
+    BRANCHED_ALGORITHM_ARGS,
+    BRANCHED_POLICY_ARGS,
+    DEVICE_SIZES,
+    EXPLORATION_MULTS,
+    VACCINE_BRANCH,
+    AlgorithmSettings,
+    PolicySettings,
+    face_settings,
+)
 from foxhunt.runs import RunConfig
 
-__all__ = ["ACTION_FACE", "ACTION_FACES", "CPU", "FAST", "GPU", "RECIPES", "resolve"]
-
-#: foxenv's four action branches, in order (foxenv publishes them as ``branch_names``).
-BRANCH_NAMES: tuple[str, ...] = spec.BRANCH_NAMES
-#: Market-feature bottleneck width of each branch: the magnitude branch reads the most of the market.
-BOTTLENECK_DIMS: dict[str, int] = {"direction": 4, "magnitude": 8, "order": 6, "urgency": 4}
-#: Per-branch ε multipliers: explore sizes and order types more than the direction.
-EXPLORATION_MULTS: dict[str, float] = {"direction": 1.0, "magnitude": 2.0, "order": 1.5, "urgency": 1.5}
-#: Branches that explore by Boltzmann sampling over their scores instead of uniformly.
-BOLTZMANN_BRANCHES: tuple[str, ...] = ("order", "urgency")
-#: The branch whose actions stratify the gradient vaccine's batch (a third each of Small, Half, Full).
-VACCINE_BRANCH = "magnitude"
-#: BranchingIQN arguments that name the branched face's branches (none on the joint face).
-BRANCHED_ALGORITHM_ARGS: tuple[str, ...] = ("exploration_mults", "boltzmann_branches", "vaccine_branch")
-#: Policy arguments that name the branched face's branches (none on the joint face).
-BRANCHED_POLICY_ARGS: tuple[str, ...] = ("bottleneck_dims",)
-
-#: BranchingIQN's replay sizes by device type (``learning_starts`` and ``diagnostics_interval`` at most a
-#: quarter of the run): on CUDA a batch worth a graphed step (replay ratio 0.25 at 1024 books) and a buffer
-#: and intervals that fit thousands of books a step.
-DEVICE_SIZES: dict[str, dict[str, int]] = {
-    "cpu": {"buffer_size": 100_000, "learning_starts": 1_000, "batch_size": 64,
-            "target_update_interval": 2_000, "diagnostics_interval": 500},
-    "cuda": {"buffer_size": 500_000, "learning_starts": 20_000, "batch_size": 256,
-             "target_update_interval": 20_000, "diagnostics_interval": 20_000},
-}
+#: the trading settings and sizes live beside the config tree that chooses them (:mod:`foxhunt.config`)
+__all__ = ["ACTION_FACE", "ACTION_FACES", "BOLTZMANN_BRANCHES", "BOTTLENECK_DIMS", "BRANCHED_ALGORITHM_ARGS",
+           "BRANCHED_POLICY_ARGS", "BRANCH_NAMES", "CPU", "DEVICE_SIZES", "EXPLORATION_MULTS", "FAST", "GPU",
+           "RECIPES", "VACCINE_BRANCH", "changes", "trading_algorithm_kwargs", "trading_policy_kwargs"]
 
 #: ``foxhunt train``: the tree's defaults (15,000 steps on 8 books, a few minutes on a 2-core laptop CPU).
 CPU = RunConfig()
@@ -98,58 +88,6 @@ def changes(config: RunConfig, base: RunConfig = CPU) -> dict[str, Any]:
 #: ``foxhunt train --recipe NAME``: the fields a recipe sets (over the defaults, or ``--config``'s file)
 #: unless the command line gives them, by dotted name.
 RECIPES: dict[str, dict[str, Any]] = {"fast": changes(FAST)}
-
-
-def face_settings(face: str) -> dict[str, Any]:
-    """The settings an action face chooses (the fields of :data:`foxhunt.config.AUTO` left ``None``).
-
-    :param face: ``"branched"`` or ``"joint"``.
-    :return: dotted field name -> value. On the branched face: hindsight, the per-branch trading settings and
-        the vaccine stratified by the magnitude branch; on the joint face (one branch of 81 codes): no
-        hindsight and the vaccine off (it stratifies by one branch's three values), no per-branch setting.
-    """
-    if face == "joint":
-        return {"hindsight": False, "algorithm.vaccine_interval": 0}
-    return {"hindsight": True, "algorithm.vaccine_interval": 5,
-            "algorithm.exploration_mults": dict(EXPLORATION_MULTS),
-            "algorithm.boltzmann_branches": list(BOLTZMANN_BRANCHES),
-            "algorithm.vaccine_branch": VACCINE_BRANCH,
-            "policy.bottleneck_dims": dict(BOTTLENECK_DIMS)}
-
-
-def auto_values(config: RunConfig) -> dict[str, Any]:
-    """What the fields of :data:`foxhunt.config.AUTO` are for ``config``'s run (its device, steps, books,
-    action face and data), whether or not they are set.
-
-    :param config: a config.
-    :return: dotted field name -> value.
-    """
-    cuda = th.device(config.device).type == "cuda"
-    sizes = DEVICE_SIZES["cuda" if cuda else "cpu"]
-    values: dict[str, Any] = {f"algorithm.{name}": value for name, value in sizes.items()}
-    values["algorithm.learning_starts"] = min(sizes["learning_starts"], max(config.steps // 4, config.n_envs))
-    values["algorithm.diagnostics_interval"] = min(sizes["diagnostics_interval"], max(config.steps // 4, 1))
-    values.update({"cuda_graph": cuda, "device_loop": cuda, **face_settings(config.action_face)})
-    if config.data == "synthetic":
-        values["env.market_seed"] = 0
-    return values
-
-
-def resolve(config: RunConfig) -> RunConfig:
-    """``config`` with each field of :data:`foxhunt.config.AUTO` that is ``None`` set to its run's choice
-    (:func:`auto_values`): every value the run will use. Resolving a resolved config changes nothing.
-
-    :param config: a config.
-    :return: the resolved config.
-    """
-    tree = config.to_dict()
-
-    def unset(name: str) -> bool:
-        section, _, field = name.rpartition(".")
-        return (tree[section] if section else tree)[field] is None
-
-    chosen = {name: value for name, value in auto_values(config).items() if unset(name)}
-    return config.with_values(chosen) if chosen else config
 
 
 def trading_algorithm_kwargs() -> dict[str, Any]:

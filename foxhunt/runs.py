@@ -40,6 +40,7 @@ from foxhunt.config import (
     EnvSettings,
     PolicySettings,
     check_fields,
+    resolve,
     section_from_dict,
 )
 
@@ -222,10 +223,8 @@ class RunConfig:
 
     def resolved(self) -> RunConfig:
         """This config with every field of :data:`foxhunt.config.AUTO` chosen for the run
-        (:func:`foxhunt.presets.resolve`): the values :func:`train` runs with and writes to
+        (:func:`foxhunt.config.resolve`): the values :func:`train` runs with and writes to
         ``config.json``."""
-        from foxhunt.presets import resolve
-
         return resolve(self)
 
     def resolved_cuda_graph(self) -> bool:

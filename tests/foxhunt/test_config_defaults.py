@@ -17,7 +17,7 @@ import pytest
 from foxenv.config import EnvConfig
 from foxhunt import presets
 from foxhunt.cli import main
-from foxhunt.config import AUTO, NULL_MEANS
+from foxhunt.config import AUTO, NULL_MEANS, auto_values
 from foxhunt.runs import SECTIONS, RunConfig, unrecorded_fields
 from sb3_her_ext import BranchingIQN
 from sb3_her_ext.policy import BranchingIQNPolicy
@@ -61,12 +61,12 @@ def test_every_none_default_is_chosen_for_the_run_or_means_something() -> None:
     defaults = _flat(RunConfig())
     none = {name for name, value in defaults.items() if value is None}
     assert none <= set(AUTO) | set(NULL_MEANS), none - set(AUTO) - set(NULL_MEANS)
-    # AUTO names exactly the fields presets.resolve chooses (on some device, face and data)
+    # AUTO names exactly the fields config.resolve chooses (on some device, face and data)
     chosen: set[str] = set()
     for device in ("cpu", "cuda"):
         for face in presets.ACTION_FACES:
             for data in ("synthetic", "lobster_folder"):
-                chosen |= set(presets.auto_values(RunConfig(device=device, action_face=face, data=data)))
+                chosen |= set(auto_values(RunConfig(device=device, action_face=face, data=data)))
     assert chosen == set(AUTO)
     assert len(none) < 20  # was 54 of 81 before issue 37
 

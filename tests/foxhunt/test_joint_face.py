@@ -17,6 +17,7 @@ from gymnasium import spaces
 
 from foxhunt import presets
 from foxhunt.cli import build_parser, config_from_args, main
+from foxhunt.config import auto_values
 from foxhunt.device_env import DeviceLOBVecEnv
 from foxhunt.envs import JOINT_BRANCH_NAMES, LOBVecEnv, decode_joint
 from foxhunt.evaluation.baselines import ModelPolicy
@@ -40,7 +41,7 @@ def market():
 
 def test_face_presets_drop_the_per_branch_arguments_on_the_joint_face() -> None:
     sizes = {f"algorithm.{name}": value for name, value in presets.DEVICE_SIZES["cpu"].items()}
-    branched = presets.auto_values(RunConfig(action_face="branched"))
+    branched = auto_values(RunConfig(action_face="branched"))
     assert branched == {**sizes, "cuda_graph": False, "device_loop": False, "env.market_seed": 0,
                         **presets.face_settings("branched")}
     model = RunConfig(action_face="branched").resolved_model_kwargs()
