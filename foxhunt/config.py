@@ -225,6 +225,7 @@ DEVICE_SIZES: dict[str, dict[str, int]] = {
              "target_update_interval": 20_000, "diagnostics_interval": 20_000},
 }
 
+
 def face_settings(face: str) -> dict[str, Any]:
     """The settings an action face chooses (the fields of :data:`foxhunt.config.AUTO` left ``None``).
 
@@ -270,8 +271,8 @@ def resolve(config: Any) -> Any:
     tree = config.to_dict()
 
     def unset(name: str) -> bool:
-        section, _, field = name.rpartition(".")
-        return (tree[section] if section else tree)[field] is None
+        section, _, leaf = name.rpartition(".")
+        return (tree[section] if section else tree)[leaf] is None
 
     chosen = {name: value for name, value in auto_values(config).items() if unset(name)}
     return config.with_values(chosen) if chosen else config
