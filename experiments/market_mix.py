@@ -309,11 +309,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Probe each setting; print and write the table."""
     from foxenv.config import split_env_kwargs
-    from foxhunt.presets import EPISODE_LENGTH
+    from foxhunt.presets import CPU
 
     args = parse_args(argv)
     origin = results.provenance()
-    env, market = split_env_kwargs({"episode_length": EPISODE_LENGTH, **args.env})
+    env, market = split_env_kwargs({"episode_length": CPU.env.episode_length, **args.env})
     market = {**market, "signal_strength": args.signal_strength, "signal_horizon": args.signal_horizon,
               "num_steps": args.market_steps}
     probes = {}

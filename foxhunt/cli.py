@@ -77,9 +77,16 @@ def train(args: argparse.Namespace) -> Any:
     :param args: parsed command-line arguments.
     :return: the run folder.
     """
-    from foxhunt.runs import resume
+    import json
+
+    from foxhunt.runs import RunConfig, resume
     from foxhunt.runs import train as train_run
 
+    if getattr(args, "print_config", False):  # the resolved config as JSON; no run folder
+        config = (RunConfig.load(Path(args.resume) / "config.json") if args.resume is not None
+                  else config_from_args(args, check=False))
+        print(json.dumps(config.resolved().to_dict(), indent=2))
+        return None
     callbacks = []
     if args.time_limit is not None:
         from foxhunt.callbacks import TimeLimitCallback, format_duration
@@ -164,13 +171,13 @@ def _add_train_parser(sub: Any) -> None:
         "seed). Checkpoints every --checkpoint-every steps; --resume RUN_DIR continues a killed run from its "
         "newest one. Off a terminal (a log file, a batch job) a progress line is printed every 30 s. Each "
         "option below 'run' sets the RunConfig field of its name; on --device cuda the sizes default "
-        f"to {presets.GPU_N_ENVS} books and {presets.GPU_TRAIN_STEPS:,} steps.",
+        f"to {presets.GPU_N_ENVS} books and {presets.GPU_STEPS:,} steps.",
     )
     command = p.add_argument_group("command (this invocation, not recorded in config.json)")
     command.add_argument("--config", default=None, metavar="FILE",
                          help="start from this RunConfig JSON (a run's config.json, a study's "
                               "best_config.json); the options given on the command line override it")
-    command.add_argument("--recipe", default=None, choices=sorted(presets.RECIPES),
+    command.add_argument("--recipe", default=None, choices=sorted(presets.RECIPE_NAMES),
                          help="a named set of settings over the defaults (or --config's), the options "
                               "given overriding it; fast: the settings that learn the planted signal "
                               "fastest (64 books, 2^20 steps, rollouts of 8 steps, batch 256, lr 1e-3, "
@@ -188,6 +195,10 @@ def _add_train_parser(sub: Any) -> None:
     command.add_argument("--exp-name", type=exp_name, default=None, metavar="NAME",
                          help="name the new run folder runs/NAME-<timestamp>-<random> (instead of "
                               "runs/<timestamp>-<random>; --out names it outright)")
+    command.add_argument("--print-config", action="store_true",
+                         help="print the config the run would use, every value resolved, as JSON (a "
+                              "config.json) and exit: no run folder, no training (its device need not "
+                              "be present here)")
     _debug(command)
     add_config_options(p)
 

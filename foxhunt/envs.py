@@ -42,8 +42,8 @@ from foxenv.checks import check_device, check_seed
 from foxenv.config import EnvConfig, is_whole
 from foxenv.factory import DataSource, action_space_of, make_core, observation_space_of
 from foxhunt import fingerprint
+from foxhunt.config import ACTION_FACES
 from foxhunt.preflight import book_bytes
-from foxhunt.presets import ACTION_FACES
 from sb3_her_ext.validation import check_allocation
 
 

@@ -253,7 +253,7 @@ def renaming(message: str, name: Callable[[str], str]) -> str:
 
 
 def config_from_args(args: argparse.Namespace, base: RunConfig | None = None,
-                     skip: Sequence[str] = ()) -> RunConfig:
+                     skip: Sequence[str] = (), check: bool = True) -> RunConfig:
     """The :class:`RunConfig` of the options: ``--config``'s file (or ``base``, or the defaults) with the
     fields given on the command line in place of its values; checked as :meth:`RunConfig.check` does. Errors
     name the option typed (``--n-envs=0 must be >= 1``) or the file's field.
@@ -265,6 +265,7 @@ def config_from_args(args: argparse.Namespace, base: RunConfig | None = None,
         optionally ``--recipe``).
     :param base: the config without ``--config`` (``None``: the defaults, a GPU's sizes on CUDA).
     :param skip: as :func:`given_options`.
+    :param check: run :meth:`RunConfig.check` (its device, data folder, memory); off, only the values' types.
     :return: the run config.
     """
     typed = given_options(args, skip)
@@ -286,11 +287,11 @@ def config_from_args(args: argparse.Namespace, base: RunConfig | None = None,
 
     if base is None and str(given.get("device", "cpu")).startswith("cuda"):
         # a GPU run's sizes unless given: thousands of books through the device loop
-        base = RunConfig(n_envs=presets.GPU_N_ENVS, steps=presets.GPU_TRAIN_STEPS,
-                         checkpoint_every=presets.GPU_CHECKPOINT_EVERY)
+        base = presets.GPU
     try:
         config = (base or RunConfig()).with_values(given)
-        config.check()
+        if check:
+            config.check()
     except ValueError as error:
         raise ValueError(renaming(str(error), name)) from None
     return config

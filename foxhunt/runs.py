@@ -29,14 +29,16 @@ from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from foxhunt import presets
 from foxhunt.config import (
+    ACTION_FACE,
+    ACTION_FACES,
+    AUTO,
+    NULL_MEANS,
     AlgorithmSettings,
     EnvSettings,
     PolicySettings,
-    algorithm_presets,
     check_fields,
-    policy_presets,
+    resolve,
     section_from_dict,
 )
 
@@ -44,8 +46,8 @@ from foxhunt.config import (
 EVAL_SPLITS = ("test", "validation")
 #: the sections of the config tree: field of :class:`RunConfig` -> its class
 SECTIONS: dict[str, type] = {"env": EnvSettings, "algorithm": AlgorithmSettings, "policy": PolicySettings}
-#: the flat dicts of configs written before the tree (``config.json``'s ``model_kwargs``, ...) -> section
-LEGACY_SECTIONS: dict[str, str] = {"model_kwargs": "algorithm", "policy_kwargs": "policy",
+#: the flat keyword arguments that set a section's fields on construction (``RunConfig(model_kwargs=...)``)
+KWARGS_SECTIONS: dict[str, str] = {"model_kwargs": "algorithm", "policy_kwargs": "policy",
                                    "env_kwargs": "env"}
 
 
@@ -57,15 +59,33 @@ def check_eval_split(value: str, field: str) -> str:
 
 
 def resolve_action_face(action_face: str | None, field: str = "action_face") -> str:
-    """The action face ``action_face`` names (``None``: :data:`foxhunt.presets.ACTION_FACE`).
+    """The action face ``action_face`` names (``None``: :data:`foxhunt.config.ACTION_FACE`).
 
     :raises ValueError: naming ``field`` and the value when it is not a face of
-        :data:`~foxhunt.presets.ACTION_FACES`.
+        :data:`~foxhunt.config.ACTION_FACES`.
     """
-    face = presets.ACTION_FACE if action_face is None else action_face
-    if not isinstance(face, str) or face not in presets.ACTION_FACES:
-        raise ValueError(f"{field}={action_face!r} must be one of {list(presets.ACTION_FACES)} or None")
+    face = ACTION_FACE if action_face is None else action_face
+    if not isinstance(face, str) or face not in ACTION_FACES:
+        raise ValueError(f"{field}={action_face!r} must be one of {list(ACTION_FACES)}")
     return face
+
+
+def unrecorded_fields(values: Mapping[str, Any], ran: bool = False) -> list[str]:
+    """The fields a ``config.json``'s content leaves ``null`` where a run uses a value: any field but those of
+    :data:`foxhunt.config.NULL_MEANS` and, unless ``ran``, of :data:`foxhunt.config.AUTO` (chosen when the run
+    starts). A file written before ``config.json`` recorded every value that ran has such nulls.
+
+    :param values: the file's content.
+    :param ran: whether the file is a run's ``config.json`` (it records every choice: no null in ``AUTO``).
+    :return: dotted field names.
+    """
+    nulls = []
+    for name, value in values.items():
+        if name in SECTIONS and isinstance(value, Mapping):
+            nulls += [f"{name}.{key}" for key, item in value.items() if item is None]
+        elif value is None:
+            nulls.append(name)
+    return [name for name in nulls if name not in NULL_MEANS and (ran or name not in AUTO)]
 
 
 @dataclass
@@ -74,28 +94,30 @@ class RunConfig:
     options (one per field: ``--n-envs``, ``--algorithm.learning-rate``, ...).
 
     The run's own settings are fields here; ``env``, ``algorithm`` and ``policy`` are typed sections
-    (:mod:`foxhunt.config`) whose unset (``None``) fields take the presets of the run's device, steps and
-    action face. ``model_kwargs``, ``policy_kwargs`` and ``env_kwargs`` (the flat dicts of configs written
-    before the sections) are accepted on construction and set the sections' fields of those names.
+    (:mod:`foxhunt.config`). The defaults are ``foxhunt train``'s (:data:`foxhunt.presets.CPU`); the fields
+    of :data:`foxhunt.config.AUTO` default to ``None`` and are chosen for the run's device, steps, action face
+    and data before it starts (:meth:`resolved`). ``model_kwargs``, ``policy_kwargs`` and ``env_kwargs`` are
+    keywords of the constructor only: flat dicts that set the sections' fields of those names (``env_kwargs``
+    puts market options in ``env.market``).
     """
 
     data: str = "synthetic"  # ``"synthetic"`` (the built-in generator) or a folder of LOBSTER files.
-    steps: int = presets.CPU_TRAIN_STEPS  # Environment steps of training (summed over books).
-    n_envs: int = presets.CPU_N_ENVS  # Books stepped together.
+    steps: int = 15_000  # Environment steps of training (summed over books).
+    n_envs: int = 8  # Books stepped together.
     device: str = "cpu"  # ``"cpu"`` or ``"cuda"`` (``"cuda:K"``).
     seed: int = 0  # Seed of the network, replay, exploration and the training env's episode starts.
     threads: int = 1  # torch CPU threads (1 is fastest for these small networks).
     hindsight: bool | None = None
-    """Hindsight replay injections on trade closes; ``None``: on for the branched action face, off for the
-    joint one (``True`` there relabels the decoded branches of the joint codes)."""
+    """Hindsight replay injections on trade closes (auto: on for the branched action face, off for the joint
+    one; ``True`` there relabels the decoded branches of the joint codes)."""
     eval_steps: int = 500  # Vector steps of the final evaluation.
-    cuda_graph: bool | None = None  # Each gradient step as one CUDA graph replay; None: exactly on CUDA.
+    cuda_graph: bool | None = None  # Each gradient step as one CUDA graph replay (auto: exactly on CUDA).
     progress: bool = True  # Show a progress bar.
     out: str | None = None  # Run folder, new or empty; ``None``: a new ``runs/<timestamp>-<random>``.
-    synthetic_market_steps: int = presets.SYNTHETIC_MARKET_STEPS  # Steps of each generated synthetic market.
+    synthetic_market_steps: int = 20_000  # Steps of each generated synthetic market.
     device_loop: bool | None = None
     """Collect through BranchingIQN's device loop (tensors stay on the device, no per-step host sync:
-    :mod:`sb3_her_ext.collect`); ``None``: on exactly when the device is CUDA."""
+    :mod:`sb3_her_ext.collect`; auto: on exactly when the device is CUDA)."""
     checkpoint_every: int = 5_000
     """Environment steps between checkpoints (and one when training ends; a default CPU run leaves three);
     0: no checkpoints."""
@@ -105,10 +127,9 @@ class RunConfig:
     model selection that must not see the test data (``foxhunt tune``'s trials): a LOBSTER run then trains on
     the train split's first 75 % (``"fit"``) and is scored on the rest of it (``"validation"``); a synthetic
     run is scored on a third market (seed: the training market's + 2; the test market's is + 1)."""
-    action_face: str | None = None
+    action_face: str = ACTION_FACE
     """The action BranchingIQN learns on: ``"branched"`` (foxenv's four branches, with the per-branch
-    presets) or ``"joint"`` (one branch of the 81 joint actions, code ``27 d + 9 m + 3 o + u``);
-    ``None``: :data:`foxhunt.presets.ACTION_FACE`."""
+    presets) or ``"joint"`` (one branch of the 81 joint actions, code ``27 d + 9 m + 3 o + u``)."""
     env: EnvSettings = field(default_factory=EnvSettings)  # The env's settings.
     algorithm: AlgorithmSettings = field(default_factory=AlgorithmSettings)  # BranchingIQN's settings.
     policy: PolicySettings = field(default_factory=PolicySettings)  # The policy's settings.
@@ -120,9 +141,9 @@ class RunConfig:
                       env_kwargs: dict[str, Any] | None) -> None:
         for name, cls in SECTIONS.items():
             setattr(self, name, section_from_dict(cls, getattr(self, name), f"RunConfig.{name}."))
-        for legacy, values in zip(LEGACY_SECTIONS, (model_kwargs, policy_kwargs, env_kwargs), strict=True):
+        for keyword, values in zip(KWARGS_SECTIONS, (model_kwargs, policy_kwargs, env_kwargs), strict=True):
             if values is not None:
-                self._set_legacy(legacy, values)
+                self._set_kwargs(keyword, values)
         resolve_action_face(self.action_face, "RunConfig.action_face")
         check_fields(self, "RunConfig.")
         for name in SECTIONS:
@@ -136,23 +157,23 @@ class RunConfig:
         check_eval_split(self.eval_split, "RunConfig.eval_split")
         self._check_env()
 
-    def _set_legacy(self, legacy: str, values: Any) -> None:
-        """Set the section fields that an old flat dict (``model_kwargs``, ...) names."""
+    def _set_kwargs(self, keyword: str, values: Any) -> None:
+        """Set the section fields that a flat dict of the constructor (``model_kwargs``, ...) names."""
         if not isinstance(values, dict):
-            raise ValueError(f"RunConfig.{legacy}={values!r} must be a dict")
+            raise ValueError(f"RunConfig.{keyword}={values!r} must be a dict")
         values = dict(values)
-        if legacy == "model_kwargs" and "hindsight" in values:  # a run-level setting in the tree
+        if keyword == "model_kwargs" and "hindsight" in values:  # a run-level setting in the tree
             self.hindsight = values.pop("hindsight")
-        name = LEGACY_SECTIONS[legacy]
+        name = KWARGS_SECTIONS[keyword]
         section = getattr(self, name)
         known = {f.name for f in dataclasses.fields(section)}
-        if legacy == "env_kwargs":  # market options go to env.market
+        if keyword == "env_kwargs":  # market options go to env.market
             market = {k: v for k, v in values.items() if k not in known}
             values = {k: v for k, v in values.items() if k in known}
             values["market"] = {**section.market, **market}
         unknown = sorted(set(values) - known)
         if unknown:
-            raise ValueError(f"unknown RunConfig.{legacy} keys {unknown}; known keys are {sorted(known)}")
+            raise ValueError(f"unknown RunConfig.{keyword} keys {unknown}; known keys are {sorted(known)}")
         setattr(self, name, dataclasses.replace(section, **values))
 
     def _check_env(self) -> None:
@@ -209,24 +230,26 @@ class RunConfig:
 
     # ---------------------------------------------------------------- resolved settings
 
+    def resolved(self) -> RunConfig:
+        """This config with every field of :data:`foxhunt.config.AUTO` chosen for the run
+        (:func:`foxhunt.config.resolve`): the values :func:`train` runs with and writes to
+        ``config.json``."""
+        return resolve(self)
+
     def resolved_cuda_graph(self) -> bool:
         """Whether gradient steps run as CUDA graphs (``cuda_graph``, or the device's default)."""
         import torch as th
 
-        on_cuda = th.device(self.device).type == "cuda"
-        graph = on_cuda if self.cuda_graph is None else self.cuda_graph
-        if graph and not on_cuda:
+        if self.cuda_graph and th.device(self.device).type != "cuda":
             raise ValueError(f"RunConfig.cuda_graph=True needs a CUDA device, got device={self.device!r}")
-        return graph
+        return bool(self.resolved().cuda_graph)
 
     def resolved_device_loop(self) -> bool:
         """Whether collection runs through the device loop (``device_loop``, or on exactly on CUDA)."""
-        import torch as th
-
-        return th.device(self.device).type == "cuda" if self.device_loop is None else self.device_loop
+        return bool(self.resolved().device_loop)
 
     def resolved_action_face(self) -> str:
-        """The action face (``action_face``, or :data:`foxhunt.presets.ACTION_FACE`)."""
+        """The action face (``action_face``)."""
         return resolve_action_face(self.action_face, "RunConfig.action_face")
 
     def train_split(self) -> str:
@@ -235,31 +258,27 @@ class RunConfig:
         return "fit" if self.eval_split == "validation" else "train"
 
     def resolved_hindsight(self) -> bool:
-        """Whether hindsight replay is on (``hindsight``; ``None``: on for the branched face only, off on the
+        """Whether hindsight replay is on (``hindsight``; auto: on for the branched face only, off on the
         execute task, whose rewards are no trades' PnL)."""
-        if self.env.task == "execute":
-            if self.hindsight:
-                raise ValueError("hindsight=True with env.task='execute': hindsight replay relabels the "
-                                 "trading task's trades; train the execute task without it")
-            return False
-        return self.resolved_action_face() == "branched" if self.hindsight is None else self.hindsight
+        if self.env.task == "execute" and self.hindsight:
+            raise ValueError("hindsight=True with env.task='execute': hindsight replay relabels the "
+                             "trading task's trades; train the execute task without it")
+        return bool(self.resolved().hindsight)
 
     def resolved_model_kwargs(self) -> dict[str, Any]:
-        """BranchingIQN's keyword arguments: the run's presets (:func:`foxhunt.config.algorithm_presets`),
-        the ``algorithm`` fields set, and ``hindsight``."""
-        import torch as th
-
-        base = algorithm_presets(self.resolved_action_face(), cuda=th.device(self.device).type == "cuda",
-                                 steps=self.steps, n_envs=self.n_envs)
-        return {**base, **self.algorithm.kwargs(), "hindsight": self.resolved_hindsight()}
+        """BranchingIQN's keyword arguments: the resolved ``algorithm`` fields (those not ``None``) and
+        ``hindsight``."""
+        config = self.resolved()
+        return {**config.algorithm.kwargs(), "hindsight": self.resolved_hindsight()}
 
     def resolved_policy_kwargs(self) -> dict[str, Any]:
-        """The policy's keyword arguments: the face's presets, then the ``policy`` fields set."""
-        return {**policy_presets(self.resolved_action_face()), **self.policy.kwargs()}
+        """The policy's keyword arguments: the resolved ``policy`` fields (those not ``None``)."""
+        return self.resolved().policy.kwargs()
 
     def resolved_env_kwargs(self) -> dict[str, Any]:
-        """The env's keyword arguments: the ``env`` fields set and its market options."""
-        return self.env.kwargs()
+        """The env's keyword arguments: the resolved ``env`` fields (those not ``None``) and its market
+        options."""
+        return self.resolved().env.kwargs()
 
     # ---------------------------------------------------------------- dotted names, JSON
 
@@ -303,16 +322,15 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> RunConfig:
-        """A config from a dict (a ``config.json``'s content, of this version or an older one with the flat
-        ``model_kwargs``/``policy_kwargs``/``env_kwargs`` dicts); unknown keys raise ``ValueError`` naming
-        them.
+        """A config from a dict (a ``config.json``'s content: the tree, a field left out takes its default);
+        unknown keys raise ``ValueError`` naming them.
 
         :param values: field values.
         :return: the config.
         """
         if not isinstance(values, dict):
             raise ValueError(f"a run config must be a JSON object, got {type(values).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)} | set(LEGACY_SECTIONS)
+        known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"unknown RunConfig fields {unknown}; known fields are {sorted(known)}")
@@ -330,6 +348,11 @@ class RunConfig:
             values = json.loads(path.read_text())
         except json.JSONDecodeError as error:
             raise ValueError(f"{path}: not valid JSON ({error})") from None
+        nulls = unrecorded_fields(values) if isinstance(values, dict) else []
+        if nulls:
+            raise ValueError(f"{path}: null for {', '.join(nulls)}, where a run uses a value (a "
+                             "config.json written before config.json recorded every value that ran): delete "
+                             "those keys to take today's defaults")
         return cls.from_dict(values)
 
 
@@ -453,9 +476,17 @@ def resume(run_dir: str | Path, callback: Any = None, progress: bool | None = No
         raise FileNotFoundError(
             f"resume={str(run_dir)!r}: no run folder there ({run_dir / 'config.json'} missing)"
         )
-    config = RunConfig.load(run_dir / "config.json")
-    if "action_face" not in json.loads((run_dir / "config.json").read_text()):
-        config = dataclasses.replace(config, action_face="branched")  # a run from before the joint face
+    try:
+        values = json.loads((run_dir / "config.json").read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{run_dir / 'config.json'}: not valid JSON ({error})") from None
+    nulls = unrecorded_fields(values, ran=True) if isinstance(values, dict) else []
+    if nulls:
+        raise ValueError(f"resume={str(run_dir)!r}: its config.json has null for {', '.join(nulls[:3])}"
+                         f"{', ...' if len(nulls) > 3 else ''}: it was written before config.json recorded "
+                         "every value that ran, and such a run cannot be resumed; train it again with "
+                         "foxhunt train")
+    config = RunConfig.from_dict(values)
     if progress is not None:
         config = dataclasses.replace(config, progress=progress)
     return train(config, callback, resume_from=run_dir, allow_market_change=allow_market_change)
@@ -482,12 +513,7 @@ def train(config: RunConfig, callback: Any = None, *, resume_from: str | Path | 
     from sb3_her_ext.algorithm import BranchingIQN
 
     config.check()  # every option and the memory, before anything is made or opened
-    if resume_from is None:
-        # config.json records whether the steps were graphed
-        config = dataclasses.replace(config, cuda_graph=config.resolved_cuda_graph(),
-                                     device_loop=config.resolved_device_loop(),
-                                     action_face=config.resolved_action_face(),
-                                     hindsight=config.resolved_hindsight())
+    config = config.resolved()  # config.json records every value that runs
     expected = fingerprint.run_fingerprint(config)  # what every artefact of the run is stamped with
     out = new_run_folder(config.out) if resume_from is None else Path(resume_from)
     lock = lock_run_folder(out)  # a second process resuming this run while it goes on is refused
@@ -632,7 +658,7 @@ def _evaluate_run(config: RunConfig, model: Any, out: Path, stopped: str | None 
 def smoke_test_note(config: RunConfig) -> str | None:
     """What a run of at most ``foxhunt train``'s CPU budget is, said in its report and output; ``None`` for a
     longer run."""
-    if config.steps > presets.CPU_TRAIN_STEPS:
+    if config.steps > RunConfig().steps:
         return None
     return (f"a smoke test: {config.steps:,} env steps check the pipeline end to end, they do not train a "
             "trader (README: What the default run is)")

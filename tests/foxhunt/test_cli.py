@@ -275,7 +275,9 @@ def test_every_config_field_is_an_option_named_by_its_dotted_path() -> None:
                             '{"signal_strength": 0.5}'])
     assert config.algorithm.learning_rate == 1e-3 and config.env.episode_length == 200
     assert config.policy.net_arch == [32, 32] and config.policy.popart is False
-    assert config.resolved_env_kwargs() == {"episode_length": 200, "signal_strength": 0.5}
+    # every env value the run uses (issue 37): the options given, the defaults, the chosen market seed
+    expected = {**RunConfig().env.kwargs(), "episode_length": 200, "market_seed": 0, "signal_strength": 0.5}
+    assert config.resolved_env_kwargs() == expected
     assert config.resolved_model_kwargs()["learning_rate"] == 1e-3
 
 

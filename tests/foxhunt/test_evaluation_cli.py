@@ -37,7 +37,7 @@ def test_a_longer_run_is_no_smoke_test() -> None:
     from foxhunt.runs import RunConfig, smoke_test_note
 
     assert "smoke test" in smoke_test_note(RunConfig())
-    assert smoke_test_note(RunConfig(steps=presets.CPU_TRAIN_STEPS + 1)) is None
+    assert smoke_test_note(RunConfig(steps=presets.CPU.steps + 1)) is None
 
 
 def test_evaluate_a_run_folder_with_the_signal_and_the_oracle(run_dir: Path, tmp_path: Path,

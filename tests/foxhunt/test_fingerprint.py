@@ -59,7 +59,7 @@ def test_resume_refuses_a_config_edited_to_another_market(run: Path) -> None:
     """The issue's example: kill a run, edit env_kwargs.market_seed in config.json, --resume."""
     edit_config(run, market_seed=5)
     with pytest.raises(FingerprintMismatch, match=r"checkpoint .*step_000000200 was made with another "
-                       r"config\.env\.market_seed: None -> 5 \(and 1 more: market\.seed\); put "
+                       r"config\.env\.market_seed: 0 -> 5 \(and 1 more: market\.seed\); put "
                        r"config\.json back as it was.*or pass --allow-market-change"):
         resume(run, progress=False)
     assert not (run / "model.zip").exists()
@@ -72,8 +72,8 @@ def test_an_explicit_market_change_resumes_on_the_new_market(run: Path) -> None:
     assert stamped["market"]["seed"] == 5  # the model now says what it went on with
 
 
-@pytest.mark.parametrize(("field", "value", "shown"), [("max_position", 7, r"max_position: None -> 7"),
-                                                       ("levels", 5, r"levels: None -> 5")])
+@pytest.mark.parametrize(("field", "value", "shown"), [("max_position", 7, r"max_position: 100\.0 -> 7"),
+                                                       ("levels", 5, r"levels: 10 -> 5")])
 def test_a_change_of_settings_is_refused_even_with_a_market_change(run: Path, field: str, value: int,
                                                                     shown: str) -> None:
     edit_config(run, **{field: value})
@@ -136,6 +136,6 @@ def test_the_cli_refuses_the_edited_run_in_one_line(run: Path, capsys: pytest.Ca
     edit_config(run, market_seed=5)
     assert main(["train", "--resume", str(run), "--no-progress"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "config.env.market_seed: None -> 5" in err
+    assert err.count("\n") == 1 and "config.env.market_seed: 0 -> 5" in err
     assert main(["train", "--allow-market-change", "--no-progress"]) == 2
     assert "--allow-market-change goes with --resume RUN_DIR" in capsys.readouterr().err

@@ -1,6 +1,6 @@
 """The joint action face (issue 16): BranchingIQN on one branch of 81 joint actions, through the whole app.
 
-Presets and RunConfig on both faces (and both values of ``presets.ACTION_FACE``), the device env's joint
+Presets and RunConfig on both faces (the default one and the other), the device env's joint
 face against the branched one, training on either loop, resume, ``foxhunt train --action-face`` and
 ``foxhunt evaluate`` on a joint run.
 """
@@ -17,7 +17,7 @@ from gymnasium import spaces
 
 from foxhunt import presets
 from foxhunt.cli import build_parser, config_from_args, main
-from foxhunt.config import algorithm_presets, policy_presets
+from foxhunt.config import auto_values
 from foxhunt.device_env import DeviceLOBVecEnv
 from foxhunt.envs import JOINT_BRANCH_NAMES, LOBVecEnv, decode_joint
 from foxhunt.evaluation.baselines import ModelPolicy
@@ -40,13 +40,19 @@ def market():
 
 
 def test_face_presets_drop_the_per_branch_arguments_on_the_joint_face() -> None:
-    sizes = dict(cuda=False, steps=15_000, n_envs=8)
-    branched = algorithm_presets("branched", **sizes)
-    assert branched == {**presets.CPU_SIZES, **presets.trading_algorithm_kwargs()}
-    assert policy_presets("branched") == presets.trading_policy_kwargs()
+    sizes = {f"algorithm.{name}": value for name, value in presets.DEVICE_SIZES["cpu"].items()}
+    branched = auto_values(RunConfig(action_face="branched"))
+    assert branched == {**sizes, "cuda_graph": False, "device_loop": False, "env.market_seed": 0,
+                        **presets.face_settings("branched")}
+    model = RunConfig(action_face="branched").resolved_model_kwargs()
+    branch_args = {name: model[name] for name in presets.BRANCHED_ALGORITHM_ARGS}
+    assert branch_args == presets.trading_algorithm_kwargs()
+    assert model["vaccine_interval"] == 5
+    policy = RunConfig(action_face="branched").resolved_policy_kwargs()
+    assert policy["bottleneck_dims"] == presets.BOTTLENECK_DIMS
     # no per-branch argument; the vaccine (which stratifies by one branch's three values) off
-    assert algorithm_presets("joint", **sizes) == {**presets.CPU_SIZES, "vaccine_interval": 0}
-    assert policy_presets("joint") == {}
+    assert presets.face_settings("joint") == {"hindsight": False, "algorithm.vaccine_interval": 0}
+    assert "bottleneck_dims" not in RunConfig(action_face="joint").resolved_policy_kwargs()
     assert RunConfig(action_face="branched", hindsight=False).resolved_model_kwargs()["hindsight"] is False
     # hindsight on the joint face relabels the decoded branches (tests/foxhunt/test_joint_hindsight.py)
     assert RunConfig(action_face="joint", hindsight=True).resolved_hindsight() is True
@@ -54,12 +60,13 @@ def test_face_presets_drop_the_per_branch_arguments_on_the_joint_face() -> None:
         resolve_action_face("flat")
 
 
-@pytest.mark.parametrize("default", presets.ACTION_FACES)
-def test_either_default_face_works(monkeypatch: pytest.MonkeyPatch, default: str) -> None:
-    """``presets.ACTION_FACE`` may be either face: a config that names none follows it."""
-    monkeypatch.setattr(presets, "ACTION_FACE", default)
-    config = RunConfig()
-    assert config.action_face is None and config.resolved_action_face() == default
+@pytest.mark.parametrize("face", presets.ACTION_FACES)
+def test_either_face_resolves_its_settings(face: str) -> None:
+    """A config that names no face has ``presets.ACTION_FACE``; either face resolves its own settings."""
+    assert RunConfig().action_face == presets.ACTION_FACE
+    config = RunConfig(action_face=face)
+    default = face
+    assert config.resolved_action_face() == default
     assert config.resolved_hindsight() is (default == "branched")
     model = config.resolved_model_kwargs()
     assert model["hindsight"] is (default == "branched")
@@ -251,7 +258,7 @@ def _train_config(argv: list[str]) -> RunConfig:
 def test_cli_action_face_flag(capsys: pytest.CaptureFixture[str]) -> None:
     assert _train_config(["--action-face", "joint"]).action_face == "joint"
     assert _train_config(["--action-face", "branched", "--hindsight"]).hindsight is True
-    assert _train_config([]).action_face is None
+    assert _train_config([]).action_face == presets.ACTION_FACE
     with pytest.raises(SystemExit):
         build_parser().parse_args(["train", "--action-face", "flat"])
     assert _train_config(["--action-face", "joint", "--hindsight"]).hindsight is True
@@ -315,19 +322,3 @@ def test_a_joint_cuda_run_trains_through_the_graphed_device_loop(tmp_path: Path)
     model = BranchingIQN.load(out / "model.zip", device="cuda")
     assert model.action_space == spaces.Discrete(81) and model.num_timesteps == 600
     assert "policy" in json.loads((out / "evaluation.json").read_text())["policies"]
-
-
-def test_a_run_from_before_the_faces_resumes_branched(tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """A config.json without ``action_face`` was written by a branched run, whatever the default is now."""
-    out = tmp_path / "run"
-    with pytest.raises(_Crash):
-        train(small_config(out, steps=300, action_face="branched", hindsight=False), callback=_CrashAt(250))
-    values = json.loads((out / "config.json").read_text())
-    del values["action_face"]
-    (out / "config.json").write_text(json.dumps(values))
-    monkeypatch.setattr(presets, "ACTION_FACE", "joint")
-    assert resume(out) == out
-    from sb3_her_ext import BranchingIQN
-
-    assert BranchingIQN.load(out / "model.zip").action_space == spaces.MultiDiscrete([3] * 4)

@@ -46,35 +46,71 @@ def test_a_resumed_run_equals_the_uninterrupted_one(uninterrupted: Path, tmp_pat
     )
 
 
-def _old_format(config: dict) -> dict:
-    """A ``config.json`` as the version before the config tree wrote it: the run's fields and three flat dicts
-    of overrides (these are :func:`small_config`'s)."""
-    old = {name: value for name, value in config.items() if name not in ("env", "algorithm", "policy")}
-    return {**old, "model_kwargs": dict(SMALL_MODEL_KWARGS), "policy_kwargs": {},
-            "env_kwargs": {"episode_length": 60}}
+def test_a_runs_config_json_records_every_value_that_ran(uninterrupted: Path) -> None:
+    """No null where a value ran; loading it resolves to itself (the run again is the same run)."""
+    from foxhunt.config import NULL_MEANS
+    from foxhunt.runs import unrecorded_fields
+    from sb3_her_ext import BranchingIQN
+
+    values = json.loads((uninterrupted / "config.json").read_text())
+    assert unrecorded_fields(values, ran=True) == []
+    nulls = [name for name, value in values.items() if value is None]
+    nulls += [f"{section}.{name}" for section in ("env", "algorithm", "policy")
+              for name, value in values[section].items() if value is None]
+    assert set(nulls) <= set(NULL_MEANS)
+    config = RunConfig.from_dict(values)
+    assert config.resolved() == config and config.to_dict() == values
+    model = BranchingIQN.load(uninterrupted / "model.zip")
+    algorithm = values["algorithm"]
+    for name in ("batch_size", "learning_starts", "buffer_size", "target_update_interval", "tau", "gamma",
+                 "exploration_fraction", "max_grad_norm", "vaccine_interval", "c51_alpha",
+                 "diagnostics_interval"):
+        assert getattr(model, name) == algorithm[name], name
+    assert model.policy.n_ensemble == values["policy"]["n_ensemble"]
 
 
-def test_a_config_json_of_the_old_format_loads_as_the_same_config(tmp_path: Path) -> None:
-    config = small_config(tmp_path / "run")
-    (tmp_path / "old.json").write_text(json.dumps(_old_format(config.to_dict())))
-    assert RunConfig.load(tmp_path / "old.json") == config
-    assert config.algorithm.batch_size == 16 and config.env.episode_length == 60
-    mixed = {**config.to_dict(), "model_kwargs": {"stepz": 1}}
-    with pytest.raises(ValueError, match=r"unknown RunConfig.model_kwargs keys \['stepz'\]"):
-        RunConfig.from_dict(mixed)
+def _with_nulls(run: Path, *names: str) -> None:
+    """Rewrite ``run``'s config.json as the code before concrete defaults wrote it: ``null`` for ``names``."""
+    values = json.loads((run / "config.json").read_text())
+    for name in names:
+        section, _, field = name.rpartition(".")
+        (values[section] if section else values)[field] = None
+    (run / "config.json").write_text(json.dumps(values))
 
 
-def test_a_run_whose_config_json_has_the_old_format_resumes_bit_for_bit(uninterrupted: Path,
-                                                                        tmp_path: Path) -> None:
-    """A run killed under the previous version (its config.json flat) resumes under this one."""
+def test_a_config_json_with_nulls_where_values_ran_is_refused_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A config.json written before config.json recorded every value (``batch_size: null``) is a format never
+    released: resume refuses it, naming the fields and what to do; ``--config`` says which keys to delete."""
+    from foxhunt.cli import main
+
     out = tmp_path / "run"
     with pytest.raises(_Crash):
-        train(small_config(out), callback=_CrashAt(470))
-    written = json.loads((out / "config.json").read_text())
-    (out / "config.json").write_text(json.dumps(_old_format(written)))
-    resume(out)
-    assert_same_model(uninterrupted / "model.zip", out / "model.zip")
-    assert _diagnostics(out) == _diagnostics(uninterrupted)
+        train(small_config(out, steps=300), callback=_CrashAt(250))
+    _with_nulls(out, "algorithm.batch_size", "algorithm.tau", "hindsight")
+    with pytest.raises(ValueError, match=r"resume='.*run': its config.json has null for hindsight, "
+                                         r"algorithm.batch_size, algorithm.tau: .* cannot be resumed; train "
+                                         r"it again with foxhunt train"):
+        resume(out)
+    assert main(["train", "--resume", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "cannot be resumed" in err
+    # as --config, a null in a field chosen for the run (hindsight) is fine; one in tau is not
+    with pytest.raises(ValueError, match=r"config.json: null for algorithm.tau, where a run uses a value .* "
+                                         r"delete those keys"):
+        RunConfig.load(out / "config.json")
+    _with_nulls(out, "hindsight", "algorithm.batch_size")
+    values = json.loads((out / "config.json").read_text())
+    values["algorithm"]["tau"] = 1.0
+    (out / "config.json").write_text(json.dumps(values))
+    assert RunConfig.load(out / "config.json").resolved().algorithm.batch_size == 64
+
+
+def test_a_config_json_of_the_flat_format_before_the_tree_is_refused(tmp_path: Path) -> None:
+    old = {**small_config(None).to_dict(), "model_kwargs": {"batch_size": 16}}
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    with pytest.raises(ValueError, match=r"unknown RunConfig fields \['model_kwargs'\]"):
+        RunConfig.load(tmp_path / "old.json")
 
 
 def test_a_run_resumed_before_learning_starts_equals_the_uninterrupted_one(tmp_path: Path) -> None:

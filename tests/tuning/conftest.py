@@ -22,8 +22,8 @@ TINY_CONFIG = {
     "eval_steps": 20,
     "synthetic_market_steps": 1000,
     "threads": 1,
-    "model_kwargs": {"learning_starts": 40, "buffer_size": 1000, "diagnostics_interval": 100},
-    "policy_kwargs": {
+    "algorithm": {"learning_starts": 40, "buffer_size": 1000, "diagnostics_interval": 100},
+    "policy": {
         "n_ensemble": 1,
         "n_cos": 8,
         "n_quantiles": 4,
@@ -31,7 +31,7 @@ TINY_CONFIG = {
         "n_quantiles_act": 4,
         "n_atoms": 11,
     },
-    "env_kwargs": {"episode_length": 50},
+    "env": {"episode_length": 50},
 }
 #: A small space: tiny networks, a couple of searched knobs, hindsight off (fewer parameters, faster).
 TINY_SPACE = """\

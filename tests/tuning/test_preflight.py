@@ -79,7 +79,7 @@ def test_the_space_fits_the_face_and_the_budget() -> None:
 def test_action_face_option_reaches_the_base_config() -> None:
     args = tune_parser().parse_args(["--action-face", "branched"])
     assert base_config(args).action_face == "branched"
-    assert base_config(tune_parser().parse_args([])).action_face is None
+    assert base_config(tune_parser().parse_args([])).action_face == RunConfig().action_face
 
 
 @pytest.mark.parametrize(

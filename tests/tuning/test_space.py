@@ -46,7 +46,7 @@ def test_every_default_knob_reaches_the_algorithm() -> None:
     assert model["iqr_bonus"] == [values["algorithm.iqr_bonus.start"], values["algorithm.iqr_bonus.end"]]
     policy = config.resolved_policy_kwargs()
     assert policy["popart"] is values["policy.popart"]
-    assert policy["net_arch"] == [values["policy.net_width"]] * len(presets.NET_ARCH)
+    assert policy["net_arch"] == [values["policy.net_width"]] * len(RunConfig().policy.net_arch)
     assert config.hindsight is True and model["hindsight"] is True
     assert RunConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
 

@@ -46,9 +46,9 @@ def test_a_branched_trial_still_samples_them() -> None:
     assert {name for name in BRANCHED_PARAMS if not name.startswith("hindsight.")} <= _sampled(trial)
 
 
-@pytest.mark.parametrize("default", presets.ACTION_FACES)
-def test_suggest_follows_the_default_face(monkeypatch: pytest.MonkeyPatch, default: str) -> None:
-    monkeypatch.setattr(presets, "ACTION_FACE", default)
+def test_suggest_follows_the_default_face() -> None:
+    """Without a face, suggest takes the config tree's default one (``RunConfig.action_face``)."""
+    default = RunConfig().action_face
     trial = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0)).ask()
     values = suggest(trial, load_space())
     assert ("algorithm.exploration_mults.magnitude" in values) is (default == "branched")
