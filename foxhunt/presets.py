@@ -44,7 +44,8 @@ from foxhunt.runs import RunConfig
 #: the trading settings and sizes live beside the config tree that chooses them (:mod:`foxhunt.config`)
 __all__ = ["ACTION_FACE", "ACTION_FACES", "BOLTZMANN_BRANCHES", "BOTTLENECK_DIMS", "BRANCHED_ALGORITHM_ARGS",
            "BRANCHED_POLICY_ARGS", "BRANCH_NAMES", "DEVICE_SIZES", "EXPLORATION_MULTS", "GPU_N_ENVS",
-           "GPU_STEPS", "RECIPE_NAMES", "VACCINE_BRANCH", "changes", "trading_algorithm_kwargs", "trading_policy_kwargs"]
+           "GPU_STEPS", "RECIPE_NAMES", "VACCINE_BRANCH", "changes", "trading_algorithm_kwargs",
+           "trading_policy_kwargs"]
 # and, built on first use (module __getattr__): CPU, GPU, FAST, RECIPES
 
 #: ``foxhunt train --device cuda``'s books and steps (the parser's help names them without building a config)
