@@ -563,6 +563,18 @@ __device__ inline void descend(const double* __restrict__ tree, const double* ca
   }
 }
 
+// The leaf node of stratified draw `safe_i` of `batch` (`u`: its uniform draw in [0, 1)): the one under the
+// target (safe_i + u) / batch * total, found from the root; `value` is its leaf value.
+__device__ inline int64_t stratified_leaf(const double* __restrict__ tree, const double* cached, int64_t n_cached,
+                                          int depth, int64_t safe_i, double u, int64_t batch, double& value) {
+  const double total = cached[1];
+  double target = (static_cast<double>(safe_i) + u) / static_cast<double>(batch) * total;
+  int64_t node = 1;
+  value = total;
+  descend(tree, cached, n_cached, depth, target, node, value);
+  return node;
+}
+
 // Batches of at most kSampleBlockMax: one block, one sample per thread, weights in the same launch; beyond
 // 256 the grid path is faster (benchmarks/RESULTS.md).
 constexpr int64_t kSampleBlockMax = 256;
@@ -586,10 +598,8 @@ __global__ void __launch_bounds__(1024) sample_block_kernel(const double* __rest
   __syncthreads();
   draws.advance();
   const double total = cached[1];
-  double target = (static_cast<double>(safe_i) + u) / static_cast<double>(batch) * total;
-  int64_t node = 1;
-  double value = total;
-  descend(tree, cached, n_cached, depth, target, node, value);
+  double value;
+  const int64_t node = stratified_leaf(tree, cached, n_cached, depth, safe_i, u, batch, value);
   double w = 0.0;
   if (i < batch) {
     indices[i] = node - n_leaves;
@@ -620,10 +630,8 @@ __global__ void __launch_bounds__(kSampleBlockThreads) sample_descend_kernel(
   const double size = static_cast<double>(head_size[1]);
   __syncthreads();
   const double total = cached[1];
-  double target = (static_cast<double>(safe_i) + u) / static_cast<double>(batch) * total;
-  int64_t node = 1;
-  double value = total;
-  descend(tree, cached, n_cached, depth, target, node, value);
+  double value;
+  const int64_t node = stratified_leaf(tree, cached, n_cached, depth, safe_i, u, batch, value);
   double w = 0.0;
   if (i < batch) {
     indices[i] = node - n_leaves;
