@@ -236,7 +236,6 @@ def _check_tick_size(tick_size: float | None) -> int | None:
     return int(units)
 
 
-
 def parse_lobster(
     message_path: str | os.PathLike,
     orderbook_path: str | os.PathLike,
