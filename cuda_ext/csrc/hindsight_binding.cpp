@@ -19,6 +19,15 @@ namespace {
 
 using Rows = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
+// The rows an op returns, allocated: [n, obs_dim] obs and next obs and [n] rewards with the options of
+// `floats`, [n, n_branches] actions and the [1] count with those of `longs`, [n] wants with those of `bools`.
+Rows empty_rows(int64_t n, int64_t obs_dim, int64_t n_branches, const at::Tensor& floats, const at::Tensor& longs,
+                const at::Tensor& bools) {
+  return {at::empty({n, obs_dim}, floats.options()), at::empty({n, obs_dim}, floats.options()),
+          at::empty({n, n_branches}, longs.options()), at::empty({n}, floats.options()),
+          at::empty({n}, bools.options()), at::empty({1}, longs.options())};
+}
+
 // Check dtype, shape (-1: any size), device (that of `like`) and, for mutated state, contiguity.
 void check(const at::Tensor& t, const char* name, at::ScalarType dtype, std::initializer_list<int64_t> shape,
            const at::Tensor& like, bool mutated) {
@@ -103,12 +112,8 @@ Rows hindsight_inject_cuda(const at::Tensor& ring_len, const at::Tensor& entry_m
   const at::Tensor next_c = next_obs.contiguous();
   const at::Tensor action_c = action.contiguous();
   const at::Tensor replay_c = replay_next_obs.contiguous();
-  at::Tensor out_obs = at::empty({n_books, obs_dim}, obs.options());
-  at::Tensor out_next_obs = at::empty({n_books, obs_dim}, obs.options());
-  at::Tensor out_action = at::empty({n_books, n_branches}, action.options());
-  at::Tensor out_reward = at::empty({n_books}, obs.options());
-  at::Tensor wants = at::empty({n_books}, trade_closed.options());
-  at::Tensor count = at::empty({1}, action.options());
+  Rows rows = empty_rows(n_books, obs_dim, n_branches, obs, action, trade_closed);
+  auto& [out_obs, out_next_obs, out_action, out_reward, wants, count] = rows;
   C10_CUDA_CHECK(cuda_ext::hindsight::launch_inject(
       ring_len.data_ptr<int64_t>(), entry_mid.data_ptr<float>(), direction.data_ptr<int64_t>(),
       peak.data_ptr<float>(), peak_row.data_ptr<int64_t>(), closed_c.data_ptr<bool>(), raw_c.data_ptr<float>(),
@@ -118,7 +123,7 @@ Rows hindsight_inject_cuda(const at::Tensor& ring_len, const at::Tensor& entry_m
       flat_action, out_obs.data_ptr<float>(), out_next_obs.data_ptr<float>(), out_action.data_ptr<int64_t>(),
       out_reward.data_ptr<float>(), wants.data_ptr<bool>(), count.data_ptr<int64_t>(),
       at::cuda::getCurrentCUDAStream()));
-  return {out_obs, out_next_obs, out_action, out_reward, wants, count};
+  return rows;
 }
 
 Rows hindsight_forward_cuda(const at::Tensor& slot_valid, const at::Tensor& slot_entry,
@@ -174,12 +179,8 @@ Rows hindsight_forward_cuda(const at::Tensor& slot_valid, const at::Tensor& slot
   const at::Tensor lots_c = lots.contiguous();
   const at::Tensor obs_c = obs.contiguous();
   const at::Tensor action_c = action.contiguous();
-  at::Tensor out_obs = at::empty({n_slots, obs_dim}, slot_obs.options());
-  at::Tensor out_next_obs = at::empty({n_slots, obs_dim}, slot_obs.options());
-  at::Tensor out_action = at::empty({n_slots, n_branches}, slot_action.options());
-  at::Tensor out_reward = at::empty({n_slots}, slot_obs.options());
-  at::Tensor wants = at::empty({n_slots}, slot_valid.options());
-  at::Tensor count = at::empty({1}, slot_action.options());
+  Rows rows = empty_rows(n_slots, obs_dim, n_branches, slot_obs, slot_action, slot_valid);
+  auto& [out_obs, out_next_obs, out_action, out_reward, wants, count] = rows;
   at::Tensor workspace =
       at::empty({cuda_ext::hindsight::forward_workspace_size(n_slots, n_books)}, slot_action.options());
   C10_CUDA_CHECK(cuda_ext::hindsight::launch_forward(
@@ -194,7 +195,7 @@ Rows hindsight_forward_cuda(const at::Tensor& slot_valid, const at::Tensor& slot
       out_next_obs.data_ptr<float>(), out_action.data_ptr<int64_t>(), out_reward.data_ptr<float>(),
       wants.data_ptr<bool>(), count.data_ptr<int64_t>(), workspace.data_ptr<int64_t>(),
       at::cuda::getCurrentCUDAStream()));
-  return {out_obs, out_next_obs, out_action, out_reward, wants, count};
+  return rows;
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
@@ -223,13 +224,9 @@ magnitude_relabel_cuda(const at::Tensor& trade_closed, const at::Tensor& obs, co
   const at::Tensor reward_c = reward.contiguous();
   const at::Tensor mags_c = magnitudes.contiguous();
   const int64_t n_rows = (n_mags - 1) * n_books;
-  at::Tensor out_obs = at::empty({n_rows, obs_dim}, obs.options());
-  at::Tensor out_next_obs = at::empty({n_rows, obs_dim}, obs.options());
-  at::Tensor out_action = at::empty({n_rows, n_branches}, action.options());
-  at::Tensor out_reward = at::empty({n_rows}, obs.options());
+  auto [out_obs, out_next_obs, out_action, out_reward, wants, count] =
+      empty_rows(n_rows, obs_dim, n_branches, obs, action, trade_closed);
   at::Tensor out_priority = at::empty({n_rows}, obs.options());
-  at::Tensor wants = at::empty({n_rows}, trade_closed.options());
-  at::Tensor count = at::empty({1}, action.options());
   C10_CUDA_CHECK(cuda_ext::hindsight::launch_relabel(
       closed_c.data_ptr<bool>(), obs_c.data_ptr<float>(), next_c.data_ptr<float>(), action_c.data_ptr<int64_t>(),
       reward_c.data_ptr<float>(), mags_c.data_ptr<float>(), n_books, obs_dim, n_branches, n_mags,

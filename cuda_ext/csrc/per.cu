@@ -196,6 +196,24 @@ __device__ void reduce_nodes(double* tree, int64_t first, int64_t width, double*
   }
 }
 
+// True in every thread of the block that arrives last at the grid's arrival counter, the low 32 bits of
+// tree[0] (unused by the tree, kept 0 between calls: atomicInc wraps it back to 0 on the last arrival).
+// Each thread's earlier writes are visible device-wide before its block arrives, and the last block then
+// sees every other block's writes. Every thread of the block must call it.
+__device__ inline bool last_block_to_arrive(double* tree) {
+  __shared__ int is_last;
+  __threadfence();  // this thread's node writes are visible device-wide before the block arrives
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned int arrived = atomicInc(reinterpret_cast<unsigned int*>(tree), gridDim.x - 1);
+    is_last = arrived == gridDim.x - 1 ? 1 : 0;
+  }
+  __syncthreads();
+  if (!is_last) return false;
+  __threadfence();
+  return true;
+}
+
 // Whole tree of n_leaves <= width in one block.
 __global__ void small_tree_kernel(double* tree, int64_t n_leaves) {
   pdl_wait_then_release();
@@ -211,7 +229,6 @@ __global__ void tree_rebuild_kernel(double* tree, int64_t n_leaves, int64_t widt
                                     const int64_t* __restrict__ leaf_idx, int64_t m) {
   pdl_wait_then_release();
   extern __shared__ double local[];
-  __shared__ int is_last;
   bool listed = true;
   if (leaf_idx != nullptr) {
     const int64_t lo = blockIdx.x * width;
@@ -224,15 +241,7 @@ __global__ void tree_rebuild_kernel(double* tree, int64_t n_leaves, int64_t widt
     listed = __syncthreads_or(found) != 0;
   }
   if (listed) reduce_nodes(tree, n_leaves + blockIdx.x * width, width, local, false);
-  __threadfence();  // this thread's node writes are visible device-wide before the block arrives
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const unsigned int arrived = atomicInc(reinterpret_cast<unsigned int*>(tree), gridDim.x - 1);
-    is_last = arrived == gridDim.x - 1 ? 1 : 0;
-  }
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
+  if (!last_block_to_arrive(tree)) return;
   reduce_nodes(tree, gridDim.x, gridDim.x, local, true);
 }
 
@@ -335,7 +344,6 @@ __global__ void __launch_bounds__(kFastThreads) fast_rebuild_kernel(double* tree
                                                                     int64_t m) {
   pdl_wait_then_release();
   __shared__ double warp_roots[kFastThreads / 32];
-  __shared__ int is_last;
   const int64_t n_subtrees = gridDim.x;
   const int64_t b = blockIdx.x;
   const int lane = threadIdx.x & 31;
@@ -392,15 +400,7 @@ __global__ void __launch_bounds__(kFastThreads) fast_rebuild_kernel(double* tree
       }
     }
   }
-  __threadfence();  // this thread's node writes are visible device-wide before the block arrives
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const unsigned int arrived = atomicInc(reinterpret_cast<unsigned int*>(tree), gridDim.x - 1);
-    is_last = arrived == gridDim.x - 1 ? 1 : 0;
-  }
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
+  if (!last_block_to_arrive(tree)) return;
   reduce_top(tree, n_subtrees);
 }
 
@@ -563,6 +563,18 @@ __device__ inline void descend(const double* __restrict__ tree, const double* ca
   }
 }
 
+// The leaf node of stratified draw `safe_i` of `batch` (`u`: its uniform draw in [0, 1)): the one under the
+// target (safe_i + u) / batch * total, found from the root; `value` is its leaf value.
+__device__ inline int64_t stratified_leaf(const double* __restrict__ tree, const double* cached, int64_t n_cached,
+                                          int depth, int64_t safe_i, double u, int64_t batch, double& value) {
+  const double total = cached[1];
+  double target = (static_cast<double>(safe_i) + u) / static_cast<double>(batch) * total;
+  int64_t node = 1;
+  value = total;
+  descend(tree, cached, n_cached, depth, target, node, value);
+  return node;
+}
+
 // Batches of at most kSampleBlockMax: one block, one sample per thread, weights in the same launch; beyond
 // 256 the grid path is faster (benchmarks/RESULTS.md).
 constexpr int64_t kSampleBlockMax = 256;
@@ -586,10 +598,8 @@ __global__ void __launch_bounds__(1024) sample_block_kernel(const double* __rest
   __syncthreads();
   draws.advance();
   const double total = cached[1];
-  double target = (static_cast<double>(safe_i) + u) / static_cast<double>(batch) * total;
-  int64_t node = 1;
-  double value = total;
-  descend(tree, cached, n_cached, depth, target, node, value);
+  double value;
+  const int64_t node = stratified_leaf(tree, cached, n_cached, depth, safe_i, u, batch, value);
   double w = 0.0;
   if (i < batch) {
     indices[i] = node - n_leaves;
@@ -620,10 +630,8 @@ __global__ void __launch_bounds__(kSampleBlockThreads) sample_descend_kernel(
   const double size = static_cast<double>(head_size[1]);
   __syncthreads();
   const double total = cached[1];
-  double target = (static_cast<double>(safe_i) + u) / static_cast<double>(batch) * total;
-  int64_t node = 1;
-  double value = total;
-  descend(tree, cached, n_cached, depth, target, node, value);
+  double value;
+  const int64_t node = stratified_leaf(tree, cached, n_cached, depth, safe_i, u, batch, value);
   double w = 0.0;
   if (i < batch) {
     indices[i] = node - n_leaves;

@@ -408,10 +408,29 @@ def hindsight_forward(
         slot_obs, slot_action, ring_head, step, mid, book_reset, trade_closed, entry_mid, closed_direction,
         actual, lots, obs, action, lookahead, threshold, reward_scale, direction_branch,
     )
-    n_slots = slot_obs.shape[0]
-    n_books = obs.shape[0]
+    rows = _judge_slots(slot_valid, slot_entry, slot_close_step, slot_direction, slot_actual, slot_lots,
+                        slot_book, slot_obs, slot_action, step, mid, book_reset, lookahead, threshold,
+                        reward_scale, direction_branch)
+    _enter_ring(
+        (slot_valid, slot_entry, slot_close_step, slot_direction, slot_actual, slot_lots, slot_book, slot_obs,
+         slot_action),
+        ring_head, step, trade_closed, entry_mid, closed_direction, actual, lots, obs, action,
+    )
+    return rows
 
-    # Phase 1: judge every pending slot.
+
+def _judge_slots(
+    slot_valid: Tensor, slot_entry: Tensor, slot_close_step: Tensor, slot_direction: Tensor,
+    slot_actual: Tensor, slot_lots: Tensor, slot_book: Tensor, slot_obs: Tensor, slot_action: Tensor,
+    step: Tensor, mid: Tensor, book_reset: Tensor, lookahead: int, threshold: float, reward_scale: float,
+    direction_branch: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Phase 1 of :func:`hindsight_forward`: judge every pending slot, clear the judged ones.
+
+    :return: ``(out_obs, out_next_obs, out_action, out_reward, wants, count)`` as
+        :func:`hindsight_forward` returns them.
+    """
+    n_books = mid.shape[0]
     book_ok = (slot_book >= 0) & (slot_book < n_books)
     book = slot_book.clamp(0, max(n_books - 1, 0))
     if n_books > 0:
@@ -436,30 +455,34 @@ def hindsight_forward(
     out_reward = torch.where(wants, fwd * reward_scale, torch.zeros_like(fwd))
     count = wants.sum().reshape(1)
     slot_valid.masked_fill_(clear, False)
+    return out_obs, out_next_obs, out_action, out_reward, wants.clone(), count
 
-    # Phase 2: closed trades enter the ring at prefix-sum positions (the last S when more).
+
+def _enter_ring(
+    slots: tuple[Tensor, ...], ring_head: Tensor, step: Tensor, trade_closed: Tensor, entry_mid: Tensor,
+    closed_direction: Tensor, actual: Tensor, lots: Tensor, obs: Tensor, action: Tensor,
+) -> None:
+    """Phase 2 of :func:`hindsight_forward`: closed trades enter the ring at prefix-sum positions (the last
+    ``S`` when more), in place.
+
+    :param slots: the nine slot tensors in :func:`hindsight_forward`'s order (valid ... action).
+    """
+    slot_valid = slots[0]
+    n_slots = slot_valid.shape[0]
+    n_books = obs.shape[0]
     enters = trade_closed & (closed_direction != 0)
     enters_long = enters.long()
     prefix = torch.cumsum(enters_long, 0) - enters_long
     total = enters_long.sum()
     kept = enters & (prefix >= total - n_slots)
     position = torch.where(kept, (ring_head + prefix) % n_slots, n_slots)  # n_slots: the dummy row
-    for state, value in (
-        (slot_valid, enters),
-        (slot_entry, entry_mid),
-        (slot_close_step, step.expand(n_books)),
-        (slot_direction, closed_direction),
-        (slot_actual, actual),
-        (slot_lots, lots),
-        (slot_book, torch.arange(n_books, device=obs.device)),
-        (slot_obs, obs),
-        (slot_action, action),
-    ):
+    values = (enters, entry_mid, step.expand(n_books), closed_direction, actual, lots,
+              torch.arange(n_books, device=obs.device), obs, action)
+    for state, value in zip(slots, values, strict=True):
         padded = torch.cat([state, state[:1]])
         padded.index_copy_(0, position, value)
         state.copy_(padded[:n_slots])
     ring_head.copy_((ring_head + total) % n_slots)
-    return out_obs, out_next_obs, out_action, out_reward, wants.clone(), count
 
 
 def check_magnitude_relabel(

@@ -170,20 +170,7 @@ def load_market(
     :return: the timeline.
     :raises ValueError: on a bad source, parameter or data file, naming the field and the value.
     """
-    if split not in SPLITS:
-        raise ValueError(f"split={split!r} must be one of {', '.join(map(repr, SPLITS))}")
-    unknown = sorted(set(waves) - set(WAVE_KNOBS))
-    if unknown:
-        raise ValueError(f"load_market got unknown option(s) {unknown}; the wave knobs are "
-                         f"{list(WAVE_KNOBS)}")
-    for name, fraction in (("train_fraction", train_fraction), ("validation_fraction", validation_fraction)):
-        if isinstance(fraction, bool) or not isinstance(fraction, int | float):
-            raise ValueError(f"{name}={fraction!r} must be a number strictly between 0 and 1")
-    if not 0.0 < validation_fraction < 1.0:
-        raise ValueError(f"validation_fraction={validation_fraction} must lie strictly between 0 and 1")
-    bad_steps = isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1
-    if num_steps is not None and bad_steps:
-        raise ValueError(f"num_steps={num_steps!r} must be a positive int or None")
+    _check_load_options(split, train_fraction, validation_fraction, num_steps, waves)
     if isinstance(source, list):
         if not source:
             raise ValueError("source=[] names no market")
@@ -213,28 +200,61 @@ def load_market(
             given = ", ".join(f"{k}={v!r}" for k, v in waves.items())
             raise ValueError(f"{given}: planted waves apply to the synthetic market only, not to LOBSTER "
                              "sources")
-        if isinstance(source, tuple):
-            if len(source) != 2:
-                raise ValueError(f"source={source!r} must be a (message_path, orderbook_path) pair")
-            message_path, orderbook_path = source
-        elif isinstance(source, str | os.PathLike) and Path(source).is_dir() and days is not None:
-            message_path = orderbook_path = None
-        elif isinstance(source, str | os.PathLike) and Path(source).is_dir():
-            message_path, orderbook_path = find_lobster_files(source)
-        else:
-            raise ValueError(
-                f"source={source!r} is neither 'synthetic', an existing folder, nor a pair of files"
-            )
         options = {"levels": levels, "step_events": step_events, "step_seconds": step_seconds,
                    "price_band": price_band, "tick_size": tick_size, "cache_dir": cache_dir}
-        if message_path is None:
-            data = _load_days(source, days, options)
-        else:
-            data = load_lobster(message_path, orderbook_path, **options)
-        if num_steps is not None:
-            if num_steps > data.num_steps:
-                raise ValueError(f"num_steps={num_steps} exceeds the {data.num_steps} steps of {data.name}")
-            data = data.slice(0, num_steps)
+        data = _load_lobster_source(source, days, num_steps, options)
+    return _split(data, split, split_times, train_fraction, validation_fraction).to(device)
+
+
+def _check_load_options(split: str, train_fraction: float, validation_fraction: float, num_steps: int | None,
+                        waves: dict[str, float]) -> None:
+    """Check :func:`load_market`'s source-independent options, naming the first bad one."""
+    if split not in SPLITS:
+        raise ValueError(f"split={split!r} must be one of {', '.join(map(repr, SPLITS))}")
+    unknown = sorted(set(waves) - set(WAVE_KNOBS))
+    if unknown:
+        raise ValueError(f"load_market got unknown option(s) {unknown}; the wave knobs are "
+                         f"{list(WAVE_KNOBS)}")
+    for name, fraction in (("train_fraction", train_fraction), ("validation_fraction", validation_fraction)):
+        if isinstance(fraction, bool) or not isinstance(fraction, int | float):
+            raise ValueError(f"{name}={fraction!r} must be a number strictly between 0 and 1")
+    if not 0.0 < validation_fraction < 1.0:
+        raise ValueError(f"validation_fraction={validation_fraction} must lie strictly between 0 and 1")
+    bad_steps = isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1
+    if num_steps is not None and bad_steps:
+        raise ValueError(f"num_steps={num_steps!r} must be a positive int or None")
+
+
+def _load_lobster_source(source: str | os.PathLike | tuple, days: Sequence[int] | None, num_steps: int | None,
+                         options: dict) -> MarketData:
+    """A LOBSTER source of :func:`load_market` (a pair, a one-pair folder or chosen days of a folder),
+    cut to its first ``num_steps`` steps."""
+    if isinstance(source, tuple):
+        if len(source) != 2:
+            raise ValueError(f"source={source!r} must be a (message_path, orderbook_path) pair")
+        message_path, orderbook_path = source
+    elif isinstance(source, str | os.PathLike) and Path(source).is_dir() and days is not None:
+        message_path = orderbook_path = None
+    elif isinstance(source, str | os.PathLike) and Path(source).is_dir():
+        message_path, orderbook_path = find_lobster_files(source)
+    else:
+        raise ValueError(
+            f"source={source!r} is neither 'synthetic', an existing folder, nor a pair of files"
+        )
+    if message_path is None:
+        data = _load_days(source, days, options)
+    else:
+        data = load_lobster(message_path, orderbook_path, **options)
+    if num_steps is not None:
+        if num_steps > data.num_steps:
+            raise ValueError(f"num_steps={num_steps} exceeds the {data.num_steps} steps of {data.name}")
+        data = data.slice(0, num_steps)
+    return data
+
+
+def _split(data: MarketData, split: str, split_times: Sequence[str | float] | None, train_fraction: float,
+           validation_fraction: float) -> MarketData:
+    """``split`` of a loaded timeline: by clock times when ``split_times`` is given, else by fractions."""
     if split_times is not None:
         if split != "all":
             data = _split_by_clock(data, split, split_times)
@@ -250,7 +270,7 @@ def load_market(
             data = fit if split == "fit" else validation
     elif not 0.0 < train_fraction < 1.0:
         raise ValueError(f"train_fraction={train_fraction} must lie strictly between 0 and 1")
-    return data.to(device)
+    return data
 
 
 def _load_days(folder: str | os.PathLike, days: Sequence[int], options: dict) -> MarketData:

@@ -1,5 +1,9 @@
 """LOBSTER replay: parse a message + orderbook file pair, validate it, and aggregate it into steps.
 
+Finding the files is in :mod:`foxenv.data.lobster_files`, reading and validating the cells in
+:mod:`foxenv.data.lobster_csv`, the price band and tick checks in :mod:`foxenv.data.lobster_prices`;
+this module re-exports their public names.
+
 Format (LOBSTER_SampleFiles_ReadMe.txt): no header; the message file is ``N x 6`` (time, type,
 order_id, size, price, direction); the orderbook file is ``N x 4L`` (ask_price, ask_size, bid_price,
 bid_size per level); prices in 1e-4 currency units; empty levels carry ``+-9999999999`` with size 0;
@@ -43,12 +47,8 @@ Choices this module makes (the contract leaves them open):
 
 from __future__ import annotations
 
-import datetime
-import itertools
 import math
 import os
-import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -56,134 +56,56 @@ import pandas as pd
 import torch
 
 from foxenv.data.cache import cached_market
+from foxenv.data.lobster_csv import (
+    BOOK_COLUMNS,
+    DUMMY_PRICE,
+    KNOWN_EVENT_TYPES,
+    MAX_EXACT_INTEGER,
+    MESSAGE_COLUMNS,
+    PRICE_SCALE,
+    SECONDS_PER_DAY,
+    _as_int,
+    _read_numeric,
+    _Source,
+    _validate_book,
+    _validate_messages,
+    _validate_time,
+)
+from foxenv.data.lobster_files import (
+    LOBSTER_NAME,
+    LobsterDay,
+    find_lobster_days,
+    find_lobster_files,
+    walk_forward,
+)
+from foxenv.data.lobster_prices import (
+    MID_WINDOW_ROWS,
+    TICK_MAJORITY,
+    VISIBLE_EVENT_TYPES,
+    _check_price_band_of,
+    _check_tick,
+    infer_tick,
+)
 from foxenv.data.market import FLOW_WIDTH, MarketData
 
-#: LOBSTER price units per unit of currency (prices are in 1e-4 currency units).
-PRICE_SCALE = 10_000
-#: Price of an empty ask level (bids carry its negative).
-DUMMY_PRICE = 9_999_999_999
-#: Message columns, in file order.
-MESSAGE_COLUMNS = ("time", "type", "order_id", "size", "price", "direction")
-#: Orderbook columns of one level, in file order.
-BOOK_COLUMNS = ("ask_price", "ask_size", "bid_price", "bid_size")
-#: Event types LOBSTER defines.
-KNOWN_EVENT_TYPES = (1, 2, 3, 4, 5, 6, 7)
-#: Event types whose price is a visible order's, so it must sit on the tick (hidden ones may not).
-VISIBLE_EVENT_TYPES = (1, 2, 3, 4)
+__all__ = [
+    "BOOK_COLUMNS", "DEFAULT_PRICE_BAND", "DEFAULT_STEP_EVENTS", "DUMMY_PRICE", "KNOWN_EVENT_TYPES",
+    "LOBSTER_NAME", "MAX_EMPTY_STEPS_PER_MESSAGE", "MAX_EXACT_INTEGER", "MESSAGE_COLUMNS", "MID_WINDOW_ROWS",
+    "PRICE_SCALE", "SECONDS_PER_DAY", "TICK_MAJORITY", "VISIBLE_EVENT_TYPES", "LobsterDay",
+    "aggregate_lobster", "find_lobster_days", "find_lobster_files", "infer_tick", "load_lobster",
+    "parse_lobster", "walk_forward",
+]
+
 #: Messages per step when neither ``step_events`` nor ``step_seconds`` is given.
 DEFAULT_STEP_EVENTS = 100
 
 #: Time bucketing may make at most this many steps per message (beyond a floor of 1000 steps).
 MAX_EMPTY_STEPS_PER_MESSAGE = 10
 
-#: Largest magnitude of an integer field: cells are read as float64, which is exact up to here.
-MAX_EXACT_INTEGER = 2**53
-#: Latest time of a message: LOBSTER times are seconds after midnight of the file's day.
-SECONDS_PER_DAY = 86_400.0
 #: Default ``price_band``: 20 % of the mid, far beyond a listed stock's intraday book (GOOG: 1.7 %).
 DEFAULT_PRICE_BAND = 0.2
-#: Rows of the centred rolling median that gives each row its reference mid (robust to one bad row).
-MID_WINDOW_ROWS = 101
-#: Share of visible price occurrences that must sit on an inferred tick.
-TICK_MAJORITY = 0.9
 
 _HALF = FLOW_WIDTH // 2
-
-
-#: A LOBSTER file name: ``TICKER_YYYY-MM-DD_START_END_message_LEVELS.csv`` (and ``_orderbook_``).
-LOBSTER_NAME = re.compile(r"^(?P<ticker>.+?)_(?P<date>\d{4}-\d{2}-\d{2})_(?P<start>\d+)_(?P<end>\d+)_message_"
-                          r"(?P<levels>\d+)\.csv$")
-
-
-@dataclass(frozen=True)
-class LobsterDay:
-    """One day of one ticker in a LOBSTER folder: its message / orderbook pair."""
-
-    ticker: str
-    date: datetime.date
-    message_path: Path
-    orderbook_path: Path
-
-
-def find_lobster_days(folder: str | os.PathLike) -> list[LobsterDay]:
-    """Every message / orderbook pair of ``folder`` (one per day and ticker), sorted by date, then ticker.
-
-    :param folder: a folder of LOBSTER files named as LOBSTER names them (``TICKER_DATE_..._message_L.csv``).
-    :return: the days, oldest first.
-    :raises ValueError: when the folder is missing, holds no message file, a name without a date, or a
-        message file without its orderbook file.
-    """
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise ValueError(f"source={str(folder)!r} is not a folder")
-    days = []
-    for message_path in sorted(folder.glob("*_message_*.csv")):
-        match = LOBSTER_NAME.match(message_path.name)
-        if match is None:
-            raise ValueError(f"{message_path}: the name is not "
-                             "TICKER_YYYY-MM-DD_START_END_message_LEVELS.csv")
-        orderbook_path = message_path.with_name(message_path.name.replace("_message_", "_orderbook_", 1))
-        if not orderbook_path.is_file():
-            raise ValueError(f"source={str(folder)!r}: no orderbook file {orderbook_path.name} for "
-                             f"{message_path.name}")
-        try:
-            date = datetime.date.fromisoformat(match["date"])
-        except ValueError:
-            raise ValueError(f"{message_path}: date {match['date']!r} is not a calendar date") from None
-        days.append(LobsterDay(match["ticker"], date, message_path, orderbook_path))
-    if not days:
-        raise ValueError(f"source={str(folder)!r} holds no *_message_*.csv file")
-    return sorted(days, key=lambda day: (day.date, day.ticker))
-
-
-def walk_forward(num_days: int, min_fit_days: int = 1, max_fit_days: int | None = None) -> list[
-        tuple[list[int], int]]:
-    """Walk-forward folds over ``num_days`` days in date order: fit on days ``..k-1``, test on day ``k``.
-
-    :param num_days: days in the folder (:func:`find_lobster_days`).
-    :param min_fit_days: days of the first fold's fit part (>= 1).
-    :param max_fit_days: a rolling window of at most this many fit days (None: expanding, all before ``k``).
-    :return: ``[(fit day indices, test day index), ...]``, one fold per test day.
-    :raises ValueError: when there are too few days for one fold.
-    """
-    if isinstance(min_fit_days, bool) or not isinstance(min_fit_days, int) or min_fit_days < 1:
-        raise ValueError(f"min_fit_days={min_fit_days!r} must be an int >= 1")
-    if max_fit_days is not None and (not isinstance(max_fit_days, int) or max_fit_days < min_fit_days):
-        raise ValueError(f"max_fit_days={max_fit_days!r} must be None or an int >= "
-                         f"min_fit_days={min_fit_days}")
-    if num_days <= min_fit_days:
-        raise ValueError(f"{num_days} day(s) leave no test day after min_fit_days={min_fit_days}")
-    folds = []
-    for test in range(min_fit_days, num_days):
-        first = 0 if max_fit_days is None else max(0, test - max_fit_days)
-        folds.append((list(range(first, test)), test))
-    return folds
-
-
-def find_lobster_files(folder: str | os.PathLike) -> tuple[Path, Path]:
-    """The single ``*_message_*.csv`` file in ``folder`` and its matching ``*_orderbook_*.csv``.
-
-    :param folder: a folder holding exactly one LOBSTER pair.
-    :return: ``(message_path, orderbook_path)``.
-    :raises ValueError: when the folder is missing, holds no message file, several, or no matching book.
-    """
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise ValueError(f"source={str(folder)!r} is not a folder")
-    messages = sorted(folder.glob("*_message_*.csv"))
-    if not messages:
-        raise ValueError(f"source={str(folder)!r} holds no *_message_*.csv file")
-    if len(messages) > 1:
-        names = [path.name for path in messages]
-        raise ValueError(f"source={str(folder)!r} is ambiguous: several message files {names}; pick days= "
-                         "(load_market(folder, days=[...]), walk_forward for folds)")
-    message_path = messages[0]
-    orderbook_path = message_path.with_name(message_path.name.replace("_message_", "_orderbook_", 1))
-    if not orderbook_path.is_file():
-        raise ValueError(
-            f"source={str(folder)!r}: no orderbook file {orderbook_path.name} for {message_path.name}"
-        )
-    return message_path, orderbook_path
 
 
 def load_lobster(
@@ -314,160 +236,6 @@ def _check_tick_size(tick_size: float | None) -> int | None:
     return int(units)
 
 
-def _column_name(label: str, column: int) -> str:
-    """Name of a column of a message or orderbook file, e.g. ``price`` or ``ask_size_3``.
-
-    :param label: ``"message"`` or ``"orderbook"``.
-    :param column: 0-based column index.
-    :return: the field name.
-    """
-    if label == "orderbook":
-        return f"{BOOK_COLUMNS[column % 4]}_{column // 4 + 1}"
-    return MESSAGE_COLUMNS[column] if column < len(MESSAGE_COLUMNS) else f"column_{column + 1}"
-
-
-class _Source:
-    """One input file, able to quote any of its cells as written, for error messages.
-
-    :param path: the CSV file.
-    :param label: ``"message"`` or ``"orderbook"``.
-    """
-
-    def __init__(self, path: Path, label: str) -> None:
-        self.path = path
-        self.label = label
-
-    def text(self, row: int, column: int) -> str:
-        """The cell as written in the file (read again: only error paths call this).
-
-        :param row: 0-based row.
-        :param column: 0-based column.
-        :return: the cell's text, stripped of surrounding blanks.
-        """
-        with open(self.path, newline="") as handle:
-            line = next(itertools.islice(handle, row, None), "")
-        cells = line.rstrip("\r\n").split(",")
-        return cells[column].strip() if column < len(cells) else ""
-
-    def cell(self, row: int, column: int) -> str:
-        """``field=value`` of a cell, the value as written.
-
-        :param row: 0-based row.
-        :param column: 0-based column.
-        :return: e.g. ``price=9999999999``.
-        """
-        return f"{_column_name(self.label, column)}={self.text(row, column)}"
-
-    def error(self, row: int, column: int, rule: str) -> ValueError:
-        """A ValueError naming the file, the line, the field and the value as written.
-
-        :param row: 0-based row.
-        :param column: 0-based column.
-        :param rule: what is wrong, e.g. ``must be > 0``.
-        :return: the error (to raise).
-        """
-        return ValueError(f"{self.where(row)}: {self.cell(row, column)} {rule}")
-
-    def where(self, row: int) -> str:
-        """``<label> file <name> line <row + 1>``."""
-        return f"{self.label} file {self.path.name} line {row + 1}"
-
-
-def _undecodable(path: Path) -> tuple[int, int, int]:
-    """``(line, character, byte)`` of the first byte of ``path`` that is not UTF-8 (0-based line)."""
-    with path.open("rb") as handle:
-        for row, line in enumerate(handle):
-            try:
-                line.decode("utf-8")
-            except UnicodeDecodeError as error:
-                return row, error.start, line[error.start]
-    return 0, 0, 0
-
-
-def _read_numeric(source: _Source) -> np.ndarray:
-    """Read a header-less numeric CSV into a float64 array, naming the first bad cell on failure.
-
-    :param source: the file.
-    :return: ``[N, C]`` float64, every value finite.
-    :raises ValueError: on an unreadable or empty file, ragged rows, non-numeric, missing or infinite cells.
-    """
-    path, label = source.path, source.label
-    try:
-        frame = pd.read_csv(path, header=None, engine="c", dtype=np.float64)
-    except OSError as error:
-        raise ValueError(f"{label} file {str(path)!r} cannot be read: {error.strerror or error}") from error
-    except pd.errors.EmptyDataError as error:
-        raise ValueError(f"{label} file {path.name} is empty") from error
-    except pd.errors.ParserError as error:
-        raise ValueError(f"{label} file {path.name}: rows of unequal length ({error})") from error
-    except UnicodeDecodeError:
-        row, column, byte = _undecodable(path)
-        raise ValueError(f"{source.where(row)}, character {column + 1}: byte 0x{byte:02x} is not UTF-8 text "
-                         "(a LOBSTER file holds ASCII numbers)") from None
-    except ValueError:
-        # A non-numeric cell: parse as text to name it.
-        text = pd.read_csv(path, header=None, engine="c", dtype=str, keep_default_na=False)
-        numeric = text.apply(pd.to_numeric, errors="coerce")
-        bad = numeric.isna().to_numpy() & (text.to_numpy() != "")
-        row, column = np.argwhere(bad)[0]
-        raise ValueError(
-            f"{source.where(row)}, column {column + 1} ({_column_name(label, column)}): "
-            f"value={text.iat[row, column]!r} is not numeric"
-        ) from None
-    values = frame.to_numpy()
-    for bad, rule in ((np.isnan(values), "is missing or NaN"), (np.isinf(values), "is not finite")):
-        if bad.any():
-            row, column = np.argwhere(bad)[0]
-            raise ValueError(
-                f"{source.where(row)}, column {column + 1} ({_column_name(label, column)}): "
-                f"value={source.text(row, column)!r} {rule}"
-            )
-    return values
-
-
-def _as_int(values: np.ndarray, source: _Source, first_column: int = 0) -> np.ndarray:
-    """Convert float64 columns that must hold integers to int64.
-
-    :param values: ``[N, C]`` float64, finite.
-    :param source: the file, for error messages.
-    :param first_column: file column of ``values[:, 0]``.
-    :return: ``[N, C]`` int64.
-    :raises ValueError: on a value beyond ``+-2**53`` or a fractional value, quoting it as written.
-    """
-    too_large = np.abs(values) > MAX_EXACT_INTEGER
-    if too_large.any():
-        row, column = np.argwhere(too_large)[0]
-        raise source.error(row, column + first_column, "is out of range: integers must lie within +-2**53")
-    fractional = values != np.round(values)
-    if fractional.any():
-        row, column = np.argwhere(fractional)[0]
-        raise source.error(row, column + first_column, "must be an integer")
-    return values.astype(np.int64)
-
-
-def _first_line(mask: np.ndarray) -> int:
-    """Index of the first True row of a 1-D mask."""
-    return int(np.flatnonzero(mask)[0])
-
-
-def _first_book_cell(mask: np.ndarray) -> tuple[int, int] | None:
-    """First True cell of a ``[N, 4, L]`` book mask in file order, as ``(row, file column)``.
-
-    :param mask: ``[N, 4, L]`` bool, axis 1 in :data:`BOOK_COLUMNS` order.
-    :return: 0-based row and column of the first True cell, or None when there is none.
-    """
-    flat = mask.transpose(0, 2, 1).reshape(mask.shape[0], -1)
-    if not flat.any():
-        return None
-    row, column = np.argwhere(flat)[0]
-    return int(row), int(column)
-
-
-def _book_column(kind: int, level: np.ndarray | int) -> np.ndarray | int:
-    """File column of book field ``kind`` (index in :data:`BOOK_COLUMNS`) at 0-based ``level``."""
-    return level * 4 + kind
-
-
 def parse_lobster(
     message_path: str | os.PathLike,
     orderbook_path: str | os.PathLike,
@@ -526,241 +294,6 @@ def parse_lobster(
         _check_price_band_of(book, messages, price_band, book_source, message_source)
     tick_units = _check_tick(book, messages, given_tick, book_source, message_source)
     return messages, np.ascontiguousarray(book[:, :, :levels]), tick_units
-
-
-def _validate_time(time: np.ndarray, source: _Source) -> None:
-    """Check that message times lie within the day and never go back.
-
-    :param time: ``[N]`` float64 seconds after midnight, finite.
-    :param source: the message file.
-    :raises ValueError: naming the line and the time as written.
-    """
-    outside = (time < 0) | (time > SECONDS_PER_DAY)
-    if outside.any():
-        row = _first_line(outside)
-        raise source.error(row, 0, f"must lie within the day: 0 <= time <= {SECONDS_PER_DAY:.0f} "
-                                   "(seconds after midnight)")
-    backwards = np.diff(time) < 0
-    if backwards.any():
-        row = _first_line(backwards) + 1
-        raise source.error(row, 0, f"is before the previous {source.text(row - 1, 0)}")
-
-
-def _validate_messages(messages: dict[str, np.ndarray], source: _Source) -> None:
-    """Check event types, directions, prices (dummy included) and sizes of the messages.
-
-    :param messages: parsed message columns.
-    :param source: the message file.
-    :raises ValueError: naming the line, the field and the value as written.
-    """
-    kind, size = messages["type"], messages["size"]
-    price, direction = messages["price"], messages["direction"]
-    column = {name: index for index, name in enumerate(MESSAGE_COLUMNS)}
-    unknown = ~np.isin(kind, KNOWN_EVENT_TYPES)
-    if unknown.any():
-        raise source.error(_first_line(unknown), column["type"], "is not a known event type (1-7)")
-    bad_direction = (direction != 1) & (direction != -1)
-    if bad_direction.any():
-        raise source.error(_first_line(bad_direction), column["direction"], "must be -1 or +1")
-    for name, values in (("price", price), ("size", size)):
-        dummy = np.abs(values) == DUMMY_PRICE
-        if dummy.any():
-            raise source.error(_first_line(dummy), column[name],
-                               "is LOBSTER's dummy price, allowed only on empty levels of the orderbook file")
-    is_halt = kind == 7
-    bad_price = np.where(is_halt, ~np.isin(price, (-1, 0, 1)), price <= 0)
-    if bad_price.any():
-        row = _first_line(bad_price)
-        rule = "must be -1, 0 or 1 for a halt message" if is_halt[row] else "must be > 0"
-        raise source.error(row, column["price"], rule)
-    bad_size = np.where(is_halt, size < 0, size <= 0)
-    if bad_size.any():
-        raise source.error(_first_line(bad_size), column["size"], "must be > 0")
-
-
-def _validate_book(book: np.ndarray, source: _Source) -> None:
-    """Check the orderbook rows: dummy levels, positive prices and sizes, level order, no crossing.
-
-    :param book: ``[N, 4, L]`` int64 (ask price, ask size, bid price, bid size), all levels of the file.
-    :param source: the orderbook file.
-    :raises ValueError: naming the line, the field (1-based level) and the value as written.
-    """
-    ask_price, bid_price = book[:, 0], book[:, 2]
-    other = {"ask": "bid", "bid": "ask"}
-    dummy_size = np.zeros(book.shape, dtype=bool)
-    dummy_size[:, (1, 3)] = np.abs(book[:, (1, 3)]) == DUMMY_PRICE
-    cell = _first_book_cell(dummy_size)
-    if cell is not None:
-        raise source.error(*cell, "is LOBSTER's dummy price, allowed only as the price of an empty level")
-    for kind, side, dummy in ((0, "ask", DUMMY_PRICE), (2, "bid", -DUMMY_PRICE)):
-        price, size = book[:, kind], book[:, kind + 1]
-        wrong_dummy = price == -dummy
-        if wrong_dummy.any():
-            row, level = np.argwhere(wrong_dummy)[0]
-            raise source.error(row, _book_column(kind, level),
-                               f"is the {other[side]} side's dummy price; an empty {side} level carries "
-                               f"{dummy}")
-        empty = price == dummy
-        for offset, bad, rule in (
-            (0, empty[:, :-1] & ~empty[:, 1:], "is empty but a deeper level is occupied"),
-            (0, ~empty & (price <= 0), "must be > 0"),
-            (1, empty & (size != 0), "must be 0 on an empty level"),
-            (1, ~empty & (size <= 0), "must be > 0 on an occupied level"),
-        ):
-            if bad.any():
-                row, level = np.argwhere(bad)[0]
-                raise source.error(row, _book_column(kind + offset, level), rule)
-        step = np.diff(price, axis=1) if side == "ask" else -np.diff(price, axis=1)
-        unordered = ~empty[:, 1:] & (step <= 0)
-        if unordered.any():
-            row, level = np.argwhere(unordered)[0]
-            deeper = source.cell(row, _book_column(kind, level + 1))
-            raise ValueError(
-                f"{source.where(row)}: {deeper} is not strictly {'above' if side == 'ask' else 'below'} "
-                f"{source.cell(row, _book_column(kind, level))}"
-            )
-    both = (ask_price[:, 0] != DUMMY_PRICE) & (bid_price[:, 0] != -DUMMY_PRICE)
-    crossed = both & (bid_price[:, 0] >= ask_price[:, 0])
-    if crossed.any():
-        row = _first_line(crossed)
-        raise ValueError(
-            f"{source.where(row)}: crossed book, {source.cell(row, 2)} >= {source.cell(row, 0)}"
-        )
-
-
-def _reference_mid(book: np.ndarray) -> np.ndarray:
-    """Mid of the book around each row: a centred rolling median of the rows' mids.
-
-    A row's mid is ``(best ask + best bid) / 2``, or its one occupied best price; rows with no occupied
-    level take the nearest row's reference.
-
-    :param book: ``[N, 4, L]`` validated book.
-    :return: ``[N]`` float64 in 1e-4 units; NaN everywhere when no row has an occupied level.
-    """
-    best_ask, best_bid = book[:, 0, 0].astype(np.float64), book[:, 2, 0].astype(np.float64)
-    has_ask, has_bid = book[:, 0, 0] != DUMMY_PRICE, book[:, 2, 0] != -DUMMY_PRICE
-    mid = np.where(has_ask & has_bid, 0.5 * (best_ask + best_bid),
-                   np.where(has_ask, best_ask, np.where(has_bid, best_bid, np.nan)))
-    rolling = pd.Series(mid).rolling(MID_WINDOW_ROWS, center=True, min_periods=1).median()
-    return rolling.ffill().bfill().to_numpy()
-
-
-def _check_price_band_of(
-    book: np.ndarray,
-    messages: dict[str, np.ndarray],
-    price_band: float,
-    book_source: _Source,
-    message_source: _Source,
-) -> None:
-    """Check that every book and message price lies within ``price_band`` of the mid around it.
-
-    :param book: ``[N, 4, L]`` validated book.
-    :param messages: validated messages; type 7 (halt markers) carry no price and are skipped.
-    :param price_band: fraction of the mid.
-    :param book_source: the orderbook file.
-    :param message_source: the message file.
-    :raises ValueError: for the earliest line holding a price outside the band (the message on a tie).
-    """
-    reference = _reference_mid(book)
-    limit = price_band * reference
-    bad_book = np.zeros(book.shape, dtype=bool)
-    for kind, dummy in ((0, DUMMY_PRICE), (2, -DUMMY_PRICE)):
-        far = np.abs(book[:, kind] - reference[:, None]) > limit[:, None]
-        bad_book[:, kind] = (book[:, kind] != dummy) & far
-    price = messages["price"]
-    bad_message = (messages["type"] != 7) & (np.abs(price - reference) > limit)
-    book_cell = _first_book_cell(bad_book)
-    message_row = _first_line(bad_message) if bad_message.any() else None
-    if book_cell is None and message_row is None:
-        return
-    if message_row is not None and (book_cell is None or message_row <= book_cell[0]):
-        source, row, column = message_source, message_row, MESSAGE_COLUMNS.index("price")
-        value = price[row]
-    else:
-        source, (row, column) = book_source, book_cell
-        value = book[row, column % 4, column // 4]
-    distance = abs(value - reference[row]) / reference[row]
-    raise source.error(
-        row, column,
-        f"lies {100 * distance:.1f} % from the mid of the book around it ({reference[row]:.1f}); "
-        f"price_band={price_band:g} allows {100 * price_band:g} %",
-    )
-
-
-def _divisors(value: int) -> np.ndarray:
-    """All positive divisors of ``value`` (> 0), ascending.
-
-    :param value: a positive integer up to about 1e12.
-    :return: int64 divisors.
-    """
-    small = np.arange(1, math.isqrt(value) + 1, dtype=np.int64)
-    small = small[value % small == 0]
-    return np.unique(np.concatenate([small, value // small]))
-
-
-def infer_tick(prices: np.ndarray) -> tuple[int, float]:
-    """The largest tick on which at least :data:`TICK_MAJORITY` of ``prices`` sit.
-
-    Candidates are the divisors of the most frequent price, so a few off-tick prices cannot shrink the
-    tick (as a plain gcd would); the caller reports them.
-
-    :param prices: 1-D positive int64 visible prices (repeats count).
-    :return: ``(tick, share)``: the tick in the prices' units and the share of ``prices`` on it.
-    """
-    values, counts = np.unique(prices, return_counts=True)
-    total = float(counts.sum())
-    for tick in _divisors(int(values[np.argmax(counts)]))[::-1]:
-        share = float(counts[values % tick == 0].sum()) / total
-        if share >= TICK_MAJORITY:
-            return int(tick), share
-    return 1, 1.0  # never reached: every price is a multiple of 1
-
-
-def _check_tick(
-    book: np.ndarray,
-    messages: dict[str, np.ndarray],
-    given: int | None,
-    book_source: _Source,
-    message_source: _Source,
-) -> int:
-    """The tick in 1e-4 units (``given``, else inferred), checked against every visible price.
-
-    Visible prices are the occupied book levels and the prices of messages of types 1-4; hidden (5) and
-    cross (6) executions may print between ticks.
-
-    :param book: ``[N, 4, L]`` validated book.
-    :param messages: validated messages.
-    :param given: the tick the caller set, in 1e-4 units, or None to infer it.
-    :param book_source: the orderbook file.
-    :param message_source: the message file.
-    :return: the tick in 1e-4 units.
-    :raises ValueError: when there is no visible price, or for the earliest line with a price off the tick.
-    """
-    occupied = np.zeros(book.shape, dtype=bool)
-    occupied[:, 0] = book[:, 0] != DUMMY_PRICE
-    occupied[:, 2] = book[:, 2] != -DUMMY_PRICE
-    visible = np.isin(messages["type"], VISIBLE_EVENT_TYPES)
-    price = messages["price"]
-    if given is None:
-        prices = np.concatenate([book[occupied], price[visible]])
-        if prices.size == 0:
-            raise ValueError(
-                "orderbook: no occupied level and no visible order price, cannot detect tick_size"
-            )
-        tick, share = infer_tick(prices)
-        rule = (f"is not a multiple of the tick {tick} on which {100 * share:.1f} % of the visible prices "
-                f"sit (tick_size={tick / PRICE_SCALE:g}); pass tick_size= if the tick really is finer")
-    else:
-        tick = given
-        rule = f"is not a multiple of tick_size={tick / PRICE_SCALE:g} ({tick} in the file's 1e-4 units)"
-    book_cell = _first_book_cell(occupied & (book % tick != 0))
-    off_message = visible & (price % tick != 0)
-    message_row = _first_line(off_message) if off_message.any() else None
-    if message_row is not None and (book_cell is None or message_row <= book_cell[0]):
-        raise message_source.error(message_row, MESSAGE_COLUMNS.index("price"), rule)
-    if book_cell is not None:
-        raise book_source.error(*book_cell, rule)
-    return tick
 
 
 def _fill_book(book: np.ndarray, tick_units: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
