@@ -139,19 +139,19 @@ class SyntheticProfile:
         trades with probability ``min(1, 2 * trade_probability * pressure)`` (its side's pressure), so
         resting orders on the side the price moves away from are rarely hit: a surviving bid trades in 9 %
         of the steps where the best bid does not fall (GOOG 8 %; 0.3 before the sweep gate: 17 %). With the
-        levels the price moves past, a side trades at or beyond its starting touch in about 40 % of steps
-        (GOOG 35 %; 63 % with its trades at levels formed inside the spread during the step, which this
-        market lacks and which no order resting at or behind the touch could meet). 1 with
-        ``adverse_selection=0`` gives the market before the simulator audit bit for bit
-        (:data:`LEGACY_FLOW`), where both touches trade every step.
+        levels the price moves past, a side trades at or beyond its starting touch in about 40 % of steps,
+        and a bid one tick above the touch fills in 39 % (GOOG 35 %; 63 % with the trades at levels formed
+        inside the spread during the step, which this market lacks and which no order resting at or behind
+        the touch could meet). 1 with ``adverse_selection=0`` gives the market before the simulator audit
+        bit for bit (:data:`LEGACY_FLOW`), where both touches trade every step.
     :param sweep_trade_probability: mean probability that the levels the price moves past in a step were
         executed (swept by marketable orders) rather than cancelled: they trade with probability ``min(1, 2
         * sweep_trade_probability * sigmoid(+-2 move_t / vol_t))`` (this step's move, toward the side), so
         a bid the price fell past was executed mostly in large falls, as on GOOG (100 messages a step: 70 %
         of the steps where the best bid falls, the mid falling 13.7 ticks where it was executed against 7.5
-        where it was cancelled; here 68 %, 12.9 against 7.8). 1 = always executed, whatever the move (the
-        market before issue 39, :data:`METAORDER_FLOW`, where a buy one tick above the bid filled in 56 % of
-        steps, GOOG 35 %, and a no-information maker earned the spread).
+        where it was cancelled; here, seed 1: 74 %, 12.7 against 7.2). 1 = always executed, whatever the
+        move (the market before issue 39, :data:`METAORDER_FLOW`, where a buy one tick above the bid filled
+        in 56 % of steps and a no-information maker earned the spread).
     :param flow_persistence: AR(1) coefficient per step of the latent order-flow imbalance ``z_t``, a
         stationary unit-variance series: metaorders that keep buying (``z_t > 0``) or selling over several
         steps; in ``[0, 1)``.
