@@ -661,11 +661,13 @@ def generate_synthetic(
         sells_sweep = uniform[1] < (chance * (1.0 - sharp)).clamp(max=1.0)
     exec_ask, cancel_ask = _side_flow(ask_ticks[:-1], ask_size[:-1], ask_ticks[:-1] < ask_ticks[1:, :1],
                                       buy_pressure, ref_tick, knobs, generator, buys_trade, buys_sweep)
-    exec_bid, cancel_bid = _side_flow(bid_ticks[:-1], bid_size[:-1], bid_ticks[:-1] > bid_ticks[1:, :1], 1.0
-                                      - buy_pressure, ref_tick, knobs, generator, sells_trade, sells_sweep)
+    exec_bid, cancel_bid = _side_flow(bid_ticks[:-1], bid_size[:-1], bid_ticks[:-1] > bid_ticks[1:, :1],
+                                      1.0 - buy_pressure, ref_tick, knobs, generator, sells_trade,
+                                      sells_sweep)
     if informed and knobs.flow_volume > 0:  # the metaorders' own trades at the step's starting touch
         traded = knobs.flow_volume * metaorder[1:]
-        if buys_sweep is not None and buys_trade is not None and sells_trade is not None:
+        if (buys_sweep is not None and sells_sweep is not None and buys_trade is not None
+                and sells_trade is not None):
             # they also trade where they swept the touch away (the price moved past it and that side traded)
             buys_trade = buys_trade | (buys_sweep & (ask_ticks[:-1, 0] < ask_ticks[1:, 0]))
             sells_trade = sells_trade | (sells_sweep & (bid_ticks[:-1, 0] > bid_ticks[1:, 0]))
