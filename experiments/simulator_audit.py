@@ -5,8 +5,9 @@ One command (from the repository root)::
     python -m experiments.simulator_audit --out runs/audit
 
 It measures, on every market it is given (GOOG at 100 and 20 messages a step, the synthetic market with
-its default flow (persistent metaorders), with ``AUDIT_FLOW`` (the audit's market, before metaorders) and
-with ``LEGACY_FLOW`` (the market before the audit)):
+its default flow (persistent metaorders, the sweep gate of issue 39), with ``METAORDER_FLOW`` (before the
+sweep gate), ``AUDIT_FLOW`` (the audit's market, before metaorders) and with ``LEGACY_FLOW`` (the market
+before the audit)):
 
 (a) adverse selection: how the signed trade flow of a step (buyer- minus seller-initiated executed
     shares, ``exec_ask - exec_bid``) predicts the mid move over the next ``k`` steps (correlation, and the
@@ -42,7 +43,7 @@ from foxenv.config import EnvConfig
 from foxenv.core import BatchedLOB
 from foxenv.data import load_market
 from foxenv.data.market import FLOW_WIDTH, MarketData
-from foxenv.data.synthetic import AUDIT_FLOW, LEGACY_FLOW, generate_synthetic
+from foxenv.data.synthetic import AUDIT_FLOW, LEGACY_FLOW, METAORDER_FLOW, generate_synthetic
 from foxenv.matching import meet_flow, meet_flow_conservative
 
 HORIZONS = (0, 1, 5, 20)
@@ -318,6 +319,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for events in args.step_events:
         markets[f"GOOG {events} msg/step"] = load_market(args.lobster, step_events=events)
     markets["synthetic (default)"] = generate_synthetic(args.synthetic_steps, seed=args.seed)
+    markets["synthetic METAORDER_FLOW (before the sweep gate)"] = generate_synthetic(
+        args.synthetic_steps, seed=args.seed, **METAORDER_FLOW
+    )
     markets["synthetic AUDIT_FLOW (before metaorders)"] = generate_synthetic(
         args.synthetic_steps, seed=args.seed, **AUDIT_FLOW
     )

@@ -77,7 +77,7 @@ class EnvConfig:
     max_position: float = 100.0
     episode_length: int = 1000
     levels: int = 10
-    maker_fee_bps: float = -0.2
+    maker_fee_bps: float = 0.0
     taker_fee_bps: float = 0.5
     reward_scale: float = 1.0
     inventory_penalty: float = 0.0

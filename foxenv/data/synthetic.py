@@ -26,10 +26,11 @@ The default profile (seed 0, 50,000 steps, same machine) gives: L1 spread percen
 1/5/10/25/50/75/90/95/99 % = 10 / 13 / 16 / 21 / 27 / 36 / 47 / 55 / 72 ticks (mean 29.9); level gaps
 10/25/50/75/90 % = 1 / 2 / 3 / 5 / 9 ticks (mean 4.0); level sizes 10/25/50/75/90/99 % = 2 / 25 / 100 /
 100 / 200 / 1100; mid change per step std 14.0 ticks, mean abs 10.6; autocorrelation of the abs change
-0.13 / 0.12 / 0.08 at lags 1 / 10 / 50; executed volume 437 shares per step (342 without the metaorders
-below, 361 before the simulator audit); cancelled volume at the previous book's levels 1..10, relative to
-levels 1-3, 44 / 33 / 23 / 17 / 13 / 11 / 9 / 6-9 / 5-6 / 4 % (GOOG: 46 / 35 / 19 / 16 / 13 / 11 / 10 / 8
-/ 7 / 7 %); the mid ranged over 556.16 to 635.19 USD.
+0.13 / 0.12 / 0.08 at lags 1 / 10 / 50; executed volume 379 shares per step (437 before the sweep gate
+below, 342 without the metaorders, 361 before the simulator audit); cancelled volume at the previous
+book's levels 1..10, relative to levels 1-3 (before the sweep gate), 44 / 33 / 23 / 17 / 13 / 11 / 9 /
+6-9 / 5-6 / 4 % (GOOG: 46 / 35 / 19 / 16 / 13 / 11 / 10 / 8 / 7 / 7 %); the mid ranged over 556.16 to
+635.19 USD.
 
 Everything is drawn on CPU from one ``torch.Generator`` seeded with ``seed`` and moved to
 ``device`` at the end, so a seed gives the same timeline on every device. The generator is
@@ -60,7 +61,7 @@ of the next step by ``flow_impact`` of its noise (the mid change keeps its varia
 metaorder keeps pushing, less and less, over the following steps; the price does not revert). The
 metaorders trade only in the steps where that touch trades at all, which the price moving their way makes
 likely: trading whatever the move, their fills gave resting orders at and inside the spread the half
-spread back (mark-outs +3 to +5 ticks). At the defaults (seed 0, 50,000 steps;
+spread back (mark-outs +3 to +5 ticks). With them (seed 0, 50,000 steps, before the sweep gate below;
 ``experiments/simulator_audit.py``) the flow predicts the next move with correlation 0.156 and its
 autocorrelation is 0.118 (GOOG 0.148 / 0.121; the audit's market 0.031 / 0.026); the mid change's own
 autocorrelation is 0.065 (GOOG 0.061, audit 0.017). A resting order one tick inside the spread, filled
@@ -69,6 +70,19 @@ touch at -0.5 / -0.6 (GOOG +0.6 / -0.7); orders 1-3 ticks behind the touch fille
 than on GOOG (-2.1 / -1.9 ticks against +0.8 / +2.3, audit -1.0 / -1.1): on GOOG the large moves that
 reach them partly revert, here they do not.
 ``generate_synthetic(..., **AUDIT_FLOW)`` gives the audit's market, without metaorders, bit for bit.
+
+That market still gave a maker without information an edge (issue 39): every level the price moved past was
+executed, however small the move (GOOG cancels 30 % of them, mostly in small moves), and a surviving touch
+traded in 17 % of the steps the price moved away from it (GOOG 8 %), so a bid one tick above the touch
+filled in 56 % of steps (GOOG 35 %) and marked out +6.0 ticks at the next step (GOOG +0.6). With the
+0.2 bps rebate (1.2 ticks a share) a maker flipping long and short every step beat flat on every held-out
+seed (``experiments/free_edge.py``). Now the levels the price moves past trade with a probability that
+grows with the move (``sweep_trade_probability``), the surviving touch trades half as often
+(``trade_probability`` 0.15), the metaorders also trade where they swept the touch, and the default maker
+fee is 0 (:class:`foxenv.config.EnvConfig`): that maker loses 0.5 ticks a share (GOOG, without the rebate,
+1.2). At the defaults (seed 0, 50,000 steps) the flow predicts the next move with correlation 0.134 and its
+autocorrelation is 0.108 (GOOG 0.148 / 0.121). The book and the mid path are those of before;
+``generate_synthetic(..., **METAORDER_FLOW)`` gives that market's flow bit for bit.
 """
 
 from __future__ import annotations
@@ -125,11 +139,21 @@ class SyntheticProfile:
         rises, as on GOOG (``experiments/simulator_audit.py``); 0 = flow tied to the step's own move only.
     :param trade_probability: mean probability that the surviving touch of a side trades in a step; it
         trades with probability ``min(1, 2 * trade_probability * pressure)`` (its side's pressure), so
-        resting orders on the side the price moves away from are rarely hit. With the executions of the
-        levels the price moves past, a side trades in about 56 % of steps at the default (GOOG: 63 %, part
-        of them at levels formed inside the spread during the step, which this market lacks). 1 with
-        ``adverse_selection=0`` gives the market before the simulator audit bit for bit
-        (:data:`LEGACY_FLOW`), where both touches trade every step.
+        resting orders on the side the price moves away from are rarely hit: a surviving bid trades in 9 %
+        of the steps where the best bid does not fall (GOOG 8 %; 0.3 before the sweep gate: 17 %). With the
+        levels the price moves past, a side trades at or beyond its starting touch in about 40 % of steps,
+        and a bid one tick above the touch fills in 39 % (GOOG 35 %; 63 % with the trades at levels formed
+        inside the spread during the step, which this market lacks and which no order resting at or behind
+        the touch could meet). 1 with ``adverse_selection=0`` gives the market before the simulator audit
+        bit for bit (:data:`LEGACY_FLOW`), where both touches trade every step.
+    :param sweep_trade_probability: mean probability that the levels the price moves past in a step were
+        executed (swept by marketable orders) rather than cancelled: they trade with probability ``min(1, 2
+        * sweep_trade_probability * sigmoid(+-2 move_t / vol_t))`` (this step's move, toward the side), so
+        a bid the price fell past was executed mostly in large falls, as on GOOG (100 messages a step: 70 %
+        of the steps where the best bid falls, the mid falling 13.7 ticks where it was executed against 7.5
+        where it was cancelled; here, seed 1: 74 %, 12.7 against 7.2). 1 = always executed, whatever the
+        move (the market before issue 39, :data:`METAORDER_FLOW`, where a buy one tick above the bid filled
+        in 56 % of steps and a no-information maker earned the spread).
     :param flow_persistence: AR(1) coefficient per step of the latent order-flow imbalance ``z_t``, a
         stationary unit-variance series: metaorders that keep buying (``z_t > 0``) or selling over several
         steps; in ``[0, 1)``.
@@ -137,7 +161,7 @@ class SyntheticProfile:
         shares are bought at the step's starting best ask (``z_t > 0``) or sold at its best bid, on top of
         the visible book (hidden and replenished liquidity: GOOG executes 144 of its 477 shares a step
         against hidden orders), in the steps where that touch trades at all (``trade_probability``; every
-        step at 1); >= 0, 0 = none.
+        step at 1) or was swept away (``sweep_trade_probability``); >= 0, 0 = none.
     :param flow_impact: price impact of the imbalance, as a share of the mid's noise: the noise of step
         ``t + 1`` becomes ``vol_{t+1} * (sqrt(1 - flow_impact**2) * noise + flow_impact * z_t)`` ticks (its
         variance is kept), so the imbalance that trades in step ``t`` pushes the price in step ``t + 1``
@@ -188,7 +212,8 @@ class SyntheticProfile:
     signal_strength: float = 0.0
     signal_horizon: int = 1
     adverse_selection: float = 1.0
-    trade_probability: float = 0.3
+    trade_probability: float = 0.15
+    sweep_trade_probability: float = 0.45
     flow_persistence: float = 0.4
     flow_volume: float = 300.0
     flow_impact: float = 0.35
@@ -216,6 +241,7 @@ class SyntheticProfile:
                         "adverse_selection", "flow_volume", "wave_drift_ticks", "wave_onset_signal",
                         "wave_end_signal")
         unit_interval = ("flat_fraction", "odd_lot_fraction", "consumed_exec_min", "trade_probability",
+                         "sweep_trade_probability",
                          "flow_impact", "wave_rate", "wave_reversal")
         for name in positive:
             if getattr(self, name) <= 0:
@@ -244,16 +270,21 @@ WAVE_KNOBS: tuple[str, ...] = tuple(name for name in SyntheticProfile.__dataclas
 _SIGNAL_SALT = 0x5167_4E41
 #: Salt of the trade gates' own random stream (the market's stream stays untouched by them).
 _TRADE_SALT = 0x7EAD_E5A1
+#: Salt of the sweep gates' own random stream (whether the levels the price moves past traded).
+_SWEEP_SALT = 0x5EE9_0A7E
 #: Salt of the latent order-flow imbalance's own random stream (the market's stream stays untouched by it).
 _FLOW_SALT = 0x0F10_3A11
 #: Salt of the waves' own random stream (the market's stream stays untouched by them).
 _WAVE_SALT = 0x3A7E_5EED
+#: Profile overrides that give the market with metaorders of before the sweep gate (issue 39) bit for bit:
+#: every level the price moved past was executed, and a surviving touch traded at twice today's rate.
+METAORDER_FLOW: dict[str, float] = {"trade_probability": 0.3, "sweep_trade_probability": 1.0}
 #: Profile overrides that give the market of the simulator audit, before metaorders, bit for bit: its flow
 #: leans toward the next move, but carries no persistent imbalance and does not move the price.
-AUDIT_FLOW: dict[str, float] = {"flow_volume": 0.0, "flow_impact": 0.0}
+AUDIT_FLOW: dict[str, float] = {**METAORDER_FLOW, "flow_volume": 0.0, "flow_impact": 0.0}
 #: Profile overrides that give the synthetic flow of before the simulator audit, bit for bit: both touches
 #: trade every step, and the flow says nothing about the next move.
-LEGACY_FLOW: dict[str, float] = {"adverse_selection": 0.0, "trade_probability": 1.0, **AUDIT_FLOW}
+LEGACY_FLOW: dict[str, float] = {**AUDIT_FLOW, "adverse_selection": 0.0, "trade_probability": 1.0}
 
 
 def signal_drift_ticks(profile: SyntheticProfile) -> float:
@@ -475,6 +506,7 @@ def _side_flow(
     profile: SyntheticProfile,
     generator: torch.Generator,
     trades: torch.Tensor | None = None,
+    sweeps: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Executed and cancelled volume of one side during each step, on the flow grid.
 
@@ -486,6 +518,8 @@ def _side_flow(
     :param profile: the knobs.
     :param generator: the random source.
     :param trades: ``[T]`` bool, steps in which the surviving touch trades at all; ``None``: every step.
+    :param sweeps: ``[T]`` bool, steps in which the levels the price moved past traded (else they were
+        cancelled); ``None``: every step.
     :return: ``(executed, cancelled)``, each ``[T, FLOW_WIDTH]`` float32.
     """
     steps, levels = prev_price.shape
@@ -497,6 +531,8 @@ def _side_flow(
     touch_exec[:, 0] = prev_size[:, 0] * touch_share.clamp(max=1.0)
     if trades is not None:
         touch_exec[:, 0] = touch_exec[:, 0] * trades
+    if sweeps is not None:
+        consumed_exec = consumed_exec * sweeps[:, None]
     executed = torch.where(consumed, consumed_exec, touch_exec)
     decay = (1.0 + torch.arange(levels, dtype=torch.float64)) ** -profile.cancel_power
     cancel_share = profile.cancel_fraction * decay * torch.empty(
@@ -615,12 +651,26 @@ def generate_synthetic(
         chance = 2.0 * knobs.trade_probability
         buys_trade = uniform[0] < (chance * buy_pressure).clamp(max=1.0)
         sells_trade = uniform[1] < (chance * (1.0 - buy_pressure)).clamp(max=1.0)
+    buys_sweep = sells_sweep = None
+    if knobs.sweep_trade_probability < 1:
+        gates = torch.Generator(device="cpu").manual_seed((int(seed) + _SWEEP_SALT) % 2**63)
+        uniform = torch.rand((2, num_steps), generator=gates, dtype=torch.float64)
+        chance = 2.0 * knobs.sweep_trade_probability
+        sharp = torch.sigmoid(2.0 * increments[1:] / volatility[1:])  # this step's move only
+        buys_sweep = uniform[0] < (chance * sharp).clamp(max=1.0)
+        sells_sweep = uniform[1] < (chance * (1.0 - sharp)).clamp(max=1.0)
     exec_ask, cancel_ask = _side_flow(ask_ticks[:-1], ask_size[:-1], ask_ticks[:-1] < ask_ticks[1:, :1],
-                                      buy_pressure, ref_tick, knobs, generator, buys_trade)
+                                      buy_pressure, ref_tick, knobs, generator, buys_trade, buys_sweep)
     exec_bid, cancel_bid = _side_flow(bid_ticks[:-1], bid_size[:-1], bid_ticks[:-1] > bid_ticks[1:, :1],
-                                      1.0 - buy_pressure, ref_tick, knobs, generator, sells_trade)
+                                      1.0 - buy_pressure, ref_tick, knobs, generator, sells_trade,
+                                      sells_sweep)
     if informed and knobs.flow_volume > 0:  # the metaorders' own trades at the step's starting touch
         traded = knobs.flow_volume * metaorder[1:]
+        if (buys_sweep is not None and sells_sweep is not None and buys_trade is not None
+                and sells_trade is not None):
+            # they also trade where they swept the touch away (the price moved past it and that side traded)
+            buys_trade = buys_trade | (buys_sweep & (ask_ticks[:-1, 0] < ask_ticks[1:, 0]))
+            sells_trade = sells_trade | (sells_sweep & (bid_ticks[:-1, 0] > bid_ticks[1:, 0]))
         sides = ((exec_ask, ask_ticks[:-1, 0], traded.clamp(min=0.0), buys_trade),
                  (exec_bid, bid_ticks[:-1, 0], (-traded).clamp(min=0.0), sells_trade))
         for grid, touch, volume, gate in sides:
