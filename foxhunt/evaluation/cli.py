@@ -9,12 +9,15 @@ them). Every market option the model was trained with is used (``split_times``, 
 synthetic knobs); ``--env.market`` changes them deliberately, and a LOBSTER test window that overlaps the
 training clock on the same files is refused. Each evaluation gets a folder of its own,
 ``RUN_DIR/evaluations/<stamp>/`` (beside the model for a ``.zip``; ``--out`` names another), so the run's own
-report is never overwritten.
+report is never overwritten. A model of the execute task (``--env.task execute``) gets the run's own
+execution report instead (:func:`run_execution`: the execution baselines fitted on the training market, every
+policy on the held-out market's disjoint windows, buys and sells, by implementation shortfall).
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -191,20 +194,45 @@ def _report_folder(out: str | None, home: Path) -> Path:
     return Path(out)
 
 
-def run(args: argparse.Namespace) -> int:
-    """``foxhunt evaluate``: evaluate, write the report into a folder of its own, print a summary.
+@dataclass
+class Settings:
+    """What ``foxhunt evaluate`` scores a model on, resolved from its target and the options (``foxhunt
+    watch`` steps the same market with the same settings)."""
 
-    :param args: parsed ``evaluate`` arguments.
-    :return: the exit status (0).
+    target: Target  # the model and the settings it carries
+    data: str  # "synthetic" or a LOBSTER folder
+    split: str  # the held-out split (LOBSTER), or "validation" for a third synthetic market
+    config_kwargs: dict[str, Any]  # EnvConfig fields
+    market_kwargs: dict[str, Any]  # the market's options (synthetic: num_steps, the generator's knobs)
+    market_seed: int  # the synthetic evaluation market's seed
+    train_seed: int  # the synthetic training market's seed
+    device: str  # device of the model and envs
+    notes: list[str]  # said in the report
+
+    @property
+    def synthetic(self) -> bool:
+        """Whether the evaluation market is the synthetic generator."""
+        return self.data == "synthetic"
+
+    @property
+    def execute(self) -> bool:
+        """Whether the model was trained on the execute task (scored by implementation shortfall)."""
+        return self.config_kwargs.get("task", "trade") == "execute"
+
+
+def resolve_settings(args: argparse.Namespace) -> Settings:
+    """The held-out market and env settings of an evaluation: the target's (its run's config, or the settings
+    its model file carries), with ``--data``, ``--split``, ``--env.market``, ``--market-seed``,
+    ``--signal-strength``, ``--signal-horizon`` and ``--device`` over them; a LOBSTER market the model's
+    observation cannot fit, or one it was trained on, is refused.
+
+    :param args: parsed arguments holding those options (``None``: not given).
+    :return: the settings.
     """
     from foxenv.config import split_env_kwargs
     from foxhunt.evaluation import model_file
-    from foxhunt.evaluation.api import evaluate_policies
-    from foxhunt.evaluation.report import held_out_line, print_evaluation, write_report
     from foxhunt.evaluation.target import resolve
 
-    _check(args)
-    _check_out(args.out)
     target = resolve(args.target, args.data)
     data = args.data or target.data
     split = args.split or target.split
@@ -226,21 +254,114 @@ def run(args: argparse.Namespace) -> int:
     market_seed = args.market_seed
     if market_seed is None:  # as foxhunt.runs.eval_market_seed: the test market, or a third for validation
         market_seed = train_seed + (2 if split == "validation" else 1)
-    device = args.device or target.device
+    elif synthetic and market_seed == train_seed:
+        raise ValueError(f"--market-seed={market_seed} is the training market's seed: not held out (leave it "
+                         f"out for the test market, seed {train_seed + 1})")
+    return Settings(target=target, data=data, split=split, config_kwargs=config_kwargs,
+                    market_kwargs=market_kwargs, market_seed=market_seed, train_seed=train_seed,
+                    device=args.device or target.device, notes=notes)
 
+
+def execution_markets(settings: Settings, held_out_only: bool = False) -> tuple[Any, Any]:
+    """The execute task's fit and held-out markets, as ``foxhunt train``'s final evaluation of an execute run
+    builds them (:func:`~foxhunt.evaluation.execution_report.evaluate_execution_run`): the training market
+    (synthetic seed, or the LOBSTER split before the held-out one) and the evaluation market.
+
+    :param settings: the evaluation's settings.
+    :param held_out_only: build the held-out market only (the fit market is then ``None``).
+    :return: ``(fit market or None, held-out market)``.
+    """
+    from foxenv.config import EnvConfig
+    from foxhunt.evaluation.api import build_market
+
+    options = {"levels": EnvConfig(**settings.config_kwargs).levels, **settings.market_kwargs}
+    device = settings.device
+    if settings.synthetic:
+        held_out = build_market("synthetic", market_seed=settings.market_seed, device=device, **options)
+        fit = None if held_out_only else build_market("synthetic", market_seed=settings.train_seed,
+                                                      device=device, **options)
+        return fit, held_out
+    fit_split = "fit" if settings.split == "validation" else "train"  # foxhunt.runs.RunConfig.train_split
+    held_out = build_market(settings.data, split=settings.split, device=device, **options)
+    fit = None if held_out_only else build_market(settings.data, split=fit_split, device=device, **options)
+    return fit, held_out
+
+
+#: ``foxhunt evaluate`` options that do not apply to an execute model, and why.
+_NOT_FOR_EXECUTION = {
+    "baselines": "its baselines are the execution baselines (TWAP, Almgren-Chriss, VWAP, ...), all run",
+    "steps": "it is scored on every disjoint window of episode_length steps of the held-out market",
+    "n_envs": "it is scored on every disjoint window of episode_length steps of the held-out market",
+    "seed": "its windows are the held-out market's disjoint windows, in order (no seed draws them)",
+}
+
+
+def run_execution(args: argparse.Namespace, settings: Settings) -> int:
+    """``foxhunt evaluate`` of an execute-task model: the run's own execution report (the execution baselines
+    fitted on the training market, every policy on the held-out market's disjoint windows, buys and sells,
+    by implementation shortfall), written to a folder of its own.
+
+    :param args: parsed ``evaluate`` arguments.
+    :param settings: the evaluation's settings.
+    :return: the exit status (0).
+    """
+    from foxenv.config import EnvConfig
+    from foxhunt.evaluation.execution_report import evaluate_execution, load_execution_model
+
+    for name, why in _NOT_FOR_EXECUTION.items():
+        if getattr(args, name) is not None:
+            raise ValueError(f"--{name.replace('_', '-')} does not apply to an execute-task model "
+                             f"({settings.target.model}): {why}")
+    if not args.plots:
+        raise ValueError("--no-plots does not apply to an execute-task model: its report always holds "
+                         "execution.png")
+    config = EnvConfig(**settings.config_kwargs)
+    policies = {"policy": load_execution_model(settings.target.model, config.grid, settings.device)}
+    for path in args.models:
+        name = Path(path).stem if Path(path).stem not in policies else str(path)
+        policies[name] = load_execution_model(path, config.grid, settings.device)
+    fit, held_out = execution_markets(settings)
+    out = _report_folder(args.out, settings.target.home)
+    payload = evaluate_execution(policies, fit, held_out, config, out=out, device=settings.device,
+                                 title=f"Execution evaluation of {settings.target.model}")
+    for note in [*settings.target.notes, *settings.notes]:
+        print(f"note: {note}")
+    print(payload["table"])
+    print(f"\nreport: {out / 'execution.md'}")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """``foxhunt evaluate``: evaluate, write the report into a folder of its own, print a summary (an
+    execute-task model gets its execution report: :func:`run_execution`).
+
+    :param args: parsed ``evaluate`` arguments.
+    :return: the exit status (0).
+    """
+    from foxhunt.evaluation import model_file
+    from foxhunt.evaluation.api import evaluate_policies
+    from foxhunt.evaluation.report import held_out_line, print_evaluation, write_report
+
+    _check(args)
+    _check_out(args.out)
+    settings = resolve_settings(args)
+    if settings.execute:
+        return run_execution(args, settings)
+    target, device = settings.target, settings.device
     models = {"policy": model_file.load_model(target.model, device)}
     for path in args.models:
         name = Path(path).stem if Path(path).stem not in models else str(path)
         models[name] = model_file.load_model(path, device)
     evaluation = evaluate_policies(
-        models, data, baselines=args.baselines,
+        models, settings.data, baselines=args.baselines,
         n_envs=args.n_envs if args.n_envs is not None else target.n_envs,
         steps=args.steps if args.steps is not None else target.steps,
-        seed=args.seed if args.seed is not None else target.seed, market_seed=market_seed,
-        train_market_seed=train_seed if synthetic else None, split=split, env_kwargs=config_kwargs,
-        market_kwargs=market_kwargs, device=device, progress=args.progress,
+        seed=args.seed if args.seed is not None else target.seed, market_seed=settings.market_seed,
+        train_market_seed=settings.train_seed if settings.synthetic else None, split=settings.split,
+        env_kwargs=settings.config_kwargs, market_kwargs=settings.market_kwargs, device=device,
+        progress=args.progress,
     )
-    evaluation.setup["notes"] = [*target.notes, *notes, *evaluation.setup.get("notes", [])]
+    evaluation.setup["notes"] = [*target.notes, *settings.notes, *evaluation.setup.get("notes", [])]
     out = _report_folder(args.out, target.home)
     paths = write_report(evaluation, out, "policy", f"Evaluation of {target.model}", plots=args.plots)
     held_out = held_out_line(evaluation.setup)
