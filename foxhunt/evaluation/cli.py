@@ -42,12 +42,7 @@ def add_parser(subparsers: Any) -> None:
         "and eval_*.png. Synthetic data is held out by a market seed other than the training one; a "
         "LOBSTER split is walked in disjoint episode windows.",
     )
-    p.add_argument("target", help="a run folder (with config.json and model.zip) or a model .zip")
-    p.add_argument("--data", default=None,
-                   help="'synthetic' or a LOBSTER folder (default: the run's data, else synthetic)")
-    p.add_argument("--split", default=None, choices=SPLITS,
-                   help="held-out data: a LOBSTER split, or on synthetic data 'validation' for the third "
-                   "market (default: the run's eval_split, else test)")
+    add_market_options(p)
     p.add_argument("--baselines", nargs="*", default=None,
                    choices=BASELINES, help="baselines run beside the model (default: flat random "
                    "buy_and_hold, on LOBSTER data also imbalance (fitted on the fit data) and market_maker; "
@@ -61,6 +56,28 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--seed", type=int, default=None,
                    help="seed of the episode windows and the random baseline (default: the run's evaluation "
                    "seed, its seed + 1000; for a model .zip 0)")
+    p.add_argument("--device", default=None,
+                   help="cpu or cuda (default: the run's device where it exists here, else cpu)")
+    p.add_argument("--out", default=None,
+                   help="report folder, new or empty (default: a new RUN_DIR/evaluations/<stamp>/, or "
+                   "evaluations/<stamp>/ beside the model)")
+    p.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True, help="write the PNGs")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=False,
+                   help="show progress bars (default: off)")
+
+
+def add_market_options(p: argparse.ArgumentParser) -> None:
+    """The target and the options that choose its held-out market (``foxhunt evaluate`` and ``foxhunt
+    watch``: :func:`resolve_settings` reads them).
+
+    :param p: the subcommand's parser.
+    """
+    p.add_argument("target", help="a run folder (with config.json and model.zip) or a model .zip")
+    p.add_argument("--data", default=None,
+                   help="'synthetic' or a LOBSTER folder (default: the run's data, else synthetic)")
+    p.add_argument("--split", default=None, choices=SPLITS,
+                   help="held-out data: a LOBSTER split, or on synthetic data 'validation' for the third "
+                   "market (default: the run's eval_split, else test)")
     p.add_argument("--market-seed", type=int, default=None,
                    help="synthetic evaluation market's seed (default: the training market's seed + 1, + 2 "
                    "for --split validation)")
@@ -73,14 +90,6 @@ def add_parser(subparsers: Any) -> None:
                    "--env.market): LOBSTER load options (split_times, train_fraction, step_seconds, "
                    "step_events, ...) or synthetic generator knobs; null puts one back to its default. A "
                    "LOBSTER window that overlaps the training clock on the same files is refused")
-    p.add_argument("--device", default=None,
-                   help="cpu or cuda (default: the run's device where it exists here, else cpu)")
-    p.add_argument("--out", default=None,
-                   help="report folder, new or empty (default: a new RUN_DIR/evaluations/<stamp>/, or "
-                   "evaluations/<stamp>/ beside the model)")
-    p.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True, help="write the PNGs")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=False,
-                   help="show progress bars (default: off)")
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -90,16 +99,27 @@ def _check(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name.replace('_', '-')}={value} must be >= 1")
     if args.seed is not None and not 0 <= args.seed < 2**32:
         raise ValueError(f"--seed={args.seed} must lie in [0, 2**32)")
+    check_market_options(args)
+    from foxhunt.preflight import check_evaluation_size
+
+    check_evaluation_size(args.steps, args.n_envs, args.device or "cpu")
+
+
+def check_market_options(args: argparse.Namespace) -> None:
+    """:func:`add_market_options`' values and ``--device``, before any model is loaded.
+
+    :raises ValueError: one line naming the option and its value.
+    """
     if args.signal_strength is not None and args.signal_strength < 0:
         raise ValueError(f"--signal-strength={args.signal_strength} must be >= 0")
     if args.signal_horizon is not None and args.signal_horizon < 1:
         raise ValueError(f"--signal-horizon={args.signal_horizon} must be >= 1")
+    if args.market_seed is not None and not 0 <= args.market_seed < 2**32:
+        raise ValueError(f"--market-seed={args.market_seed} must lie in [0, 2**32)")
     from foxenv.checks import check_device
-    from foxhunt.preflight import check_evaluation_size
 
     if args.device is not None:
-        check_device(args.device, "--device")  # before any model is loaded
-    check_evaluation_size(args.steps, args.n_envs, args.device or "cpu")
+        check_device(args.device, "--device")
 
 
 def market_overrides(text: str | None, synthetic: bool) -> dict[str, Any]:
