@@ -72,3 +72,37 @@ def test_a_trading_evaluation_refuses_an_execute_model_saying_why(execute_run: P
 
     with pytest.raises(ValueError, match=r"trained on the execute task \(env.task='execute'\)"):
         load_model(execute_run / "model.zip")
+
+
+def test_watch_an_execute_model_on_a_held_out_window(execute_run: Path, tmp_path: Path) -> None:
+    """``foxhunt watch`` of an execute model draws window ``--book`` of the execution report's held-out
+    windows; the parent fills as the report's scoring (score_windows) fills it on that window."""
+    import torch
+    from PIL import Image
+
+    from foxenv.config import EnvConfig, split_env_kwargs
+    from foxhunt.evaluation.api import build_market
+    from foxhunt.evaluation.baselines import ModelPolicy
+    from foxhunt.evaluation.execution_baselines import score_windows
+    from foxhunt.evaluation.execution_report import load_execution_model
+    from foxhunt.runs import RunConfig
+
+    out = tmp_path / "execute.gif"
+    assert main(["watch", str(execute_run), "--book", "2", "--out", str(out), "--no-progress"]) == 0
+    with Image.open(out) as image:
+        assert image.n_frames == 20  # the whole window: the parent is done at its end
+    record = json.loads(out.with_suffix(".json").read_text())
+    setup = record["setup"]
+    offsets = json.loads((execute_run / "execution.json").read_text())["offsets"]
+    assert setup["task"] == "execute" and setup["offsets"] == [offsets[2]] and setup["books"] == len(offsets)
+    assert setup["market_seed"] == 1 and setup["train_market_seed"] == 0
+    assert main(["watch", str(execute_run), "--steps", "21", "--out", str(tmp_path / "x.gif")]) == 2
+    config = RunConfig.load(execute_run / "config.json")
+    env = EnvConfig(**split_env_kwargs(config.resolved_env_kwargs())[0])
+    market = build_market("synthetic", market_seed=1, levels=env.levels,
+                          num_steps=config.synthetic_market_steps)
+    policy = ModelPolicy(load_execution_model(execute_run / "model.zip", env.grid), grid=env.grid)
+    scored = score_windows(policy, market, env, torch.tensor(offsets))
+    filled = scored["done"][:, 2] * scored["side"][2] * scored["quantity"][2]
+    position = torch.tensor(record["series"]["position"], dtype=torch.float64)
+    assert torch.allclose(position, filled.double()) and position[-1].abs() == 50.0
