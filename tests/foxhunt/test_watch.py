@@ -58,6 +58,14 @@ def test_watch_draws_a_book_of_the_held_out_evaluation(run_dir: Path, capsys: py
         expected = recording.series[name][:25, 1].double()
         assert torch.allclose(torch.tensor(record["series"][name], dtype=torch.float64), expected), name
     assert record["series"]["actions"] == recording.series["actions"][:25, 1].tolist()
+    # each frame draws the depth of the row the book stands on after its step
+    from foxhunt.evaluation.api import build_market
+
+    market = build_market("synthetic", market_seed=1, num_steps=config.synthetic_market_steps)
+    rows = torch.tensor(record["series"]["row"])
+    assert rows[0] == setup["offsets"][0] + 1 and rows[20] == setup["offsets"][1] + 1
+    drawn_mid = (market.bid_price[rows, 0] + market.ask_price[rows, 0]).double() / 2
+    assert torch.allclose(drawn_mid, recording.series["mid"][:25, 1].double())
 
 
 def test_watch_a_model_file_on_another_market_into_a_named_file(run_dir: Path, tmp_path: Path) -> None:
