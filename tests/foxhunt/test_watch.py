@@ -103,3 +103,18 @@ def test_watch_refuses_bad_input_naming_the_option(run_dir: Path, tmp_path: Path
     assert main(["watch", str(tmp_path / "nothing")]) == 2
     assert "must be a run folder or a model .zip" in capsys.readouterr().err
     assert not (run_dir / "watch").exists() or len(list((run_dir / "watch").glob("*.gif"))) <= 1
+
+
+@pytest.mark.gpu
+def test_watch_on_cuda_plays_the_book_as_on_the_cpu(run_dir: Path, tmp_path: Path) -> None:
+    """``--device cuda`` steps the env and the model on the GPU: the same frames, actions and positions."""
+    records = {}
+    for device in ("cpu", "cuda"):
+        out = tmp_path / f"{device}.gif"
+        assert main(["watch", str(run_dir), "--steps", "6", "--device", device, "--out", str(out),
+                     "--no-progress"]) == 0
+        assert _frames(out) == 6
+        records[device] = json.loads(out.with_suffix(".json").read_text())
+    assert records["cuda"]["setup"]["device"] == "cuda"
+    assert records["cuda"]["series"]["actions"] == records["cpu"]["series"]["actions"]
+    assert records["cuda"]["series"]["position"] == pytest.approx(records["cpu"]["series"]["position"])
