@@ -30,6 +30,8 @@ from foxhunt.evaluation.cli import add_market_options, check_market_options  # l
 
 #: Animation formats by suffix: the matplotlib writer's name.
 WRITERS = {".gif": "pillow", ".mp4": "ffmpeg"}
+#: Frames drawn when ``--steps`` is not given, at most (one episode otherwise; a frame takes ~0.3 s on a CPU).
+DEFAULT_MAX_FRAMES = 200
 #: Branch names in the captions (the execute task's first branch is the child's size, its second is unused).
 BRANCHES = ("direction", "magnitude", "order", "urgency")
 EXECUTION_BRANCHES = ("size", "-", "order", "urgency")
@@ -50,8 +52,8 @@ def add_parser(subparsers: Any) -> None:
     )
     add_market_options(p)
     p.add_argument("--steps", type=int, default=None,
-                   help="frames: steps of the book (default: one episode, at most the evaluation's steps per "
-                   "book)")
+                   help="frames: steps of the book, at most the evaluation's steps per book (default: one "
+                   f"episode, at most {DEFAULT_MAX_FRAMES})")
     p.add_argument("--book", type=int, default=0,
                    help="which of the evaluation's books (an execute model: which held-out window) to draw "
                    "(default: 0)")
@@ -124,7 +126,7 @@ def trading_plan(settings: Any, steps: int | None, book: int) -> Plan:
     :func:`~foxhunt.evaluation.recorder.plan_offsets`).
 
     :param settings: the evaluation's settings.
-    :param steps: ``--steps`` (None: one episode).
+    :param steps: ``--steps`` (None: one episode, at most :data:`DEFAULT_MAX_FRAMES`).
     :param book: ``--book``.
     """
     from foxenv.config import EnvConfig
@@ -145,7 +147,7 @@ def trading_plan(settings: Any, steps: int | None, book: int) -> Plan:
                                            DEFAULT_SYNTHETIC_BOOKS if settings.synthetic else capacity)
     if book >= books:
         raise ValueError(f"--book={book}: the evaluation has {books} book(s), 0 to {books - 1}")
-    steps = min(length, evaluated) if steps is None else steps
+    steps = min(length, evaluated, DEFAULT_MAX_FRAMES) if steps is None else steps
     if steps > evaluated:
         raise ValueError(f"--steps={steps}: the evaluation steps each book {evaluated} times (its windows "
                          f"end there); ask for at most {evaluated}")
@@ -160,7 +162,7 @@ def execution_plan(settings: Any, steps: int | None, book: int) -> Plan:
     each, as :func:`~foxhunt.evaluation.execution_baselines.score_windows` steps them.
 
     :param settings: the evaluation's settings.
-    :param steps: ``--steps`` (None: the whole window).
+    :param steps: ``--steps`` (None: the whole window, at most :data:`DEFAULT_MAX_FRAMES`).
     :param book: ``--book``.
     """
     from foxenv.config import EnvConfig
@@ -174,7 +176,7 @@ def execution_plan(settings: Any, steps: int | None, book: int) -> Plan:
     if book >= offsets.numel():
         raise ValueError(f"--book={book}: the held-out market holds {offsets.numel()} window(s) of "
                          f"{horizon} steps, 0 to {offsets.numel() - 1}")
-    steps = horizon if steps is None else steps
+    steps = min(horizon, DEFAULT_MAX_FRAMES) if steps is None else steps
     if steps > horizon:
         raise ValueError(f"--steps={steps}: an execute model works one parent order of {horizon} steps per "
                          f"window; ask for at most {horizon}")
@@ -312,8 +314,16 @@ def frame(plan: Plan, series: dict[str, Any], view: dict[str, Any], t: int) -> A
     )
 
 
-def write_animation(plan: Plan, series: dict[str, Any], path: Path, fps: float, progress: bool) -> int:
+def write_animation(plan: Plan, series: dict[str, Any], view: dict[str, Any], path: Path, fps: float,
+                    progress: bool) -> int:
     """Render every frame into an animation at ``path`` (``.gif``: PillowWriter, ``.mp4``: FFMpegWriter).
+
+    :param plan: what was stepped.
+    :param series: :func:`step_book`'s series.
+    :param view: :func:`book_view` of them.
+    :param path: the file.
+    :param fps: frames per second.
+    :param progress: show a progress bar.
 
     :return: the frames written.
     """
@@ -325,7 +335,6 @@ def write_animation(plan: Plan, series: dict[str, Any], path: Path, fps: float, 
     from tqdm import TqdmExperimentalWarning
     from tqdm.rich import tqdm
 
-    view = book_view(series, plan.config.episode_length)
     first = frame(plan, series, view, 0)
     height, width = first.shape[:2]
     dpi = 100
@@ -408,8 +417,8 @@ def run(args: argparse.Namespace) -> int:
     series = step_book(model, plan, settings.device)
     path = _output(args.out, settings.target.home)
     progress = sys.stderr.isatty() if args.progress is None else args.progress
-    frames = write_animation(plan, series, path, args.fps, progress)
     view = book_view(series, plan.config.episode_length)
+    frames = write_animation(plan, series, view, path, args.fps, progress)
     record = {"setup": _setup(settings, plan, path, args.fps),
               "series": {"mid": series["mid"].tolist(), "position": view["position"].tolist(),
                          "equity": view["equity"].tolist(), "reward": series["reward"].tolist(),
