@@ -106,3 +106,7 @@ def test_watch_an_execute_model_on_a_held_out_window(execute_run: Path, tmp_path
     filled = scored["done"][:, 2] * scored["side"][2] * scored["quantity"][2]
     position = torch.tensor(record["series"]["position"], dtype=torch.float64)
     assert torch.allclose(position, filled.double()) and position[-1].abs() == 50.0
+    # the window's shortfall (minus its rewards) is the report's, for the window's side
+    side = "buy" if position[-1] > 0 else "sell"
+    report = json.loads((execute_run / "execution.json").read_text())["shortfall_bps"][side]["policy"]
+    assert -sum(record["series"]["reward"]) == pytest.approx(report[2], abs=1e-3)
