@@ -1,4 +1,4 @@
-"""The ``foxhunt`` command line: ``foxhunt train | evaluate | rollout | tune``.
+"""The ``foxhunt`` command line: ``foxhunt train | evaluate | watch | rollout | tune``.
 
 ``foxhunt train`` with no arguments trains BranchingIQN on the built-in synthetic market (a few minutes
 on a laptop CPU) and writes a run folder (see :mod:`foxhunt.runs`). Its options are generated from the
@@ -11,7 +11,8 @@ saved and evaluated), ``--exp-name NAME`` names the run folder; off a terminal a
 ``foxhunt train --config FILE`` starts from a RunConfig JSON (a run's ``config.json`` or a study's
 ``best_config.json``; the options given override it); ``foxhunt train --resume RUN_DIR`` continues a run
 from its newest checkpoint. ``foxhunt rollout`` scores a uniformly random policy. ``foxhunt evaluate``
-scores a saved model beside baselines (:mod:`foxhunt.evaluation.cli`). ``foxhunt tune`` runs an Optuna
+scores a saved model beside baselines (:mod:`foxhunt.evaluation.cli`); ``foxhunt watch`` animates its greedy
+play of one book on the same held-out data (:mod:`foxhunt.evaluation.watch`). ``foxhunt tune`` runs an Optuna
 study (:mod:`tuning.cli`, imported only when the command runs).
 
 A user error (a bad option, a missing file, a used run folder) prints one line ``foxhunt: error: ...`` on
@@ -223,10 +224,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"foxhunt {version()}")
     _debug(parser, top=True)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,evaluate,rollout,tune}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,evaluate,watch,rollout,tune}")
     _add_train_parser(sub)
     _add_delegated_parser(sub, "evaluate", "evaluate a saved model beside baselines on held-out data; "
                           "foxhunt evaluate --help lists its options")
+    _add_delegated_parser(sub, "watch", "animate a saved model's greedy play of one book on held-out data "
+                          "(a GIF); foxhunt watch --help lists its options")
     rollout_parser = sub.add_parser(
         "rollout", help="score a uniformly random policy",
         description="Run a uniformly random policy on foxhunt train's env settings and print its metrics "
@@ -259,6 +262,17 @@ def evaluate_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def watch_parser() -> argparse.ArgumentParser:
+    """The parser of ``foxhunt watch ARGS`` (:mod:`foxhunt.evaluation.watch`)."""
+    from foxhunt.evaluation import watch
+
+    parser = Parser(prog="foxhunt")
+    sub = parser.add_subparsers(dest="command", required=True)
+    watch.add_parser(sub)
+    _debug(sub.choices["watch"])
+    return parser
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the parsed command.
 
@@ -271,6 +285,12 @@ def run(args: argparse.Namespace) -> int:
         if hasattr(args, "evaluate_args"):
             args = evaluate_parser().parse_args(["evaluate", *args.evaluate_args])
         return evaluation_cli.run(args)
+    if args.command == "watch":
+        from foxhunt.evaluation import watch
+
+        if hasattr(args, "watch_args"):
+            args = watch_parser().parse_args(["watch", *args.watch_args])
+        return watch.run(args)
     if args.command == "tune":
         from tuning.cli import run as run_tune
 
@@ -302,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     :return: the exit status: 0, or 2 after a user error (printed as one line on stderr).
     """
     args = build_parser().parse_args(argv)
-    rest = [*getattr(args, "tune_args", ()), *getattr(args, "evaluate_args", ())]
+    rest = [arg for name in ("tune_args", "evaluate_args", "watch_args") for arg in getattr(args, name, ())]
     debug = args.debug or "--debug" in rest
 
     def command() -> int:

@@ -183,7 +183,8 @@ from foxhunt.cli import build_parser, main
 build_parser()
 for argv in (["--help"], ["--version"], ["train", "--help"], ["rollout", "--help"], ["evaluate", "--help"],
              ["evalute"], ["evaluate", "x", "--n-envs", "y"], ["tune", "--help"], ["tune", "--n-trials", "x"],
-             ["train", "--n-envs", "x"], ["train", "--stepz", "1"], ["train", "--env.market", "x:1"]):
+             ["train", "--n-envs", "x"], ["train", "--stepz", "1"], ["train", "--env.market", "x:1"],
+             ["watch", "--help"], ["watch", "x", "--book", "y"]):
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         try:
             main(argv)

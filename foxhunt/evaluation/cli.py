@@ -9,12 +9,15 @@ them). Every market option the model was trained with is used (``split_times``, 
 synthetic knobs); ``--env.market`` changes them deliberately, and a LOBSTER test window that overlaps the
 training clock on the same files is refused. Each evaluation gets a folder of its own,
 ``RUN_DIR/evaluations/<stamp>/`` (beside the model for a ``.zip``; ``--out`` names another), so the run's own
-report is never overwritten.
+report is never overwritten. A model of the execute task (``--env.task execute``) gets the run's own
+execution report instead (:func:`run_execution`: the execution baselines fitted on the training market, every
+policy on the held-out market's disjoint windows, buys and sells, by implementation shortfall).
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,12 +42,7 @@ def add_parser(subparsers: Any) -> None:
         "and eval_*.png. Synthetic data is held out by a market seed other than the training one; a "
         "LOBSTER split is walked in disjoint episode windows.",
     )
-    p.add_argument("target", help="a run folder (with config.json and model.zip) or a model .zip")
-    p.add_argument("--data", default=None,
-                   help="'synthetic' or a LOBSTER folder (default: the run's data, else synthetic)")
-    p.add_argument("--split", default=None, choices=SPLITS,
-                   help="held-out data: a LOBSTER split, or on synthetic data 'validation' for the third "
-                   "market (default: the run's eval_split, else test)")
+    add_market_options(p)
     p.add_argument("--baselines", nargs="*", default=None,
                    choices=BASELINES, help="baselines run beside the model (default: flat random "
                    "buy_and_hold, on LOBSTER data also imbalance (fitted on the fit data) and market_maker; "
@@ -58,6 +56,28 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--seed", type=int, default=None,
                    help="seed of the episode windows and the random baseline (default: the run's evaluation "
                    "seed, its seed + 1000; for a model .zip 0)")
+    p.add_argument("--device", default=None,
+                   help="cpu or cuda (default: the run's device where it exists here, else cpu)")
+    p.add_argument("--out", default=None,
+                   help="report folder, new or empty (default: a new RUN_DIR/evaluations/<stamp>/, or "
+                   "evaluations/<stamp>/ beside the model)")
+    p.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True, help="write the PNGs")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=False,
+                   help="show progress bars (default: off)")
+
+
+def add_market_options(p: argparse.ArgumentParser) -> None:
+    """The target and the options that choose its held-out market (``foxhunt evaluate`` and ``foxhunt
+    watch``: :func:`resolve_settings` reads them).
+
+    :param p: the subcommand's parser.
+    """
+    p.add_argument("target", help="a run folder (with config.json and model.zip) or a model .zip")
+    p.add_argument("--data", default=None,
+                   help="'synthetic' or a LOBSTER folder (default: the run's data, else synthetic)")
+    p.add_argument("--split", default=None, choices=SPLITS,
+                   help="held-out data: a LOBSTER split, or on synthetic data 'validation' for the third "
+                   "market (default: the run's eval_split, else test)")
     p.add_argument("--market-seed", type=int, default=None,
                    help="synthetic evaluation market's seed (default: the training market's seed + 1, + 2 "
                    "for --split validation)")
@@ -70,14 +90,6 @@ def add_parser(subparsers: Any) -> None:
                    "--env.market): LOBSTER load options (split_times, train_fraction, step_seconds, "
                    "step_events, ...) or synthetic generator knobs; null puts one back to its default. A "
                    "LOBSTER window that overlaps the training clock on the same files is refused")
-    p.add_argument("--device", default=None,
-                   help="cpu or cuda (default: the run's device where it exists here, else cpu)")
-    p.add_argument("--out", default=None,
-                   help="report folder, new or empty (default: a new RUN_DIR/evaluations/<stamp>/, or "
-                   "evaluations/<stamp>/ beside the model)")
-    p.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True, help="write the PNGs")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=False,
-                   help="show progress bars (default: off)")
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -87,16 +99,27 @@ def _check(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name.replace('_', '-')}={value} must be >= 1")
     if args.seed is not None and not 0 <= args.seed < 2**32:
         raise ValueError(f"--seed={args.seed} must lie in [0, 2**32)")
+    check_market_options(args)
+    from foxhunt.preflight import check_evaluation_size
+
+    check_evaluation_size(args.steps, args.n_envs, args.device or "cpu")
+
+
+def check_market_options(args: argparse.Namespace) -> None:
+    """:func:`add_market_options`' values and ``--device``, before any model is loaded.
+
+    :raises ValueError: one line naming the option and its value.
+    """
     if args.signal_strength is not None and args.signal_strength < 0:
         raise ValueError(f"--signal-strength={args.signal_strength} must be >= 0")
     if args.signal_horizon is not None and args.signal_horizon < 1:
         raise ValueError(f"--signal-horizon={args.signal_horizon} must be >= 1")
+    if args.market_seed is not None and not 0 <= args.market_seed < 2**32:
+        raise ValueError(f"--market-seed={args.market_seed} must lie in [0, 2**32)")
     from foxenv.checks import check_device
-    from foxhunt.preflight import check_evaluation_size
 
     if args.device is not None:
-        check_device(args.device, "--device")  # before any model is loaded
-    check_evaluation_size(args.steps, args.n_envs, args.device or "cpu")
+        check_device(args.device, "--device")
 
 
 def market_overrides(text: str | None, synthetic: bool) -> dict[str, Any]:
@@ -191,20 +214,45 @@ def _report_folder(out: str | None, home: Path) -> Path:
     return Path(out)
 
 
-def run(args: argparse.Namespace) -> int:
-    """``foxhunt evaluate``: evaluate, write the report into a folder of its own, print a summary.
+@dataclass
+class Settings:
+    """What ``foxhunt evaluate`` scores a model on, resolved from its target and the options (``foxhunt
+    watch`` steps the same market with the same settings)."""
 
-    :param args: parsed ``evaluate`` arguments.
-    :return: the exit status (0).
+    target: Target  # the model and the settings it carries
+    data: str  # "synthetic" or a LOBSTER folder
+    split: str  # the held-out split (LOBSTER), or "validation" for a third synthetic market
+    config_kwargs: dict[str, Any]  # EnvConfig fields
+    market_kwargs: dict[str, Any]  # the market's options (synthetic: num_steps, the generator's knobs)
+    market_seed: int  # the synthetic evaluation market's seed
+    train_seed: int  # the synthetic training market's seed
+    device: str  # device of the model and envs
+    notes: list[str]  # said in the report
+
+    @property
+    def synthetic(self) -> bool:
+        """Whether the evaluation market is the synthetic generator."""
+        return self.data == "synthetic"
+
+    @property
+    def execute(self) -> bool:
+        """Whether the model was trained on the execute task (scored by implementation shortfall)."""
+        return self.config_kwargs.get("task", "trade") == "execute"
+
+
+def resolve_settings(args: argparse.Namespace) -> Settings:
+    """The held-out market and env settings of an evaluation: the target's (its run's config, or the settings
+    its model file carries), with ``--data``, ``--split``, ``--env.market``, ``--market-seed``,
+    ``--signal-strength``, ``--signal-horizon`` and ``--device`` over them; a LOBSTER market the model's
+    observation cannot fit, or one it was trained on, is refused.
+
+    :param args: parsed arguments holding those options (``None``: not given).
+    :return: the settings.
     """
     from foxenv.config import split_env_kwargs
     from foxhunt.evaluation import model_file
-    from foxhunt.evaluation.api import evaluate_policies
-    from foxhunt.evaluation.report import held_out_line, print_evaluation, write_report
     from foxhunt.evaluation.target import resolve
 
-    _check(args)
-    _check_out(args.out)
     target = resolve(args.target, args.data)
     data = args.data or target.data
     split = args.split or target.split
@@ -226,21 +274,114 @@ def run(args: argparse.Namespace) -> int:
     market_seed = args.market_seed
     if market_seed is None:  # as foxhunt.runs.eval_market_seed: the test market, or a third for validation
         market_seed = train_seed + (2 if split == "validation" else 1)
-    device = args.device or target.device
+    elif synthetic and market_seed == train_seed:
+        raise ValueError(f"--market-seed={market_seed} is the training market's seed: not held out (leave it "
+                         f"out for the test market, seed {train_seed + 1})")
+    return Settings(target=target, data=data, split=split, config_kwargs=config_kwargs,
+                    market_kwargs=market_kwargs, market_seed=market_seed, train_seed=train_seed,
+                    device=args.device or target.device, notes=notes)
 
+
+def execution_markets(settings: Settings, held_out_only: bool = False) -> tuple[Any, Any]:
+    """The execute task's fit and held-out markets, as ``foxhunt train``'s final evaluation of an execute run
+    builds them (:func:`~foxhunt.evaluation.execution_report.evaluate_execution_run`): the training market
+    (synthetic seed, or the LOBSTER split before the held-out one) and the evaluation market.
+
+    :param settings: the evaluation's settings.
+    :param held_out_only: build the held-out market only (the fit market is then ``None``).
+    :return: ``(fit market or None, held-out market)``.
+    """
+    from foxenv.config import EnvConfig
+    from foxhunt.evaluation.api import build_market
+
+    options = {"levels": EnvConfig(**settings.config_kwargs).levels, **settings.market_kwargs}
+    device = settings.device
+    if settings.synthetic:
+        held_out = build_market("synthetic", market_seed=settings.market_seed, device=device, **options)
+        fit = None if held_out_only else build_market("synthetic", market_seed=settings.train_seed,
+                                                      device=device, **options)
+        return fit, held_out
+    fit_split = "fit" if settings.split == "validation" else "train"  # foxhunt.runs.RunConfig.train_split
+    held_out = build_market(settings.data, split=settings.split, device=device, **options)
+    fit = None if held_out_only else build_market(settings.data, split=fit_split, device=device, **options)
+    return fit, held_out
+
+
+#: ``foxhunt evaluate`` options that do not apply to an execute model, and why.
+_NOT_FOR_EXECUTION = {
+    "baselines": "its baselines are the execution baselines (TWAP, Almgren-Chriss, VWAP, ...), all run",
+    "steps": "it is scored on every disjoint window of episode_length steps of the held-out market",
+    "n_envs": "it is scored on every disjoint window of episode_length steps of the held-out market",
+    "seed": "its windows are the held-out market's disjoint windows, in order (no seed draws them)",
+}
+
+
+def run_execution(args: argparse.Namespace, settings: Settings) -> int:
+    """``foxhunt evaluate`` of an execute-task model: the run's own execution report (the execution baselines
+    fitted on the training market, every policy on the held-out market's disjoint windows, buys and sells,
+    by implementation shortfall), written to a folder of its own.
+
+    :param args: parsed ``evaluate`` arguments.
+    :param settings: the evaluation's settings.
+    :return: the exit status (0).
+    """
+    from foxenv.config import EnvConfig
+    from foxhunt.evaluation.execution_report import evaluate_execution, load_execution_model
+
+    for name, why in _NOT_FOR_EXECUTION.items():
+        if getattr(args, name) is not None:
+            raise ValueError(f"--{name.replace('_', '-')} does not apply to an execute-task model "
+                             f"({settings.target.model}): {why}")
+    if not args.plots:
+        raise ValueError("--no-plots does not apply to an execute-task model: its report always holds "
+                         "execution.png")
+    config = EnvConfig(**settings.config_kwargs)
+    policies = {"policy": load_execution_model(settings.target.model, config.grid, settings.device)}
+    for path in args.models:
+        name = Path(path).stem if Path(path).stem not in policies else str(path)
+        policies[name] = load_execution_model(path, config.grid, settings.device)
+    fit, held_out = execution_markets(settings)
+    out = _report_folder(args.out, settings.target.home)
+    payload = evaluate_execution(policies, fit, held_out, config, out=out, device=settings.device,
+                                 title=f"Execution evaluation of {settings.target.model}")
+    for note in [*settings.target.notes, *settings.notes]:
+        print(f"note: {note}")
+    print(payload["table"])
+    print(f"\nreport: {out / 'execution.md'}")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """``foxhunt evaluate``: evaluate, write the report into a folder of its own, print a summary (an
+    execute-task model gets its execution report: :func:`run_execution`).
+
+    :param args: parsed ``evaluate`` arguments.
+    :return: the exit status (0).
+    """
+    from foxhunt.evaluation import model_file
+    from foxhunt.evaluation.api import evaluate_policies
+    from foxhunt.evaluation.report import held_out_line, print_evaluation, write_report
+
+    _check(args)
+    _check_out(args.out)
+    settings = resolve_settings(args)
+    if settings.execute:
+        return run_execution(args, settings)
+    target, device = settings.target, settings.device
     models = {"policy": model_file.load_model(target.model, device)}
     for path in args.models:
         name = Path(path).stem if Path(path).stem not in models else str(path)
         models[name] = model_file.load_model(path, device)
     evaluation = evaluate_policies(
-        models, data, baselines=args.baselines,
+        models, settings.data, baselines=args.baselines,
         n_envs=args.n_envs if args.n_envs is not None else target.n_envs,
         steps=args.steps if args.steps is not None else target.steps,
-        seed=args.seed if args.seed is not None else target.seed, market_seed=market_seed,
-        train_market_seed=train_seed if synthetic else None, split=split, env_kwargs=config_kwargs,
-        market_kwargs=market_kwargs, device=device, progress=args.progress,
+        seed=args.seed if args.seed is not None else target.seed, market_seed=settings.market_seed,
+        train_market_seed=settings.train_seed if settings.synthetic else None, split=settings.split,
+        env_kwargs=settings.config_kwargs, market_kwargs=settings.market_kwargs, device=device,
+        progress=args.progress,
     )
-    evaluation.setup["notes"] = [*target.notes, *notes, *evaluation.setup.get("notes", [])]
+    evaluation.setup["notes"] = [*target.notes, *settings.notes, *evaluation.setup.get("notes", [])]
     out = _report_folder(args.out, target.home)
     paths = write_report(evaluation, out, "policy", f"Evaluation of {target.model}", plots=args.plots)
     held_out = held_out_line(evaluation.setup)

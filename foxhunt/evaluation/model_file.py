@@ -1,6 +1,8 @@
 """A saved model for evaluation: loaded, and checked against what it is scored on before any step.
 
-- :func:`load_model` loads a ``.zip`` with the first algorithm that takes it (BranchingIQN, DQN, QR-DQN);
+- :func:`load_model` loads a ``.zip`` with the first algorithm that takes it (BranchingIQN, DQN, QR-DQN); a
+  model of the execute task is loaded by :func:`foxhunt.evaluation.execution_report.load_execution_model`
+  (``foxhunt evaluate`` routes it there), and refused here saying so;
 - :func:`check_action_space`: a model's actions must be one of foxenv's faces, ``Discrete(81)`` (joint
   codes) or ``MultiDiscrete([3, 3, 3, 3])`` (branches): an SB3 DQN over ``Discrete(9)`` is refused instead of
   having its codes played as joint actions;
@@ -58,7 +60,15 @@ def load_model(path: str | Path, device: str = "cpu") -> Any:
             errors.append(f"{class_name}: {type(error).__name__}: {error}"[:200])
     else:
         raise ValueError(f"model={str(path)!r}: no known algorithm could load it ({'; '.join(errors)})")
-    check_action_space(model, str(path), grid=None)  # the env's grid is checked when it is scored
+    try:
+        check_action_space(model, str(path), grid=None)  # the env's grid is checked when it is scored
+    except ValueError as error:
+        stamped = saved_fingerprint(path) or {}
+        if dict(stamped.get("env") or {}).get("task") == "execute":
+            raise ValueError(f"model={str(path)!r} was trained on the execute task (env.task='execute'): it "
+                             "works a parent order, it does not trade; score it on its own (foxhunt "
+                             "evaluate MODEL.zip or its run folder: the execution report)") from None
+        raise error
     return model
 
 

@@ -363,7 +363,8 @@ def test_the_light_copies_of_foxenv_names_agree_with_foxenv() -> None:
      r"argument --env\.market: 'signal_strength: 1' is not a JSON object; give one such as"),
     (["train", "--time-limit", "90x"], r"argument --time-limit: '90x' is no duration"),
     (["train", "--exp-name", "a/b"], r"argument --exp-name: 'a/b' must be letters"),
-    (["evalute"], r"^foxhunt: error: argument \{train,evaluate,rollout,tune\}: invalid choice: 'evalute'"),
+    (["evalute"],
+     r"^foxhunt: error: argument \{train,evaluate,watch,rollout,tune\}: invalid choice: 'evalute'"),
 ])
 def test_an_argument_error_is_one_line_and_a_hint(capsys: pytest.CaptureFixture[str], argv: list[str],
                                                   message: str) -> None:
