@@ -47,7 +47,7 @@ class EnvSettings:
     """Steps before an episode is truncated (a LOBSTER split shorter than that gets episodes that fit)."""
     max_position: float = 100.0  # Largest absolute position, in lots.
     levels: int = 10  # Book levels per side in the observation.
-    maker_fee_bps: float = -0.2  # Fee on resting fills, basis points of notional (negative: a rebate).
+    maker_fee_bps: float = 0.0  # Fee on resting fills, basis points of notional (negative: a rebate).
     taker_fee_bps: float = 0.5  # Fee on Market and IoC fills, basis points of notional.
     reward_scale: float = 1.0  # Reward = change of equity times this (minus the inventory penalty).
     inventory_penalty: float = 0.0  # Per-step penalty times (position / max_position) ** 2.
@@ -261,6 +261,8 @@ def auto_values(config: Any) -> dict[str, Any]:
     values["algorithm.learning_starts"] = min(sizes["learning_starts"], max(config.steps // 4, config.n_envs))
     values["algorithm.diagnostics_interval"] = min(sizes["diagnostics_interval"], max(config.steps // 4, 1))
     values.update({"cuda_graph": cuda, "device_loop": cuda, **face_settings(config.action_face)})
+    if config.env.task == "execute":  # hindsight relabels the trading task's trades: off on the execute task
+        values["hindsight"] = False
     if config.data == "synthetic":
         values["env.market_seed"] = 0
     return values

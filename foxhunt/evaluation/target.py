@@ -130,7 +130,6 @@ def model_zip(path: Path, data: str | None) -> Target:
     :param data: ``--data`` (None: not given).
     :return: the target.
     """
-    from foxhunt import presets
     from foxhunt.fingerprint import evaluation_settings
     from foxhunt.runs import RunConfig
 
@@ -146,7 +145,7 @@ def model_zip(path: Path, data: str | None) -> Target:
         if target.data is None:
             model_file.check_data_given(stamped, data)
         return target
-    env_kwargs, market_steps = RunConfig().resolved_env_kwargs(), presets.SYNTHETIC_MARKET_STEPS
+    env_kwargs, market_steps = RunConfig().resolved_env_kwargs(), RunConfig().synthetic_market_steps
     if stamped is not None:  # a model carries its settings (issue 25)
         env_kwargs, steps, _ = model_file.saved_env_kwargs(stamped)
         market_steps = steps or market_steps
