@@ -15,14 +15,16 @@
 
 A block computes its schedules FROM ``counters`` on the device: the env step after each of its vector steps
 ``t_j = t_0 + j·N``, the progress ``p_j = 1 - t_j / total``, and from it ε (SB3's ``LinearSchedule``), the IQR
-bonus and PER β (:func:`~sb3_her_ext.exploration.linear_anneal`, which is ``LinearSchedule`` with end fraction
-1), each in float64 one IEEE operation per kernel in Python's order, so the values are SB3's host values bit
-for bit (tested over whole runs); the target network's Polyak updates are due at the calls
-``c_0 + 1 .. c_0 + k`` divisible by ``target_update_interval // N``. Nothing is copied from the host per
-block: the host only adds the block's steps to its own counters (``num_timesteps``, ``_n_calls``) and puts
-its ε, bonus and β to the values at the block's end (one schedule call each, the same formulas), for
-callbacks, logs and ``save``; :meth:`TrainBlock.load` writes the host counters to the device at the start
-of each ``learn`` (the only host-to-device copy of state).
+bonus and PER β (:func:`~sb3_her_ext.exploration.linear_anneal`: the same formula with fraction 1 and the
+progress clamped at 1), each in float64, one IEEE operation per kernel in Python's order (no fused
+multiply-add can form across kernels; divisions by device tensors, not by reciprocals), so the values are
+SB3's host values bit for bit (tested over many counters and totals, and over whole runs); the target
+network's Polyak updates are due at the calls ``c_0 + 1 .. c_0 + k`` divisible by
+``target_update_interval // N``. Nothing is copied from the host per block: the host only adds the block's
+steps to its own counters (``num_timesteps``, ``_n_calls``) and puts its ε, bonus and β to the values at the
+block's end (one schedule call each, the same formulas), for callbacks, logs and ``save``;
+:meth:`TrainBlock.load` writes the host counters to the device at the start of each ``learn`` (the only
+host-to-device copy of state).
 
 :meth:`TrainBlock.block` is the function: for each of ``k`` vector steps act (uniform random actions from the
 warm-up generator in a *random* block, else the algorithm's ``explore`` with ε and the bonus of that step),
@@ -124,6 +126,10 @@ class TrainBlock:
         self.span = th.tensor([[e[0] - s[0]] for s, e in zip(start, end, strict=True)], dtype=th.float64,
                               device=device)  # (end - start) as Python computes it
         self.fraction = th.tensor(fraction, dtype=th.float64, device=device)
+        # LinearSchedule (ε) gives ``end`` past its fraction; linear_anneal clamps the progress at 1 instead
+        inf = float("inf")
+        self.cap = th.tensor([[inf], [1.0], [1.0]], dtype=th.float64, device=device)
+        self.threshold = th.tensor([fraction[0], [inf], [inf]], dtype=th.float64, device=device)
         self.interval = max(algorithm.target_update_interval // self.n_envs, 1)
         self.tau = float(algorithm.tau)
         self._offsets: dict[int, th.Tensor] = {}
@@ -171,8 +177,10 @@ class TrainBlock:
         series = self.counters[:, None] + offsets  # [2, k + 1]: t_j and c_j
         remaining = 1 - series[0] / self.total  # SB3: 1.0 - float(num_timesteps) / float(total)
         done = 1 - remaining  # the schedules' (1 - progress_remaining)
-        values = done * self.span / self.fraction + self.start  # [3, k + 1], Python's order and rounding
-        values = th.where(done > self.fraction, self.end, values)
+        # [3, k + 1]: start + (done · (end - start)) / fraction, Python's order and rounding (the IQR bonus
+        # and β: fraction 1, done at most 1)
+        values = th.minimum(done, self.cap) * self.span / self.fraction + self.start
+        values = th.where(done > self.threshold, self.end, values)
         beta = values[2, k]
         due = (th.remainder(series[1, 1:], self.interval) == 0).sum()
         if k:
