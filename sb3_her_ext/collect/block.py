@@ -120,19 +120,21 @@ class TrainBlock:
         ranges = ((algorithm.exploration_initial_eps, algorithm.exploration_final_eps,
                    algorithm.exploration_fraction),
                   (*algorithm.iqr_bonus_range, 1.0), (*algorithm.per_beta_range, 1.0))
-        start, end, fraction = ([[float(r[i])] for r in ranges] for i in range(3))  # each [3, 1]
-        self.start = th.tensor(start, dtype=th.float64, device=device)
-        self.end = th.tensor(end, dtype=th.float64, device=device)
-        self.span = th.tensor([[e[0] - s[0]] for s, e in zip(start, end, strict=True)], dtype=th.float64,
-                              device=device)  # (end - start) as Python computes it
-        self.fraction = th.tensor(fraction, dtype=th.float64, device=device)
-        # LinearSchedule (ε) gives ``end`` past its fraction; linear_anneal clamps the progress at 1 instead
-        inf = float("inf")
-        self.cap = th.tensor([[inf], [1.0], [1.0]], dtype=th.float64, device=device)
-        self.threshold = th.tensor([fraction[0], [inf], [inf]], dtype=th.float64, device=device)
+        start = [float(r[0]) for r in ranges]
+        span = [float(r[1]) - float(r[0]) for r in ranges]  # (end - start) as Python computes it
+        # past the fraction: LinearSchedule (ε) gives its end; linear_anneal (fraction 1) clamps the progress
+        # at 1, i.e. gives start + 1.0 * span (the same float64 sum here)
+        end = [float(ranges[0][1]), start[1] + span[1], start[2] + span[2]]
+        column = {"dtype": th.float64, "device": device}
+        self.start, self.span = th.tensor(start, **column)[:, None], th.tensor(span, **column)[:, None]
+        self.end = th.tensor(end, **column)[:, None]
+        self.fraction = th.tensor([float(r[2]) for r in ranges], **column)[:, None]
+        self.one = th.ones((), **column)
         self.interval = max(algorithm.target_update_interval // self.n_envs, 1)
         self.tau = float(algorithm.tau)
         self._offsets: dict[int, th.Tensor] = {}
+        self._rates: dict[int, th.Tensor] = {}  # per k: the [2, k] float32 rates a block acts with
+        self._advance: dict[int, th.Tensor] = {}  # per k: [k·N, k]
         # ------------------------------------------------------------ graphs
         buffer_generator = getattr(algorithm.replay_buffer, "generator", None)
         self.generators = [algorithm.generator, *([buffer_generator] if buffer_generator is not None else []),
@@ -165,31 +167,42 @@ class TrainBlock:
 
     # ------------------------------------------------------------------ the function a graph captures
 
-    def schedules(self, k: int) -> tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor]:
+    def schedules(self, k: int, acting: bool = True) -> tuple[th.Tensor, th.Tensor | None, th.Tensor,
+                                                             th.Tensor | None]:
         """From the counters: the env step after each vector step, the ``[2, k]`` float32 ε and IQR bonus each
-        step acts with, PER β after the ``k`` steps (0-dim float64) and the count of due target updates;
-        then the counters and the carried values advanced past the ``k`` steps. No host sync.
+        step acts with (None unless ``acting``), PER β after the ``k`` steps (0-dim float64) and the count of
+        due target updates (None for ``k = 0``); then the counters and the carried values advanced past the
+        ``k`` steps. No host sync; about one kernel per line. The count comes as ``[count, 1 - count]``
+        (int64; the second meaningful where ``k <= interval``, i.e. the count is 0 or 1).
         """
         offsets = self._offsets.get(k)
-        if offsets is None:  # [2, k + 1]: env steps j·N and calls j, j = 0 .. k
-            j = th.arange(k + 1, dtype=th.int64)
-            offsets = self._offsets[k] = th.stack([j * self.n_envs, j]).to(self.device)
-        series = self.counters[:, None] + offsets  # [2, k + 1]: t_j and c_j
-        remaining = 1 - series[0] / self.total  # SB3: 1.0 - float(num_timesteps) / float(total)
-        done = 1 - remaining  # the schedules' (1 - progress_remaining)
-        # [3, k + 1]: start + (done · (end - start)) / fraction, Python's order and rounding (the IQR bonus
-        # and β: fraction 1, done at most 1)
-        values = th.minimum(done, self.cap) * self.span / self.fraction + self.start
-        values = th.where(done > self.threshold, self.end, values)
-        beta = values[2, k]
-        due = (th.remainder(series[1, 1:], self.interval) == 0).sum()
-        if k:
-            rates = th.cat([self.carried[:, None], values[:2, 1:k]], dim=1).float()
-            self.carried.copy_(values[:2, k])
-            self.counters.add_(offsets[:, k])
-        else:
-            rates = self.carried[:, None][:, :0].float()
-        return series[0, 1:], rates, beta, due
+        if offsets is None:  # env steps j·N (j = 0 .. k); calls 0, k, interval; and the counters' advance
+            width = max(k + 1, 3)
+            steps = th.zeros(width, dtype=th.int64)
+            steps[: k + 1] = th.arange(k + 1) * self.n_envs
+            calls = th.zeros(width, dtype=th.int64)
+            calls[:3] = th.tensor([0, k, self.interval])
+            offsets = self._offsets[k] = th.stack([steps, calls]).to(self.device)
+            self._advance[k] = th.tensor([k * self.n_envs, k], dtype=th.int64, device=self.device)
+            self._rates[k] = th.empty(2, k, dtype=th.float32, device=self.device)
+        series = self.counters[:, None] + offsets  # t_0 + j·N; c_0, c_0 + k, c_0 + interval
+        # SB3: progress_remaining = 1.0 - float(num_timesteps) / float(total); (1 - progress_remaining)
+        done = 1 - th.addcdiv(self.one, series[0, : k + 1], self.total, value=-1)
+        # [3, k + 1]: start + (done · (end - start)) / fraction, rounded as Python does; past it, the end
+        values = th.addcdiv(self.start, done * self.span, self.fraction)
+        values = th.where(done > self.fraction, self.end, values)
+        if not k:
+            return series[0, 1:1], None, values[2, 0], None
+        rates = None
+        if acting:  # step 0 acts with the carried values, step j with those of the step before
+            rates = th.cat([self.carried[:, None], values[:2, 1:k]], dim=1, out=self._rates[k])
+        self.carried.copy_(values[:2, k])
+        # the calls divisible by the interval I in (c_0, c_0 + k], floor((c_0 + k) / I) - floor(c_0 / I), and
+        # 1 - that, floor((c_0 + I) / I) - floor((c_0 + k) / I): one subtraction
+        floors = th.div(series[1, :3], self.interval, rounding_mode="floor")
+        due = floors[1:] - floors[:2]
+        self.counters.add_(self._advance[k])
+        return series[0, 1 : k + 1], rates, values[2, k], due
 
     def block(self, algorithm: Any, key: BlockKey) -> tuple[th.Tensor | None, DeviceStep | None]:
         """``k`` vector steps then the gradient steps of ``key`` (what a graph captures; no host sync).
@@ -200,8 +213,8 @@ class TrainBlock:
         """
         k, random, vaccines = key
         env, buffer, guard = self.env, algorithm.replay_buffer, algorithm.guard
-        numbers, rates, beta, due = self.schedules(k)
-        branch_rates = None if random or not k else algorithm.branch_rates(rates[0][:, None])  # [k, NB]
+        numbers, rates, beta, due = self.schedules(k, acting=not random)
+        branch_rates = None if rates is None else algorithm.branch_rates(rates[0][:, None])  # [k, NB]
         obs = self.obs if self.static else env.current_obs()
         actions: th.Tensor | None = None
         step: DeviceStep | None = None
@@ -211,7 +224,7 @@ class TrainBlock:
             if random:
                 actions = random_actions(self.n_actions, self.warmup_generator, self.n_envs)
             else:
-                assert branch_rates is not None
+                assert rates is not None and branch_rates is not None
                 actions = algorithm.explore(obs, iqr_bonus=rates[1, i], branch_rates=branch_rates[i])
             step = env.step_tensors_static(actions) if self.static else env.step_tensors(actions)
             taken.append((step.done, step.episode_return, step.episode_length, actions))
@@ -225,6 +238,7 @@ class TrainBlock:
             record_steps(self.stats, self.action_counts, *columns, self.branch_values)
             if self.static:
                 self.obs.copy_(obs)
+            assert due is not None
             self._target_updates(algorithm, due, math.ceil(k / self.interval))
         if vaccines:
             algorithm.policy.set_training_mode(True)
@@ -232,20 +246,30 @@ class TrainBlock:
                 algorithm.learner.train_step_in_graph(buffer, self.batch_size, vaccine, beta)
         return actions, step
 
-    def _target_updates(self, algorithm: Any, count: th.Tensor, slots: int) -> None:
-        """``count`` (a device number) Polyak updates of the target network as ``polyak_update`` makes them
-        (``target·(1 − τ) + τ·online``); each of the ``slots`` masked by ``count``."""
+    def _target_updates(self, algorithm: Any, due: th.Tensor, slots: int) -> None:
+        """``due[0]`` (a device number) Polyak updates of the target network as ``polyak_update`` makes them
+        (``target·(1 − τ) + τ·online``); each of the ``slots`` masked by the count (``due``: ``[count,
+        1 - count]``, from :meth:`schedules`)."""
         params = [p.data for p in algorithm.q_net.parameters()]
         targets = [p.data for p in algorithm.q_net_target.parameters()]
         tau = self.tau
+        dtype = targets[0].dtype
         with th.no_grad():
             for j in range(slots):
-                flag = (count > j).to(targets[0].dtype)
+                if slots == 1:  # the count is 0 or 1: the flag and 1 - flag as they are
+                    flag, keep = due.to(dtype).unbind()
+                else:
+                    flag = (due[0] > j).to(dtype)
+                    keep = 1 - flag
+                if tau == 1.0:  # polyak_update: target·0 + online (alpha 1: the online value as it is)
+                    th._foreach_mul_(targets, keep)
+                    th._foreach_add_(targets, th._foreach_mul(params, flag))
+                    continue
                 updated = th._foreach_mul(targets, 1 - tau)
                 th._foreach_add_(updated, params, alpha=tau)
                 # target·(1 − flag) + updated·flag: exactly one of the two where flag is 0 or 1
                 th._foreach_mul_(updated, flag)
-                th._foreach_mul_(targets, 1 - flag)
+                th._foreach_mul_(targets, keep)
                 th._foreach_add_(targets, updated)
 
     # ------------------------------------------------------------------ running it

@@ -164,16 +164,21 @@ def test_schedules_from_the_counter_are_sb3s_host_values_bit_for_bit(n_envs: int
             assert rates[1].tolist() == np.float32(expected_bonus[:k]).tolist()
             assert block.carried.tolist() == [expected_eps[k], expected_bonus[k]]  # float64: exact
             assert float(beta) == model.replay_buffer.beta
-            assert int(due) == sum((calls + j) % interval == 0 for j in range(1, k + 1))
+            count = sum((calls + j) % interval == 0 for j in range(1, k + 1))
+            assert int(due[0]) == count and (k > interval or int(due[1]) == 1 - count)
             assert block.counters.tolist() == [model.num_timesteps, model._n_calls]
 
 
 def test_the_schedules_cost_few_ops() -> None:
-    """Each op is a kernel of a captured block: the schedules of a block, computed from the counters."""
+    """Each op is a kernel of a captured block: the schedules of a block, computed from the counters (one
+    H2D copy of a host-made schedule and 6 ops before, in the fused block of issue 14)."""
     model = BranchingIQN("MlpPolicy", make_env(), **TINY)
     model.learn(8)
-    ops = ops_of(lambda: model.collector.block.schedules(4))
-    assert len(ops) <= 20, ops
+    block = model.collector.block
+    block.schedules(4)  # its constants made once
+    ops = ops_of(lambda: block.schedules(4))
+    assert len(ops) <= 12, ops
+    assert len(ops_of(lambda: block.schedules(4, acting=False))) == len(ops) - 1
 
 
 def test_schedule_values_read_from_device_tensors_equal_the_python_schedules() -> None:
