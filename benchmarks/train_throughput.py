@@ -7,7 +7,7 @@ Rows, at each number of books and device:
   :mod:`sb3_her_ext.collect`;
 * ``BranchingIQN one graph``: the device loop's model and env with ``graph_collect=True`` and callbacks every
   ``train_freq`` vector steps: each rollout and its gradient steps are one CUDA graph replay
-  (:mod:`sb3_her_ext.collect.fused`; CUDA only, its warm-up covers every graph it captures);
+  (:mod:`sb3_her_ext.collect.block`; CUDA only, its warm-up covers every graph it captures);
 * ``BranchingIQN one graph, no NaN guard``: the same with ``nan_guard=False``, the price of the guard's
   device-side check of every gradient step (:mod:`sb3_her_ext.guard`);
 * ``BranchingIQN SB3 loop``: the same model on ``LOBVecEnv`` (SB3's numpy ``collect_rollouts``);
