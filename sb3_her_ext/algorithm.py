@@ -472,7 +472,7 @@ class BranchingIQN(OffPolicyAlgorithm):
             return self.policy.predict(observation, state, episode_start, deterministic=True)
         self.policy.set_training_mode(False)
         obs_tensor, vectorized = self.policy.obs_to_tensor(observation)
-        actions = self.explore(obs_tensor)  # the device loop's selection, then one copy to the host
+        actions = self.explore(obs_tensor)  # the training block's selection, then one copy to the host
         actions_np = actions.cpu().numpy().reshape((-1, *self.action_space.shape))
         if not vectorized:
             actions_np = actions_np.squeeze(axis=0)

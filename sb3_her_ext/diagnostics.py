@@ -92,7 +92,7 @@ class TrainingDiagnostics:
         """Zero every accumulator (called after each flush).
 
         The device accumulators are zeroed in place after their first allocation: a captured CUDA graph
-        (:mod:`sb3_her_ext.collect.fused`) keeps adding to the same tensors.
+        (:mod:`sb3_her_ext.collect.block`) keeps adding to the same tensors.
         """
         if not hasattr(self, "_train_sums"):
             # one tensor each, so that a train step adds to them in one op: sums in _TRAIN_KEYS order,
