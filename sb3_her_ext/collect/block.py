@@ -54,6 +54,7 @@ from typing import Any
 
 import numpy as np
 import torch as th
+from stable_baselines3.common.utils import LinearSchedule
 
 from cuda_ext.graph_capture import capture, side_stream
 from sb3_her_ext.collect.episodes import EpisodeStats, random_actions, record_steps
@@ -72,6 +73,20 @@ class CaptureError(RuntimeError):
 def has_static_face(env: Any) -> bool:
     """Whether ``env`` can run inside a captured block (:data:`STATIC_FACE`)."""
     return all(callable(getattr(env, name, None)) for name in STATIC_FACE)
+
+
+def schedule_ranges(algorithm: Any) -> tuple[tuple[float, float, float], ...]:
+    """``(start, end, fraction)`` of ε (the algorithm's ``exploration_schedule``, a ``LinearSchedule``), the
+    IQR bonus and PER β (fraction 1): the constants of a block's schedules.
+
+    :raises ValueError: ``exploration_schedule`` is not a ``LinearSchedule`` (a block cannot compute it).
+    """
+    schedule = algorithm.exploration_schedule
+    if not isinstance(schedule, LinearSchedule):
+        raise ValueError(f"exploration_schedule={schedule!r}: a training block computes only SB3's "
+                         "LinearSchedule on the device")
+    return ((float(schedule.start), float(schedule.end), float(schedule.end_fraction)),
+            (*map(float, algorithm.iqr_bonus_range), 1.0), (*map(float, algorithm.per_beta_range), 1.0))
 
 
 def _parts(algorithm: Any, env: Any) -> tuple[Any, ...]:
@@ -117,9 +132,7 @@ class TrainBlock:
         seed = algorithm.seed if algorithm.seed is not None else int(np.random.randint(2**31))
         self.warmup_generator.manual_seed(int(seed) + 1)  # a stream of its own: not the exploration's
         # ------------------------------------------------------------ the schedules' constants
-        ranges = ((algorithm.exploration_initial_eps, algorithm.exploration_final_eps,
-                   algorithm.exploration_fraction),
-                  (*algorithm.iqr_bonus_range, 1.0), (*algorithm.per_beta_range, 1.0))
+        self.ranges = ranges = schedule_ranges(algorithm)
         start = [float(r[0]) for r in ranges]
         span = [float(r[1]) - float(r[0]) for r in ranges]  # (end - start) as Python computes it
         # past the fraction: LinearSchedule (ε) gives its end; linear_anneal (fraction 1) clamps the progress
@@ -155,6 +168,7 @@ class TrainBlock:
                 and int(algorithm.batch_size) == self.batch_size and window == self.stats.window
                 and (bool(capture) and self.static and self.device.type == "cuda") == self.capture
                 and max(algorithm.target_update_interval // self.n_envs, 1) == self.interval
+                and schedule_ranges(algorithm) == self.ranges
                 and float(algorithm.tau) == self.tau)
 
     def load(self, algorithm: Any) -> None:

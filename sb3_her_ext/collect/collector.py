@@ -160,9 +160,12 @@ class DeviceCollector:
                    and algorithm.graph_collect is not False)
         window = algorithm.ep_info_buffer.maxlen or 100
         if self.block is None or not self.block.matches(algorithm, env, window, capture):
-            if self.block is not None and self._ep_info_buffer is algorithm.ep_info_buffer:
+            old = self.block
+            if old is not None and self._ep_info_buffer is algorithm.ep_info_buffer:
                 self.flush(None)  # what the old block counted, before its tensors go
             self.block = TrainBlock(algorithm, env, window, capture)
+            if old is not None and old.device == self.block.device:  # the warm-up's draws go on
+                self.block.warmup_generator.set_state(old.warmup_generator.get_state())
             self._ep_info_buffer = None
         if self._ep_info_buffer is not algorithm.ep_info_buffer:  # a new learn
             self._ep_info_buffer = algorithm.ep_info_buffer

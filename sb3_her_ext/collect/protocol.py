@@ -26,9 +26,7 @@ class CollectingAlgorithm(Protocol):
     tau: float
     target_update_interval: int
     diagnostics_interval: int
-    exploration_initial_eps: float
-    exploration_final_eps: float
-    exploration_fraction: float
+    exploration_schedule: Any  # SB3's LinearSchedule of ε
     iqr_bonus_range: tuple[float, float]
     per_beta_range: tuple[float, float]
     env: Any  # SB3's VecEnv (its optional check_action_flag() is called at flushes)

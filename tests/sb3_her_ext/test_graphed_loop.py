@@ -133,6 +133,22 @@ def test_learn_again_without_reset_continues_as_sb3s_loop(tmp_path: Path) -> Non
     assert models[1].num_timesteps == 320
 
 
+def test_schedule_settings_changed_between_learns_make_a_new_block(tmp_path: Path) -> None:
+    models = []
+    for blocks in (False, True):
+        model = run(tmp_path, blocks=blocks, total=80)
+        first = model.collector.block
+        model.per_beta_range, model.iqr_bonus_range = (0.5, 0.9), (0.2, 0.1)
+        model.learn(80, reset_num_timesteps=False)
+        assert not blocks or model.collector.block is not first
+        models.append(model)
+    assert_same_training(*models)
+    model = models[1]
+    model.exploration_schedule = lambda progress: 0.1
+    with pytest.raises(ValueError, match="exploration_schedule=.*LinearSchedule"):
+        model.learn(8, reset_num_timesteps=False)
+
+
 @pytest.mark.parametrize("n_envs,k", [(4, 1), (4, 3), (7, 5), (64, 2)])
 def test_schedules_from_the_counter_are_sb3s_host_values_bit_for_bit(n_envs: int, k: int) -> None:
     """ε (LinearSchedule), the IQR bonus and PER β (linear_anneal) at every step, and the due target
