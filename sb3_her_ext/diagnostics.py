@@ -99,9 +99,9 @@ class TrainingDiagnostics:
             # counts of train steps, vaccine steps and vaccine corrections
             self._train_sums = th.zeros(len(self._TRAIN_KEYS), dtype=th.float64, device=self.device)
             self._train_counts = th.zeros(3, dtype=th.int64, device=self.device)
-            self._select_sums = {
-                key: th.zeros((), dtype=th.float64, device=self.device) for key in self._SELECT_KEYS
-            }
+            # the selection sums in one tensor (one add per selection), read by key through views
+            self._select_pair = th.zeros(len(self._SELECT_KEYS), dtype=th.float64, device=self.device)
+            self._select_sums = {key: self._select_pair[i] for i, key in enumerate(self._SELECT_KEYS)}
             self._select_count = th.zeros((), dtype=th.int64, device=self.device)
         else:
             for tensor in self.device_tensors():
@@ -110,7 +110,7 @@ class TrainingDiagnostics:
 
     def device_tensors(self) -> tuple[th.Tensor, ...]:
         """The device accumulators (a captured graph adds to them: the same tensors for the model's life)."""
-        return (self._train_sums, self._train_counts, *self._select_sums.values(), self._select_count)
+        return (self._train_sums, self._train_counts, self._select_pair, self._select_count)
 
     def restart(self, step: int, hindsight_totals: dict[str, Any] | None = None) -> None:
         """Start a new interval at ``step`` (the start of ``learn``): rates and hindsight counts of the next
@@ -157,8 +157,7 @@ class TrainingDiagnostics:
         n_valid = sum(self.action_dims) * iqr.shape[0]  # a host number: no kernels per selection
         if min(self.action_dims) != max(self.action_dims):  # padded actions: masked out of the sums
             iqr, ens_std = iqr * valid, ens_std * valid
-        self._select_sums["iqr_mean"] += iqr.sum().to(self.device, th.float64) / n_valid
-        self._select_sums["ens_std"] += ens_std.sum().to(self.device, th.float64) / n_valid
+        self._select_pair += th.stack([iqr.sum(), ens_std.sum()]).to(self.device, th.float64) / n_valid
         self._select_count += 1
 
     def add_actions(self, actions: np.ndarray) -> None:
