@@ -148,6 +148,8 @@ class TrainBlock:
         self._offsets: dict[int, th.Tensor] = {}
         self._rates: dict[int, th.Tensor] = {}  # per k: the [2, k] float32 rates a block acts with
         self._advance: dict[int, th.Tensor] = {}  # per k: [k·N, k]
+        for k in range(algorithm.train_freq.frequency + 1):  # every block a rollout makes (0 .. train_freq)
+            self._constants(k)
         # ------------------------------------------------------------ graphs
         buffer_generator = getattr(algorithm.replay_buffer, "generator", None)
         self.generators = [algorithm.generator, *([buffer_generator] if buffer_generator is not None else []),
@@ -189,17 +191,9 @@ class TrainBlock:
         ``k`` steps. No host sync; about one kernel per line. The count comes as ``[count, 1 - count]``
         (int64; the second meaningful where ``k <= interval``, i.e. the count is 0 or 1).
         """
-        offsets = self._offsets.get(k)
-        if offsets is None:  # env steps j·N (j = 0 .. k); calls 0, k, interval; and the counters' advance
-            width = max(k + 1, 3)
-            steps = th.zeros(width, dtype=th.int64)
-            steps[: k + 1] = th.arange(k + 1) * self.n_envs
-            calls = th.zeros(width, dtype=th.int64)
-            calls[:3] = th.tensor([0, k, self.interval])
-            offsets = self._offsets[k] = th.stack([steps, calls]).to(self.device)
-            self._advance[k] = th.tensor([k * self.n_envs, k], dtype=th.int64, device=self.device)
-            self._rates[k] = th.empty(2, k, dtype=th.float32, device=self.device)
-        series = self.counters[:, None] + offsets  # t_0 + j·N; c_0, c_0 + k, c_0 + interval
+        if k not in self._offsets:
+            self._constants(k)
+        series = self.counters[:, None] + self._offsets[k]  # t_0 + j·N; c_0, c_0 + k, c_0 + interval
         # SB3: progress_remaining = 1.0 - float(num_timesteps) / float(total); (1 - progress_remaining)
         done = 1 - th.addcdiv(self.one, series[0, : k + 1], self.total, value=-1)
         # [3, k + 1]: start + (done · (end - start)) / fraction, rounded as Python does; past it, the end
@@ -217,6 +211,17 @@ class TrainBlock:
         due = floors[1:] - floors[:2]
         self.counters.add_(self._advance[k])
         return series[0, 1 : k + 1], rates, values[2, k], due
+
+    def _constants(self, k: int) -> None:
+        """The constant tensors of blocks of ``k`` steps (host-to-device copies: made before any capture)."""
+        width = max(k + 1, 3)
+        steps = th.zeros(width, dtype=th.int64)  # env steps j·N, j = 0 .. k
+        steps[: k + 1] = th.arange(k + 1) * self.n_envs
+        calls = th.zeros(width, dtype=th.int64)  # calls 0, k, interval
+        calls[:3] = th.tensor([0, k, self.interval])
+        self._offsets[k] = th.stack([steps, calls]).to(self.device)
+        self._advance[k] = th.tensor([k * self.n_envs, k], dtype=th.int64).to(self.device)
+        self._rates[k] = th.empty(2, k, dtype=th.float32, device=self.device)
 
     def block(self, algorithm: Any, key: BlockKey) -> tuple[th.Tensor | None, DeviceStep | None]:
         """``k`` vector steps then the gradient steps of ``key`` (what a graph captures; no host sync).
