@@ -99,14 +99,22 @@ class TrainingDiagnostics:
             # counts of train steps, vaccine steps and vaccine corrections
             self._train_sums = th.zeros(len(self._TRAIN_KEYS), dtype=th.float64, device=self.device)
             self._train_counts = th.zeros(3, dtype=th.int64, device=self.device)
-            # the selection sums in one tensor (one add per selection), read by key through views
+            # the selection sums in one tensor (one add per selection; by key: _select_sums)
             self._select_pair = th.zeros(len(self._SELECT_KEYS), dtype=th.float64, device=self.device)
-            self._select_sums = {key: self._select_pair[i] for i, key in enumerate(self._SELECT_KEYS)}
             self._select_count = th.zeros((), dtype=th.int64, device=self.device)
         else:
             for tensor in self.device_tensors():
                 tensor.zero_()
         self._action_counts = [np.zeros(n, dtype=np.int64) for n in self.action_dims]
+
+    @property
+    def _select_sums(self) -> dict[str, th.Tensor]:
+        """The selection sums by key (views of one tensor)."""
+        return {key: self._select_pair[i] for i, key in enumerate(self._SELECT_KEYS)}
+
+    @_select_sums.setter
+    def _select_sums(self, sums: dict[str, th.Tensor]) -> None:  # a saved state that kept them apart
+        self._select_pair = th.stack([th.as_tensor(sums[key], dtype=th.float64) for key in self._SELECT_KEYS])
 
     def device_tensors(self) -> tuple[th.Tensor, ...]:
         """The device accumulators (a captured graph adds to them: the same tensors for the model's life)."""

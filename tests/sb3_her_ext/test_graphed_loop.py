@@ -256,7 +256,7 @@ def _state_tensors(model: BranchingIQN) -> dict[str, th.Tensor]:
     tensors.update({"diag.train_sums": diagnostics._train_sums,
                     "diag.train_counts": diagnostics._train_counts,
                     "diag.select_count": diagnostics._select_count,
-                    **{f"diag.{k}": v for k, v in diagnostics._select_sums.items()}})
+                    "diag.select_pair": diagnostics._select_pair})
     tensors.update({"stats.returns": block.stats.returns, "stats.lengths": block.stats.lengths,
                     "stats.count": block.stats.count, "action_counts": block.action_counts})
     tensors.update({f"env.{k}": v for k, v in env.lob._state_tensors().items()})
