@@ -79,8 +79,7 @@ def run_one(agent: Agent, seed: int, setup: runner.Setup, scorer: HeldOutScorer,
             args: argparse.Namespace) -> dict[str, Any]:
     """Train ``agent`` with ``seed`` until it scores ``args.target`` (or the cap); its record."""
     return train_scored(agent, seed, setup, scorer, every=args.score_every, target=args.target,
-                        cap_seconds=args.cap_seconds, run_to_budget=args.run_to_budget,
-                        fuse_random_rollouts=args.fuse_random_rollouts)
+                        cap_seconds=args.cap_seconds, run_to_budget=args.run_to_budget)
 
 
 def run_seeds(agent: Agent, setup: runner.Setup, scorer: HeldOutScorer, args: argparse.Namespace,
@@ -100,8 +99,7 @@ def run_seeds(agent: Agent, setup: runner.Setup, scorer: HeldOutScorer, args: ar
         return runs, None
     def in_processes(batch: list[int]) -> list[dict[str, Any]]:
         return run_in_processes(train_scored_in_process, [
-            (agent, seed, setup, args.score_every, args.target, args.cap_seconds, args.run_to_budget,
-             args.fuse_random_rollouts)
+            (agent, seed, setup, args.score_every, args.target, args.cap_seconds, args.run_to_budget)
             for seed in batch], [f"{agent.name} seed {seed}" for seed in batch])
 
     if not args.processes:  # CUDA, cuBLAS and cuda_ext loaded outside the clock (a process counts them)
@@ -263,9 +261,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--processes", action="store_true",
                         help="with --concurrent K: the K seeds (and seed 0 alone) in fresh processes, one "
                              "each, not threads (each process's start counted)")
-    parser.add_argument("--fuse-random-rollouts", action="store_true",
-                        help="BranchingIQN on the device loop: the rollouts before learning_starts as fused "
-                             "random blocks (graph replays on CUDA) instead of eager vector steps")
     parser.add_argument("--quick", action="store_true", help="a tiny CPU smoke run")
     parser.add_argument("--plot", type=Path, nargs="+", default=None, metavar="JSON",
                         help="train nothing: plot these results (runs merged by market) to --out's .png")

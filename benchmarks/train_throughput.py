@@ -7,7 +7,7 @@ Rows, at each number of books and device:
   :mod:`sb3_her_ext.collect`;
 * ``BranchingIQN one graph``: the device loop's model and env with ``graph_collect=True`` and callbacks every
   ``train_freq`` vector steps: each rollout and its gradient steps are one CUDA graph replay
-  (:mod:`sb3_her_ext.collect.fused`; CUDA only, its warm-up covers every graph it captures);
+  (:mod:`sb3_her_ext.collect.block`; CUDA only, its warm-up covers every graph it captures);
 * ``BranchingIQN one graph, no NaN guard``: the same with ``nan_guard=False``, the price of the guard's
   device-side check of every gradient step (:mod:`sb3_her_ext.guard`);
 * ``BranchingIQN SB3 loop``: the same model on ``LOBVecEnv`` (SB3's numpy ``collect_rollouts``);
@@ -112,7 +112,6 @@ def make_model(row: str, books: int, device: str, market: Any, args: argparse.Na
         env = DeviceLOBVecEnv(books, device=device, cuda_graph=True, compile=args.compile_env, **env_kwargs)
         model = BranchingIQN("MlpPolicy", env, cuda_graph=True, graph_collect=True,
                              nan_guard=row == ONE_GRAPH, **iqn)
-        model.collector.configure(callback_stride=train_freq)  # callbacks between replays only
         return model
     if row == "BranchingIQN SB3 loop":
         return BranchingIQN("MlpPolicy", LOBVecEnv(books, device=device, **env_kwargs), **iqn)
@@ -131,9 +130,9 @@ def make_model(row: str, books: int, device: str, market: Any, args: argparse.Na
 def _fused_warmup_cycles(model: Any) -> int:
     """Rollouts the one-graph row needs before every graph of it is captured: each vaccine pattern of the
     gradient steps is its own graph (at most ``vaccine_interval`` of them), captured after its warm-up."""
-    from sb3_her_ext.collect import FusedBlock
+    from sb3_her_ext.collect import TrainBlock
 
-    return max(model.vaccine_interval, 1) * (FusedBlock.WARMUP_BLOCKS + 1)
+    return max(model.vaccine_interval, 1) * (TrainBlock.WARMUP_BLOCKS + 1)
 
 
 def _graph_counts(model: Any) -> tuple[int, int, int]:
@@ -182,9 +181,9 @@ def time_row(model: Any, books: int, train_freq: int, gradient_steps: int, devic
     gradient_steps_before, model.gradient_steps = model.gradient_steps, 0
     try:
         if fused:  # the collect-only graph: its warm-up and capture before the pilot
-            from sb3_her_ext.collect import FusedBlock
+            from sb3_her_ext.collect import TrainBlock
 
-            model.learn((FusedBlock.WARMUP_BLOCKS + 1) * cycle, reset_num_timesteps=False, log_interval=10**9)
+            model.learn((TrainBlock.WARMUP_BLOCKS + 1) * cycle, reset_num_timesteps=False, log_interval=10**9)
         start = time.perf_counter()
         model.learn(pilot, reset_num_timesteps=False, log_interval=10**9)
         sync()

@@ -190,14 +190,11 @@ def timing_breakdown(points: Sequence[dict[str, float]], warmup_s: float | None,
 
 
 def train_scored(agent: Agent, seed: int, setup: runner.Setup, scorer: HeldOutScorer, *, every: int,
-                 target: float, cap_seconds: float, run_to_budget: bool = False,
-                 fuse_random_rollouts: bool = False) -> dict[str, Any]:
+                 target: float, cap_seconds: float, run_to_budget: bool = False) -> dict[str, Any]:
     """Train ``agent`` with ``seed`` on ``setup``'s training market, scoring it every ``every`` env steps,
     until it scores ``target`` (or past ``cap_seconds`` of training, or at ``setup.steps``).
 
     :param run_to_budget: train on past the target to the budget (or the cap), scoring the whole curve.
-    :param fuse_random_rollouts: the device loop's rollouts before ``learning_starts`` as fused random
-        blocks (:meth:`sb3_her_ext.collect.DeviceCollector.configure`).
     :return: the run's record: ``reached``, ``seconds`` and ``steps`` at the first score ``>= target``, the
         best and final shares, the scored ``points`` and the timing breakdown.
     """
@@ -210,12 +207,8 @@ def train_scored(agent: Agent, seed: int, setup: runner.Setup, scorer: HeldOutSc
     learning_starts = int(model.learning_starts)
     callback = ScoreCallback(scorer, every, target, cap_seconds, learning_starts,
                              setup.device, stop_at_target=not run_to_budget)
-    if loop == runner.LOOP_DEVICE:
-        frequency = model.train_freq.frequency
-        stride = max(every // (4 * setup.n_envs), 1)
-        stride = max(stride // frequency, 1) * frequency  # the fused graph needs a multiple of train_freq
-        model.collector.configure(callback_stride=stride, stats_interval=max(every, 1),
-                                  fuse_random_rollouts=fuse_random_rollouts)
+    if loop == runner.LOOP_DEVICE:  # the episode statistics read once per score interval
+        model.collector.configure(stats_interval=max(every, 1))
     began = time.perf_counter()
     model.learn(setup.steps, callback=callback, log_interval=10**9)
     wall = time.perf_counter() - began
@@ -243,10 +236,8 @@ def train_scored(agent: Agent, seed: int, setup: runner.Setup, scorer: HeldOutSc
 
 
 def train_scored_in_process(agent: Agent, seed: int, setup: runner.Setup, every: int, target: float,
-                            cap_seconds: float, run_to_budget: bool = False,
-                            fuse_random_rollouts: bool = False) -> dict[str, Any]:
+                            cap_seconds: float, run_to_budget: bool = False) -> dict[str, Any]:
     """:func:`train_scored` for a worker process (:func:`sb3_her_ext.concurrent.run_in_processes`): the
     process builds its own :class:`HeldOutScorer` (the held-out market's tensors stay in their process)."""
     return train_scored(agent, seed, setup, HeldOutScorer(setup), every=every, target=target,
-                        cap_seconds=cap_seconds, run_to_budget=run_to_budget,
-                        fuse_random_rollouts=fuse_random_rollouts)
+                        cap_seconds=cap_seconds, run_to_budget=run_to_budget)

@@ -17,7 +17,7 @@ sync (:meth:`~foxenv.core.BatchedLOB.step_autoreset`'s ``host_sync=False``), so 
 episode starts there.
 
 :meth:`DeviceLOBVecEnv.step_tensors_static` is the step a CUDA graph of the whole training block captures
-(:mod:`sb3_her_ext.collect.fused`): the same step, but every piece of state it changes (the books, the
+(:mod:`sb3_her_ext.collect.block`): the same step, but every piece of state it changes (the books, the
 running episode statistics) is written in place into tensors that stay put, so that replays of the graph
 read and write the same memory; :meth:`DeviceLOBVecEnv.pin_static_state` puts the state back into those
 tensors after any other step or reset replaced them.

@@ -536,8 +536,6 @@ def train(config: RunConfig, callback: Any = None, *, resume_from: str | Path | 
         else:
             model, resumed = _restore(out, config, env, diagnostics_path, expected, allow_market_change)
         fingerprint.stamp(model, expected)
-        if model.train_freq.frequency > 1:  # callbacks between rollouts: a rollout can run as one CUDA graph
-            model.collector.configure(callback_stride=model.train_freq.frequency)
         checkpoints = RunCheckpointCallback(out, config.checkpoint_every, config.keep_checkpoints,
                                             diagnostics_path, resumed_from=resumed)
         callbacks = _callbacks(checkpoints, callback)

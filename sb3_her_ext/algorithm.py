@@ -35,7 +35,7 @@ from stable_baselines3.common.vec_env import VecEnv
 from sb3_her_ext import checksum
 from sb3_her_ext.arguments import check_arguments, reject_vec_normalize
 from sb3_her_ext.branches import branch_action_dims, branch_index, default_branch_names
-from sb3_her_ext.collect import Counters, DeviceCollector
+from sb3_her_ext.collect import DeviceCollector
 from sb3_her_ext.concurrent import holding_build_lock
 from sb3_her_ext.diagnostics import TrainingDiagnostics
 from sb3_her_ext.exploration import (
@@ -161,12 +161,11 @@ class BranchingIQN(OffPolicyAlgorithm):
         applying that step, with a :class:`~sb3_her_ext.guard.NonFiniteError`. On the CPU it raises at once;
         on a GPU it raises at the next sync point (a diagnostics line, the end of ``learn``,
         :meth:`check_finite`).
-    :param graph_collect: with ``cuda_graph=True`` on a device vector env, run each rollout of
-        ``train_freq`` vector steps together with its gradient steps as ONE CUDA graph replay
-        (:mod:`sb3_her_ext.collect`, which lists the configurations that qualify); ``None`` (default):
-        whenever the configuration qualifies, ``False``: never; ``True``: as ``None``, ``cuda_graph=True`` is
-        required, and a rollout past ``learning_starts`` that does not qualify warns once with the reason.
-        A failed capture falls back to the device loop with one warning.
+    :param graph_collect: on a device vector env, ``learn`` runs training blocks (:mod:`sb3_her_ext.collect`:
+        each rollout of ``train_freq`` vector steps with its gradient steps); with ``cuda_graph=True`` on CUDA
+        each block is ONE CUDA graph replay. ``None`` (default): captured whenever the configuration allows,
+        ``False``: blocks run eagerly; ``True``: as ``None``, ``cuda_graph=True`` is required, and blocks that
+        run eagerly warn once with the reason. A failed capture leaves the blocks eager with one warning.
     :param _init_setup_model: whether to build the networks on creation.
     """
 
@@ -393,7 +392,7 @@ class BranchingIQN(OffPolicyAlgorithm):
             cuda_graph=self.cuda_graph,
             guard=self.guard,
         )
-        #: collection on a device vector env (its state, its fused CUDA graphs; not saved)
+        #: training on a device vector env (its block's device state and CUDA graphs; not saved)
         self.collector = DeviceCollector(self)
         assert n_branches == self.q_net.n_branches, "policy and action space disagree on the branches"
 
@@ -473,7 +472,7 @@ class BranchingIQN(OffPolicyAlgorithm):
             return self.policy.predict(observation, state, episode_start, deterministic=True)
         self.policy.set_training_mode(False)
         obs_tensor, vectorized = self.policy.obs_to_tensor(observation)
-        actions = self.explore(obs_tensor)  # the device loop's selection, then one copy to the host
+        actions = self.explore(obs_tensor)  # the training block's selection, then one copy to the host
         actions_np = actions.cpu().numpy().reshape((-1, *self.action_space.shape))
         if not vectorized:
             actions_np = actions_np.squeeze(axis=0)
@@ -512,18 +511,15 @@ class BranchingIQN(OffPolicyAlgorithm):
         """The model's generator: exploration uniforms, quantile fractions (seeded from ``seed``)."""
         return self._generator
 
-    # ------------------------------------------------------------------ collection (sb3_her_ext.collect)
+    # ------------------------------------------------------------------ SB3's loop (any other VecEnv)
 
     def collect_rollouts(self, env: VecEnv, callback: Any, train_freq: Any, replay_buffer: ReplayBuffer,
                          action_noise: Any = None, learning_starts: int = 0,
                          log_interval: int | None = None) -> Any:
-        """SB3's ``collect_rollouts``, or :meth:`DeviceCollector.collect_rollouts` when ``env`` is a
-        :class:`~sb3_her_ext.device_env.DeviceVecEnv` the collector supports."""
+        """SB3's ``collect_rollouts``, after fitting a pending observation normalizer at the first rollout
+        that trains (a device env's ``learn`` does the same in :meth:`DeviceCollector.run_rollout`)."""
         if self.policy.observation_normalizer_pending and self.num_timesteps >= learning_starts:
             self._fit_observation_normalizer(required=False)  # before the first rollout that trains
-        if self.collector.supports(env, train_freq, action_noise):
-            return self.collector.collect_rollouts(env, callback, train_freq, replay_buffer, learning_starts,
-                                                   log_interval)
         return super().collect_rollouts(env, callback, train_freq, replay_buffer, action_noise,
                                         learning_starts, log_interval)
 
@@ -534,7 +530,8 @@ class BranchingIQN(OffPolicyAlgorithm):
 
     def advance_schedules(self) -> bool:
         """Count one ``_on_step`` call and move ε, the IQR bonus and PER β to the current progress (host
-        numbers; a fused block copies them to the device); return whether the target update is due."""
+        numbers; a training block computes the same values on the device from its counters); return whether
+        the target update is due."""
         self._n_calls += 1
         progress_remaining = self._current_progress_remaining
         self.exploration_rate = self.exploration_schedule(progress_remaining)
@@ -565,33 +562,6 @@ class BranchingIQN(OffPolicyAlgorithm):
         self._episode_num += finished
         return self._episode_num
 
-    def plan_gradient_steps(self, steps: int) -> tuple[bool, ...]:
-        """Whether each of the coming ``steps`` gradient steps (of a fused block) is a vaccine step; with any,
-        the policy in training mode and the learning rate set (what :meth:`train` does first)."""
-        first = self._n_gradient_steps
-        plan = tuple(self.learner.vaccine_due(first + j + 1, self.replay_buffer) for j in range(steps))
-        if plan:
-            self.policy.set_training_mode(True)
-            self._update_learning_rate(self.policy.optimizer)
-        return plan
-
-    def count_gradient_steps(self, steps: int) -> None:
-        """Count ``steps`` gradient steps a fused block ran (what :meth:`train` counts for its own)."""
-        self._n_gradient_steps += steps
-        self._n_updates += steps
-        if steps:
-            self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
-
-    def counters(self) -> Counters:
-        """The host counters and schedule values a fused block advances (:meth:`restore_counters`)."""
-        return Counters(self.num_timesteps, self._n_calls, self._current_progress_remaining,
-                        self.exploration_rate, self.iqr_bonus, self.replay_buffer.beta)
-
-    def restore_counters(self, counters: Counters) -> None:
-        """Put back :meth:`counters` (a fused block that could not run)."""
-        self.num_timesteps, self._n_calls, self._current_progress_remaining = counters[:3]
-        self.exploration_rate, self.iqr_bonus, self.replay_buffer.beta = counters[3:]
-
     def _store_transition(
         self,
         replay_buffer: ReplayBuffer,
@@ -615,14 +585,11 @@ class BranchingIQN(OffPolicyAlgorithm):
 
     def train(self, gradient_steps: int, batch_size: int = 256) -> None:
         """Run ``gradient_steps`` gradient steps on batches of ``batch_size`` (:meth:`Learner.train_step`; no
-        host sync). Right after a fused rollout (:mod:`sb3_her_ext.collect`), nothing: its gradient steps
-        ran and were counted with it.
+        host sync); SB3's loop (a device env's blocks run their own: :mod:`sb3_her_ext.collect`).
 
         :param gradient_steps: number of gradient steps.
         :param batch_size: minibatch size.
         """
-        if self.collector.take_fused_training():  # the fused graph ran these steps with its rollout
-            return
         self.policy.set_training_mode(True)
         self._update_learning_rate(self.policy.optimizer)
         if self.policy.observation_normalizer_pending:
@@ -820,7 +787,11 @@ class BranchingIQN(OffPolicyAlgorithm):
             0 if reset_num_timesteps else self.num_timesteps,
             getattr(self.replay_buffer, "hindsight_counts", None),
         )
-        model = super().learn(
+        if self.collector.supports(self.env, self.train_freq, self.action_noise):  # a device env: blocks
+            learn = self.collector.learn
+        else:
+            learn = super().learn
+        model = learn(
             total_timesteps=total_timesteps,
             callback=callback,
             log_interval=log_interval,

@@ -123,7 +123,7 @@ def check_arguments(*, env: Any, learning_rate: Any, seed: Any, train_freq: Any,
     if graph_collect is not None and not isinstance(graph_collect, bool):
         raise ValueError(f"graph_collect={graph_collect!r} must be a bool or None")
     if graph_collect is True and not arguments["cuda_graph"]:
-        raise ValueError("graph_collect=True needs cuda_graph=True (the fused graph holds graphed gradient "
+        raise ValueError("graph_collect=True needs cuda_graph=True (the captured block holds the gradient "
                          "steps)")
     checked["iqr_bonus_range"] = _pair(iqr_bonus, "iqr_bonus")
     checked["per_beta_range"] = _pair(per_beta, "per_beta")

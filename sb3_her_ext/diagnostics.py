@@ -92,25 +92,33 @@ class TrainingDiagnostics:
         """Zero every accumulator (called after each flush).
 
         The device accumulators are zeroed in place after their first allocation: a captured CUDA graph
-        (:mod:`sb3_her_ext.collect.fused`) keeps adding to the same tensors.
+        (:mod:`sb3_her_ext.collect.block`) keeps adding to the same tensors.
         """
         if not hasattr(self, "_train_sums"):
             # one tensor each, so that a train step adds to them in one op: sums in _TRAIN_KEYS order,
             # counts of train steps, vaccine steps and vaccine corrections
             self._train_sums = th.zeros(len(self._TRAIN_KEYS), dtype=th.float64, device=self.device)
             self._train_counts = th.zeros(3, dtype=th.int64, device=self.device)
-            self._select_sums = {
-                key: th.zeros((), dtype=th.float64, device=self.device) for key in self._SELECT_KEYS
-            }
+            # the selection sums in one tensor (one add per selection; by key: _select_sums)
+            self._select_pair = th.zeros(len(self._SELECT_KEYS), dtype=th.float64, device=self.device)
             self._select_count = th.zeros((), dtype=th.int64, device=self.device)
         else:
             for tensor in self.device_tensors():
                 tensor.zero_()
         self._action_counts = [np.zeros(n, dtype=np.int64) for n in self.action_dims]
 
+    @property
+    def _select_sums(self) -> dict[str, th.Tensor]:
+        """The selection sums by key (views of one tensor)."""
+        return {key: self._select_pair[i] for i, key in enumerate(self._SELECT_KEYS)}
+
+    @_select_sums.setter
+    def _select_sums(self, sums: dict[str, th.Tensor]) -> None:  # a saved state that kept them apart
+        self._select_pair = th.stack([th.as_tensor(sums[key], dtype=th.float64) for key in self._SELECT_KEYS])
+
     def device_tensors(self) -> tuple[th.Tensor, ...]:
         """The device accumulators (a captured graph adds to them: the same tensors for the model's life)."""
-        return (self._train_sums, self._train_counts, *self._select_sums.values(), self._select_count)
+        return (self._train_sums, self._train_counts, self._select_pair, self._select_count)
 
     def restart(self, step: int, hindsight_totals: dict[str, Any] | None = None) -> None:
         """Start a new interval at ``step`` (the start of ``learn``): rates and hindsight counts of the next
@@ -157,8 +165,7 @@ class TrainingDiagnostics:
         n_valid = sum(self.action_dims) * iqr.shape[0]  # a host number: no kernels per selection
         if min(self.action_dims) != max(self.action_dims):  # padded actions: masked out of the sums
             iqr, ens_std = iqr * valid, ens_std * valid
-        self._select_sums["iqr_mean"] += iqr.sum().to(self.device, th.float64) / n_valid
-        self._select_sums["ens_std"] += ens_std.sum().to(self.device, th.float64) / n_valid
+        self._select_pair += th.stack([iqr.sum(), ens_std.sum()]).to(self.device, th.float64) / n_valid
         self._select_count += 1
 
     def add_actions(self, actions: np.ndarray) -> None:

@@ -3,7 +3,7 @@
 Two checks, both cheap:
 
 * **env data** (:meth:`NanGuard.check_env_arrays` on SB3's host path, :meth:`NanGuard.check_env_tensors` on
-  the device loop): a non-finite reward or observation from an env is refused before it reaches the replay
+  training blocks): a non-finite reward or observation from an env is refused before it reaches the replay
   buffer, with an error naming the env index and the step;
 * **the gradient step** (:meth:`NanGuard.snapshot` before it, :meth:`NanGuard.check_targets` and
   :meth:`NanGuard.check_popart` inside it, :meth:`NanGuard.optimizer_step` for its optimizer step): a
@@ -320,7 +320,7 @@ class NanGuard:
 
     def check_env_tensors(self, step: int | th.Tensor, observations: Sequence[th.Tensor],
                           rewards: th.Tensor) -> tuple[list[th.Tensor], th.Tensor]:
-        """The device loop's path: check before the push.
+        """The training blocks' path: check before the push.
 
         Immediate: raise :class:`NonFiniteError` (nothing is pushed). Else record the first bad
         ``(step, env)`` on the device and return the tensors with every non-finite value replaced by 0

@@ -200,7 +200,7 @@ class Learner:
 
     def train_step_in_graph(self, replay_buffer: Any, batch_size: int, vaccine: bool,
                             beta: th.Tensor) -> None:
-        """:meth:`train_step` as a fused CUDA graph captures it (:mod:`sb3_her_ext.collect.fused`): the
+        """:meth:`train_step` as a training block runs it (:mod:`sb3_her_ext.collect.block`): the
         batch sampled with ``β`` read from a device tensor (``sample_with_beta``), steps 2–7 run eagerly
         (the enclosing capture holds them; their fractions drawn from the model's generator in the same
         order), whether it is a vaccine step decided by the caller.

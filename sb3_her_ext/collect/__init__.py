@@ -1,24 +1,24 @@
-"""Collection on the device: :class:`DeviceCollector`, held by the algorithm (``BranchingIQN.collector``).
+"""Training on the device: :class:`DeviceCollector`, held by the algorithm (``BranchingIQN.collector``).
 
-``collector`` (the device loop, its callbacks and flushes, and which rollouts run fused), ``fused`` (a
-rollout and its gradient steps as one CUDA graph), ``episodes`` (episode statistics and action counts on the
+``collector`` (``learn`` on a device vector env: a loop over training blocks, its callbacks, flushes and
+logs), ``block`` (:class:`TrainBlock`: ``k`` vector steps then ``g`` gradient steps over explicit device
+state, captured as one CUDA graph per key), ``episodes`` (episode statistics and action counts on the
 device) and ``protocol`` (what the collector needs of the algorithm). No state lives at module level: each
 algorithm's collector holds its own.
 """
 
-from sb3_her_ext.collect.collector import NORMALIZER_PENDING, CollectorSettings, DeviceCollector
+from sb3_her_ext.collect.block import STATIC_FACE, BlockKey, CaptureError, TrainBlock
+from sb3_her_ext.collect.collector import CollectorSettings, DeviceCollector
 from sb3_her_ext.collect.episodes import EpisodeStats
-from sb3_her_ext.collect.fused import RANDOM, CaptureError, FusedBlock
-from sb3_her_ext.collect.protocol import CollectingAlgorithm, Counters
+from sb3_her_ext.collect.protocol import CollectingAlgorithm
 
 __all__ = [
-    "NORMALIZER_PENDING",
-    "RANDOM",
+    "STATIC_FACE",
+    "BlockKey",
     "CaptureError",
     "CollectingAlgorithm",
     "CollectorSettings",
-    "Counters",
     "DeviceCollector",
     "EpisodeStats",
-    "FusedBlock",
+    "TrainBlock",
 ]

@@ -48,7 +48,7 @@ class EpisodeStats:
         # never past the last env (taken <= total = ended[-1])
         env = th.searchsorted(ended, taken)
         written = taken >= 1
-        # in place: a captured CUDA graph (sb3_her_ext.collect.fused) keeps writing the same tensors
+        # in place: a captured CUDA graph (sb3_her_ext.collect.block) keeps writing the same tensors
         th.where(written, episode_return.to(th.float64)[env], self.returns, out=self.returns)
         th.where(written, episode_length.to(th.int64)[env], self.lengths, out=self.lengths)
 

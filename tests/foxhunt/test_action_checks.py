@@ -87,15 +87,15 @@ def test_the_flag_records_the_first_bad_action_only_and_replaces_bad_values() ->
     flag.raise_if_set()
 
 
-def test_the_device_loop_raises_the_flag_at_its_flush(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_training_blocks_raise_the_flag_at_their_flush(monkeypatch: pytest.MonkeyPatch) -> None:
     from sb3_her_ext import BranchingIQN
-    from sb3_her_ext.collect import collector
+    from sb3_her_ext.collect import block
 
     env = DeviceLOBVecEnv(4, action_face="joint", **ENV)
     env.lob.validate_actions = False
     model = BranchingIQN("MlpPolicy", env, learning_starts=1000, buffer_size=500, seed=0,
                          policy_kwargs=dict(net_arch=[8]), diagnostics_interval=40)
-    monkeypatch.setattr(collector, "random_actions", lambda n_actions, generator, n: torch.full((n, 1), 99))
+    monkeypatch.setattr(block, "random_actions", lambda n_actions, generator, n: torch.full((n, 1), 99))
     with pytest.raises(ValueError, match=r"actions\[0\]=99 out of range"):
         model.learn(80)
-    assert model.num_timesteps <= 40
+    assert model.num_timesteps == 48  # the first flush: the end of the block (4 steps of 4 books) past 40

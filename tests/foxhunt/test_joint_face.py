@@ -187,8 +187,8 @@ def test_model_learns_through_the_device_loop_on_the_joint_face(market, monkeypa
     assert model.branch_names == ["action"] and list(model.action_dims) == [81]
     assert model.collector.supports(env, model.train_freq)
     calls = []
-    original = DeviceCollector.collect_rollouts
-    monkeypatch.setattr(DeviceCollector, "collect_rollouts",
+    original = DeviceCollector.run_rollout
+    monkeypatch.setattr(DeviceCollector, "run_rollout",
                         lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs))
     model.learn(120)
     assert calls and model.num_timesteps >= 120

@@ -138,22 +138,15 @@ def test_a_run_crashed_twice_and_resumed_twice_equals_the_uninterrupted_one(unin
     assert _diagnostics(out) == _diagnostics(uninterrupted)
 
 
-class _EagerFused(_CrashAt):
-    """Runs the fused collect + train block eagerly (its CPU form), and crashes like :class:`_CrashAt`."""
-
-    def _on_training_start(self) -> None:
-        self.model.collector.configure(eager=True)
-
-
-def test_a_resumed_fused_run_equals_the_uninterrupted_one(tmp_path: Path) -> None:
-    """The fused rollout (graph_collect) resumes bit for bit: a checkpoint is written before a block runs, as
-    before an SB3 rollout, and no "the block already trained" flag travels in it."""
+def test_a_resumed_device_run_equals_the_uninterrupted_one(tmp_path: Path) -> None:
+    """Training blocks on the device env resume bit for bit: a checkpoint is written at a block's end, and
+    the next learn loads the device counters and the carried schedule values from the saved host ones."""
     fused = dict(device_loop=True, model_kwargs={**SMALL_MODEL_KWARGS, "graph_collect": None})
-    whole = train(small_config(tmp_path / "whole", **fused), callback=_EagerFused(10**9))
+    whole = train(small_config(tmp_path / "whole", **fused), callback=_CrashAt(10**9))
     out = tmp_path / "run"
     with pytest.raises(_Crash):
-        train(small_config(out, **fused), callback=_EagerFused(470))
-    resume(out, callback=_EagerFused(10**9))
+        train(small_config(out, **fused), callback=_CrashAt(470))
+    resume(out, callback=_CrashAt(10**9))
     assert_same_model(whole / "model.zip", out / "model.zip")
     assert _diagnostics(out) == _diagnostics(whole)
 
@@ -300,14 +293,11 @@ def test_train_through_the_device_loop_on_the_cpu(tmp_path: Path) -> None:
 
 
 def test_a_run_with_longer_rollouts_calls_back_between_rollouts(tmp_path: Path) -> None:
-    """``train_freq`` 4 on the device loop: callbacks run every 4 vector steps, so each rollout can be one
-    fused CUDA graph (a stride that train_freq does not divide keeps the fused path off)."""
+    """``train_freq`` 4 on the device env: callbacks run at block ends, every 4 vector steps (so each rollout
+    is one CUDA graph replay on a GPU)."""
     from stable_baselines3.common.callbacks import BaseCallback
 
     class Strides(BaseCallback):
-        def _on_training_start(self) -> None:
-            self.stride = self.model.collector.settings.callback_stride
-
         def _on_step(self) -> bool:
             return True
 
@@ -315,4 +305,4 @@ def test_a_run_with_longer_rollouts_calls_back_between_rollouts(tmp_path: Path) 
     config = small_config(tmp_path / "run", device_loop=True, checkpoint_every=0,
                           model_kwargs={**SMALL_MODEL_KWARGS, "train_freq": 4, "gradient_steps": 4})
     train(config, callback=seen)
-    assert seen.stride == 4 and seen.n_calls == 600 // (2 * 4)
+    assert seen.n_calls == 600 // (2 * 4)

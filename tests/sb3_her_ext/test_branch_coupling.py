@@ -173,11 +173,11 @@ def test_device_loop_equals_sb3_loop_with_coupled_branches(tmp_path: Path) -> No
     assert sb3._n_updates == dev._n_updates > 0
 
 
-def test_the_fused_block_equals_the_device_loop_with_coupled_branches(tmp_path: Path) -> None:
+def test_training_blocks_equal_sb3s_loop_with_coupled_branches_across_learning_starts(tmp_path: Path) -> None:
     policy = {**test_graphed_loop.TINY_POLICY, **AR}
-    loop = test_graphed_loop.run(tmp_path, fused=False, total=240, policy_kwargs=policy)
-    fused = test_graphed_loop.run(tmp_path, fused=True, total=240, policy_kwargs=policy)
-    test_graphed_loop.assert_same_training(loop, fused)
+    sb3 = test_graphed_loop.run(tmp_path, blocks=False, total=240, policy_kwargs=policy, learning_starts=44)
+    blocks = test_graphed_loop.run(tmp_path, blocks=True, total=240, policy_kwargs=policy, learning_starts=44)
+    test_graphed_loop.assert_same_training(sb3, blocks)
 
 
 def test_graphed_step_draws_match_the_eager_ones() -> None:

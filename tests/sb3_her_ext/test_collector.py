@@ -35,12 +35,12 @@ def one_torch_thread():
 
 
 def make_model(fused: bool) -> BranchingIQN:
-    """Two different collectors: an eagerly run fused block (stride 2) / the device loop with a warm-up of
-    random actions (the collector's own generator) and its own statistics interval."""
+    """Two different collectors: no warm-up / a warm-up of random actions (the block's own generator) and its
+    own statistics interval."""
     env = DeviceLOBVecEnv(4, seed=1 if fused else 2, data="synthetic", num_steps=1500, episode_length=10)
     model = BranchingIQN("MlpPolicy", env, seed=3 if fused else 4, learning_starts=0 if fused else 40, **TINY)
-    model.collector.configure(callback_stride=2, eager=True) if fused else model.collector.configure(
-        stats_interval=24)
+    if not fused:
+        model.collector.configure(stats_interval=24)
     return model
 
 
@@ -60,9 +60,10 @@ def test_two_models_interleaving_learn_calls_share_no_collector_state() -> None:
     learn_in_turns(interleaved, ["fused", "loop", "fused", "loop", "fused"])
     learn_in_turns(alone, ["fused", "fused", "fused", "loop", "loop"])
     a, b = interleaved["fused"].collector, interleaved["loop"].collector
-    assert a is not b and a.stats is not b.stats and a.action_counts is not b.action_counts
-    assert a.warmup_generator is not b.warmup_generator
-    assert a.block is not None and b.block is None and a.settings != b.settings
+    assert a is not b and a.block is not b.block and a.settings != b.settings
+    assert a.block.stats is not b.block.stats and a.block.action_counts is not b.block.action_counts
+    assert a.block.warmup_generator is not b.block.warmup_generator
+    assert a.block.counters is not b.block.counters
     for name in interleaved:
         x, y = interleaved[name], alone[name]
         assert x.num_timesteps == y.num_timesteps and x._n_updates == y._n_updates > 0
@@ -72,7 +73,7 @@ def test_two_models_interleaving_learn_calls_share_no_collector_state() -> None:
             assert th.equal(p, q), (name, key)
         assert x._episode_num == y._episode_num > 0
         assert [(e["r"], e["l"]) for e in x.ep_info_buffer] == [(e["r"], e["l"]) for e in y.ep_info_buffer]
-        assert x.collector.block is None or x.collector.block.eager_blocks == y.collector.block.eager_blocks
+        assert x.collector.block.eager_blocks == y.collector.block.eager_blocks > 0
 
 
 def test_the_collector_is_the_models_and_is_not_saved(tmp_path: Path) -> None:
@@ -82,7 +83,9 @@ def test_the_collector_is_the_models_and_is_not_saved(tmp_path: Path) -> None:
     model.save(tmp_path / "model.zip")
     loaded = BranchingIQN.load(tmp_path / "model.zip", env=model.get_env())
     assert loaded.collector is not model.collector and loaded.collector.algorithm is loaded
-    assert loaded.collector.block is None and loaded.collector.settings.eager is False  # settings: not saved
+    assert loaded.collector.block is None and model.collector.block is not None
+    model.collector.configure(stats_interval=7)
+    assert BranchingIQN.load(tmp_path / "model.zip").collector.settings.stats_interval is None  # not saved
     collector = model.collector
     del model
     gc.collect()  # (SB3's learn leaves the model in a cycle of its callback's locals)

@@ -39,13 +39,11 @@ def one_torch_thread():
 
 
 def build(path: str, agent: dict[str, Any], device: str = "cpu", **kwargs: Any) -> BranchingIQN:
-    """A tiny model on its own env (``path``: ``sb3`` SB3's loop, ``loop`` the device loop, ``fused`` the
-    fused block run eagerly)."""
+    """A tiny model on its own env (``path``: ``sb3`` SB3's loop, ``blocks`` training blocks on a device
+    env)."""
     cls = LOBVecEnv if path == "sb3" else DeviceLOBVecEnv
     env = cls(4, seed=agent["seed"], data="synthetic", num_steps=1500, episode_length=20, device=device)
     model = BranchingIQN("MlpPolicy", env, **{**TINY, "device": device, **kwargs, **agent})
-    if path != "sb3":
-        model.collector.configure(callback_stride=2, eager=path == "fused")
     return model
 
 
@@ -75,7 +73,7 @@ def alone(path: str, device: str = "cpu", **kwargs: Any) -> list[dict[str, th.Te
     return [state_of(build(path, agent, device, **kwargs).learn(STEPS)) for agent in AGENTS]
 
 
-@pytest.mark.parametrize("path", ["sb3", "loop", "fused"])
+@pytest.mark.parametrize("path", ["sb3", "blocks"])
 def test_models_trained_at_once_equal_each_trained_alone(path: str) -> None:
     reference = alone(path)
     # the seeds and the hyperparameter make three different trainings
@@ -88,7 +86,7 @@ def test_models_trained_at_once_equal_each_trained_alone(path: str) -> None:
     random.random()  # moved again: learn must not read them
     trained = learn_concurrently(models, STEPS)
     assert [m is t for m, t in zip(models, trained, strict=True)] == [True] * 3
-    if path == "fused":
+    if path == "blocks":
         assert all(model.collector.block is not None and model.collector.block.eager_blocks > 0
                    for model in models)
     for i, model in enumerate(models):
@@ -98,8 +96,8 @@ def test_models_trained_at_once_equal_each_trained_alone(path: str) -> None:
 
 def test_models_built_and_trained_in_threads_equal_each_trained_alone() -> None:
     """Built inside the threads too: the build lock keeps each build's global seeding and draws together."""
-    reference = alone("loop")
-    states = run_concurrently([lambda agent=agent: state_of(build("loop", agent).learn(STEPS))
+    reference = alone("blocks")
+    states = run_concurrently([lambda agent=agent: state_of(build("blocks", agent).learn(STEPS))
                                for agent in AGENTS])
     for i, state in enumerate(states):
         assert_same(state, reference[i], f"built in a thread, agent {AGENTS[i]}")
@@ -132,7 +130,7 @@ class WaitFor(BaseCallback):
 
 
 def test_a_failure_is_reraised_naming_the_model_and_stops_the_others() -> None:
-    models = [build("loop", agent) for agent in AGENTS]
+    models = [build("blocks", agent) for agent in AGENTS]
     release = threading.Event()
     callbacks = [WaitFor(release), FailAt(3, release), WaitFor(release)]
     message = r"model 1 \(seed 1\) failed: RuntimeError: boom"
@@ -173,7 +171,6 @@ def test_models_trained_at_once_on_cuda_equal_each_trained_alone() -> None:
         env = DeviceLOBVecEnv(64, seed=agent["seed"], data="synthetic", num_steps=1500, episode_length=20,
                               device="cuda")
         model = BranchingIQN("MlpPolicy", env, **{**TINY, **settings, "device": "cuda", **agent})
-        model.collector.configure(callback_stride=2)
         return model
 
     reference = [state_of(gpu_build(agent).learn(total)) for agent in AGENTS]

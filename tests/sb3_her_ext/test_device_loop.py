@@ -1,5 +1,6 @@
-"""The device collection loop: same replay, parameters, statistics and diagnostics as SB3's loop on the CPU;
-callbacks, progress, save/load; warm-up draws in distribution; on CUDA no host sync inside a vector step."""
+"""Training blocks on a device env: same replay, parameters, statistics and diagnostics as SB3's loop on
+the CPU; callbacks at block ends, progress, save/load; warm-up draws in distribution; on CUDA no host sync
+inside a rollout."""
 
 from __future__ import annotations
 
@@ -87,25 +88,32 @@ def test_device_loop_equals_sb3_loop_on_the_cpu(tmp_path: Path) -> None:
     # episode statistics
     assert sb3._episode_num == dev._episode_num == 20
     assert [(e["r"], e["l"]) for e in sb3.ep_info_buffer] == [(e["r"], e["l"]) for e in dev.ep_info_buffer]
-    # diagnostics lines, but for wall-clock time and rates
+    # diagnostics lines: the same points and collection numbers; a block's line comes after its gradient
+    # step (SB3's before the rollout's), so it counts one more update
     lines_sb3 = read_diagnostics(tmp_path / "LOBVecEnv.jsonl")
     lines_dev = read_diagnostics(tmp_path / "DeviceLOBVecEnv.jsonl")
     assert len(lines_sb3) == len(lines_dev) == 10
     for a, b in zip(lines_sb3, lines_dev, strict=True):
-        for key in ("time", "fps"):
-            a.pop(key), b.pop(key)
-        assert a == b
+        for key in COLLECTION_KEYS:
+            assert a[key] == b[key], key
+        assert a["per"]["beta"] == b["per"]["beta"] and a["per"]["size"] == b["per"]["size"]
+        assert b["n_updates"] == a["n_updates"] + 1
+
+
+#: what a diagnostics line says of collection (the rest: of the gradient steps since the last line)
+COLLECTION_KEYS = ("step", "eps", "action_mix", "iqr_mean", "ens_std", "hindsight", "iqr_bonus",
+                   "ep_rew_mean")
 
 
 def test_the_hook_dispatches_on_the_env(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
-    original = DeviceCollector.collect_rollouts
+    original = DeviceCollector.run_rollout
 
     def spy(*args, **kwargs):
         calls.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(DeviceCollector, "collect_rollouts", spy)
+    monkeypatch.setattr(DeviceCollector, "run_rollout", spy)
     BranchingIQN("MlpPolicy", make_env(LOBVecEnv, 2), **TINY).learn(20)
     assert calls == []
     BranchingIQN("MlpPolicy", make_env(DeviceLOBVecEnv, 2), **TINY).learn(20)
@@ -358,16 +366,15 @@ def test_recording_a_block_of_steps_at_once_equals_step_by_step(window: int) -> 
     assert one.read()[:2] == block.read()[:2]
 
 
-@pytest.mark.parametrize("kwargs,field", [({"callback_stride": 0}, "callback_stride"),
-                                          ({"callback_stride": 1.5}, "callback_stride"),
-                                          ({"stats_interval": 0}, "stats_interval"),
-                                          ({"eager": 1}, "eager")])
+@pytest.mark.parametrize("kwargs,field", [({"stats_interval": 0}, "stats_interval"),
+                                          ({"stats_interval": 1.5}, "stats_interval"),
+                                          ({"stats_interval": True}, "stats_interval")])
 def test_bad_settings_name_field_and_value(kwargs: dict, field: str) -> None:
     with pytest.raises(ValueError, match=field):
         CollectorSettings(**kwargs)
 
 
-def test_callback_stride_and_progress_bar(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_callbacks_at_block_ends_and_progress_bar(monkeypatch: pytest.MonkeyPatch) -> None:
     counts: list[int] = []
     end = ProgressBarCallback._on_training_end
 
@@ -376,16 +383,15 @@ def test_callback_stride_and_progress_bar(monkeypatch: pytest.MonkeyPatch) -> No
         end(self)
 
     monkeypatch.setattr(ProgressBarCallback, "_on_training_end", record_then_end)
-    model = BranchingIQN("MlpPolicy", make_env(), **TINY)
-    model.collector.configure(callback_stride=3)
+    model = BranchingIQN("MlpPolicy", make_env(), **{**TINY, "train_freq": 3})
     recorder = Recorder()
-    model.learn(120, callback=recorder, progress_bar=True)  # 30 vector steps of 4 books
+    model.learn(120, callback=recorder, progress_bar=True)  # 10 blocks of 3 vector steps of 4 books
     assert recorder.n_calls == 10 and recorder.seen == list(range(12, 121, 12))
-    model.collector.configure(callback_stride=7)  # 30 is no multiple of 7: the bar still reaches the total
+    model = BranchingIQN("MlpPolicy", make_env(), **{**TINY, "train_freq": 7})
     recorder = Recorder()
-    model.learn(120, callback=recorder, progress_bar=True)
-    assert recorder.n_calls == 4 and recorder.seen == [28, 56, 84, 112]
-    assert counts == [120, 120]
+    model.learn(120, callback=recorder, progress_bar=True)  # 120 is no multiple of 28: one block more
+    assert recorder.n_calls == 5 and recorder.seen == [28, 56, 84, 112, 140]
+    assert counts == [120, 140]
 
 
 class EpisodeWatcher(BaseCallback):
@@ -428,17 +434,20 @@ def test_logs_are_dumped_with_the_episode_statistics(tmp_path: Path) -> None:
     assert float(last["rollout/ep_len_mean"]) == 5.0 and int(last["time/episodes"]) == 40
 
 
-def test_a_callback_can_stop_training_as_in_sb3s_loop() -> None:
-    # SB3 stores nothing of the step at which a callback stopped: same buffer in both loops
-    buffers = []
-    for env_cls in (LOBVecEnv, DeviceLOBVecEnv):
-        model = BranchingIQN("MlpPolicy", make_env(env_cls), **TINY)
-        recorder = Recorder(stop_after=3)
-        model.learn(400, callback=recorder)
-        assert recorder.seen == [4, 8, 12] and model.num_timesteps == 12
-        buffers.append(model.replay_buffer)
-    assert buffers[0].size() == buffers[1].size() >= 8
-    assert th.equal(buffers[0].observations, buffers[1].observations)
+def test_a_callback_can_stop_training_at_a_block_end() -> None:
+    # SB3 stores nothing of the step at which a callback stopped; a block is stored and trained already: the
+    # device env's run equals SB3's stopped one block later
+    sb3 = BranchingIQN("MlpPolicy", make_env(LOBVecEnv), **TINY)
+    sb3.learn(400, callback=Recorder(stop_after=7))  # stops at 28: rows of 24 env steps, 3 rollouts trained
+    model = BranchingIQN("MlpPolicy", make_env(DeviceLOBVecEnv), **TINY)
+    recorder = Recorder(stop_after=3)
+    model.learn(400, callback=recorder)
+    assert recorder.seen == [8, 16, 24] and model.num_timesteps == 24
+    assert model._n_updates == sb3._n_updates == 3
+    for name in sb3.replay_buffer._tensor_names():
+        assert th.equal(getattr(sb3.replay_buffer, name), getattr(model.replay_buffer, name)), name
+    for a, b in zip(sb3.policy.state_dict().values(), model.policy.state_dict().values(), strict=True):
+        assert th.equal(a, b)
 
 
 def test_save_load_evaluate_and_continue(tmp_path: Path) -> None:
@@ -467,21 +476,20 @@ def test_no_host_sync_inside_a_vector_step_on_cuda(cuda_graph: bool) -> None:
     model.learn(64 * 20)  # warm-up: buffers, graphs (env and gradient steps) captured
     assert model._n_updates > 0
     if cuda_graph:
-        assert model._graphed_step.replays > 0
-    model._total_timesteps = 10**9  # no end-of-training flush inside the checked steps
-    callback = model._init_callback(None)
-    freq = TrainFreq(1, TrainFrequencyUnit.STEP)
+        assert model.collector.block.replays > 0
+    else:
+        assert model.collector.block.captures == 0 and model.collector.capture_reason() == "cuda_graph=False"
+    if not cuda_graph:  # an eager optimizer step may read its step count on the host: vector steps only
+        model.gradient_steps = 0
+    updates = model._n_updates
     th.cuda.synchronize()
     th.cuda.set_sync_debug_mode("error")
     try:
-        for _ in range(5):
-            model.collector.collect_rollouts(env, callback, freq, model.replay_buffer, 0, None)
-            if cuda_graph:  # a graphed gradient step between vector steps: no sync either
-                model.train(gradient_steps=1, batch_size=model.batch_size)
+        for _ in range(5):  # rollouts of 2 vector steps (and, captured, their gradient step)
+            model.collector.run_rollout()
     finally:
         th.cuda.set_sync_debug_mode("default")
-    model.train(gradient_steps=1, batch_size=model.batch_size)
-    assert model.num_timesteps == 64 * 25
+    assert model.num_timesteps == 64 * 30 and model._n_updates == updates + (5 if cuda_graph else 0)
 
 
 @pytest.mark.gpu
@@ -491,7 +499,7 @@ def test_device_loop_on_cuda_learns_and_logs(tmp_path: Path) -> None:
                                               "buffer_size": 50_000, "batch_size": 64},
                          diagnostics_path=str(tmp_path / "diag.jsonl"), diagnostics_interval=256 * 50)
     model.learn(256 * 200, log_interval=10)
-    assert model._graphed_step.replays > 0 and model._episode_num == 256 * 200 // 20
+    assert model.collector.block.replays > 0 and model._episode_num == 256 * 200 // 20
     assert len(model.ep_info_buffer) == 100 and all(e["l"] == 20 for e in model.ep_info_buffer)
     lines = read_diagnostics(tmp_path / "diag.jsonl")
     assert len(lines) == 4 and all(np.isfinite(line["loss"]) for line in lines)

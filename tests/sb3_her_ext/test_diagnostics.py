@@ -133,3 +133,13 @@ def test_add_action_counts() -> None:
         diag.add_action_counts([[1, 2, 3]])
     with pytest.raises(ValueError, match=r"counts\[1\] has 3 actions: expected 2"):
         diag.add_action_counts([[1, 2, 3], [1, 2, 3]])
+
+
+def test_selection_sums_saved_apart_are_put_back_into_their_tensor() -> None:
+    """A diagnostics state saved while the two selection sums were separate tensors (a checkpoint's) is put
+    back into the one tensor a selection adds to."""
+    diagnostics = TrainingDiagnostics(None, [3, 3], ["a", "b"], "cpu")
+    diagnostics._select_sums = {"iqr_mean": th.tensor(1.5, dtype=th.float64), "ens_std": th.tensor(2.0)}
+    assert diagnostics._select_pair.tolist() == [1.5, 2.0]
+    diagnostics.add_selection(th.ones(2, 2, 3), th.zeros(2, 2, 3), th.ones(2, 3, dtype=th.bool))
+    assert {k: float(v) for k, v in diagnostics._select_sums.items()} == {"iqr_mean": 2.5, "ens_std": 2.0}

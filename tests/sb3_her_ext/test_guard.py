@@ -210,7 +210,7 @@ def test_a_schedule_that_turns_nan_stops_training_before_the_update() -> None:
     assert_buffer_finite(model)
 
 
-# ---------------------------------------------------------------------- the device loop
+# ---------------------------------------------------------------------- training blocks on a device env
 class BadDeviceEnv(DeviceLOBVecEnv):
     """A device env whose ``bad_at``-th vector step gives env 2 a NaN reward or an inf observation."""
 
@@ -218,7 +218,12 @@ class BadDeviceEnv(DeviceLOBVecEnv):
     field = "reward"
 
     def step_tensors(self, actions: th.Tensor) -> DeviceStep:
-        step = super().step_tensors(actions)
+        return self._spoil(super().step_tensors(actions))
+
+    def step_tensors_static(self, actions: th.Tensor) -> DeviceStep:  # what a training block steps
+        return self._spoil(super().step_tensors_static(actions))
+
+    def _spoil(self, step: DeviceStep) -> DeviceStep:
         self.n_steps = getattr(self, "n_steps", 0) + 1
         if self.n_steps != self.bad_at:
             return step
@@ -233,7 +238,7 @@ class BadDeviceEnv(DeviceLOBVecEnv):
 
 @pytest.mark.parametrize("field", ["reward", "observation"])
 @pytest.mark.parametrize("mode", ["immediate", "masked"])
-def test_device_loop_refuses_non_finite_rows(field: str, mode: str) -> None:
+def test_training_blocks_refuse_non_finite_rows(field: str, mode: str) -> None:
     env = BadDeviceEnv(4, device="cpu", seed=0, data="synthetic", num_steps=1500, episode_length=20)
     env.field = field
     model = BranchingIQN("MlpPolicy", env, **{**TINY, "hindsight": "auto", "diagnostics_interval": 40})

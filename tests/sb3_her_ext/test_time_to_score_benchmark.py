@@ -145,30 +145,6 @@ def test_quick_run_writes_its_table_json(tmp_path: Path) -> None:
         bench.main(["--plot", str(tmp_path / "nope.json")])
 
 
-def test_fuse_random_rollouts_reaches_the_collector(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """--fuse-random-rollouts configures each device-loop model's collector so (on the CPU the fused path
-    does not run, so the scores are the device loop's either way)."""
-    from sb3_her_ext.collect import DeviceCollector
-
-    seen: list[bool] = []
-    configure = DeviceCollector.configure
-
-    def record(self, *args, **kwargs):
-        seen.append(kwargs.get("fuse_random_rollouts", False))
-        return configure(self, *args, **kwargs)
-
-    monkeypatch.setattr(DeviceCollector, "configure", record)
-    bench = _module()
-    points = []
-    for flag in ([], ["--fuse-random-rollouts"]):
-        out = tmp_path / f"tts{len(flag)}.json"
-        bench.main(["--quick", "--agents", "iqn_joint", "--device-loop", "on", "--run-to-budget", "--out",
-                    str(out), *flag])
-        run = json.loads(out.read_text())["markets"]["2"]["runs"]["iqn_joint"][0]
-        points.append([(p["steps"], p["share"]) for p in run["points"]])
-    assert seen == [False, True] and points[0] == points[1]
-
-
 @pytest.mark.parametrize("mode", ["threads", "processes"])
 def test_quick_run_with_seeds_at_once_reports_the_ratio_and_the_same_seed_0(tmp_path: Path,
                                                                             mode: str) -> None:
