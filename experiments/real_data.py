@@ -191,6 +191,7 @@ def train_agent(agent: str, market: Any, seed: int, levels: int, args: argparse.
 
     config = run_config(args, seed, levels)
     env_kwargs = config.resolved_env_kwargs()
+    env_kwargs.pop("market_seed", None)  # the market is loaded already
     env_kwargs["episode_length"] = min(int(env_kwargs["episode_length"]), market.num_steps - 1)
     model_kwargs = config.resolved_model_kwargs()
     if agent == "iqn":
