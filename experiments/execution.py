@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from experiments.results import write_json
+from experiments.results import provenance, write_json
 from foxenv.config import EnvConfig
 from foxenv.execution import window_quantities
 from foxhunt.evaluation.api import build_market
@@ -54,6 +54,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                      description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default="synthetic", help="'synthetic' or a LOBSTER folder")
+    parser.add_argument("--fit-data", default=None,
+                        help="LOBSTER: fit the baselines and train the agents on this folder's fit split "
+                             "instead of --data's (another ticker: give both --levels 1)")
+    parser.add_argument("--split-times", default=None,
+                        help="LOBSTER: a session split 'FIT_END,VALIDATION_END' (e.g. 12:30,13:30): fit "
+                             "before the first, held out after the second (default: the loader's fractions)")
+    parser.add_argument("--step-seconds", type=float, default=None,
+                        help="LOBSTER: clock seconds per step (default: the loader's 100 messages a step)")
     parser.add_argument("--horizon", type=int, default=50, help="steps T of a parent order (default: 50)")
     parser.add_argument("--quantity", type=float, default=200.0,
                         help="parent quantity in shares (default: 200)")
@@ -79,6 +87,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", default="runs/experiments/execution")
     parser.add_argument("--smoke", action="store_true", help="a CPU check of seconds")
     args = parser.parse_args(argv)
+    if args.split_times is not None:
+        times = tuple(t.strip() for t in args.split_times.split(",") if t.strip())
+        if len(times) != 2:
+            parser.error(f"--split-times={args.split_times!r} must be two clock times, e.g. 12:30,13:30")
+        args.split_times = times
+    if args.data == "synthetic" and (args.fit_data or args.split_times or args.step_seconds):
+        parser.error("--fit-data, --split-times and --step-seconds apply to LOBSTER data, not 'synthetic'")
     if args.smoke:
         args.horizon, args.num_steps, args.windows, args.train_steps = 20, 3000, 40, 1500
     return args
@@ -91,8 +106,19 @@ def markets(args: argparse.Namespace) -> tuple[Any, Any]:
         common = {"num_steps": args.num_steps, "levels": args.levels, "device": args.device, **extra}
         return build_market("synthetic", market_seed=0, **common), build_market("synthetic", market_seed=1,
                                                                                 **common)
-    common = {"levels": args.levels, "device": args.device}
-    return build_market(args.data, split="fit", **common), build_market(args.data, split="test", **common)
+    common = {"levels": args.levels, "device": args.device, **lobster_options(args)}
+    return (build_market(args.fit_data or args.data, split="fit", **common),
+            build_market(args.data, split="test", **common))
+
+
+def lobster_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The LOBSTER loader's options set on the command line (session split, step clock)."""
+    options: dict[str, Any] = {}
+    if args.split_times is not None:
+        options["split_times"] = list(args.split_times)
+    if args.step_seconds is not None:
+        options["step_seconds"] = args.step_seconds
+    return options
 
 
 def train_agents(args: argparse.Namespace, unit: dict[str, Any]) -> dict[str, Path]:
@@ -105,15 +131,20 @@ def train_agents(args: argparse.Namespace, unit: dict[str, Any]) -> dict[str, Pa
     env = {"task": "execute", "episode_length": args.horizon, "levels": args.levels, **unit}
     if args.data == "synthetic" and args.signal_strength is not None:
         env["signal_strength"] = args.signal_strength
+    synthetic = args.data == "synthetic"
+    # LOBSTER: train on the fit split only (the run's own report then scores the validation split), so
+    # the agents see what the baselines are fitted on and nothing of the held-out test split
+    run_options = {} if synthetic else {"eval_split": "validation"}
+    env.update({} if synthetic else lobster_options(args))
     models = {}
     for face in args.faces:
         for seed in range(args.seeds):
             name = f"iqn_{face}_s{seed}"
             folder = Path(args.out) / "runs" / name
             if not (folder / "model.zip").is_file():
-                config = RunConfig(data=args.data, steps=args.train_steps, n_envs=args.n_envs, seed=seed,
+                config = RunConfig(data=args.fit_data or args.data, steps=args.train_steps, n_envs=args.n_envs, seed=seed,
                                    device=args.device, action_face=face, progress=False, out=str(folder),
-                                   synthetic_market_steps=args.num_steps, env_kwargs=env)
+                                   synthetic_market_steps=args.num_steps, env_kwargs=env, **run_options)
                 train(config)
             models[name] = folder / "model.zip"
     return models
@@ -157,12 +188,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     table = format_report(report)
     parent = (f"Q = {args.quantity:g} shares" if args.volume_share is None else
               f"Q = {args.volume_share:g} of the window's volume")
-    header = (f"Execution on {args.data} (held out: {test.name}), T = {args.horizon} steps, {parent}, "
+    header = (f"Execution on {args.data} (held out: {test.name}; fitted on {fit.name}), T = {args.horizon} "
+              f"steps, {parent}, "
               f"{len(offsets)} disjoint windows; fitted sigma {model.sigma:.4g}, eta {model.eta:.4g}; "
               f"Almgren-Chriss lambda {args.risk_aversion:g}, kappa T {kappa * args.horizon:.3g}\n\n")
     (out / "execution.md").write_text(header + table)
     plot_execution(scores, out / "execution.png")
-    payload = {"settings": vars(args), "model": dataclasses.asdict(model), "offsets": offsets.tolist(),
+    payload = {"command": " ".join(["python -m experiments.execution", *sys.argv[1:]]),
+               **provenance(), "settings": vars(args), "model": dataclasses.asdict(model), "offsets": offsets.tolist(),
                "shortfall_bps": {side: {name: result["shortfall_bps"].tolist() for name, result in by.items()}
                                  for side, by in scores.items()},
                "report": report, "seconds": time.time() - started}
