@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from experiments.results import provenance, write_json
 from foxenv.config import EnvConfig
 from foxenv.execution import window_quantities
@@ -45,6 +47,7 @@ from foxhunt.evaluation.execution_report import (
     format_report,
     plot_execution,
     score_policies,
+    summarize,
 )
 
 
@@ -82,6 +85,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="action faces of the trained agents (default: branched)")
     parser.add_argument("--train-steps", type=int, default=20_000, help="env steps per training run")
     parser.add_argument("--n-envs", type=int, default=8, help="books per training run (default: 8)")
+    parser.add_argument("--gamma", type=float, default=None,
+                        help="the agents' discount (default: the presets'; the parent's shortfall is the "
+                             "undiscounted return, so a long horizon wants one near 1)")
+    parser.add_argument("--checkpoint-every", type=int, default=0,
+                        help="env steps between a training run's checkpoints (default: 0, none; a finished "
+                             "run is reused by its model.zip)")
     parser.add_argument("--levels", type=int, default=10, help="book levels (default: 10)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", default="runs/experiments/execution")
@@ -136,18 +145,49 @@ def train_agents(args: argparse.Namespace, unit: dict[str, Any]) -> dict[str, Pa
     # the agents see what the baselines are fitted on and nothing of the held-out test split
     run_options = {} if synthetic else {"eval_split": "validation"}
     env.update({} if synthetic else lobster_options(args))
+    if args.gamma is not None:
+        run_options["model_kwargs"] = {"gamma": args.gamma}
     models = {}
     for face in args.faces:
         for seed in range(args.seeds):
             name = f"iqn_{face}_s{seed}"
             folder = Path(args.out) / "runs" / name
             if not (folder / "model.zip").is_file():
-                config = RunConfig(data=args.fit_data or args.data, steps=args.train_steps, n_envs=args.n_envs, seed=seed,
+                config = RunConfig(data=args.fit_data or args.data, steps=args.train_steps,
+                                   n_envs=args.n_envs, seed=seed,
                                    device=args.device, action_face=face, progress=False, out=str(folder),
+                                   checkpoint_every=args.checkpoint_every,
                                    synthetic_market_steps=args.num_steps, env_kwargs=env, **run_options)
                 train(config)
             models[name] = folder / "model.zip"
     return models
+
+
+def seed_report(scores: dict[str, dict[str, dict[str, Any]]], offsets: Any, horizon: int,
+                faces: list[str]) -> tuple[dict[str, Any], dict[str, dict[str, dict[str, Any]]]]:
+    """The report with each face's trained seeds as one policy, ``iqn_<face>``: its per-window shortfall the
+    mean over the seeds (a seed's luck is not a window's evidence), compared with TWAP and the best baseline
+    (one Holm family); each seed keeps its own summary row, not compared.
+
+    :return: the report and the scores with the seed means added.
+    """
+    scores = {side: dict(by) for side, by in scores.items()}
+    seeds: dict[str, list[str]] = {}
+    for face in faces:
+        names = [name for name in next(iter(scores.values())) if name.startswith(f"iqn_{face}_s")]
+        if names:
+            seeds[f"iqn_{face}"] = names
+    for by in scores.values():
+        for mean, names in seeds.items():
+            by[mean] = {key: torch.stack([by[name][key].double() for name in names]).mean(dim=0)
+                        for key in ("shortfall_bps", "done", "mid")}
+    each = {name for names in seeds.values() for name in names}
+    compared = {side: {name: r for name, r in by.items() if name not in each} for side, by in scores.items()}
+    report = execution_report(compared, offsets, horizon)
+    for side, by in scores.items():
+        for name in each:
+            report["summary"][side][name] = summarize(by[name]["shortfall_bps"])
+    return report, scores
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -182,7 +222,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         policies[name] = ModelPolicy(load_execution_model(path, config.grid, device=args.device), name=name,
                                      grid=config.grid)
     scores = score_policies(policies, test, config, offsets, args.device)
-    report = execution_report(scores, offsets, args.horizon)
+    report, scores = seed_report(scores, offsets, args.horizon, args.faces if args.seeds > 0 else [])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     table = format_report(report)
@@ -195,7 +235,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     (out / "execution.md").write_text(header + table)
     plot_execution(scores, out / "execution.png")
     payload = {"command": " ".join(["python -m experiments.execution", *sys.argv[1:]]),
-               **provenance(), "settings": vars(args), "model": dataclasses.asdict(model), "offsets": offsets.tolist(),
+               **provenance(), "settings": vars(args), "model": dataclasses.asdict(model),
+               "offsets": offsets.tolist(),
                "shortfall_bps": {side: {name: result["shortfall_bps"].tolist() for name, result in by.items()}
                                  for side, by in scores.items()},
                "report": report, "seconds": time.time() - started}
