@@ -83,3 +83,69 @@ def test_an_execute_run_trains_resumes_to_the_uninterrupted_model_and_reports_sh
         train(small_config(tmp_path / "crashed", env_kwargs=env), callback=CrashAt(450))
     resumed = resume(tmp_path / "crashed", progress=False)
     assert_same_model(whole / "model.zip", resumed / "model.zip")
+
+
+def two_tickers(tmp_path) -> tuple[str, str, list[str]]:
+    """Two synthetic days exported as LOBSTER tickers AAA and BBB (2 levels), and the session options."""
+    from foxenv.data import generate_synthetic
+    from foxenv.data.export import export_lobster
+
+    export_lobster(generate_synthetic(1_000, levels=2, seed=1), tmp_path / "aaa", ticker="AAA")
+    export_lobster(generate_synthetic(1_000, levels=2, seed=2), tmp_path / "bbb", ticker="BBB")
+    return str(tmp_path / "aaa"), str(tmp_path / "bbb"), ["--split-times", "10:30,11:00", "--step-seconds",
+                                                          "15.8", "--levels", "2", "--volume-share", "0.1"]
+
+
+def test_the_experiment_fits_on_one_tickers_session_and_scores_anothers(tmp_path, monkeypatch) -> None:
+    from experiments.execution import parse_args, run
+    from foxenv.config import EnvConfig
+    from foxenv.data import load_market
+    from foxenv.execution import window_quantities
+    from foxhunt.evaluation.execution_baselines import fit_execution_model
+
+    monkeypatch.setenv("FOXHUNT_CACHE_DIR", str(tmp_path / "cache"))
+    fit_folder, test_folder, session = two_tickers(tmp_path)
+    run(parse_args(["--data", test_folder, "--fit-data", fit_folder, *session, "--horizon", "10",
+                    "--windows", "8", "--out", str(tmp_path / "out")]))
+    saved = json.loads((tmp_path / "out" / "execution.json").read_text())
+    options = {"split_times": ("10:30", "11:00"), "step_seconds": 15.8, "levels": 2}
+    fit = load_market(fit_folder, split="fit", **options)
+    test = load_market(test_folder, split="test", **options)
+    config = EnvConfig(levels=2, episode_length=10, task="execute", exec_quantity=0.1,
+                       exec_quantity_unit="volume")
+    expected = fit_execution_model(fit, float(window_quantities(fit, config).mean()) / 10)
+    assert saved["model"]["sigma"] == pytest.approx(expected.sigma)  # fitted on AAA's fit session
+    assert float(fit.time[-1]) <= 10.5 * 3600 < 11 * 3600 <= float(test.time[0])
+    assert saved["offsets"] == list(range(0, 80, 10)) and len(saved["shortfall_bps"]["sell"]["twap"]) == 8
+    header = (tmp_path / "out" / "execution.md").read_text().splitlines()[0]
+    assert "held out: LOBSTER BBB" in header and "fitted on LOBSTER AAA" in header
+    assert saved["commit"] and saved["command"].startswith("python -m experiments.execution")
+    with pytest.raises(SystemExit):
+        parse_args(["--split-times", "12:30,13:30"])  # a session split of the synthetic market
+    with pytest.raises(SystemExit):
+        parse_args(["--data", test_folder, "--split-times", "12:30"])
+
+
+def test_agents_train_on_the_fit_session_and_each_face_is_compared_as_its_seed_mean(tmp_path,
+                                                                                    monkeypatch) -> None:
+    from experiments.execution import parse_args, run
+
+    monkeypatch.setenv("FOXHUNT_CACHE_DIR", str(tmp_path / "cache"))
+    _, folder, session = two_tickers(tmp_path)
+    out = tmp_path / "out"
+    payload = run(parse_args(["--data", folder, *session, "--horizon", "10", "--windows", "6", "--seeds", "2",
+                              "--faces", "joint", "--train-steps", "60", "--n-envs", "2", "--gamma", "1",
+                              "--out", str(out)]))
+    saved = json.loads((out / "runs" / "iqn_joint_s1" / "config.json").read_text())
+    assert saved["eval_split"] == "validation" and saved["checkpoint_every"] == 0  # trained on "fit" only
+    assert saved["algorithm"]["gamma"] == 1.0 and saved["env"]["task"] == "execute"
+    assert saved["env"]["market"]["split_times"] == ["10:30", "11:00"]
+    report = payload["report"]
+    assert set(report["comparisons"]["buy"]) == {"twap_limit", "submit_and_leave", "immediate",
+                                                 "almgren_chriss", "vwap", "iqn_joint"}
+    assert {"iqn_joint_s0", "iqn_joint_s1", "iqn_joint"} <= set(report["summary"]["buy"])
+    seeds = payload["shortfall_bps"]["buy"]
+    mean = (torch.tensor(seeds["iqn_joint_s0"]) + torch.tensor(seeds["iqn_joint_s1"])) / 2
+    assert torch.allclose(torch.tensor(seeds["iqn_joint"]), mean)
+    # per side: 5 baselines vs twap, the face vs twap (and vs the best baseline where that is not twap)
+    assert report["family"] == sum(5 + 1 + (best != "twap") for best in report["best_baseline"].values())
