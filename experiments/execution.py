@@ -6,14 +6,22 @@ held-out windows, buys and sells, by implementation shortfall in bps; one comman
     python -m experiments.execution --data /path/to/lobster/GOOG --horizon 300 --volume-share 0.05 \\
         --model iqn=runs/execute_goog/model.zip
     python -m experiments.execution --seeds 5 --faces branched joint --train-steps 200000 --device cuda
+    # GOOG's session split, 5-minute parents of 10 % of the window's volume; then AAPL fitted on GOOG
+    python -m experiments.execution --data ../shared/data/lobster --split-times 12:30,13:30 \
+        --step-seconds 10 --horizon 30 --volume-share 0.1
+    python -m experiments.execution --data ../shared/data/lobster-aapl --fit-data ../shared/data/lobster \
+        --levels 1 --split-times 12:30,13:30 --step-seconds 10 --horizon 30 --volume-share 0.1
 
 The baselines (:mod:`foxhunt.evaluation.execution_baselines`: TWAP, TWAP limit-then-market, submit-and-leave,
 immediate, Almgren-Chriss, VWAP) are fitted on the fit data: the synthetic market of seed 0 (what ``foxhunt
-train`` trains on), or a LOBSTER folder's ``fit`` split; they are scored on the held-out data: the synthetic
+train`` trains on), or a LOBSTER folder's ``fit`` split (``--split-times``: a session split by clock; the
+``--fit-data`` folder's, another ticker's, when given); they are scored on the held-out data: the synthetic
 market of seed 1, or the folder's ``test`` split. A model (``--model NAME=PATH``, trained with ``foxhunt train
 --env.task execute`` and the same execute settings) is scored on the same windows with its greedy actions;
 ``--seeds N`` trains BranchingIQN first, ``N`` seeds per action face (``--faces``), each a ``foxhunt train``
-run under ``--out``/runs (its own report there), and scores them all as ``iqn_<face>_s<seed>``.
+run under ``--out``/runs (its own report there; on LOBSTER data trained on the ``fit`` split only and
+reported on ``validation``), and scores them all as ``iqn_<face>_s<seed>``; each face is compared with TWAP
+and the best baseline as ``iqn_<face>``, its per-window shortfall averaged over the seeds.
 
 Writes ``execution.json`` (the settings, the fitted model, per-window shortfalls, the report),
 ``execution.md`` (the tables and verdicts) and ``execution.png`` (the shortfall distributions and one window's
