@@ -25,6 +25,7 @@ KNOWN_DISTRIBUTIONS = {
     "yaml": "pyyaml",
     "scipy": "scipy",
     "psycopg": "psycopg",
+    "PIL": "pillow",
 }
 
 

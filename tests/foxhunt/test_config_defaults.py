@@ -180,3 +180,17 @@ def test_a_runs_config_json_holds_what_ran_and_runs_again_the_same(
     assert main(["train", "--config", str(out / "config.json"), "--out", str(again)]) == 0
     assert json.loads((again / "config.json").read_text()) == {**values, "out": str(again)}
     assert_same_model(out / "model.zip", again / "model.zip")
+
+
+def test_the_run_config_passes_the_branch_coupling_to_the_policy() -> None:
+    """Set or not, the coupling reaches the policy (the default is the network's own, written out)."""
+    import inspect
+
+    from foxhunt.runs import RunConfig
+    from sb3_her_ext.policy import BranchingIQNPolicy
+
+    config = RunConfig(device="cpu", policy_kwargs={"branch_coupling": "autoregressive"})
+    assert config.resolved_policy_kwargs()["branch_coupling"] == "autoregressive"
+    library = inspect.signature(BranchingIQNPolicy.__init__).parameters["branch_coupling"].default
+    assert RunConfig(device="cpu").resolved_policy_kwargs()["branch_coupling"] == library
+

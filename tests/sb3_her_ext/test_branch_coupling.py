@@ -233,11 +233,3 @@ def test_coupled_branches_find_the_joint_optimum_independent_ones_miss(coupling:
     )
     model.learn(1600)
     assert model.policy._predict(th.ones(1, 2))[0].tolist() == joint
-
-
-def test_foxhunt_run_config_passes_the_coupling_to_the_policy() -> None:
-    from foxhunt.runs import RunConfig
-
-    config = RunConfig(device="cpu", policy_kwargs={"branch_coupling": "autoregressive"})
-    assert config.resolved_policy_kwargs()["branch_coupling"] == "autoregressive"
-    assert "branch_coupling" not in RunConfig(device="cpu").resolved_policy_kwargs()  # the network's default
