@@ -134,7 +134,7 @@ class RunConfig:
     scored on the validation data (never the test data), ``eval/<metric>`` is logged, a line is appended to
     ``evaluations.jsonl``, and the best model by ``eval_metric`` is kept as ``best_model.zip``; 0: none.
     Callbacks on a device env (CUDA) run once per rollout, so an evaluation then comes at the first rollout
-    end at or after each multiple. On LOBSTER data the validation split is the last quarter of the train
+    end at or after each multiple. On LOBSTER data the validation split is the end of the train
     split, which a run with ``eval_split="test"`` trains on (with ``"validation"`` it does not)."""
     eval_metric: str = "sharpe"  # The metric ``eval_freq`` keeps the best model by.
     action_face: str = ACTION_FACE

@@ -219,6 +219,9 @@ class BranchingIQN(OffPolicyAlgorithm):
         graph_collect: bool | None = None,
         _init_setup_model: bool = True,
     ) -> None:
+        if env is None and _init_setup_model:  # SB3 takes env=None only for a model built later (its load)
+            raise ValueError("env=None: BranchingIQN builds its networks from the env's spaces; pass an env "
+                             "(a Gym env, a VecEnv or an env id), or _init_setup_model=False as SB3's load")
         # every argument is checked before SB3 sees it (its errors name no argument)
         checked = check_arguments(**{k: v for k, v in locals().items() if k not in ("self", "__class__")})
         buffer_size, batch_size = checked["buffer_size"], checked["batch_size"]
@@ -709,6 +712,24 @@ class BranchingIQN(OffPolicyAlgorithm):
         if reading:
             return path if path.exists() else pathlib.Path(f"{path}.pkl")
         return path if path.suffix else pathlib.Path(f"{path}.pkl")
+
+    @classmethod
+    def load(cls: type[SelfBranchingIQN], path: str | pathlib.Path | io.BufferedIOBase, *args: Any,
+             **kwargs: Any) -> SelfBranchingIQN:
+        """SB3's ``load``; a missing file is a ``FileNotFoundError`` naming the path given (SB3 names the
+        last name it tried, ``x.zip.zip``).
+
+        :param path: the model file (``.zip`` is added to a path without a file there, as SB3 does).
+        :param args: SB3's ``load`` arguments (``env``, ``device``, ...).
+        :param kwargs: SB3's ``load`` keyword arguments.
+        :return: the model.
+        """
+        if isinstance(path, str | pathlib.Path):
+            given = pathlib.Path(path)
+            if not given.is_file() and not pathlib.Path(f"{given}.zip").is_file():
+                tried = "" if given.suffix == ".zip" else f" (nor {given}.zip)"
+                raise FileNotFoundError(f"{cls.__name__}.load: no model file {str(path)!r}{tried}")
+        return super().load(path, *args, **kwargs)
 
     def save_replay_buffer(self, path: str | pathlib.Path | io.BufferedIOBase) -> None:
         """SB3's ``save_replay_buffer``, sealed with the file's SHA-256 in a trailer after the pickle
