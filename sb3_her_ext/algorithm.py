@@ -50,7 +50,7 @@ from sb3_her_ext.learner import DistributionalLoss, Learner
 from sb3_her_ext.policy import BranchingIQNPolicy
 from sb3_her_ext.replay import HindsightConfig, PrioritizedHindsightReplayBuffer
 from sb3_her_ext.vaccine import GradVac
-from sb3_her_ext.validation import check_learning_rate
+from sb3_her_ext.validation import check_learning_rate, provenance_difference
 
 SelfBranchingIQN = TypeVar("SelfBranchingIQN", bound="BranchingIQN")
 
@@ -742,7 +742,7 @@ class BranchingIQN(OffPolicyAlgorithm):
             checksum.append_trailer(self._replay_file(path, reading=False))
 
     def load_replay_buffer(self, path: str | pathlib.Path | io.BufferedIOBase,
-                           truncate_last_traj: bool = True) -> None:
+                           truncate_last_traj: bool = True, allow_other_run: bool = False) -> None:
         """SB3's ``load_replay_buffer``, verified: the file against the SHA-256 it carries (a file without
         one, e.g. saved before checksums, loads with a warning), and the loaded contents (no non-finite
         observation, reward or priority, no action outside its branch). On an error the model keeps its
@@ -750,6 +750,10 @@ class BranchingIQN(OffPolicyAlgorithm):
 
         :param path: the pickle (or an open file: no checksum check).
         :param truncate_last_traj: SB3's argument (``HerReplayBuffer`` only).
+        :param allow_other_run: load a buffer although the record of what it was made on (foxhunt's
+            fingerprint, :func:`~sb3_her_ext.validation.provenance_difference`) differs from the model's.
+        :raises ValueError: the buffer was made on something else than the model (another config, market,
+            action face or env), naming the first differing field.
         :raises ChecksumError: the file's bytes differ from its checksum (the message names the file).
         :raises NonFiniteError: the loaded buffer holds values no push writes (the message names the file).
         """
@@ -777,6 +781,13 @@ class BranchingIQN(OffPolicyAlgorithm):
         if bad:
             self.replay_buffer = previous
             raise NonFiniteError(f"replay buffer file {name} holds invalid values in {bad}: not loaded")
+        other = None if allow_other_run else provenance_difference(self, buffer)
+        if other is not None:
+            self.replay_buffer = previous
+            field, theirs, mine = other
+            raise ValueError(f"replay buffer file {name} was made with another {field} than this model "
+                             f"({theirs!r}, the model: {mine!r}): not loaded; pass allow_other_run=True to "
+                             "load it anyway")
 
     def set_env(self, env: GymEnv, force_reset: bool = True) -> None:
         """SB3's ``set_env``, refusing ``VecNormalize`` (see :func:`reject_vec_normalize`)."""

@@ -3,6 +3,7 @@ missing model file and a NaN window PnL are one clear line each."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,32 @@ def test_a_nan_window_pnl_names_the_window_and_the_metric() -> None:
         row = stats.paired_windows(torch.zeros(1, 8), pnl.nan_to_num(posinf=0, nan=float("inf")), starts, 50,
                                    baseline="flat")
         stats.correct({"policy": [row]})
+
+
+def test_load_replay_buffer_refuses_a_buffer_of_another_run(tmp_path: Path) -> None:
+    from foxhunt.checkpoint import REPLAY_FILE, latest_checkpoint
+    from foxhunt.runs import train
+    from sb3_her_ext import BranchingIQN
+    from tests.foxhunt._small_runs import small_config
+
+    first = train(small_config(tmp_path / "first", steps=300, checkpoint_every=300))
+    second = train(small_config(tmp_path / "second", steps=300, checkpoint_every=300, seed=6))
+    model = BranchingIQN.load(first / "model.zip")
+    own = latest_checkpoint(first) / REPLAY_FILE
+    model.load_replay_buffer(own)  # the run's own buffer: same fingerprint
+    kept = model.replay_buffer
+    other = latest_checkpoint(second) / REPLAY_FILE
+    message = (rf"^replay buffer file {re.escape(str(other))} was made with another config.seed than this "
+               r"model \(6, the model: 5\)")
+    with pytest.raises(ValueError, match=message):
+        model.load_replay_buffer(other)
+    assert model.replay_buffer is kept
+    model.load_replay_buffer(other, allow_other_run=True)
+    assert model.replay_buffer is not kept
+
+
+def test_the_provenance_attribute_is_foxhunts_fingerprint() -> None:
+    from foxhunt.fingerprint import ATTRIBUTE, NOT_COMPARED
+    from sb3_her_ext.validation import PROVENANCE_ATTRIBUTE, PROVENANCE_NOT_COMPARED
+
+    assert (PROVENANCE_ATTRIBUTE, PROVENANCE_NOT_COMPARED) == (ATTRIBUTE, NOT_COMPARED)
