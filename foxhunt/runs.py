@@ -8,6 +8,8 @@ A run folder holds::
     training.png       episode reward, losses, hindsight counts, ε
     tb/                TensorBoard logs
     evaluation.json    the evaluation of the greedy policy and the baselines on held-out data
+    evaluations.jsonl  with ``eval_freq``: the evaluations during training (validation data), one a line
+    best_model.zip     with ``eval_freq``: the model of the best of them (``eval_metric``)
     report.md          the same as a report, with eval_*.png figures
     checkpoints/       the last checkpoints (see :mod:`foxhunt.checkpoint`); :func:`resume` continues from
                        the newest

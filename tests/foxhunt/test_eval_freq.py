@@ -87,3 +87,23 @@ def test_eval_freq_is_checked_and_a_train_option() -> None:
     args = build_parser().parse_args(["train", "--eval-freq", "5000", "--eval-metric", "pnl"])
     config = config_from_args(args)
     assert (config.eval_freq, config.eval_metric) == (5000, "pnl")
+
+
+@pytest.mark.gpu
+def test_eval_freq_on_the_device_loop_evaluates_at_rollout_ends(tmp_path: Path) -> None:
+    """On CUDA (the device loop: callbacks once per rollout) each multiple of N gets one evaluation, at the
+    first rollout end at or after it."""
+    from foxhunt.cli import main
+    from sb3_her_ext import BranchingIQN
+
+    out = tmp_path / "run"
+    assert main(["train", "--device", "cuda", "--steps", "600", "--n-envs", "4", "--out", str(out),
+                 "--no-progress", "--eval-steps", "5", "--eval-freq", "200"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["device_loop"] is True and config["eval_freq"] == 200
+    steps = [line["timesteps"] for line in _lines(out)]
+    assert steps and steps == sorted(steps) and steps[0] >= 200
+    assert [step // 200 for step in steps] == sorted(set(step // 200 for step in steps))
+    best = [line for line in _lines(out) if line["best"]]
+    assert best
+    assert BranchingIQN.load(out / BEST_MODEL_FILE, device="cuda").num_timesteps == best[-1]["timesteps"]
