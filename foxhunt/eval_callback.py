@@ -1,7 +1,7 @@
 """Evaluations during training (``foxhunt train --eval-freq N``), with SB3 ``EvalCallback``'s semantics.
 
 Every ``N`` environment steps :class:`RunEvalCallback` scores the greedy policy on the run's validation data
-(:func:`tuning.evaluation.held_out_metrics` with ``eval_split="validation"``: LOBSTER's validation split, or
+(:func:`foxhunt.runs.held_out_metrics` with ``eval_split="validation"``: LOBSTER's validation split, or
 the synthetic validation market; never the test data of the final evaluation, so picking the best model does
 not see the test set), with random streams of its own (training goes on as without it, bit for bit on the
 CPU). Each evaluation
@@ -23,11 +23,12 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from stable_baselines3.common.callbacks import BaseCallback
 
-from foxhunt.runs import RunConfig
+if TYPE_CHECKING:
+    from foxhunt.runs import RunConfig
 
 #: the file of the evaluations in a run folder
 EVALUATIONS_FILE = "evaluations.jsonl"
@@ -92,14 +93,15 @@ class RunEvalCallback(BaseCallback):
 
     :param config: the run's config (``eval_freq``, ``eval_metric``, its data, books and ``eval_steps``).
     :param run_dir: the run folder (``evaluations.jsonl`` and ``best_model.zip`` go there).
+    :param evaluate: the held-out scoring, ``(model, config) -> metrics``
+        (:func:`foxhunt.runs.held_out_metrics`; it gets the config with ``eval_split="validation"``).
     :param resumed: the run resumes from a checkpoint: the best so far is read back from
         ``evaluations.jsonl`` (cut back to the checkpoint's step).
-    :param evaluate: the held-out scoring (default :func:`tuning.evaluation.held_out_metrics`).
     :param stream: where the console lines go (default ``sys.stdout``).
     """
 
-    def __init__(self, config: RunConfig, run_dir: str | Path, resumed: bool = False,
-                 evaluate: Callable[[Any, RunConfig], Mapping[str, Any]] | None = None,
+    def __init__(self, config: RunConfig, run_dir: str | Path,
+                 evaluate: Callable[[Any, RunConfig], Mapping[str, Any]], resumed: bool = False,
                  stream: TextIO | None = None) -> None:
         super().__init__()
         if config.eval_freq < 1:
@@ -142,10 +144,7 @@ class RunEvalCallback(BaseCallback):
 
         :return: the line written to ``evaluations.jsonl``.
         """
-        evaluate = self.evaluate
-        if evaluate is None:
-            from tuning.evaluation import held_out_metrics as evaluate
-        metrics = _scalars(evaluate(self.model, self.config))
+        metrics = _scalars(self.evaluate(self.model, self.config))
         value = metric_of(metrics, self.metric)
         best = math.isfinite(value) and value > self.best
         step = int(self.model.num_timesteps)

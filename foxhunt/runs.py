@@ -436,6 +436,20 @@ def eval_market_seed(config: RunConfig) -> int:
     return train_market_seed(config) + (2 if config.eval_split == "validation" else 1)
 
 
+def held_out_metrics(model: Any, config: RunConfig) -> dict[str, Any]:
+    """Score ``model``'s deterministic policy on the run's held-out data for ``config.eval_steps`` steps,
+    with random streams of its own (:func:`foxhunt.held_out.score_held_out`): ``foxhunt train
+    --eval-freq``'s evaluations and ``foxhunt tune``'s trials.
+
+    :param model: a BranchingIQN (anything with SB3's ``predict``).
+    :param config: the run's config (data, books, device, seeds, env settings, ``eval_split``).
+    :return: the evaluation's metrics dict (``sharpe``, PnL after fees, ..., ``mean_episode_reward``).
+    """
+    from foxhunt.held_out import score_held_out
+
+    return score_held_out(model, config, eval_seed(config), eval_market_seed(config))
+
+
 def _callbacks(*callbacks: Any) -> list[Any]:
     """SB3 callbacks as one flat list (functions wrapped in ``ConvertCallback``, ``None`` dropped)."""
     from stable_baselines3.common.callbacks import BaseCallback, ConvertCallback
@@ -559,7 +573,7 @@ def train(config: RunConfig, callback: Any = None, *, resume_from: str | Path | 
         if config.eval_freq:
             from foxhunt.eval_callback import RunEvalCallback
 
-            callbacks.append(RunEvalCallback(config, out, resumed=resumed is not None))
+            callbacks.append(RunEvalCallback(config, out, held_out_metrics, resumed=resumed is not None))
         learning = True
         model.learn(max(config.steps - model.num_timesteps, 0), callback=callbacks, progress_bar=bar,
                     reset_num_timesteps=resumed is None)

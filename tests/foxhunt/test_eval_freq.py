@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from foxhunt.eval_callback import BEST_MODEL_FILE, EVALUATIONS_FILE, RunEvalCallback
-from foxhunt.runs import RunConfig, eval_market_seed, resume, train, train_market_seed
+from foxhunt.runs import RunConfig, eval_market_seed, held_out_metrics, resume, train, train_market_seed
 from tests.foxhunt._small_runs import Crash, CrashAt, assert_same_model, small_config
 
 
@@ -71,7 +71,7 @@ def test_best_survives_a_resume(runs: dict[str, Path]) -> None:
 
 def test_evaluations_score_the_validation_data_never_the_test_data() -> None:
     config = RunConfig(eval_freq=100)  # the run's own eval_split is "test": its final report's data
-    callback = RunEvalCallback(config, "unused")
+    callback = RunEvalCallback(config, "unused", held_out_metrics)
     assert callback.config.eval_split == "validation"
     assert eval_market_seed(callback.config) == train_market_seed(config) + 2 != eval_market_seed(config)
 
