@@ -139,6 +139,11 @@ class RunEvalCallback(BaseCallback):
             self.evaluation()
         return True
 
+    def _on_training_end(self) -> None:
+        if self.best_step is not None:
+            print(f"best model: {self.run_dir / BEST_MODEL_FILE} ({self.metric} {self.best:.4g} on the "
+                  f"validation data at step {self.best_step:,})", file=self.stream or sys.stdout, flush=True)
+
     def evaluation(self) -> dict[str, Any]:
         """Score the policy now; log, append the line, keep the model if it is the best.
 
@@ -158,7 +163,8 @@ class RunEvalCallback(BaseCallback):
             handle.flush()
         for name, number in metrics.items():
             self.logger.record(f"eval/{name}", number)
-        self.logger.record(f"eval/best_{self.metric}", self.best)
+        if math.isfinite(self.best):
+            self.logger.record(f"eval/best_{self.metric}", self.best)
         self.logger.record("time/total_timesteps", step, exclude="tensorboard")
         self.logger.dump(step)
         print(self.line(step, value, metrics, best), file=self.stream or sys.stdout, flush=True)

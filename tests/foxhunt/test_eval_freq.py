@@ -59,6 +59,7 @@ def test_evaluations_log_and_keep_the_best(runs: dict[str, Path]) -> None:
     printed = (run.parent / "evaluated.out").read_text()
     assert "eval at step 100 (validation data): sharpe " in printed
     assert printed.count("eval at step") == 6
+    assert f"best model: {run / BEST_MODEL_FILE} (sharpe " in printed
 
 
 def test_best_survives_a_resume(runs: dict[str, Path]) -> None:
