@@ -276,7 +276,7 @@ def load_checkpoint(checkpoint: str | Path, env: Any, device: str, *,
                                       allow_market_change=allow_market_change)
     model = BranchingIQN.load(checkpoint / "model.zip", env=env, device=device, force_reset=bool(changed),
                               **load_kwargs)
-    model.load_replay_buffer(checkpoint / REPLAY_FILE)
+    model.load_replay_buffer(checkpoint / REPLAY_FILE, allow_other_run=True)  # compared with the run's below
     if expected_fingerprint is not None:
         fingerprint.compare(fingerprint.of(model.replay_buffer), expected_fingerprint,
                             what=f"replay buffer {checkpoint / 'replay_buffer.pkl'}", fix=fix,

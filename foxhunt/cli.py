@@ -146,12 +146,24 @@ def rollout(args: argparse.Namespace) -> dict[str, Any]:
     check_device(args.device, "--device")
     defaults = RunConfig()  # foxhunt train's env settings and synthetic market
     market = {"market_steps": defaults.synthetic_market_steps} if args.data == "synthetic" else {}
+    _check_rollout_memory(args, defaults.resolved_env_kwargs())
     summary = random_rollout(
         num_steps=args.steps, num_envs=args.n_envs, data=args.data, seed=args.seed,
         device=args.device, progress=args.progress, **market, **defaults.resolved_env_kwargs(),
     )
     print_summary(f"random rollout: {args.steps} steps x {args.n_envs} books on {args.data}", summary)
     return summary
+
+
+def _check_rollout_memory(args: argparse.Namespace, env_kwargs: dict[str, Any]) -> None:
+    """Refuse a rollout whose books and recorded series do not fit in the device's free memory, before
+    anything is allocated (one line naming ``--n-envs`` or ``--steps``)."""
+    from foxhunt.preflight import EVAL_BYTES_PER_BOOK_STEP, book_bytes, check_fits
+
+    parts = {"books": (("--n-envs",), float(args.n_envs) * book_bytes(env_kwargs)),
+             "recorded series": (("--steps", "--n-envs"),
+                                 float(args.steps) * args.n_envs * EVAL_BYTES_PER_BOOK_STEP)}
+    check_fits(parts, args.device, {"--n-envs": args.n_envs / 16, "--steps": args.steps / 2000})
 
 
 def _debug(p: argparse.ArgumentParser, top: bool = False) -> None:

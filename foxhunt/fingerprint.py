@@ -35,7 +35,8 @@ FORMAT = 1
 #: The attribute of a model (saved in ``model.zip``'s ``data``) and of a replay buffer that holds it.
 ATTRIBUTE = "foxhunt_fingerprint"
 #: RunConfig fields that steer a run without changing what it learns on (left out of the fingerprint).
-RUN_CONTROL = ("steps", "eval_steps", "progress", "out", "checkpoint_every", "keep_checkpoints", "threads")
+RUN_CONTROL = ("steps", "eval_steps", "progress", "out", "checkpoint_every", "keep_checkpoints", "threads",
+               "eval_freq", "eval_metric")
 #: Fingerprint parts that say how an artefact is used, not what it was made on (:func:`compare` skips them).
 NOT_COMPARED = ("code", "evaluation")
 #: Fields whose change is a change of market (allowed by ``allow_market_change``).

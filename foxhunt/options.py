@@ -27,12 +27,13 @@ from typing import Any, NoReturn
 
 from foxhunt import presets
 from foxhunt.config import field_docs
-from foxhunt.runs import EVAL_SPLITS, SECTIONS, RunConfig, field_names
+from foxhunt.runs import EVAL_METRICS, EVAL_SPLITS, SECTIONS, RunConfig, field_names
 
 #: Exceptions that are the user's to fix: one line and exit status 2 (``--debug``: the traceback).
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError)
 #: The choices of the config fields that take one of a few names.
 CHOICES: dict[str, tuple[str, ...]] = {"action_face": presets.ACTION_FACES, "eval_split": EVAL_SPLITS,
+                                       "eval_metric": EVAL_METRICS,
                                        "env.fill_model": ("conservative", "optimistic")}
 #: The market options ``--env.market`` takes besides the env fields (``foxenv.factory.MARKET_KWARGS``,
 #: written out so that the help needs no torch; ``tests/foxhunt/test_cli.py`` checks they agree).

@@ -8,6 +8,8 @@ A run folder holds::
     training.png       episode reward, losses, hindsight counts, ε
     tb/                TensorBoard logs
     evaluation.json    the evaluation of the greedy policy and the baselines on held-out data
+    evaluations.jsonl  with ``eval_freq``: the evaluations during training (validation data), one a line
+    best_model.zip     with ``eval_freq``: the model of the best of them (``eval_metric``)
     report.md          the same as a report, with eval_*.png figures
     checkpoints/       the last checkpoints (see :mod:`foxhunt.checkpoint`); :func:`resume` continues from
                        the newest
@@ -44,6 +46,8 @@ from foxhunt.config import (
 
 #: what a run can be scored on (:attr:`RunConfig.eval_split`)
 EVAL_SPLITS = ("test", "validation")
+#: what ``eval_freq``'s evaluations keep the best model by (:attr:`RunConfig.eval_metric`)
+EVAL_METRICS = ("sharpe", "pnl", "mean_episode_reward")
 #: the sections of the config tree: field of :class:`RunConfig` -> its class
 SECTIONS: dict[str, type] = {"env": EnvSettings, "algorithm": AlgorithmSettings, "policy": PolicySettings}
 #: the flat keyword arguments that set a section's fields on construction (``RunConfig(model_kwargs=...)``)
@@ -127,6 +131,14 @@ class RunConfig:
     model selection that must not see the test data (``foxhunt tune``'s trials): a LOBSTER run then trains on
     the train split's first 75 % (``"fit"``) and is scored on the rest of it (``"validation"``); a synthetic
     run is scored on a third market (seed: the training market's + 2; the test market's is + 1)."""
+    eval_freq: int = 0
+    """Environment steps between evaluations during training (SB3's ``EvalCallback``): the greedy policy is
+    scored on the validation data (never the test data), ``eval/<metric>`` is logged, a line is appended to
+    ``evaluations.jsonl``, and the best model by ``eval_metric`` is kept as ``best_model.zip``; 0: none.
+    Callbacks on a device env (CUDA) run once per rollout, so an evaluation then comes at the first rollout
+    end at or after each multiple. On LOBSTER data the validation split is the end of the train
+    split, which a run with ``eval_split="test"`` trains on (with ``"validation"`` it does not)."""
+    eval_metric: str = "sharpe"  # The metric ``eval_freq`` keeps the best model by.
     action_face: str = ACTION_FACE
     """The action BranchingIQN learns on: ``"branched"`` (foxenv's four branches, with the per-branch
     presets) or ``"joint"`` (one branch of the 81 joint actions, code ``27 d + 9 m + 3 o + u``)."""
@@ -148,13 +160,16 @@ class RunConfig:
         check_fields(self, "RunConfig.")
         for name in SECTIONS:
             check_fields(getattr(self, name), f"RunConfig.{name}.")
-        for name, least in (("checkpoint_every", 0), ("keep_checkpoints", 0), ("steps", 1), ("n_envs", 1),
-                            ("threads", 1), ("eval_steps", 2), ("synthetic_market_steps", 2)):
+        for name, least in (("checkpoint_every", 0), ("keep_checkpoints", 0), ("eval_freq", 0), ("steps", 1),
+                            ("n_envs", 1), ("threads", 1), ("eval_steps", 2), ("synthetic_market_steps", 2)):
             if getattr(self, name) < least:
                 raise ValueError(f"RunConfig.{name}={getattr(self, name)} must be >= {least}")
         if not 0 <= self.seed < 2**32:
             raise ValueError(f"RunConfig.seed={self.seed} must lie in [0, 2**32)")
         check_eval_split(self.eval_split, "RunConfig.eval_split")
+        if self.eval_metric not in EVAL_METRICS:
+            raise ValueError(f"RunConfig.eval_metric={self.eval_metric!r} must be one of "
+                             f"{', '.join(map(repr, EVAL_METRICS))}")
         self._check_env()
 
     def _set_kwargs(self, keyword: str, values: Any) -> None:
@@ -421,6 +436,20 @@ def eval_market_seed(config: RunConfig) -> int:
     return train_market_seed(config) + (2 if config.eval_split == "validation" else 1)
 
 
+def held_out_metrics(model: Any, config: RunConfig) -> dict[str, Any]:
+    """Score ``model``'s deterministic policy on the run's held-out data for ``config.eval_steps`` steps,
+    with random streams of its own (:func:`foxhunt.held_out.score_held_out`): ``foxhunt train
+    --eval-freq``'s evaluations and ``foxhunt tune``'s trials.
+
+    :param model: a BranchingIQN (anything with SB3's ``predict``).
+    :param config: the run's config (data, books, device, seeds, env settings, ``eval_split``).
+    :return: the evaluation's metrics dict (``sharpe``, PnL after fees, ..., ``mean_episode_reward``).
+    """
+    from foxhunt.held_out import score_held_out
+
+    return score_held_out(model, config, eval_seed(config), eval_market_seed(config))
+
+
 def _callbacks(*callbacks: Any) -> list[Any]:
     """SB3 callbacks as one flat list (functions wrapped in ``ConvertCallback``, ``None`` dropped)."""
     from stable_baselines3.common.callbacks import BaseCallback, ConvertCallback
@@ -541,6 +570,10 @@ def train(config: RunConfig, callback: Any = None, *, resume_from: str | Path | 
         callbacks = _callbacks(checkpoints, callback)
         bar = config.progress and sys.stdout.isatty()  # off a terminal (a log file): a line every 30 s
         callbacks += [ProgressLineCallback(config.steps)] if config.progress and not bar else []
+        if config.eval_freq:
+            from foxhunt.eval_callback import RunEvalCallback
+
+            callbacks.append(RunEvalCallback(config, out, held_out_metrics, resumed=resumed is not None))
         learning = True
         model.learn(max(config.steps - model.num_timesteps, 0), callback=callbacks, progress_bar=bar,
                     reset_num_timesteps=resumed is None)

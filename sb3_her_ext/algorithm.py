@@ -50,7 +50,7 @@ from sb3_her_ext.learner import DistributionalLoss, Learner
 from sb3_her_ext.policy import BranchingIQNPolicy
 from sb3_her_ext.replay import HindsightConfig, PrioritizedHindsightReplayBuffer
 from sb3_her_ext.vaccine import GradVac
-from sb3_her_ext.validation import check_learning_rate
+from sb3_her_ext.validation import check_learning_rate, provenance_difference
 
 SelfBranchingIQN = TypeVar("SelfBranchingIQN", bound="BranchingIQN")
 
@@ -219,6 +219,9 @@ class BranchingIQN(OffPolicyAlgorithm):
         graph_collect: bool | None = None,
         _init_setup_model: bool = True,
     ) -> None:
+        if env is None and _init_setup_model:  # SB3 takes env=None only for a model built later (its load)
+            raise ValueError("env=None: BranchingIQN builds its networks from the env's spaces; pass an env "
+                             "(a Gym env, a VecEnv or an env id), or _init_setup_model=False as SB3's load")
         # every argument is checked before SB3 sees it (its errors name no argument)
         checked = check_arguments(**{k: v for k, v in locals().items() if k not in ("self", "__class__")})
         buffer_size, batch_size = checked["buffer_size"], checked["batch_size"]
@@ -710,6 +713,24 @@ class BranchingIQN(OffPolicyAlgorithm):
             return path if path.exists() else pathlib.Path(f"{path}.pkl")
         return path if path.suffix else pathlib.Path(f"{path}.pkl")
 
+    @classmethod
+    def load(cls: type[SelfBranchingIQN], path: str | pathlib.Path | io.BufferedIOBase, *args: Any,
+             **kwargs: Any) -> SelfBranchingIQN:
+        """SB3's ``load``; a missing file is a ``FileNotFoundError`` naming the path given (SB3 names the
+        last name it tried, ``x.zip.zip``).
+
+        :param path: the model file (``.zip`` is added to a path without a file there, as SB3 does).
+        :param args: SB3's ``load`` arguments (``env``, ``device``, ...).
+        :param kwargs: SB3's ``load`` keyword arguments.
+        :return: the model.
+        """
+        if isinstance(path, str | pathlib.Path):
+            given = pathlib.Path(path)
+            if not given.is_file() and not pathlib.Path(f"{given}.zip").is_file():
+                tried = "" if given.suffix == ".zip" else f" (nor {given}.zip)"
+                raise FileNotFoundError(f"{cls.__name__}.load: no model file {str(path)!r}{tried}")
+        return super().load(path, *args, **kwargs)
+
     def save_replay_buffer(self, path: str | pathlib.Path | io.BufferedIOBase) -> None:
         """SB3's ``save_replay_buffer``, sealed with the file's SHA-256 in a trailer after the pickle
         (:mod:`sb3_her_ext.checksum`: SB3's loaders still read the file; not for an open file object).
@@ -721,7 +742,7 @@ class BranchingIQN(OffPolicyAlgorithm):
             checksum.append_trailer(self._replay_file(path, reading=False))
 
     def load_replay_buffer(self, path: str | pathlib.Path | io.BufferedIOBase,
-                           truncate_last_traj: bool = True) -> None:
+                           truncate_last_traj: bool = True, allow_other_run: bool = False) -> None:
         """SB3's ``load_replay_buffer``, verified: the file against the SHA-256 it carries (a file without
         one, e.g. saved before checksums, loads with a warning), and the loaded contents (no non-finite
         observation, reward or priority, no action outside its branch). On an error the model keeps its
@@ -729,6 +750,10 @@ class BranchingIQN(OffPolicyAlgorithm):
 
         :param path: the pickle (or an open file: no checksum check).
         :param truncate_last_traj: SB3's argument (``HerReplayBuffer`` only).
+        :param allow_other_run: load a buffer although the record of what it was made on (foxhunt's
+            fingerprint, :func:`~sb3_her_ext.validation.provenance_difference`) differs from the model's.
+        :raises ValueError: the buffer was made on something else than the model (another config, market,
+            action face or env), naming the first differing field.
         :raises ChecksumError: the file's bytes differ from its checksum (the message names the file).
         :raises NonFiniteError: the loaded buffer holds values no push writes (the message names the file).
         """
@@ -756,6 +781,13 @@ class BranchingIQN(OffPolicyAlgorithm):
         if bad:
             self.replay_buffer = previous
             raise NonFiniteError(f"replay buffer file {name} holds invalid values in {bad}: not loaded")
+        other = None if allow_other_run else provenance_difference(self, buffer)
+        if other is not None:
+            self.replay_buffer = previous
+            field, theirs, mine = other
+            raise ValueError(f"replay buffer file {name} was made with another {field} than this model "
+                             f"({theirs!r}, the model: {mine!r}): not loaded; pass allow_other_run=True to "
+                             "load it anyway")
 
     def set_env(self, env: GymEnv, force_reset: bool = True) -> None:
         """SB3's ``set_env``, refusing ``VecNormalize`` (see :func:`reject_vec_normalize`)."""

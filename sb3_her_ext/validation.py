@@ -143,3 +143,45 @@ def check_allocation(name: str, value: Any, size: float, device: str | th.device
         need, have = (f"{b / 1e9:,.3g}" if b < 1e12 else f"{b / 1e9:,.0f}" for b in (size, free))
         raise ValueError(f"{name}={value!r} needs about {need} GB of memory and {th.device(device)} has "
                          f"{have} GB free; lower {name}")
+
+
+#: The attribute where an application records what a model and its replay buffer were made on (foxhunt's
+#: fingerprint, :data:`foxhunt.fingerprint.ATTRIBUTE`): ``load_replay_buffer`` compares the two.
+PROVENANCE_ATTRIBUTE = "foxhunt_fingerprint"
+#: Parts of that record that say how an artefact is used, not what it was made on (not compared).
+PROVENANCE_NOT_COMPARED = ("code", "evaluation")
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON reads it back (tuples as lists): a record saved in a model's zip and one pickled
+    with its buffer compare equal."""
+    import json
+
+    return json.loads(json.dumps(value, sort_keys=True, default=str))
+
+
+def _first_difference(old: Any, new: Any, path: str = "") -> tuple[str, Any, Any] | None:
+    """The first leaf path where ``old`` and ``new`` differ (a missing key counts as None), or None."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in sorted(set(old) | set(new), key=str):
+            found = _first_difference(old.get(key), new.get(key), f"{path}.{key}" if path else str(key))
+            if found is not None:
+                return found
+        return None
+    return None if old == new else (path, old, new)
+
+
+def provenance_difference(model: Any, buffer: Any) -> tuple[str, Any, Any] | None:
+    """Where the records of what ``model`` and ``buffer`` were made on differ (:data:`PROVENANCE_ATTRIBUTE`):
+    ``(path, the buffer's value, the model's value)``; None when they agree or either carries none.
+
+    :param model: an algorithm.
+    :param buffer: a replay buffer.
+    :return: the first difference, or None.
+    """
+    mine, theirs = getattr(model, PROVENANCE_ATTRIBUTE, None), getattr(buffer, PROVENANCE_ATTRIBUTE, None)
+    if not isinstance(mine, dict) or not isinstance(theirs, dict):
+        return None
+    compared = [{k: v for k, v in _plain(record).items() if k not in PROVENANCE_NOT_COMPARED}
+                for record in (theirs, mine)]
+    return _first_difference(*compared)

@@ -319,7 +319,7 @@ def _record_and_compare(named: Mapping[str, Any], baselines: Mapping[str, Any], 
     windows = {name: episode_pnl(result.recording) for name, result in results.items()}
     comparisons = {
         name: [stats.paired_windows(windows[name], windows[b], first.offsets, first.episode_length,
-                                    baseline=b, level=level, seed=seed)
+                                    baseline=b, level=level, seed=seed, policy=name)
                for b in baselines]
         for name in named
     }

@@ -90,7 +90,8 @@ def execution_report(scores: Mapping[str, Mapping[str, Mapping[str, torch.Tensor
             for other in against:
                 saved = -result["shortfall_bps"].reshape(1, -1)  # higher is better, as PnL
                 row = stats.paired_windows(saved, -by_name[other]["shortfall_bps"].reshape(1, -1), starts,
-                                           horizon, baseline=other, level=level, resamples=resamples)
+                                           horizon, baseline=other, level=level, resamples=resamples,
+                                           policy=name, metric="shortfall saved (bps)")
                 row["side"] = side
                 rows.append(row)
             if rows:

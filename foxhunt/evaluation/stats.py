@@ -118,9 +118,30 @@ def windows_needed(mean: float, standard_error: float, num_windows: int, level: 
     return float(math.ceil((z * spread / abs(mean)) ** 2))
 
 
+def check_finite_windows(values: torch.Tensor, starts: torch.Tensor, name: str, metric: str) -> None:
+    """Refuse a non-finite window value (a NaN PnL has no paired comparison), naming the window.
+
+    :param values: ``[E, B]`` per-window values.
+    :param starts: ``[E, B]`` start rows of the windows.
+    :param name: whose values (a policy or baseline name).
+    :param metric: what they are.
+    :raises ValueError: one line: whose, the metric, the first bad window (book, episode, start row), count.
+    """
+    bad = ~torch.isfinite(values)
+    if not bool(bad.any()):
+        return
+    index = tuple(int(i) for i in torch.nonzero(bad)[0])
+    where = f"the window of book {index[-1]}" + (f", episode {index[0]}" if len(index) > 1 else "")
+    if starts.shape == values.shape:
+        where += f" (from market row {int(starts[index])})"
+    raise ValueError(f"{name}'s {metric} is {float(values[index])} in {where} ({int(bad.sum())} of "
+                     f"{values.numel()} windows not finite): windows with a non-finite {metric} cannot be "
+                     "compared; check the data and the policy's actions in that window")
+
+
 def paired_windows(policy_pnl: torch.Tensor, baseline_pnl: torch.Tensor, starts: torch.Tensor,
                    episode_length: int, *, baseline: str, level: float = 0.95, resamples: int = RESAMPLES,
-                   seed: int = 0) -> dict[str, Any]:
+                   seed: int = 0, policy: str = "policy", metric: str = "PnL per window") -> dict[str, Any]:
     """The paired comparison of a policy and a baseline over the same independent windows.
 
     :param policy_pnl: ``[E, B]`` per-window PnL of the policy (currency).
@@ -131,10 +152,15 @@ def paired_windows(policy_pnl: torch.Tensor, baseline_pnl: torch.Tensor, starts:
     :param level: confidence level of the interval.
     :param resamples: bootstrap resamples.
     :param seed: seed of the resampling.
+    :param policy: the policy's name (in messages).
+    :param metric: what the values are (in messages).
+    :raises ValueError: a non-finite value, naming whose, the metric and the window.
     :return: ``baseline, windows, mean_difference, ci_low, ci_high, level, block, p_value, win_share,
         windows_needed, differences`` (``ci_*``, ``p_value`` None below :data:`MIN_WINDOWS` windows;
         ``episodes`` repeats ``windows`` for older readers).
     """
+    for name, values in ((policy, policy_pnl), (baseline, baseline_pnl)):
+        check_finite_windows(values, starts, name, metric)
     difference = window_differences(policy_pnl, baseline_pnl, starts, episode_length)
     n = difference.numel()
     mean = float(difference.mean())
