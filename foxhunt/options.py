@@ -294,8 +294,21 @@ def config_from_args(args: argparse.Namespace, base: RunConfig | None = None,
         if check:
             config.check()
     except ValueError as error:
-        raise ValueError(renaming(str(error), name)) from None
+        raise ValueError(renaming_flags(renaming(str(error), name), name)) from None
     return config
+
+
+def renaming_flags(message: str, name: Callable[[str], str]) -> str:
+    """``message`` with each option of a config field (``--algorithm.buffer-size``, as the preflight names
+    them) written as ``name(FIELD)``: a value that came from ``--config``'s file or a recipe is named there,
+    not as an option the user did not type."""
+    fields = set(field_names())
+
+    def rename(match: re.Match[str]) -> str:
+        field = match[1].replace("-", "_")
+        return name(field) if field in fields else match[0]
+
+    return re.sub(r"(?<![\w-])--([a-z][a-z0-9_.-]*[a-z0-9])", rename, message)
 
 
 def report_errors(command: Callable[[], int], debug: bool, prog: str = "foxhunt") -> int:

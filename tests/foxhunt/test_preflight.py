@@ -137,3 +137,19 @@ def test_a_non_utf8_lobster_file_names_the_file_and_line(tmp_path: Path) -> None
     with pytest.raises(ValueError, match=r"message file TEST_2012-01-01_0_1_message_2.csv line 4, character "
                        r"\d+: byte 0xff is not UTF-8 text"):
         load_market(str(tmp_path), cache_dir=tmp_path / "cache")
+
+
+def test_a_size_from_the_config_file_is_named_in_the_file(tmp_path: Path, free_23_gb: None,
+                                                           capsys: pytest.CaptureFixture) -> None:
+    """Issue 39.14: the preflight named --algorithm.buffer-size when the value came from --config FILE."""
+    from foxhunt.runs import RunConfig
+
+    config = tmp_path / "big.json"
+    RunConfig(model_kwargs={"buffer_size": 10**10}).save(config)
+    assert main(["train", "--config", str(config), "--out", str(tmp_path / "run"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{config}: algorithm.buffer_size: the run needs about" in err, err
+    assert "--algorithm.buffer-size" not in err
+    assert main(["train", "--algorithm.buffer-size", "10000000000", "--out", str(tmp_path / "r2"),
+                 "--no-progress"]) == 2
+    assert "foxhunt: error: --algorithm.buffer-size: the run needs about" in capsys.readouterr().err
