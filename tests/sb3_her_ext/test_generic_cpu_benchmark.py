@@ -9,6 +9,7 @@ from pathlib import Path
 from types import ModuleType
 
 import numpy as np
+import pytest
 
 
 def _module() -> ModuleType:
@@ -41,6 +42,7 @@ def test_toy_env_rewards_the_targets_and_the_flat_face_unravels_the_same_actions
 
 
 def test_a_tiny_alternating_run_times_both_algorithms(tmp_path: Path) -> None:
+    pytest.importorskip("sb3_contrib")  # the ``bench`` extra; without it QR-DQN's row is a note (next test)
     bench = _module()
     out = tmp_path / "generic.json"
     result = bench.main(["--n-envs", "2", "--steps", "40", "--rounds", "2", "--out", str(out)])
@@ -49,3 +51,14 @@ def test_a_tiny_alternating_run_times_both_algorithms(tmp_path: Path) -> None:
     for row in rows.values():
         assert len(row["rounds_ms_per_env_step"]) == 2 and row["ms_per_env_step"] > 0.0
     assert rows["QR-DQN"]["over_qrdqn"] == 1.0
+
+
+def test_without_sb3_contrib_qrdqn_is_a_note(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    bench = _module()
+    monkeypatch.setitem(sys.modules, "sb3_contrib", None)  # an import of it raises ImportError
+    out = tmp_path / "generic.json"
+    bench.main(["--n-envs", "2", "--steps", "40", "--rounds", "1", "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert [row["algorithm"] for row in result["rows"]] == ["BranchingIQN"]
+    assert result["rows"][0]["ms_per_env_step"] > 0.0 and "over_qrdqn" not in result["rows"][0]
+    assert "sb3-contrib" in result["notes"]["QR-DQN"]
