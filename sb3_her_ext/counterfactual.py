@@ -4,8 +4,10 @@ Where an env's dynamics are exogenous to the agent (foxenv's replayed market doe
 orders, and a step draws no random numbers), the outcome of *every* action from a stored state is exactly
 computable after the fact. An env that says so implements :class:`CounterfactualEnv`:
 
-* each step's ``infos`` carry :data:`STATE_KEY`: ``[N, S]`` float64, each env's state *before* that step
-  (what the replay buffer stores beside the row, so the learner can replay the row's state later);
+* after :meth:`CounterfactualEnv.record_counterfactual_states`, each step's ``infos`` carry
+  :data:`STATE_KEY`: ``[N, S]`` float64, each env's state *before* that step (what the replay buffer stores
+  beside the row, so the learner can replay the row's state later); off by default, as it costs a copy of
+  the state per step;
 * :meth:`CounterfactualEnv.counterfactual_step`: for ``B`` stored states and ``K`` actions each, the
   next observation, reward and termination each action gives (``[B, K, ...]``), on the learner's device,
   with no host sync, so it can run inside a captured training block.
@@ -50,6 +52,10 @@ class CounterfactualEnv(Protocol):
     """
 
     counterfactual_state_dim: int
+
+    def record_counterfactual_states(self, record: bool = True) -> None:
+        """From the next step on, put (or stop putting) :data:`STATE_KEY` in each step's infos."""
+        ...
 
     def counterfactual_step(self, states: torch.Tensor, actions: torch.Tensor) -> CounterfactualOutcome:
         """Every given action's outcome from every stored state.
