@@ -159,7 +159,7 @@ def test_learn_on_the_lob_env_with_hindsight_runs_through_the_graph(tmp_path: Pa
     env = make_env(n_envs=256)
     model = BranchingIQN("MlpPolicy", env, **{
         **CHANGING, "buffer_size": 50_000, "batch_size": 64, "train_freq": 1, "gradient_steps": 2,
-        "learning_starts": 256 * 10, "diagnostics_interval": 256 * 50,
+        "learning_starts": 256 * 10, "diagnostics_interval": 256 * 50, "hindsight": {"relabel": True},
         "policy_kwargs": {**TINY_POLICY, "normalize_observations": True},
         "diagnostics_path": str(tmp_path / "diag.jsonl")})
     assert model.hindsight_config is not None and model.graph_collect is None
