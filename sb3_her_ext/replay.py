@@ -66,6 +66,8 @@ from sb3_her_ext.hindsight import (
     HindsightState,
     StepBatch,
 )
+from sb3_her_ext.replay_inputs import info_tensors, to_rows
+from sb3_her_ext.stratified import stratified_indices
 from sb3_her_ext.validation import check_allocation
 
 __all__ = ["HindsightConfig", "PrioritizedHindsightReplayBuffer", "PrioritizedReplaySamples"]
@@ -356,94 +358,19 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
         return float(self.last_weights.mean().item())
 
     # ----------------------------------------------------------------------------------- add
-    def _to_device(self, value: Any, dtype: torch.dtype) -> torch.Tensor:
-        if isinstance(value, torch.Tensor):
-            return value.to(device=self.device, dtype=dtype)
-        return torch.as_tensor(np.asarray(value), device=self.device).to(dtype)
-
-    def _rows(self, name: str, value: Any, dtype: torch.dtype, width: int | None) -> torch.Tensor:
-        tensor = self._to_device(value, dtype)
-        n = self.n_envs
-        expected = n if width is None else n * width
-        if tensor.numel() != expected:
-            raise ValueError(
-                f"{name} has shape {tuple(tensor.shape)}: expected {n} rows"
-                + ("" if width is None else f" of {width} values")
-            )
-        return tensor.reshape(n) if width is None else tensor.reshape(n, width)
-
-    def _info_tensors(self, infos: Sequence[Mapping[str, Any]] | Mapping[str, Any],
-                      keys: Sequence[str]) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
-        """Gather ``keys`` as ``[n_envs]`` device tensors (``trade_closed`` bool, the others float32), and the
-        timeout flags (None when the infos have none).
-
-        SB3's list of per-env dicts is converted with one host-side comprehension per key (as SB3's own
-        ``ReplayBuffer`` does for ``TimeLimit.truncated``); a dict of ``[n_envs]`` tensors is used as is, the
-        float keys of another dtype converted together (one stack and one cast instead of one cast per key).
-        """
-        if isinstance(infos, Mapping):
-            present = set(infos)
-            missing = [k for k in keys if k not in present]
-            if missing:
-                raise ValueError(f"infos are missing keys {missing} that hindsight needs")
-            out: dict[str, torch.Tensor] = {}
-            pending: list[str] = []  # float tensors of another dtype: converted together
-            for k in keys:
-                value = infos[k]
-                if k == "trade_closed" and isinstance(value, torch.Tensor) and value.dtype == torch.bool:
-                    out[k] = self._rows(f"infos[{k!r}]", value, torch.bool, None)
-                elif k == "trade_closed":  # a number is true when nonzero as float32
-                    out[k] = self._rows(f"infos[{k!r}]", value, torch.float32, None) != 0
-                elif isinstance(value, torch.Tensor) and value.dtype != torch.float32:
-                    pending.append(k)
-                else:
-                    out[k] = self._rows(f"infos[{k!r}]", value, torch.float32, None)
-            self._convert_together(pending, infos, out)
-            timeout = infos.get(_TIMEOUT_KEY)
-        else:
-            if len(infos) != self.n_envs:
-                raise ValueError(f"infos has {len(infos)} entries: expected one per env ({self.n_envs})")
-            missing = [k for k in keys if any(k not in info for info in infos)]
-            if missing:
-                raise ValueError(f"infos are missing keys {missing} that hindsight needs")
-            out = {}
-            if keys:
-                table = np.array([[info[k] for k in keys] for info in infos], dtype=np.float64)
-                values = torch.as_tensor(table, device=self.device).to(torch.float32)
-                out = {k: values[:, j] for j, k in enumerate(keys)}
-                if "trade_closed" in out:
-                    out["trade_closed"] = out["trade_closed"] != 0
-            timeout = np.array([info.get(_TIMEOUT_KEY, False) for info in infos], dtype=bool)
-        if timeout is not None:
-            timeout = self._rows(f"infos[{_TIMEOUT_KEY!r}]", timeout, torch.bool, None)
-        return out, timeout
-
-    def _convert_together(self, keys: list[str], infos: Mapping[str, Any],
-                          out: dict[str, torch.Tensor]) -> None:
-        """Add ``keys`` (tensors, not float32) to ``out`` as float32 ``[n_envs]`` rows: the keys of one dtype
-        stacked and cast once, each key a row of the result (the values of one cast per key)."""
-        for dtype in dict.fromkeys(infos[k].dtype for k in keys):
-            group = [k for k in keys if infos[k].dtype == dtype]
-            rows = [self._rows(f"infos[{k!r}]", infos[k], dtype, None) for k in group]  # checks the shapes
-            if len(rows) == 1:
-                out[group[0]] = rows[0].to(torch.float32)
-                continue
-            for k, row in zip(group, torch.stack(rows).to(torch.float32), strict=True):
-                out[k] = row
-
     def _step_batch(self, obs: Any, next_obs: Any, action: Any, reward: Any, done: Any,
                     infos: Sequence[Mapping[str, Any]] | Mapping[str, Any]) -> StepBatch:
         keys = REQUIRED_INFO_KEYS if self.hindsight_config is not None else ()
-        info, timeout = self._info_tensors(infos, keys)
-        episode_end = self._rows("done", done, torch.bool, None)
+        info, timeout = info_tensors(self, infos, keys)
+        episode_end = to_rows(self, "done", done, torch.bool, None)
         # done and not a timeout (a > b is a & ~b for bools: one op)
         terminal = episode_end > timeout if self.handle_timeout_termination and timeout is not None \
             else episode_end
         return StepBatch(
-            obs=self._rows("obs", obs, torch.float32, self.obs_dim),
-            next_obs=self._rows("next_obs", next_obs, torch.float32, self.obs_dim),
-            action=self._rows("action", action, torch.int64, self.n_branches),
-            reward=self._rows("reward", reward, torch.float32, None),
+            obs=to_rows(self, "obs", obs, torch.float32, self.obs_dim),
+            next_obs=to_rows(self, "next_obs", next_obs, torch.float32, self.obs_dim),
+            action=to_rows(self, "action", action, torch.int64, self.n_branches),
+            reward=to_rows(self, "reward", reward, torch.float32, None),
             episode_end=episode_end,
             terminal=terminal,
             info=info,
@@ -602,48 +529,9 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
             cuda_ext.per_tree_refresh(self.storage.tree)
             self._tree_stale = False
 
-    def _stratum_candidates(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Candidate slots for :meth:`sample_stratified`: ``M = STRATIFIED_OVERSAMPLE * batch_size`` of them.
-
-        While at most ``M`` rows are written, the candidates are the slots ``0 .. M - 1`` (the written ones
-        valid), i.e. every written row. Beyond that, ``M`` uniform draws among the written rows, sorted, with
-        repeats marked invalid, so the valid candidates are distinct rows, a uniform random subset. The
-        choice is made on the device (no host sync); the cost is O(``batch_size``), not O(capacity).
-
-        :param batch_size: rows the caller will draw.
-        :return: ``(slots [M'] int64, valid [M'] bool)`` with ``M' = min(M, capacity)``.
-        """
-        c, dev = self.buffer_size, self.device
-        n_draws = self.STRATIFIED_OVERSAMPLE * batch_size
-        n_written = self.head_size[1]
-        if c <= n_draws:
-            slots = torch.arange(c, device=dev)
-            return slots, slots < n_written
-        first_slots = torch.arange(n_draws, device=dev)
-        uniforms = torch.rand(n_draws, dtype=torch.float64, device=dev, generator=self.generator)
-        draws = (uniforms * n_written).to(torch.int64)
-        draws = draws.clamp(max=c - 1).sort().values
-        distinct = torch.ones(n_draws, dtype=torch.bool, device=dev)
-        distinct[1:] = draws[1:] != draws[:-1]
-        few_written = n_written <= n_draws
-        return torch.where(few_written, first_slots, draws), torch.where(
-            few_written, first_slots < n_written, distinct
-        )
-
     def sample_stratified(self, batch_size: int, branch: int, n_values: int) -> PrioritizedReplaySamples:
-        """Draw rows uniformly, a equal share for each value of one action branch (for the gradient vaccine).
-
-        Value ``v`` gets ``batch_size // n_values`` rows (the first ``batch_size % n_values`` values one
-        more), drawn without replacement among the candidate rows whose ``branch`` action is ``v``. A short
-        stratum's missing rows are filled, without replacement, from the candidates not yet chosen; only
-        when there are fewer than ``batch_size`` candidates are rows repeated (uniformly among the written).
-
-        The candidates are every written row while at most ``M = STRATIFIED_OVERSAMPLE * batch_size`` rows
-        are written; beyond that, the distinct rows of ``M`` uniform draws among the written rows, so the
-        cost is O(``batch_size``), not O(capacity), and a stratum whose share of the buffer is below about
-        ``1 / (STRATIFIED_OVERSAMPLE * n_values)`` may come up short (then filled) although the buffer
-        holds enough of its rows.
-        All on the device, no host sync: a random permutation, a stable sort by stratum, prefix sums.
+        """Draw rows uniformly, an equal share for each value of one action branch (for the gradient vaccine;
+        :func:`sb3_her_ext.stratified.stratified_indices` says how).
 
         :param batch_size: rows to draw; >= 1.
         :param branch: the action branch to stratify on.
@@ -655,49 +543,8 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
             raise ValueError(f"branch={branch} must be an integer in [0, {self.n_branches})")
         if int(n_values) != n_values or n_values < 1:
             raise ValueError(f"n_values={n_values} must be an integer >= 1")
-        dev = self.device
-        slots, valid = self._stratum_candidates(batch_size)
-        n_candidates = slots.numel()
-        # a candidate's group: its stratum, or n_values (other value: fill only), n_values + 1 (invalid)
-        values = self.actions[slots, branch]
-        in_range = (values >= 0) & (values < n_values)
-        group = torch.where(valid, torch.where(in_range, values, n_values), n_values + 1)
-        # random order within each group: shuffle, then a stable sort by group
-        shuffled = torch.argsort(torch.rand(n_candidates, device=dev, generator=self.generator))
-        order = shuffled[torch.sort(group[shuffled], stable=True).indices]
-        sorted_group = group[order]
-        counts = torch.zeros(n_values + 2, dtype=torch.int64, device=dev).scatter_add_(
-            0, group, torch.ones_like(group)
-        )
-        starts = torch.cumsum(counts, 0) - counts
-        # stratum v's quota is base (+1 for the first `extra` strata); groups n_values, n_values + 1 get none
-        base, extra = divmod(batch_size, n_values)
-        group_ids = torch.arange(n_values + 2, device=dev)
-        quotas = torch.where(group_ids < n_values, base + (group_ids < extra).to(torch.int64), 0)
-        # output slot k -> (its stratum, its rank in the stratum), the strata one after another
-        k = torch.arange(batch_size, device=dev)
-        long_part = extra * (base + 1)  # the slots of the strata with base + 1 rows
-        tail = (k - long_part).clamp(min=0)
-        slot_stratum = torch.where(k < long_part, k // (base + 1), extra + tail // max(base, 1))
-        slot_rank = torch.where(k < long_part, k % (base + 1), tail % max(base, 1))
-        ok = slot_rank < counts[slot_stratum]
-        position = (starts[slot_stratum] + slot_rank).clamp(max=n_candidates - 1)
-        chosen = slots[order[position]]
-        # the spare candidates (valid, beyond their stratum's quota), in random order, fill the short strata
-        rank_in_group = torch.arange(n_candidates, device=dev) - starts[sorted_group]
-        spare = torch.empty(n_candidates, dtype=torch.bool, device=dev)
-        spare[order] = (sorted_group <= n_values) & (rank_in_group >= quotas[sorted_group])
-        fill_order = shuffled[torch.sort((~spare[shuffled]).to(torch.uint8), stable=True).indices]
-        fill_rank = torch.cumsum((~ok).to(torch.int64), 0) - 1
-        fill_ok = fill_rank < spare.sum()
-        fill = slots[fill_order[fill_rank.clamp(min=0, max=n_candidates - 1)]]
-        # last resort (fewer candidates than batch_size): uniform with replacement among written rows
-        n_written = self.head_size[1].clamp(min=1)
-        repeat = (torch.rand(batch_size, device=dev, generator=self.generator) * n_written).to(torch.int64)
-        repeat = repeat.clamp(max=self.buffer_size - 1)
-        indices = torch.where(ok, chosen, torch.where(fill_ok, fill, repeat))
-        weights = torch.ones(batch_size, dtype=torch.float32, device=dev)
-        return self._gather(indices, weights)
+        indices = stratified_indices(self, batch_size, branch, n_values)
+        return self._gather(indices, torch.ones(batch_size, dtype=torch.float32, device=self.device))
 
     # ----------------------------------------------------------------------------------- checks
     def invalid_fields(self) -> list[str]:
