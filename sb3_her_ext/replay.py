@@ -66,7 +66,7 @@ from sb3_her_ext.hindsight import (
     HindsightState,
     StepBatch,
 )
-from sb3_her_ext.replay_inputs import info_tensors, to_rows
+from sb3_her_ext.replay_inputs import counterfactual_states, info_tensors, to_rows
 from sb3_her_ext.stratified import stratified_indices
 from sb3_her_ext.validation import check_allocation
 
@@ -136,6 +136,8 @@ class PrioritizedReplaySamples(NamedTuple):
     :param weights: ``[B]`` float32 importance weights (divided by their max; 1 for stratified samples).
     :param indices: ``[B]`` int64 replay slots (pass them to ``update_priorities``).
     :param kinds: ``[B]`` int8: 0 real, 1 backward hindsight, 2 forward hindsight, 3 magnitude relabel.
+    :param counterfactual_states: ``[B, S]`` float64 env states before each row's step (the buffer's
+        ``counterfactual_state_dim > 0``), else None.
     """
 
     observations: torch.Tensor
@@ -146,6 +148,7 @@ class PrioritizedReplaySamples(NamedTuple):
     weights: torch.Tensor
     indices: torch.Tensor
     kinds: torch.Tensor
+    counterfactual_states: torch.Tensor | None = None
 
 
 class PrioritizedHindsightReplayBuffer(ReplayBuffer):
@@ -168,6 +171,10 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
     :param hindsight: a :class:`HindsightConfig`, a dict of its fields, or ``None`` (hindsight off).
     :param seed: seed of the buffer's :attr:`generator`; None: one draw of torch's global generator (which
         SB3's ``set_random_seed`` has seeded with the model's seed just before it makes the buffer).
+    :param counterfactual_state_dim: ``S`` > 0: each row also stores its env's state before the step, read
+        from the step's ``infos[sb3_her_ext.counterfactual.STATE_KEY]`` (a counterfactual env's, recording:
+        :mod:`sb3_her_ext.counterfactual`), returned as the samples' ``counterfactual_states``; 0: none
+        stored. Not with hindsight (its synthetic rows have no env state).
     """
 
     observations = _StorageField("obs", "``[C, D]`` float32 observations (``storage.obs``).")
@@ -179,6 +186,7 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
     tree = _StorageField("tree", "``[2P]`` float64 sum tree (``storage.tree``).")
     head_size = _StorageField("head_size", "``[2]`` int64 ``(write_head, size)`` (``storage.head_size``).")
     max_priority_tensor = _StorageField("max_priority", "``[1]`` float32 running max priority.")
+    counterfactual_states = _StorageField("state", "``[C, S]`` float64 pre-step env states, or None.")
 
     #: :meth:`sample_stratified` looks at this many candidate rows per batch row (uniform draws) when the
     #: buffer is larger than that, so its cost does not grow with the capacity.
@@ -198,6 +206,7 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
         priority_eps: float = 1e-6,
         hindsight: HindsightConfig | dict | None = None,
         seed: int | None = None,
+        counterfactual_state_dim: int = 0,
     ) -> None:
         if int(buffer_size) != buffer_size or buffer_size < 1:
             raise ValueError(f"buffer_size={buffer_size} must be an integer >= 1")
@@ -215,6 +224,10 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
             raise ValueError(f"beta={beta} must lie in [0, 1]")
         if not 0 < priority_eps < math.inf:
             raise ValueError(f"priority_eps={priority_eps} must be a finite number > 0")
+        dim = counterfactual_state_dim
+        if not isinstance(dim, int | np.integer) or isinstance(dim, bool) or dim < 0:
+            raise ValueError(f"counterfactual_state_dim={counterfactual_state_dim!r} must be an integer >= 0")
+        self.counterfactual_state_dim = int(counterfactual_state_dim)
         self.branch_sizes = branch_action_dims(action_space)
         self._allocated = False
         BaseBuffer.__init__(
@@ -230,11 +243,15 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
         self.hindsight_config = HindsightConfig.from_value(hindsight)
         if self.hindsight_config is not None:
             self._check_hindsight_branches(self.hindsight_config)
+            if self.counterfactual_state_dim:
+                raise ValueError(f"counterfactual_state_dim={self.counterfactual_state_dim} with hindsight "
+                                 "on: hindsight rows have no env state to replay; turn hindsight off")
         if seed is None:  # one draw of the global generator, at construction only (never in add / sample)
             seed = int(torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64))
         #: every random draw of the buffer comes from this generator on its device (pickled with the buffer)
         self.generator = _seeded_generator(self._device, seed)
-        row = 8 * self.obs_dim + 8 * self.n_branches + 9  # obs and next obs (float32), actions, the rest
+        # obs and next obs (float32), actions, states (float64), the rest
+        row = 8 * self.obs_dim + 8 * self.n_branches + 8 * self.counterfactual_state_dim + 9
         tree = 16 * (1 << max(self.buffer_size - 1, 0).bit_length())  # the sum and min trees
         check_allocation("buffer_size", buffer_size, float(self.buffer_size) * row + tree, self._device)
         self._allocate()
@@ -257,7 +274,8 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
 
     def _allocate(self) -> None:
         dev = self.device
-        self.storage = ReplayStorage.zeros(self.buffer_size, self.obs_dim, self.n_branches, dev)
+        self.storage = ReplayStorage.zeros(self.buffer_size, self.obs_dim, self.n_branches, dev,
+                                           state_dim=self.counterfactual_state_dim)
         self.capacity = self.storage.capacity
         self.tree_leaves = self.storage.tree_leaves
         #: whether per_push / per_update left marked subtrees that per_tree_refresh has not rebuilt yet
@@ -274,7 +292,8 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
 
     def _tensor_names(self) -> tuple[str, ...]:
         """Every tensor attribute: the storage's (by SB3's names) and the buffer's own."""
-        return (*_STORAGE_FIELDS, *_OWN_TENSORS)
+        stored = ("counterfactual_states",) if self.counterfactual_state_dim else ()
+        return (*_STORAGE_FIELDS, *stored, *_OWN_TENSORS)
 
     @property
     def device(self) -> torch.device:
@@ -390,9 +409,12 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
         :param reward: ``[n_envs]`` rewards.
         :param done: ``[n_envs]`` episode ends (terminated or truncated).
         :param infos: SB3's list of per-env info dicts, or a dict of ``[n_envs]`` tensors; with hindsight
-            on they must hold the env info contract keys; ``TimeLimit.truncated`` marks timeouts.
+            on they must hold the env info contract keys; ``TimeLimit.truncated`` marks timeouts; with
+            ``counterfactual_state_dim`` the pre-step states
+            (:func:`sb3_her_ext.replay_inputs.counterfactual_states`; missing: a ``ValueError`` naming it).
         """
         batch = self._step_batch(obs, next_obs, action, reward, done, infos)
+        states = counterfactual_states(self, infos) if self.counterfactual_state_dim else None
         blocks = [PushBlock(batch.obs, batch.next_obs, batch.action, batch.reward, None, KIND_REAL,
                             done=batch.terminal, priority=0.0, max_multiplier=1.0)]
         if self.hindsight_state is not None:
@@ -400,6 +422,8 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
         rows = self._joiner.join(blocks)
         slots = cuda_ext.per_push(self.storage, rows, alpha=self.alpha)
         self._tree_written(slots)
+        if states is not None:  # no hindsight rows then: one slot per real row
+            self.storage.write_state(slots, states)
         if self.hindsight_state is not None:
             self.hindsight_state.after_push(batch, slots[: self.n_envs])
 
@@ -414,6 +438,7 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
             weights=weights,
             indices=indices,
             kinds=self.kinds[indices],
+            counterfactual_states=None if self.storage.state is None else self.storage.state[indices],
         )
 
     @staticmethod
@@ -559,7 +584,8 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
         checks = {
             name: torch.isfinite(getattr(self, name)).all()
             for name in ("observations", "next_observations", "rewards", "dones", "tree",
-                         "max_priority_tensor")
+                         "max_priority_tensor", "counterfactual_states")
+            if getattr(self, name) is not None
         }
         sizes = torch.as_tensor(self.branch_sizes, dtype=torch.int64, device=self.device)
         actions = self.actions.reshape(-1, self.n_branches)
@@ -594,6 +620,7 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
         """Restore the tensors onto the pickled device, or the CPU when it is not available here."""
         saved = torch.device(state["_device"])
         self._tree_stale = False  # pickles of earlier versions lack it; their trees were always up to date
+        self.counterfactual_state_dim = 0  # as it is unless the pickle says otherwise (earlier versions)
         if state.get("_allocated", False) and "storage" not in state:  # a pickle of the flat layout
             state = dict(state)
             flat = {field: state.pop(name) for name, field in _STORAGE_FIELDS.items()}
