@@ -149,7 +149,10 @@ class ReplayStorage:
         order = torch.arange(1, slots.shape[0] + 1, device=slots.device)
         last = torch.argmax(written * order)  # the last written row
         targets = torch.where(written, slots, slots[last])
-        self.state[targets] = torch.where(written[:, None], values, values[last])
+        # unsafe: no range check of the (valid) targets; the checked index_put_ reads their min and max on the
+        # host where deterministic algorithms are on (a sync, which a CUDA graph capture refuses)
+        rows = torch.where(written[:, None], values, values[last])
+        torch.ops.aten._index_put_impl_(self.state, [targets], rows, False, True)  # accumulate=False, unsafe
 
 
 class PushRows(NamedTuple):

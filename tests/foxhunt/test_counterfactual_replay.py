@@ -120,3 +120,18 @@ def test_a_resumed_run_with_states_equals_the_uninterrupted_one(tmp_path: Path, 
     assert buffers[0].counterfactual_state_dim == 17 and bool(buffers[0].counterfactual_states.any())
     for name in buffers[0]._tensor_names():
         assert th.equal(getattr(buffers[0], name), getattr(buffers[1], name)), name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("face", ["branched", "joint"])
+def test_every_stored_row_replays_on_cuda_with_the_fused_graph(face: str) -> None:
+    """The whole rollout as one CUDA graph (the static step records the states, the buffer stores them
+    inside the graph); a seeded run has deterministic algorithms on."""
+    env = DeviceLOBVecEnv(16, device="cuda", seed=0, cuda_graph=True, action_face=face, **ENV)
+    env.record_counterfactual_states(True)
+    model = BranchingIQN("MlpPolicy", env, seed=0, device="cuda", cuda_graph=True,
+                         **{**MODEL, "buffer_size": 2_000, "learning_starts": 200})
+    model.learn(1_600)
+    block = model.collector.block
+    assert block is not None and block.captures > 0 and block.failed is None, model.collector.capture_reason()
+    assert check_rows(model) == model.num_timesteps >= 1_600

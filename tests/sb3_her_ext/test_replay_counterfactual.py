@@ -174,3 +174,51 @@ def test_write_state_checks_its_arguments() -> None:
     with pytest.raises(ValueError, match="state_dim=-1"):
         ReplayStorage.zeros(4, 3, 1, state_dim=-1)
     assert storage.to("cpu").state.shape == (4, 2)
+
+
+@pytest.mark.gpu
+def test_adding_states_inside_a_cuda_graph_with_deterministic_algorithms_equals_eager() -> None:
+    """The fused training block adds rows inside a CUDA graph, and a seeded run turns deterministic
+    algorithms on (where a checked index_put_ would read its indices on the host)."""
+    def make() -> PrioritizedHindsightReplayBuffer:
+        return PrioritizedHindsightReplayBuffer(8, OBS_SPACE, ACTION_SPACE, device="cuda", n_envs=3, seed=0,
+                                                counterfactual_state_dim=S)
+
+    eager, graphed = make(), make()
+    obs = torch.zeros(3, 3, device="cuda")
+    actions = torch.zeros(3, 4, dtype=torch.int64, device="cuda")
+    reward = torch.zeros(3, device="cuda")
+    done = torch.zeros(3, dtype=torch.bool, device="cuda")
+    states = torch.zeros(3, S, dtype=torch.float64, device="cuda")
+
+    def feed(step: int) -> None:
+        values = step * 3 + torch.arange(3, device="cuda", dtype=torch.float32)
+        obs.copy_(values[:, None].expand(-1, 3))
+        reward.copy_(values)
+        states.copy_(expected_states(values))
+
+    def add(buffer: PrioritizedHindsightReplayBuffer) -> None:
+        buffer.add(obs, obs + 0.5, actions, reward, done, {STATE_KEY: states})
+
+    previous = (torch.are_deterministic_algorithms_enabled(),
+                torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        feed(0)
+        for buffer in (eager, graphed):  # the warm-up outside the capture
+            add(buffer)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            add(graphed)
+        for step in range(1, 6):  # wraps the 8-slot ring
+            feed(step)
+            add(eager)
+            graph.replay()
+    finally:
+        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+    for buffer in (eager, graphed):
+        buffer.refresh_tree()
+    for name in eager._tensor_names():
+        assert torch.equal(getattr(eager, name), getattr(graphed, name)), name
+    assert torch.equal(graphed.counterfactual_states, expected_states(graphed.observations[:, 0]))
