@@ -233,48 +233,68 @@ class SingleBook:
         return filled, cost, cumulative[-1]
 
     def step(self, action: list[int]) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        """One step of the core's ``_advance`` on a checked action.
+        """One step of the core's ``_advance`` on a checked action, in the core's steps: the action's order,
+        the marketable part (:meth:`_take`), the resting order (:meth:`_place_order`) meeting the next
+        market step's flow (:meth:`_work_order`), the one fill booked (:meth:`_settle`), then the market
+        advances (:meth:`_mark`).
 
         :param action: ``[direction, magnitude, order, urgency]`` Python ints, each in range.
         :return: observation (float32 ``[D]``), reward (the float32 value), terminated, truncated, info.
         """
         if any(now is not seen for now, seen in zip(self._core_tensors(), self._synced, strict=True)):
             self.load()  # the core was stepped, reset or loaded directly: it holds the state now
-        cfg = self.config
         s = self._state
-        levels = self._levels
         weights = self._action_code
-        position = s["ledger.position"]
         row = s["offset"] + s["step"]
-        (
-            mid_now, best_bid, best_ask, wide, trading, mid, next_best_bid, next_best_ask,
-            column_zero, flow_bid, flow_ask,
-        ) = self._rows[row].tolist()
+        market = self._rows[row].tolist()
         direction, magnitude, order, urgency = action
         code = direction * weights[0] + magnitude * weights[1] + order * weights[2] + urgency * weights[3]
-        target, slice_of_need, limit_offset, is_maker, improve, aggressive = self._actions[code]
-        need = target - position
+        child = self._actions[code]  # target, slice_of_need, limit_offset, is_maker, improve, aggressive
+        need = child[0] - s["ledger.position"]
         side = _sign(need)
         need = abs(need)
-        buy = side > 0
         side_row = row * 2
+        taker = self._take(market, child, side_row, side, need)
+        resting = self._place_order(market, child, side_row, side, need)
+        fill, maker_reached, alive, left = self._work_order(market, resting)
+        fees, closed = self._settle(market, child, side, taker, resting, fill, maker_reached)
+        return self._mark(row, market, fees, closed, alive, left)
 
-        # Marketable orders (walk_book only where it is used: its results are masked out otherwise).
+    def _take(
+        self, market: list[float], child: list[float], side_row: int, side: float, need: float
+    ) -> tuple[bool, float, float, bool]:
+        """Marketable orders (walk_book only where it is used: its results are masked out otherwise).
+
+        :return: ``(marketable, taken, notional, taker_reached)``.
+        """
+        _, best_bid, best_ask, _, trading, *_ = market
+        _, slice_of_need, limit_offset, *_ = child
+        buy = side > 0
         wanted = need * slice_of_need * trading
-        marketable = wanted > 0
-        if marketable:
-            limit = (best_ask if buy else best_bid) + side * limit_offset
-            taken, notional, reachable = self.walk(side, wanted, limit, side_row + buy)
-            taker_reached = wanted == need and reachable >= wanted
-        else:
-            taken = notional = 0.0
-            taker_reached = False
+        if not wanted > 0:
+            return False, 0.0, 0.0, False
+        limit = (best_ask if buy else best_bid) + side * limit_offset
+        taken, notional, reachable = self.walk(side, wanted, limit, side_row + buy)
+        return True, taken, notional, wanted == need and reachable >= wanted
 
-        # The resting order.
+    def _place_order(
+        self, market: list[float], child: list[float], side_row: int, side: float, need: float
+    ) -> tuple[float, ...]:
+        """The resting order: kept while at or ahead of this urgency's price, re-pegged there once the
+        touch moved away (core.py).
+
+        :return: ``(order_side, order_tick, order_target, remaining, visible, ahead, queue, pending,
+            countdown)``.
+        """
+        s = self._state
+        levels = self._levels
+        latency = self.config.order_latency
+        _, best_bid, best_ask, wide, *_ = market
+        target, _, _, is_maker, improve, aggressive = child
+        buy = side > 0
         is_maker = is_maker > 0
-        # kept while at or ahead of this urgency's price, re-pegged there once the touch moved away (core.py)
         maker_tick = (best_bid if buy else best_ask) + side * (improve + aggressive * wide)
-        in_flight = cfg.order_latency and s["order_ahead"] < 0  # arrives at its price; re-pegged after
+        in_flight = latency and s["order_ahead"] < 0  # arrives at its price; re-pegged after
         behind = side * (maker_tick - s["order_tick"]) > 0 and not in_flight
         keep = is_maker and s["order_target"] == target and s["order_side"] != 0 and not behind
         post = is_maker and side != 0 and not keep
@@ -283,7 +303,6 @@ class SingleBook:
         own = self._sides[side_row + (order_side <= 0)].tolist()
         at_tick = zip(own[:levels], own[levels:], strict=True)
         visible = sum((size for tick, size in at_tick if tick == order_tick), 0.0)  # one level at most: exact
-        latency = cfg.order_latency
         if latency:
             # a pending order holds -(steps until it rests + 1); at -1 it rests now behind the visible size
             ahead = -1.0 - latency if post else s["order_ahead"]
@@ -299,7 +318,17 @@ class SingleBook:
             queue = ahead
         remaining = need if post else s["order_remaining"] * keep
         order_target = target if post else s["order_target"]
+        return order_side, order_tick, order_target, remaining, visible, ahead, queue, pending, countdown
 
+    def _work_order(self, market: list[float], resting: tuple[float, ...]) -> tuple[float, bool, bool, float]:
+        """The resting order meets the next market step's flow at its price; its state is written after.
+
+        :return: ``(fill, maker_reached, alive, left)``.
+        """
+        cfg = self.config
+        s = self._state
+        order_side, order_tick, order_target, remaining, visible, ahead, queue, pending, countdown = resting
+        trading, column_zero, flow_bid, flow_ask = market[4], market[8], market[9], market[10]
         width = self._flow_width
         column = order_tick - column_zero
         clamped = min(max(column, 0.0), float(width - 1))
@@ -331,15 +360,24 @@ class SingleBook:
             ahead = countdown
         left = remaining - fill
         maker_reached = fill > 0 and left <= 0
-        alive = left > 0
         still_resting = _sign(left)
         s["order_side"] = order_side * still_resting
         s["order_tick"] = order_tick * still_resting
         s["order_ahead"] = ahead * still_resting
         s["order_target"] = order_target * still_resting
         s["order_remaining"] = left
+        return fill, maker_reached, left > 0, left
 
-        # One fill: the marketable order's or the resting order's.
+    def _settle(
+        self, market: list[float], child: list[float], side: float, taker: tuple[bool, float, float, bool],
+        resting: tuple[float, ...], fill: float, maker_reached: bool,
+    ) -> tuple[float, tuple[bool, float, float, float]]:
+        """One fill: the marketable order's or the resting order's, booked in the ledger.
+
+        :return: ``(fees, closed)``: the step's fees and :meth:`_apply_fill`'s closed-trade record.
+        """
+        marketable, taken, notional, taker_reached = taker
+        order_side, order_tick = resting[0], resting[1]
         if marketable:
             quantity = side * taken
             notional = notional * self._tick
@@ -351,10 +389,16 @@ class SingleBook:
             fees = notional * self._maker_rate
             reached = maker_reached
         price = notional / max(abs(quantity), _SMALLEST_DOUBLE)
-        closed, pnl, lots, closed_entry_mid = self._apply_fill(
-            quantity, price, fees, mid_now, target, reached
-        )
+        return fees, self._apply_fill(quantity, price, fees, market[0], child[0], reached)
 
+    def _mark(
+        self, row: int, market: list[float], fees: float, closed: tuple[bool, float, float, float],
+        alive: bool, left: float,
+    ) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        """Advance the market, mark to market, reward; the step's observation and info."""
+        cfg = self.config
+        s = self._state
+        mid, next_best_bid, next_best_ask = market[5], market[6], market[7]
         s["step"] = step = s["step"] + 1
         position = s["ledger.position"]
         equity = s["ledger.cash"] + position * mid
@@ -370,7 +414,7 @@ class SingleBook:
         truncated = step >= cfg.episode_length
         unrealized = position * (mid - s["ledger.avg_price"])
         resting_side = s["order_side"]
-        queue_shown = max(s["order_ahead"], 0.0) if latency else s["order_ahead"]  # 0 while pending
+        queue_shown = max(s["order_ahead"], 0.0) if cfg.order_latency else s["order_ahead"]  # 0 while pending
         order_price = s["order_tick"] * self._tick
 
         obs = np.empty(self._obs_dim, dtype=np.float32)
@@ -388,15 +432,16 @@ class SingleBook:
             float(time_in_trade) * scale[6],
             self._time_left[step],
         )
+        closed_now, pnl, lots, closed_entry_mid = closed
         info = {
             "mid": mid,
             "best_bid": next_best_bid,
             "best_ask": next_best_ask,
             "position": position,
-            "trade_closed": closed,
+            "trade_closed": closed_now,
             "trade_pnl": pnl,
             "trade_lots": lots,
-            "entry_mid": closed_entry_mid if closed else s["ledger.entry_mid"],
+            "entry_mid": closed_entry_mid if closed_now else s["ledger.entry_mid"],
             "equity": equity,
             "fees": fees,
             "cash": s["ledger.cash"],
