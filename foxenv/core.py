@@ -370,9 +370,10 @@ class BatchedLOB(AcceleratedStep):
         need = child.target - ledger.position
         side = torch.sign(need)
         need = need.abs()
+        buy = side > 0
         side_row = row * 2  # a book's rows in the side table: + 0 bids, + 1 asks
-        taker = self._take(market, child, side_row, side, need)
-        order = self._place_order(state, market, child, side_row, side, need)
+        taker = self._take(market, child, side_row, side, buy, need)
+        order = self._place_order(state, market, child, side_row, side, buy, need)
         fill, maker_reached, alive = self._work_order(state, market, order)
         fees, closed = self._settle(state, market, child, side, taker, order, fill, maker_reached)
         if self._execution is not None:  # what is left at the window's end crosses the next snapshot
@@ -392,13 +393,12 @@ class BatchedLOB(AcceleratedStep):
 
     def _take(
         self, market: _MarketRow, child: _ChildOrder, side_row: torch.Tensor, side: torch.Tensor,
-        need: torch.Tensor,
+        buy: torch.Tensor, need: torch.Tensor,
     ) -> _Taken:
         """Marketable orders: Market walks the book for a slice of the need, IoC takes it up to its limit
         (the opposite touch + side * offset, matching.ioc_limit_tick). Buys take asks, sells take bids."""
         tables = self._tables
         levels = tables.levels
-        buy = side > 0
         wanted = need * child.slice_of_need * market.trading
         marketable = wanted > 0
         limit = torch.addcmul(  # exact: int ticks
@@ -413,7 +413,7 @@ class BatchedLOB(AcceleratedStep):
 
     def _place_order(
         self, state: BookState, market: _MarketRow, child: _ChildOrder, side_row: torch.Tensor,
-        side: torch.Tensor, need: torch.Tensor,
+        side: torch.Tensor, buy: torch.Tensor, need: torch.Tensor,
     ) -> _Resting:
         """The resting order: kept (with its queue) on an unchanged LimitMaker target while it is at or
         ahead of where this urgency prices a new one, re-pegged there (a new order, a new queue) once the
@@ -423,7 +423,6 @@ class BatchedLOB(AcceleratedStep):
         levels = tables.levels
         latency = self.config.order_latency
         target = child.target
-        buy = side > 0
         is_maker = child.is_maker > 0
         maker_tick = torch.addcmul(
             torch.where(buy, market.best_bid, market.best_ask),
