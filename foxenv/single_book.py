@@ -233,10 +233,9 @@ class SingleBook:
         return filled, cost, cumulative[-1]
 
     def step(self, action: list[int]) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        """One step of the core's ``_advance`` on a checked action, in the core's steps: the action's order,
-        the marketable part (:meth:`_take`), the resting order (:meth:`_place_order`) meeting the next
-        market step's flow (:meth:`_work_order`), the one fill booked (:meth:`_settle`), then the market
-        advances (:meth:`_mark`).
+        """One step of the core's ``_advance`` on a checked action, in the core's order: the action's order,
+        its marketable part, the resting order meeting the next market step's flow (:meth:`_rest`), the one
+        fill booked, then the market advances (:meth:`_mark`).
 
         :param action: ``[direction, magnitude, order, urgency]`` Python ints, each in range.
         :return: observation (float32 ``[D]``), reward (the float32 value), terminated, truncated, info.
@@ -249,52 +248,59 @@ class SingleBook:
         market = self._rows[row].tolist()
         direction, magnitude, order, urgency = action
         code = direction * weights[0] + magnitude * weights[1] + order * weights[2] + urgency * weights[3]
-        child = self._actions[code]  # target, slice_of_need, limit_offset, is_maker, improve, aggressive
-        need = child[0] - s["ledger.position"]
+        target, slice_of_need, limit_offset, is_maker, improve, aggressive = self._actions[code]
+        need = target - s["ledger.position"]
         side = _sign(need)
         need = abs(need)
-        side_row = row * 2
-        taker = self._take(market, child, side_row, side, need)
-        resting = self._place_order(market, child, side_row, side, need)
-        fill, maker_reached, alive, left = self._work_order(market, resting)
-        fees, closed = self._settle(market, child, side, taker, resting, fill, maker_reached)
-        return self._mark(row, market, fees, closed, alive, left)
-
-    def _take(
-        self, market: list[float], child: list[float], side_row: int, side: float, need: float
-    ) -> tuple[bool, float, float, bool]:
-        """Marketable orders (walk_book only where it is used: its results are masked out otherwise).
-
-        :return: ``(marketable, taken, notional, taker_reached)``.
-        """
-        _, best_bid, best_ask, _, trading, *_ = market
-        _, slice_of_need, limit_offset, *_ = child
         buy = side > 0
-        wanted = need * slice_of_need * trading
-        if not wanted > 0:
-            return False, 0.0, 0.0, False
-        limit = (best_ask if buy else best_bid) + side * limit_offset
-        taken, notional, reachable = self.walk(side, wanted, limit, side_row + buy)
-        return True, taken, notional, wanted == need and reachable >= wanted
+        side_row = row * 2
 
-    def _place_order(
-        self, market: list[float], child: list[float], side_row: int, side: float, need: float
-    ) -> tuple[float, ...]:
-        """The resting order: kept while at or ahead of this urgency's price, re-pegged there once the
-        touch moved away (core.py).
+        # Marketable orders (walk_book only where it is used: its results are masked out otherwise).
+        wanted = need * slice_of_need * market[4]  # market[4]: trading
+        marketable = wanted > 0
+        if marketable:
+            limit = (market[2] if buy else market[1]) + side * limit_offset  # the opposite touch
+            taken, notional, reachable = self.walk(side, wanted, limit, side_row + buy)
+            taker_reached = wanted == need and reachable >= wanted
+        else:
+            taken = notional = 0.0
+            taker_reached = False
 
-        :return: ``(order_side, order_tick, order_target, remaining, visible, ahead, queue, pending,
-            countdown)``.
+        order_side, order_tick, fill, left = self._rest(
+            market, side_row, side, buy, need, target, is_maker > 0, improve, aggressive
+        )
+
+        # One fill: the marketable order's or the resting order's.
+        if marketable:
+            quantity = side * taken
+            notional = notional * self._tick
+            fees = notional * self._taker_rate
+            reached = taker_reached
+        else:
+            quantity = order_side * fill
+            notional = fill * order_tick * self._tick
+            fees = notional * self._maker_rate
+            reached = fill > 0 and left <= 0
+        price = notional / max(abs(quantity), _SMALLEST_DOUBLE)
+        closed = self._apply_fill(quantity, price, fees, market[0], target, reached)
+        return self._mark(row, market, fees, closed, left)
+
+    def _rest(
+        self, market: list[float], side_row: int, side: float, buy: bool, need: float, target: float,
+        is_maker: bool, improve: float, aggressive: float,
+    ) -> tuple[float, float, float, float]:
+        """The resting order, kept while at or ahead of this urgency's price and re-pegged there once the
+        touch moved away (core.py), meets the next market step's flow at its price; its state is written.
+
+        :return: ``(order_side, order_tick, fill, left)``: the order as it met the flow, its fill, what is
+            left of it.
         """
+        cfg = self.config
         s = self._state
         levels = self._levels
-        latency = self.config.order_latency
-        _, best_bid, best_ask, wide, *_ = market
-        target, _, _, is_maker, improve, aggressive = child
-        buy = side > 0
-        is_maker = is_maker > 0
+        _, best_bid, best_ask, wide, trading, _, _, _, column_zero, flow_bid, flow_ask = market
         maker_tick = (best_bid if buy else best_ask) + side * (improve + aggressive * wide)
-        in_flight = latency and s["order_ahead"] < 0  # arrives at its price; re-pegged after
+        in_flight = cfg.order_latency and s["order_ahead"] < 0  # arrives at its price; re-pegged after
         behind = side * (maker_tick - s["order_tick"]) > 0 and not in_flight
         keep = is_maker and s["order_target"] == target and s["order_side"] != 0 and not behind
         post = is_maker and side != 0 and not keep
@@ -303,6 +309,7 @@ class SingleBook:
         own = self._sides[side_row + (order_side <= 0)].tolist()
         at_tick = zip(own[:levels], own[levels:], strict=True)
         visible = sum((size for tick, size in at_tick if tick == order_tick), 0.0)  # one level at most: exact
+        latency = cfg.order_latency
         if latency:
             # a pending order holds -(steps until it rests + 1); at -1 it rests now behind the visible size
             ahead = -1.0 - latency if post else s["order_ahead"]
@@ -318,17 +325,7 @@ class SingleBook:
             queue = ahead
         remaining = need if post else s["order_remaining"] * keep
         order_target = target if post else s["order_target"]
-        return order_side, order_tick, order_target, remaining, visible, ahead, queue, pending, countdown
 
-    def _work_order(self, market: list[float], resting: tuple[float, ...]) -> tuple[float, bool, bool, float]:
-        """The resting order meets the next market step's flow at its price; its state is written after.
-
-        :return: ``(fill, maker_reached, alive, left)``.
-        """
-        cfg = self.config
-        s = self._state
-        order_side, order_tick, order_target, remaining, visible, ahead, queue, pending, countdown = resting
-        trading, column_zero, flow_bid, flow_ask = market[4], market[8], market[9], market[10]
         width = self._flow_width
         column = order_tick - column_zero
         clamped = min(max(column, 0.0), float(width - 1))
@@ -340,8 +337,7 @@ class SingleBook:
         # matching.probqueue_cancel, then matching.meet_flow (optimistic) or meet_flow_conservative
         executed = executed * at_price
         cancelled = cancelled * at_price
-        power = cfg.queue_power
-        weight_ahead, weight_behind = _powers(queue, max(visible - queue, 0.0), power)
+        weight_ahead, weight_behind = _powers(queue, max(visible - queue, 0.0), cfg.queue_power)
         total = weight_ahead + weight_behind
         share = weight_ahead / max(total, _SMALLEST_DOUBLE)
         queue = max(queue - cancelled * share, 0.0)
@@ -359,41 +355,17 @@ class SingleBook:
             fill = 0.0
             ahead = countdown
         left = remaining - fill
-        maker_reached = fill > 0 and left <= 0
         still_resting = _sign(left)
         s["order_side"] = order_side * still_resting
         s["order_tick"] = order_tick * still_resting
         s["order_ahead"] = ahead * still_resting
         s["order_target"] = order_target * still_resting
         s["order_remaining"] = left
-        return fill, maker_reached, left > 0, left
-
-    def _settle(
-        self, market: list[float], child: list[float], side: float, taker: tuple[bool, float, float, bool],
-        resting: tuple[float, ...], fill: float, maker_reached: bool,
-    ) -> tuple[float, tuple[bool, float, float, float]]:
-        """One fill: the marketable order's or the resting order's, booked in the ledger.
-
-        :return: ``(fees, closed)``: the step's fees and :meth:`_apply_fill`'s closed-trade record.
-        """
-        marketable, taken, notional, taker_reached = taker
-        order_side, order_tick = resting[0], resting[1]
-        if marketable:
-            quantity = side * taken
-            notional = notional * self._tick
-            fees = notional * self._taker_rate
-            reached = taker_reached
-        else:
-            quantity = order_side * fill
-            notional = fill * order_tick * self._tick
-            fees = notional * self._maker_rate
-            reached = maker_reached
-        price = notional / max(abs(quantity), _SMALLEST_DOUBLE)
-        return fees, self._apply_fill(quantity, price, fees, market[0], child[0], reached)
+        return order_side, order_tick, fill, left
 
     def _mark(
         self, row: int, market: list[float], fees: float, closed: tuple[bool, float, float, float],
-        alive: bool, left: float,
+        left: float,
     ) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         """Advance the market, mark to market, reward; the step's observation and info."""
         cfg = self.config
@@ -447,7 +419,7 @@ class SingleBook:
             "cash": s["ledger.cash"],
             "realized_pnl": s["ledger.realized"],
             "unrealized_pnl": unrealized,
-            "order_active": alive,
+            "order_active": left > 0,
             "order_price": order_price,
             "order_queue_ahead": queue_shown,
             "order_remaining": left,
