@@ -271,3 +271,15 @@ def write_json(path: str | Path, result: dict[str, Any]) -> Path:
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {path}")
     return path
+
+
+def report(
+    result: dict[str, Any], print_table: Callable[[dict[str, Any]], None], path: str | Path
+) -> dict[str, Any]:
+    """Print a benchmark's table of ``result`` and write it as JSON to ``path``.
+
+    :return: ``result``.
+    """
+    print_table(result)
+    write_json(path, result)
+    return result

@@ -39,7 +39,7 @@ import torch as th
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # _common.py beside this file
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's packages
-from _common import default_out, machine_info, peer_missing, write_json  # noqa: E402
+from _common import default_out, machine_info, peer_missing, report  # noqa: E402
 
 RESULTS = default_out("generic_cpu")
 NVEC = (3, 4, 2)
@@ -249,10 +249,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for field in ("n_envs", "steps", "rounds"):
         if getattr(args, field) < 1:
             parser.error(f"--{field.replace('_', '-')} must be >= 1, got {getattr(args, field)}")
-    result = run(args)
-    print_table(result)
-    write_json(args.out, result)
-    return result
+    return report(run(args), print_table, args.out)
 
 
 if __name__ == "__main__":

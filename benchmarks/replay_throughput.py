@@ -43,7 +43,7 @@ import torch
 import cuda_ext
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # _common.py beside this file
-from _common import Timer, capture_graph, default_out, device_name, peer_missing, write_json  # noqa: E402
+from _common import Timer, capture_graph, default_out, device_name, peer_missing, report  # noqa: E402
 
 ALPHA, BETA, EPS = 0.6, 0.4, 1e-6
 DEFAULT_OUT = default_out("replay_throughput")
@@ -432,9 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={args.device!r} but no CUDA device is available")
-    result = run(device, args.quick, args.cuda_ext_only)
-    print_table(result)
-    write_json(args.out, result)
+    report(run(device, args.quick, args.cuda_ext_only), print_table, args.out)
     return 0
 
 

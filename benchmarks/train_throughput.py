@@ -50,7 +50,7 @@ import torch as th
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # _common.py beside this file
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's packages
-from _common import default_out, machine_info, peer_missing, synchronizer, write_json  # noqa: E402
+from _common import default_out, machine_info, peer_missing, report, synchronizer  # noqa: E402
 
 from foxhunt.config import PolicySettings  # noqa: E402
 
@@ -302,10 +302,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         args.buffer_size = min(args.buffer_size, 100_000)
     if args.threads is not None:
         th.set_num_threads(args.threads)
-    result = run(args)
-    print_table(result)
-    write_json(args.out, result)
-    return result
+    return report(run(args), print_table, args.out)
 
 
 if __name__ == "__main__":

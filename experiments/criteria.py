@@ -328,10 +328,68 @@ def best_rule(args: argparse.Namespace, setup: runner.Setup, env_kwargs: Mapping
     return {**found["held_out"]["best"], "fit": found["fit"]}
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Warm up, train the epochs with a held-out evaluation after each, judge, write the tables and figure."""
+def score(model: Any, setup: runner.Setup, env_kwargs: Mapping[str, Any], market_kwargs: Mapping[str, Any],
+          device: str, max_position: float) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The held-out score of ``model`` (Sharpe, PnL, trades, action mix, share of the oracle's PnL) and of
+    the oracle when the market has one (else None)."""
     from foxhunt.evaluation import evaluate_policies
 
+    evaluation = evaluate_policies({"policy": model}, setup.data, baselines=(), n_envs=setup.eval_envs,
+                                   steps=setup.eval_steps, seed=setup.eval_seed,
+                                   market_seed=setup.eval_market_seed, split="test",
+                                   env_kwargs=env_kwargs, market_kwargs=market_kwargs, device=device)
+    found = {}
+    for name, result in evaluation.results.items():
+        found[name] = {"sharpe": float(result.metrics["sharpe"]), "pnl": float(result.metrics["pnl"]),
+                       "trades": int(result.metrics["trades"]),
+                       "mix": action_mix(result.series, max_position)}
+    policy, oracle = found["policy"], found.get("oracle")
+    policy["oracle_share"] = policy["pnl"] / oracle["pnl"] if oracle and oracle["pnl"] else math.nan
+    return policy, oracle
+
+
+def train_seeds(args: argparse.Namespace, agent: Any, setup: runner.Setup, seeds: list[int], epoch_steps: int,
+                out: Path, score_of: Any) -> tuple[list[dict[str, Any]], list[int], dict[str, Any] | None]:
+    """Train one run a seed, scoring it after the warm-up and after every epoch with ``score_of(model)``.
+
+    :return: the runs (seed, per-epoch scores, step marks, seconds, curve), the last run's step marks and
+        the oracle's score (None without an oracle).
+    """
+    runs: list[dict[str, Any]] = []
+    marks: list[int] = []
+    oracle: dict[str, Any] | None = None
+    for seed in tqdm(seeds, desc="seeds", disable=args.no_progress):
+        epochs: list[dict[str, Any]] = []
+        marks = []
+
+        def at_epoch(model: Any, k: int, epochs: list[dict[str, Any]] = epochs,
+                     marks: list[int] = marks) -> None:
+            nonlocal oracle
+            policy, oracle = score_of(model)
+            epochs.append(policy)
+            marks.append(int(model.num_timesteps))
+
+        callback = EpochCallback(args.steps, epoch_steps, args.epochs, at_epoch)
+        trained = runner.train(agent, seed, setup, out / agent.name / f"seed{seed}", callback)
+        runs.append({"seed": seed, "epochs": epochs, "marks": list(marks), "seconds": trained.seconds,
+                     "curve": trained.curve})
+    return runs, marks, oracle
+
+
+def fairness_line(references: dict[str, dict[str, Any]], fair: dict[str, Any]) -> str:
+    """What the market needs: which floors each reference policy clears on its working steps."""
+    notes = []
+    for label in references:
+        clears, misses = needed(fair, label)
+        rule = f" `{references[label]['rule']}`" if "rule" in references[label] else ""
+        notes.append(f"{label}{rule} (held-out PnL {references[label]['pnl']:,.0f}, Sharpe "
+                     f"{references[label]['sharpe']:.3f}) on its working steps clears "
+                     f"{', '.join(clears) or 'no floor'}" + (f", not {', '.join(misses)}" if misses else ""))
+    return "; ".join(notes) or "no reference policy (no planted signal)"
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Warm up, train the epochs with a held-out evaluation after each, judge, write the tables and figure."""
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     origin = results.provenance()  # the code as it was when the run started
@@ -353,39 +411,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
           f"{args.steps} steps, then {args.epochs} epochs of {epoch_steps} steps, x {args.n_envs} books on "
           f"{args.device} ({loop} loop); output {out}")
     best = best_rule(args, setup, env_kwargs, market_kwargs)
-
-    def score(model: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
-        evaluation = evaluate_policies({"policy": model}, setup.data, baselines=(), n_envs=setup.eval_envs,
-                                       steps=setup.eval_steps, seed=setup.eval_seed,
-                                       market_seed=setup.eval_market_seed, split="test",
-                                       env_kwargs=env_kwargs, market_kwargs=market_kwargs, device=args.device)
-        found = {}
-        for name, result in evaluation.results.items():
-            found[name] = {"sharpe": float(result.metrics["sharpe"]), "pnl": float(result.metrics["pnl"]),
-                           "trades": int(result.metrics["trades"]),
-                           "mix": action_mix(result.series, max_position)}
-        policy, oracle = found["policy"], found.get("oracle")
-        policy["oracle_share"] = policy["pnl"] / oracle["pnl"] if oracle and oracle["pnl"] else math.nan
-        return policy, oracle
-
-    runs: list[dict[str, Any]] = []
-    marks: list[int] = []
-    oracle: dict[str, Any] | None = None
-    for seed in tqdm(seeds, desc="seeds", disable=args.no_progress):
-        epochs: list[dict[str, Any]] = []
-        marks = []
-
-        def at_epoch(model: Any, k: int, epochs: list[dict[str, Any]] = epochs,
-                     marks: list[int] = marks) -> None:
-            nonlocal oracle
-            policy, oracle = score(model)
-            epochs.append(policy)
-            marks.append(int(model.num_timesteps))
-
-        callback = EpochCallback(args.steps, epoch_steps, args.epochs, at_epoch)
-        trained = runner.train(agent, seed, setup, out / agent.name / f"seed{seed}", callback)
-        runs.append({"seed": seed, "epochs": epochs, "marks": list(marks), "seconds": trained.seconds,
-                     "curve": trained.curve})
+    runs, marks, oracle = train_seeds(
+        args, agent, setup, seeds, epoch_steps, out,
+        lambda model: score(model, setup, env_kwargs, market_kwargs, args.device, max_position),
+    )
 
     references: dict[str, dict[str, Any]] = {}
     if oracle is not None:
@@ -400,14 +429,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     command = options.command_line("criteria", argv)
     verdict_lines = [f"{'PASS' if r['pass'] else 'FAIL'}  {r['criterion']}: per seed "
                      + ", ".join(f"{v:.3f}" for v in r["values"]) for r in rows]
-    notes = []
-    for label in references:
-        clears, misses = needed(fair, label)
-        rule = f" `{references[label]['rule']}`" if "rule" in references[label] else ""
-        notes.append(f"{label}{rule} (held-out PnL {references[label]['pnl']:,.0f}, Sharpe "
-                     f"{references[label]['sharpe']:.3f}) on its working steps clears "
-                     f"{', '.join(clears) or 'no floor'}" + (f", not {', '.join(misses)}" if misses else ""))
-    fair_line = "; ".join(notes) or "no reference policy (no planted signal)"
+    fair_line = fairness_line(references, fair)
     seconds = results.mean_std([r["seconds"] for r in runs])
     text = "\n\n".join([
         f"# criteria: {agent.name}", f"`{command}`",

@@ -43,8 +43,8 @@ from experiments import options, results, runner
 INJECTION_WINDOW = 10_000
 #: Significance level of "worse" in criterion 2.
 ALPHA = 0.05
-#: The default arms (``--agent iqn``): :meth:`experiments.agents.Roster.hindsight_arms` gives any agent's.
-ON, OFF = "iqn", "iqn-no_hindsight"
+#: The default agent (``--agent iqn``); :meth:`experiments.agents.Roster.hindsight_arms` gives its arms.
+ON = "iqn"
 #: Sign patterns a permutation test enumerates exactly; beyond, it draws this many at random (seeded).
 EXACT_PATTERNS = 4096
 

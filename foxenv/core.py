@@ -32,11 +32,12 @@ at the mid of snapshot ``i`` (``entry_mid``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
+from foxenv.accounting import TradeClose
 from foxenv.compiled import AcceleratedStep
 from foxenv.config import EnvConfig
 from foxenv.data.market import MarketData
@@ -56,6 +57,60 @@ StepOutputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict
 AutoresetResult = tuple[
     torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor], torch.Tensor
 ]
+
+
+class _MarketRow(NamedTuple):
+    """A step's row of the market table, ``[B]`` each (snapshot ``row`` and the next one; see
+    :class:`~foxenv.tables.MarketTables`)."""
+
+    mid_now: torch.Tensor
+    best_bid: torch.Tensor
+    best_ask: torch.Tensor
+    wide: torch.Tensor
+    trading: torch.Tensor  # 1.0 when the step trades, 0.0 when it is halted
+    mid: torch.Tensor
+    next_best_bid: torch.Tensor
+    next_best_ask: torch.Tensor
+    column_zero: torch.Tensor
+    flow_bid: torch.Tensor
+    flow_ask: torch.Tensor
+
+
+class _ChildOrder(NamedTuple):
+    """The order an action asks for, ``[B]`` float64 each: a row of the action table (or the execute
+    task's child order)."""
+
+    target: torch.Tensor
+    slice_of_need: torch.Tensor
+    limit_offset: torch.Tensor
+    is_maker: torch.Tensor
+    improve: torch.Tensor
+    aggressive: torch.Tensor
+
+
+class _Taken(NamedTuple):
+    """The marketable part of a step: where it trades, the shares and notional (ticks) taken, and whether
+    it reached its target."""
+
+    marketable: torch.Tensor
+    taken: torch.Tensor
+    notional: torch.Tensor
+    reached: torch.Tensor
+
+
+class _Resting(NamedTuple):
+    """The resting order after the action placed it, before it meets the flow (``pending`` and
+    ``countdown`` only with ``order_latency``, else None)."""
+
+    side: torch.Tensor
+    tick: torch.Tensor
+    target: torch.Tensor
+    remaining: torch.Tensor
+    visible: torch.Tensor
+    ahead: torch.Tensor
+    queue: torch.Tensor
+    pending: torch.Tensor | None
+    countdown: torch.Tensor | None
 
 
 class BatchedLOB(AcceleratedStep):
@@ -299,66 +354,83 @@ class BatchedLOB(AcceleratedStep):
 
         A CPU step is bound by per-op overhead, so it gathers precomputed rows
         (:class:`~foxenv.tables.MarketTables`) and uses few ops; every float expression is the same as in
-        the plain formulas the comments give.
+        the plain formulas the comments give. The steps, in order: the action's order
+        (:meth:`_child_order`), the marketable part (:meth:`_take`), the resting order (:meth:`_place_order`)
+        meeting the next market step's flow (:meth:`_work_order`), the one fill booked (:meth:`_settle`),
+        then the market advances (:meth:`_mark`).
         """
-        cfg = self.config
-        tables = self._tables
         state = BookState.unpack(self._books, self._counters)
         ledger = state.ledger
-        levels = tables.levels
         row = state.offset + state.step
-        # This step's row of the market table (snapshot ``row`` and the next one; see MarketTables) and the
-        # action's row of the action table (by joint code, d * 27 + m * 9 + o * 3 + u on the default grid).
-        (
-            mid_now,
-            best_bid,
-            best_ask,
-            wide,
-            trading,  # 1.0 when the step trades, 0.0 when it is halted
-            mid,
-            next_best_bid,
-            next_best_ask,
-            column_zero,
-            flow_bid,
-            flow_ask,
-        ) = tables.rows.index_select(0, row).unbind(dim=1)
-        if self._execution is None:
-            target, slice_of_need, limit_offset, is_maker, improve, aggressive = tables.actions.index_select(
-                0, (action * tables.action_code).sum(dim=1)
-            ).unbind(dim=1)
-        else:  # the execute task's child order, as a target position (foxenv.execution)
-            parent = self._execution.parent(state.offset)
-            target, slice_of_need, limit_offset, is_maker, improve, aggressive = self._execution.child_orders(
-                action, state, parent
-            )
-            cash_before, position_before = ledger.cash, ledger.position
-        need = target - ledger.position
+        # This step's row of the market table (snapshot ``row`` and the next one; see MarketTables).
+        market = _MarketRow(*self._tables.rows.index_select(0, row).unbind(dim=1))
+        parent = self._execution.parent(state.offset) if self._execution is not None else None
+        child = self._child_order(action, state, parent)
+        cash_before, position_before = ledger.cash, ledger.position
+        need = child.target - ledger.position
         side = torch.sign(need)
         need = need.abs()
         buy = side > 0
         side_row = row * 2  # a book's rows in the side table: + 0 bids, + 1 asks
+        taker = self._take(market, child, side_row, side, buy, need)
+        order = self._place_order(state, market, child, side_row, side, buy, need)
+        fill, maker_reached, alive = self._work_order(state, market, order)
+        fees, closed = self._settle(state, market, child, side, taker, order, fill, maker_reached)
+        if self._execution is not None:  # what is left at the window's end crosses the next snapshot
+            fees = fees + self._execution.final_cross(state, row, market.mid, parent)
+            alive = alive & (state.order_remaining > 0)
+        return self._mark(state, row, market, fees, closed, alive, parent, cash_before, position_before)
 
-        # Marketable orders: Market walks the book for a slice of the need, IoC takes it up to its limit
-        # (the opposite touch + side * offset, matching.ioc_limit_tick). Buys take asks, sells take bids.
-        wanted = need * slice_of_need * trading
+    def _child_order(self, action: torch.Tensor, state: BookState, parent: Any) -> _ChildOrder:
+        """The action's row of the action table (by joint code, d * 27 + m * 9 + o * 3 + u on the default
+        grid); on the execute task the child order, as a target position (:mod:`foxenv.execution`)."""
+        if self._execution is None:
+            tables = self._tables
+            return _ChildOrder(
+                *tables.actions.index_select(0, (action * tables.action_code).sum(dim=1)).unbind(dim=1)
+            )
+        return _ChildOrder(*self._execution.child_orders(action, state, parent))
+
+    def _take(
+        self, market: _MarketRow, child: _ChildOrder, side_row: torch.Tensor, side: torch.Tensor,
+        buy: torch.Tensor, need: torch.Tensor,
+    ) -> _Taken:
+        """Marketable orders: Market walks the book for a slice of the need, IoC takes it up to its limit
+        (the opposite touch + side * offset, matching.ioc_limit_tick). Buys take asks, sells take bids."""
+        tables = self._tables
+        levels = tables.levels
+        wanted = need * child.slice_of_need * market.trading
         marketable = wanted > 0
-        limit = torch.addcmul(torch.where(buy, best_ask, best_bid), side, limit_offset)  # exact: int ticks
+        limit = torch.addcmul(  # exact: int ticks
+            torch.where(buy, market.best_ask, market.best_bid), side, child.limit_offset
+        )
         opposite = tables.sides.index_select(0, side_row + buy)
         taken, notional, reachable = walk_book(
             opposite[:, :levels], opposite[:, levels:], side, wanted, limit
         )
-        taker_reached = marketable & (wanted == need) & (reachable >= wanted)
+        reached = marketable & (wanted == need) & (reachable >= wanted)
+        return _Taken(marketable, taken, notional, reached)
 
-        # The resting order: kept (with its queue) on an unchanged LimitMaker target while it is at or
-        # ahead of where this urgency prices a new one, re-pegged there (a new order, a new queue) once the
-        # own touch moved away from it by more than the urgency's offset, replaced on a changed target, and
-        # cancelled by any other action. A new one is priced off the own touch (matching.limit_maker_tick).
-        is_maker = is_maker > 0
+    def _place_order(
+        self, state: BookState, market: _MarketRow, child: _ChildOrder, side_row: torch.Tensor,
+        side: torch.Tensor, buy: torch.Tensor, need: torch.Tensor,
+    ) -> _Resting:
+        """The resting order: kept (with its queue) on an unchanged LimitMaker target while it is at or
+        ahead of where this urgency prices a new one, re-pegged there (a new order, a new queue) once the
+        own touch moved away from it by more than the urgency's offset, replaced on a changed target, and
+        cancelled by any other action. A new one is priced off the own touch (matching.limit_maker_tick)."""
+        tables = self._tables
+        levels = tables.levels
+        latency = self.config.order_latency
+        target = child.target
+        is_maker = child.is_maker > 0
         maker_tick = torch.addcmul(
-            torch.where(buy, best_bid, best_ask), side, torch.addcmul(improve, aggressive, wide)
+            torch.where(buy, market.best_bid, market.best_ask),
+            side,
+            torch.addcmul(child.improve, child.aggressive, market.wide),
         )
         behind = side * (maker_tick - state.order_tick) > 0  # a buy below / a sell above the new price
-        if cfg.order_latency:  # an order in flight (order_ahead < 0) arrives at its price; re-pegged after
+        if latency:  # an order in flight (order_ahead < 0) arrives at its price; re-pegged after
             behind = behind & (state.order_ahead >= 0)
         keep = is_maker & (state.order_target == target) & (state.order_side != 0) & ~behind
         post = is_maker & (side != 0) & ~keep
@@ -367,7 +439,7 @@ class BatchedLOB(AcceleratedStep):
         own = tables.sides.index_select(0, side_row + (order_side <= 0))  # resting buys queue at the bids
         elsewhere = own[:, :levels] != order_tick[:, None]
         visible = own[:, levels:].masked_fill(elsewhere, 0.0).sum(dim=1)  # = where(at its tick, size, 0)
-        latency = cfg.order_latency
+        pending = countdown = None
         if latency:
             # A pending order holds -(steps until it rests + 1) in order_ahead; at -1 it rests now, behind the
             # size visible at its price in this snapshot, and meets this step's flow.
@@ -381,21 +453,33 @@ class BatchedLOB(AcceleratedStep):
             queue = ahead
         remaining = torch.where(post, need, state.order_remaining * keep)
         order_target = torch.where(post, target, state.order_target)
+        return _Resting(
+            order_side, order_tick, order_target, remaining, visible, ahead, queue, pending, countdown
+        )
 
-        # It meets the flow of the next market step at its price (grid column, clamped to the grid).
+    def _work_order(
+        self, state: BookState, market: _MarketRow, order: _Resting
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The resting order meets the flow of the next market step at its price (grid column, clamped to
+        the grid); its state after that is written into ``state``.
+
+        :return: ``(fill, maker_reached, alive)``, each ``[B]``.
+        """
+        cfg = self.config
+        tables = self._tables
         width = tables.flow_width
-        column = order_tick - column_zero
+        column = order.tick - market.column_zero
         clamped = column.clamp(0, width - 1)
-        grid = (torch.where(order_side < 0, flow_ask, flow_bid) + clamped).to(torch.int64)
+        grid = (torch.where(order.side < 0, market.flow_ask, market.flow_bid) + clamped).to(torch.int64)
         executed, cancelled, through = tables.flow.index_select(0, grid).double().unbind(dim=1)
         at_price = column == clamped
-        beyond_grid = order_side * (column - clamped) > 0  # the edge column lies at a worse price
+        beyond_grid = order.side * (column - clamped) > 0  # the edge column lies at a worse price
         through = torch.where(beyond_grid, through + executed, through)
         if cfg.fill_model == "optimistic":
             fill, ahead_after = meet_flow(
-                queue,
-                remaining,
-                visible,
+                order.queue,
+                order.remaining,
+                order.visible,
                 executed * at_price,  # exact: where(at_price, executed, 0) on finite share counts
                 cancelled * at_price,
                 through > 0,
@@ -403,42 +487,64 @@ class BatchedLOB(AcceleratedStep):
             )
         else:
             fill, ahead_after = meet_flow_conservative(
-                queue,
-                remaining,
-                visible,
+                order.queue,
+                order.remaining,
+                order.visible,
                 executed * at_price,
                 cancelled * at_price,
                 through,
                 cfg.queue_power,
             )
+        trading = market.trading
         fill = fill * trading  # a halted step executes nothing and leaves the queue as it was
-        ahead = torch.where(trading > 0, ahead_after, ahead)
-        if latency:  # a pending order meets no flow; its wait counts down, halted or not
-            fill = fill.masked_fill(pending, 0.0)
-            ahead = torch.where(pending, countdown, ahead)
-        left = remaining - fill
+        ahead = torch.where(trading > 0, ahead_after, order.ahead)
+        if cfg.order_latency:  # a pending order meets no flow; its wait counts down, halted or not
+            fill = fill.masked_fill(order.pending, 0.0)
+            ahead = torch.where(order.pending, order.countdown, ahead)
+        left = order.remaining - fill
         maker_reached = (fill > 0) & (left <= 0)
         alive = left > 0
         still_resting = torch.sign(left)  # 1.0 while some of the order is left, else 0.0 (left >= 0)
-        state.order_side = order_side * still_resting
-        state.order_tick = order_tick * still_resting
+        state.order_side = order.side * still_resting
+        state.order_tick = order.tick * still_resting
         state.order_ahead = ahead * still_resting
-        state.order_target = order_target * still_resting
+        state.order_target = order.target * still_resting
         state.order_remaining = left
+        return fill, maker_reached, alive
 
-        # One fill per book: either the marketable order's or the resting order's. Where nothing filled
-        # the notional is 0, so dividing by max(|quantity|, smallest double) gives the price 0.
-        quantity = torch.where(marketable, side * taken, order_side * fill)
-        notional = torch.where(marketable, notional, fill * order_tick) * tables.tick
+    def _settle(
+        self, state: BookState, market: _MarketRow, child: _ChildOrder, side: torch.Tensor, taker: _Taken,
+        order: _Resting, fill: torch.Tensor, maker_reached: torch.Tensor,
+    ) -> tuple[torch.Tensor, TradeClose]:
+        """One fill per book, either the marketable order's or the resting order's, booked in the ledger.
+        Where nothing filled the notional is 0, so dividing by max(|quantity|, smallest double) gives the
+        price 0.
+
+        :return: ``(fees [B], closed)``: the step's fees and the ledger's closed-trade record.
+        """
+        tables = self._tables
+        marketable = taker.marketable
+        quantity = torch.where(marketable, side * taker.taken, order.side * fill)
+        notional = torch.where(marketable, taker.notional, fill * order.tick) * tables.tick
         fees = torch.where(marketable, notional * tables.taker_rate, notional * tables.maker_rate)
         price = notional / quantity.abs().clamp_min(_SMALLEST_DOUBLE)
-        reached = torch.where(marketable, taker_reached, maker_reached)
-        closed = ledger.apply_fill(quantity, price, fees, mid_now, state.step, target, reached)
-        if self._execution is not None:  # what is left at the window's end crosses the next snapshot
-            fees = fees + self._execution.final_cross(state, row, mid, parent)
-            alive = alive & (state.order_remaining > 0)
+        reached = torch.where(marketable, taker.reached, maker_reached)
+        closed = state.ledger.apply_fill(
+            quantity, price, fees, market.mid_now, state.step, child.target, reached
+        )
+        return fees, closed
 
-        # Advance the market, mark to market, reward.
+    def _mark(
+        self, state: BookState, row: torch.Tensor, market: _MarketRow, fees: torch.Tensor, closed: TradeClose,
+        alive: torch.Tensor, parent: Any, cash_before: torch.Tensor, position_before: torch.Tensor,
+    ) -> StepOutputs:
+        """Advance the market, mark to market, reward; observe, pack the state and return the step's
+        outputs (``cash_before``, ``position_before``: the ledger's before the fill, for the execute task's
+        reward)."""
+        cfg = self.config
+        tables = self._tables
+        ledger = state.ledger
+        mid = market.mid
         state.step = state.step + 1
         equity = ledger.equity(mid)
         reward = step_reward(state.equity, equity, ledger.position, cfg)
@@ -452,13 +558,13 @@ class BatchedLOB(AcceleratedStep):
         unrealized = ledger.unrealized(mid)
         order_price = state.order_tick * tables.tick
         obs = self._observe(state, tables.next_features.index_select(0, row), mid, unrealized, order_price,
-                            parent if self._execution is not None else None)
+                            parent)
         self._books, self._counters = state.pack()
 
         info = {
             "mid": mid,
-            "best_bid": next_best_bid,
-            "best_ask": next_best_ask,
+            "best_bid": market.next_best_bid,
+            "best_ask": market.next_best_ask,
             "position": ledger.position,
             "trade_closed": closed.closed,
             "trade_pnl": closed.pnl,
@@ -471,7 +577,7 @@ class BatchedLOB(AcceleratedStep):
             "unrealized_pnl": unrealized,
             "order_active": alive,
             "order_price": order_price,
-            "order_queue_ahead": state.order_ahead.clamp_min(0.0) if latency else state.order_ahead,
+            "order_queue_ahead": state.order_ahead.clamp_min(0.0) if cfg.order_latency else state.order_ahead,
             "order_remaining": state.order_remaining,
             "step": state.step,
         }

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 
 from foxenv.matching import NO_LIMIT, walk_book
-from foxenv.spec import BRANCH_NAMES, ORDER_TYPES, ActionGrid
+from foxenv.spec import BRANCH_NAMES, ORDER_TYPES, ActionGrid, JointCodes
 
 if TYPE_CHECKING:
     from foxenv.config import EnvConfig
@@ -82,7 +82,7 @@ class Parent(NamedTuple):
 
 
 @dataclass(frozen=True)
-class ExecutionGrid:
+class ExecutionGrid(JointCodes):
     """The execution task's action space: ``nvec = (len(child_sizes), 1, 3, U)``, the urgency branch's price
     offsets those of ``base`` (an :class:`~foxenv.spec.ActionGrid`). It answers what foxenv's faces and
     agents ask of a grid (``nvec``, ``code_weights``, ``joint_actions``, ``labels``, ``to_dict``) and hands
@@ -117,16 +117,6 @@ class ExecutionGrid:
     def nvec(self) -> tuple[int, ...]:
         """Choices per branch: ``(len(child_sizes), 1, 3, urgencies)``."""
         return (len(self.child_sizes), 1, len(ORDER_TYPES), len(self.base.ioc_offsets))
-
-    @property
-    def joint_actions(self) -> int:
-        """Number of joint codes."""
-        return math.prod(self.nvec)
-
-    @property
-    def code_weights(self) -> tuple[int, ...]:
-        """Weights of the joint code ``sum(action * code_weights)``."""
-        return tuple(math.prod(self.nvec[i + 1:]) for i in range(len(self.nvec)))
 
     def __getattr__(self, name: str) -> Any:
         """The trading fields (``magnitudes``, ``market_slices``, ``ioc_offsets``, ``maker_offsets``,

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import torch
 
-#: Fraction of the needed position change a Market order works this step, by urgency (passive, normal,
-#: aggressive), on the default grid (other grids: :attr:`foxenv.spec.ActionGrid.market_slices`).
-MARKET_SLICES = (1.0 / 3.0, 2.0 / 3.0, 1.0)
 #: IoC limit price offsets beyond the opposite touch, in ticks, by urgency, on the default grid
 #: (:attr:`foxenv.spec.ActionGrid.ioc_offsets`).
 IOC_OFFSETS = (0, 1, 3)

@@ -233,46 +233,72 @@ class SingleBook:
         return filled, cost, cumulative[-1]
 
     def step(self, action: list[int]) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        """One step of the core's ``_advance`` on a checked action.
+        """One step of the core's ``_advance`` on a checked action, in the core's order: the action's order,
+        its marketable part, the resting order meeting the next market step's flow (:meth:`_rest`), the one
+        fill booked, then the market advances (:meth:`_mark`).
 
         :param action: ``[direction, magnitude, order, urgency]`` Python ints, each in range.
         :return: observation (float32 ``[D]``), reward (the float32 value), terminated, truncated, info.
         """
         if any(now is not seen for now, seen in zip(self._core_tensors(), self._synced, strict=True)):
             self.load()  # the core was stepped, reset or loaded directly: it holds the state now
-        cfg = self.config
         s = self._state
-        levels = self._levels
         weights = self._action_code
-        position = s["ledger.position"]
         row = s["offset"] + s["step"]
-        (
-            mid_now, best_bid, best_ask, wide, trading, mid, next_best_bid, next_best_ask,
-            column_zero, flow_bid, flow_ask,
-        ) = self._rows[row].tolist()
+        market = self._rows[row].tolist()
         direction, magnitude, order, urgency = action
         code = direction * weights[0] + magnitude * weights[1] + order * weights[2] + urgency * weights[3]
         target, slice_of_need, limit_offset, is_maker, improve, aggressive = self._actions[code]
-        need = target - position
+        need = target - s["ledger.position"]
         side = _sign(need)
         need = abs(need)
         buy = side > 0
         side_row = row * 2
 
         # Marketable orders (walk_book only where it is used: its results are masked out otherwise).
-        wanted = need * slice_of_need * trading
+        wanted = need * slice_of_need * market[4]  # market[4]: trading
         marketable = wanted > 0
         if marketable:
-            limit = (best_ask if buy else best_bid) + side * limit_offset
+            limit = (market[2] if buy else market[1]) + side * limit_offset  # the opposite touch
             taken, notional, reachable = self.walk(side, wanted, limit, side_row + buy)
             taker_reached = wanted == need and reachable >= wanted
         else:
             taken = notional = 0.0
             taker_reached = False
 
-        # The resting order.
-        is_maker = is_maker > 0
-        # kept while at or ahead of this urgency's price, re-pegged there once the touch moved away (core.py)
+        order_side, order_tick, fill, left = self._rest(
+            market, side_row, side, buy, need, target, is_maker > 0, improve, aggressive
+        )
+
+        # One fill: the marketable order's or the resting order's.
+        if marketable:
+            quantity = side * taken
+            notional = notional * self._tick
+            fees = notional * self._taker_rate
+            reached = taker_reached
+        else:
+            quantity = order_side * fill
+            notional = fill * order_tick * self._tick
+            fees = notional * self._maker_rate
+            reached = fill > 0 and left <= 0
+        price = notional / max(abs(quantity), _SMALLEST_DOUBLE)
+        closed = self._apply_fill(quantity, price, fees, market[0], target, reached)
+        return self._mark(row, market, fees, closed, left)
+
+    def _rest(
+        self, market: list[float], side_row: int, side: float, buy: bool, need: float, target: float,
+        is_maker: bool, improve: float, aggressive: float,
+    ) -> tuple[float, float, float, float]:
+        """The resting order, kept while at or ahead of this urgency's price and re-pegged there once the
+        touch moved away (core.py), meets the next market step's flow at its price; its state is written.
+
+        :return: ``(order_side, order_tick, fill, left)``: the order as it met the flow, its fill, what is
+            left of it.
+        """
+        cfg = self.config
+        s = self._state
+        levels = self._levels
+        _, best_bid, best_ask, wide, trading, _, _, _, column_zero, flow_bid, flow_ask = market
         maker_tick = (best_bid if buy else best_ask) + side * (improve + aggressive * wide)
         in_flight = cfg.order_latency and s["order_ahead"] < 0  # arrives at its price; re-pegged after
         behind = side * (maker_tick - s["order_tick"]) > 0 and not in_flight
@@ -311,8 +337,7 @@ class SingleBook:
         # matching.probqueue_cancel, then matching.meet_flow (optimistic) or meet_flow_conservative
         executed = executed * at_price
         cancelled = cancelled * at_price
-        power = cfg.queue_power
-        weight_ahead, weight_behind = _powers(queue, max(visible - queue, 0.0), power)
+        weight_ahead, weight_behind = _powers(queue, max(visible - queue, 0.0), cfg.queue_power)
         total = weight_ahead + weight_behind
         share = weight_ahead / max(total, _SMALLEST_DOUBLE)
         queue = max(queue - cancelled * share, 0.0)
@@ -330,31 +355,22 @@ class SingleBook:
             fill = 0.0
             ahead = countdown
         left = remaining - fill
-        maker_reached = fill > 0 and left <= 0
-        alive = left > 0
         still_resting = _sign(left)
         s["order_side"] = order_side * still_resting
         s["order_tick"] = order_tick * still_resting
         s["order_ahead"] = ahead * still_resting
         s["order_target"] = order_target * still_resting
         s["order_remaining"] = left
+        return order_side, order_tick, fill, left
 
-        # One fill: the marketable order's or the resting order's.
-        if marketable:
-            quantity = side * taken
-            notional = notional * self._tick
-            fees = notional * self._taker_rate
-            reached = taker_reached
-        else:
-            quantity = order_side * fill
-            notional = fill * order_tick * self._tick
-            fees = notional * self._maker_rate
-            reached = maker_reached
-        price = notional / max(abs(quantity), _SMALLEST_DOUBLE)
-        closed, pnl, lots, closed_entry_mid = self._apply_fill(
-            quantity, price, fees, mid_now, target, reached
-        )
-
+    def _mark(
+        self, row: int, market: list[float], fees: float, closed: tuple[bool, float, float, float],
+        left: float,
+    ) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        """Advance the market, mark to market, reward; the step's observation and info."""
+        cfg = self.config
+        s = self._state
+        mid, next_best_bid, next_best_ask = market[5], market[6], market[7]
         s["step"] = step = s["step"] + 1
         position = s["ledger.position"]
         equity = s["ledger.cash"] + position * mid
@@ -370,7 +386,7 @@ class SingleBook:
         truncated = step >= cfg.episode_length
         unrealized = position * (mid - s["ledger.avg_price"])
         resting_side = s["order_side"]
-        queue_shown = max(s["order_ahead"], 0.0) if latency else s["order_ahead"]  # 0 while pending
+        queue_shown = max(s["order_ahead"], 0.0) if cfg.order_latency else s["order_ahead"]  # 0 while pending
         order_price = s["order_tick"] * self._tick
 
         obs = np.empty(self._obs_dim, dtype=np.float32)
@@ -388,21 +404,22 @@ class SingleBook:
             float(time_in_trade) * scale[6],
             self._time_left[step],
         )
+        closed_now, pnl, lots, closed_entry_mid = closed
         info = {
             "mid": mid,
             "best_bid": next_best_bid,
             "best_ask": next_best_ask,
             "position": position,
-            "trade_closed": closed,
+            "trade_closed": closed_now,
             "trade_pnl": pnl,
             "trade_lots": lots,
-            "entry_mid": closed_entry_mid if closed else s["ledger.entry_mid"],
+            "entry_mid": closed_entry_mid if closed_now else s["ledger.entry_mid"],
             "equity": equity,
             "fees": fees,
             "cash": s["ledger.cash"],
             "realized_pnl": s["ledger.realized"],
             "unrealized_pnl": unrealized,
-            "order_active": alive,
+            "order_active": left > 0,
             "order_price": order_price,
             "order_queue_ahead": queue_shown,
             "order_remaining": left,

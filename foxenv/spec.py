@@ -85,8 +85,26 @@ def _whole(value: Any) -> bool:
     return isinstance(value, numbers.Integral) or (math.isfinite(value) and float(value).is_integer())
 
 
+class JointCodes:
+    """The joint action codes of an action grid, from its ``nvec`` (choices per branch): shared by
+    :class:`ActionGrid` and :class:`foxenv.execution.ExecutionGrid`."""
+
+    nvec: tuple[int, ...]
+
+    @property
+    def joint_actions(self) -> int:
+        """Number of joint codes, the product of ``nvec``."""
+        return math.prod(self.nvec)
+
+    @property
+    def code_weights(self) -> tuple[int, ...]:
+        """Weights of the joint code ``sum(action * code_weights)``: ``(M 3 U, 3 U, U, 1)`` on a trading
+        grid."""
+        return tuple(math.prod(self.nvec[i + 1:]) for i in range(len(self.nvec)))
+
+
 @dataclass(frozen=True)
-class ActionGrid:
+class ActionGrid(JointCodes):
     """What each value of the magnitude and urgency branches means: the action space as data.
 
     The direction (short, flat, long) and order (Market, LimitMaker, IoC) branches are fixed; the grid sets
@@ -165,16 +183,6 @@ class ActionGrid:
     def nvec(self) -> tuple[int, ...]:
         """Choices per branch: ``(3, len(magnitudes), 3, urgencies)``."""
         return (len(DIRECTIONS), len(self.magnitudes), len(ORDER_TYPES), len(self.ioc_offsets))
-
-    @property
-    def joint_actions(self) -> int:
-        """Number of joint codes, the product of :attr:`nvec`."""
-        return math.prod(self.nvec)
-
-    @property
-    def code_weights(self) -> tuple[int, ...]:
-        """Weights of the joint code ``sum(action * code_weights)``: ``(M 3 U, 3 U, U, 1)``."""
-        return tuple(math.prod(self.nvec[i + 1:]) for i in range(len(self.nvec)))
 
     @property
     def full_size(self) -> int:

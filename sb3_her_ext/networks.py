@@ -104,6 +104,46 @@ class BranchLinear(nn.Module):
         return out if x.dim() == 3 else out.view(*lead, self.weight.shape[-1])
 
 
+def _check_network_arguments(
+    obs_dim: int,
+    n_market_features: int,
+    action_dims: Sequence[int],
+    bottleneck_dims: Sequence[int],
+    net_arch: Sequence[int],
+    n_ensemble: int,
+    n_cos: int,
+    n_atoms: int,
+    branch_coupling: str,
+) -> None:
+    """Raise a ValueError naming the first of :class:`BranchingQNetwork`'s arguments that is out of range."""
+    if branch_coupling not in BRANCH_COUPLINGS:
+        raise ValueError(f"branch_coupling={branch_coupling!r} must be one of {BRANCH_COUPLINGS}")
+    for name, value in (
+        ("obs_dim", obs_dim),
+        ("n_market_features", n_market_features),
+        ("n_ensemble", n_ensemble),
+        ("n_cos", n_cos),
+        ("n_atoms", n_atoms),
+    ):
+        check_positive(name, value)
+    if n_market_features > obs_dim:
+        raise ValueError(f"n_market_features={n_market_features} must be <= obs_dim={obs_dim}")
+    if len(action_dims) == 0:
+        raise ValueError(f"action_dims={list(action_dims)} must name at least one branch")
+    for b, n in enumerate(action_dims):
+        check_positive(f"action_dims[{b}]", n)
+    if len(bottleneck_dims) != len(action_dims):
+        raise ValueError(
+            f"bottleneck_dims={list(bottleneck_dims)} must have one width per branch ({len(action_dims)})"
+        )
+    for b, w in enumerate(bottleneck_dims):
+        check_positive(f"bottleneck_dims[{b}]", w)
+    if len(net_arch) == 0:
+        raise ValueError(f"net_arch={list(net_arch)} must have at least one hidden layer")
+    for i, h in enumerate(net_arch):
+        check_positive(f"net_arch[{i}]", h)
+
+
 class BranchingQNetwork(nn.Module):
     """Branching IQN/C51 network with an ensemble of IQN output heads and per-branch market bottlenecks.
 
@@ -144,33 +184,10 @@ class BranchingQNetwork(nn.Module):
         branch_coupling: str = "independent",
     ) -> None:
         super().__init__()
-        if branch_coupling not in BRANCH_COUPLINGS:
-            raise ValueError(f"branch_coupling={branch_coupling!r} must be one of {BRANCH_COUPLINGS}")
-        for name, value in (
-            ("obs_dim", obs_dim),
-            ("n_market_features", n_market_features),
-            ("n_ensemble", n_ensemble),
-            ("n_cos", n_cos),
-            ("n_atoms", n_atoms),
-        ):
-            check_positive(name, value)
-        if n_market_features > obs_dim:
-            raise ValueError(f"n_market_features={n_market_features} must be <= obs_dim={obs_dim}")
-        if len(action_dims) == 0:
-            raise ValueError(f"action_dims={list(action_dims)} must name at least one branch")
-        for b, n in enumerate(action_dims):
-            check_positive(f"action_dims[{b}]", n)
-        if len(bottleneck_dims) != len(action_dims):
-            raise ValueError(
-                f"bottleneck_dims={list(bottleneck_dims)} must have one width per branch ({len(action_dims)})"
-            )
-        for b, w in enumerate(bottleneck_dims):
-            check_positive(f"bottleneck_dims[{b}]", w)
-        if len(net_arch) == 0:
-            raise ValueError(f"net_arch={list(net_arch)} must have at least one hidden layer")
-        for i, h in enumerate(net_arch):
-            check_positive(f"net_arch[{i}]", h)
-
+        _check_network_arguments(
+            obs_dim, n_market_features, action_dims, bottleneck_dims, net_arch, n_ensemble, n_cos, n_atoms,
+            branch_coupling,
+        )
         self.obs_dim = int(obs_dim)
         self.n_market_features = int(n_market_features)
         self.action_dims = [int(n) for n in action_dims]
@@ -182,46 +199,8 @@ class BranchingQNetwork(nn.Module):
         self.n_cos = int(n_cos)
         self.n_atoms = int(n_atoms)
         self.activation = activation_fn()
-        n_branches, n_actions = self.n_branches, self.max_actions
-        max_bottleneck = max(self.bottleneck_dims)
-        n_portfolio = self.obs_dim - self.n_market_features
-
-        # Bottleneck: branch b uses the first bottleneck_dims[b] of max_bottleneck columns; the mask zeroes
-        # the rest (they output tanh(0) = 0, so they carry neither signal nor gradient).
-        self.bottleneck_weight = nn.Parameter(th.empty(n_branches, self.n_market_features, max_bottleneck))
-        bound = 1.0 / math.sqrt(n_market_features)  # nn.Linear's default initialisation
-        nn.init.uniform_(self.bottleneck_weight, -bound, bound)
-        columns = th.arange(max_bottleneck)
-        self.register_buffer(
-            "bottleneck_mask",
-            (columns < th.tensor(self.bottleneck_dims)[:, None]).float().unsqueeze(1),
-            persistent=False,
-        )
-        widths = [max_bottleneck + n_portfolio, *self.net_arch]
-        self.hidden = nn.ModuleList(
-            BranchLinear(n_branches, i, o) for i, o in zip(widths[:-1], widths[1:], strict=True)
-        )
-        hidden_dim = self.net_arch[-1]
-        # One matmul embeds tau for all branches: [n_cos] -> [NB * hidden_dim].
-        self.shared_tau_embedding = bool(shared_tau_embedding)
-        tau_width = hidden_dim if self.shared_tau_embedding else n_branches * hidden_dim
-        self.tau_embedding = nn.Linear(self.n_cos, tau_width)
-        self.register_buffer(
-            "cos_frequencies", th.arange(self.n_cos, dtype=th.float32) * math.pi, persistent=False
-        )
-        self.iqn_out = BranchLinear(n_branches, hidden_dim, self.n_ensemble * n_actions)
-        self.c51_out = BranchLinear(n_branches, hidden_dim, n_actions * self.n_atoms)
-        self.register_buffer(
-            "action_mask",
-            th.arange(n_actions)[None, :] < th.tensor(self.action_dims)[:, None],
-            persistent=False,
-        )  # [NB, A] bool, True for real actions
-        self.padded_actions = min(self.action_dims) < n_actions  # masking is skipped when False
-        self.uneven_bottlenecks = min(self.bottleneck_dims) < max_bottleneck
-        iqn_output_mask = self.action_mask[:, None, :].expand(n_branches, self.n_ensemble, n_actions)
-        self.register_buffer(
-            "iqn_output_mask", iqn_output_mask.reshape(n_branches, 1, -1).float(), persistent=False
-        )  # [NB, 1, E * A], matching iqn_out's (ensemble, action) output layout
+        self._build_layers(bool(shared_tau_embedding))
+        self._build_masks()
         self.popart: PopArt | None = None
         self.normalize_observations = bool(normalize_observations)
         if self.normalize_observations:
@@ -235,16 +214,69 @@ class BranchingQNetwork(nn.Module):
         #: network's parameters are initialised exactly as before)
         self.autoregressive = branch_coupling == "autoregressive"
         if self.autoregressive:
-            n_codes = n_branches * n_actions
-            self.prefix_weight = nn.Parameter(th.zeros(n_branches, n_codes, self.net_arch[0]))
-            code_branch = th.arange(n_codes) // n_actions
-            code_action = th.arange(n_codes) % n_actions
-            real = code_action < th.tensor(self.action_dims)[code_branch]
-            earlier = code_branch[None, :] < th.arange(n_branches)[:, None]  # [NB, NB * A]
-            self.register_buffer("prefix_mask", (earlier & real[None, :]).float().unsqueeze(-1),
-                                 persistent=False)  # [NB, NB * A, 1]
-            self.register_buffer("prefix_offsets", th.arange(n_branches) * n_actions, persistent=False)
-            self.register_buffer("prefix_codes", th.arange(n_codes), persistent=False)
+            self._build_prefix()
+
+    def _build_layers(self, shared_tau_embedding: bool) -> None:
+        """The parameters, in the order they are initialised: the branches' bottlenecks, hidden layers, the
+        ``tau`` embedding (one for all branches when ``shared_tau_embedding``) and the IQN and C51 output
+        layers."""
+        n_branches, n_actions = self.n_branches, self.max_actions
+        max_bottleneck = max(self.bottleneck_dims)
+        n_portfolio = self.obs_dim - self.n_market_features
+        # Bottleneck: branch b uses the first bottleneck_dims[b] of max_bottleneck columns; the mask zeroes
+        # the rest (they output tanh(0) = 0, so they carry neither signal nor gradient).
+        self.bottleneck_weight = nn.Parameter(th.empty(n_branches, self.n_market_features, max_bottleneck))
+        bound = 1.0 / math.sqrt(self.n_market_features)  # nn.Linear's default initialisation
+        nn.init.uniform_(self.bottleneck_weight, -bound, bound)
+        columns = th.arange(max_bottleneck)
+        self.register_buffer(
+            "bottleneck_mask",
+            (columns < th.tensor(self.bottleneck_dims)[:, None]).float().unsqueeze(1),
+            persistent=False,
+        )
+        self.uneven_bottlenecks = min(self.bottleneck_dims) < max_bottleneck
+        widths = [max_bottleneck + n_portfolio, *self.net_arch]
+        self.hidden = nn.ModuleList(
+            BranchLinear(n_branches, i, o) for i, o in zip(widths[:-1], widths[1:], strict=True)
+        )
+        hidden_dim = self.net_arch[-1]
+        # One matmul embeds tau for all branches: [n_cos] -> [NB * hidden_dim].
+        self.shared_tau_embedding = shared_tau_embedding
+        tau_width = hidden_dim if self.shared_tau_embedding else n_branches * hidden_dim
+        self.tau_embedding = nn.Linear(self.n_cos, tau_width)
+        self.register_buffer(
+            "cos_frequencies", th.arange(self.n_cos, dtype=th.float32) * math.pi, persistent=False
+        )
+        self.iqn_out = BranchLinear(n_branches, hidden_dim, self.n_ensemble * n_actions)
+        self.c51_out = BranchLinear(n_branches, hidden_dim, n_actions * self.n_atoms)
+
+    def _build_masks(self) -> None:
+        """The masks of padded actions (branches with fewer actions than the widest)."""
+        n_branches, n_actions = self.n_branches, self.max_actions
+        self.register_buffer(
+            "action_mask",
+            th.arange(n_actions)[None, :] < th.tensor(self.action_dims)[:, None],
+            persistent=False,
+        )  # [NB, A] bool, True for real actions
+        self.padded_actions = min(self.action_dims) < n_actions  # masking is skipped when False
+        iqn_output_mask = self.action_mask[:, None, :].expand(n_branches, self.n_ensemble, n_actions)
+        self.register_buffer(
+            "iqn_output_mask", iqn_output_mask.reshape(n_branches, 1, -1).float(), persistent=False
+        )  # [NB, 1, E * A], matching iqn_out's (ensemble, action) output layout
+
+    def _build_prefix(self) -> None:
+        """The autoregressive coupling's weights of the earlier branches' sub-actions and their masks."""
+        n_branches, n_actions = self.n_branches, self.max_actions
+        n_codes = n_branches * n_actions
+        self.prefix_weight = nn.Parameter(th.zeros(n_branches, n_codes, self.net_arch[0]))
+        code_branch = th.arange(n_codes) // n_actions
+        code_action = th.arange(n_codes) % n_actions
+        real = code_action < th.tensor(self.action_dims)[code_branch]
+        earlier = code_branch[None, :] < th.arange(n_branches)[:, None]  # [NB, NB * A]
+        self.register_buffer("prefix_mask", (earlier & real[None, :]).float().unsqueeze(-1),
+                             persistent=False)  # [NB, NB * A, 1]
+        self.register_buffer("prefix_offsets", th.arange(n_branches) * n_actions, persistent=False)
+        self.register_buffer("prefix_codes", th.arange(n_codes), persistent=False)
 
     def fit_observation_normalizer(self, observations: th.Tensor, min_std: float = 1e-6) -> None:
         """Fit the input standardisation to ``observations`` (mean and standard deviation per feature).

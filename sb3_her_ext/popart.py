@@ -17,6 +17,8 @@ from collections.abc import Callable
 import torch as th
 from torch import nn
 
+from sb3_her_ext.validation import check_ema
+
 
 class PopArt(nn.Module):
     """Running first/second moments of the targets and output-preserving rescaling of output layers.
@@ -31,10 +33,7 @@ class PopArt(nn.Module):
 
     def __init__(self, beta: float = 3e-4, eps: float = 1e-5) -> None:
         super().__init__()
-        if not 0.0 < beta <= 1.0:
-            raise ValueError(f"beta={beta} must be in (0, 1]")
-        if not eps > 0.0:
-            raise ValueError(f"eps={eps} must be > 0")
+        check_ema(beta, eps)
         self.beta = beta
         self.eps = eps
         self.register_buffer("mu", th.zeros(()))

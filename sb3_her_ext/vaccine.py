@@ -13,6 +13,8 @@ from collections.abc import Iterable
 import torch as th
 from torch import nn
 
+from sb3_her_ext.validation import check_ema
+
 
 def flat_grad(params: Iterable[nn.Parameter]) -> th.Tensor:
     """Concatenate the gradients of ``params`` into one vector (zeros for parameters without a gradient).
@@ -58,10 +60,7 @@ class GradVac(nn.Module):
 
     def __init__(self, beta: float = 0.01, eps: float = 1e-12) -> None:
         super().__init__()
-        if not 0.0 < beta <= 1.0:
-            raise ValueError(f"beta={beta} must be in (0, 1]")
-        if not eps > 0.0:
-            raise ValueError(f"eps={eps} must be > 0")
+        check_ema(beta, eps)
         self.beta = beta
         self.eps = eps
         self.register_buffer("target_cos", th.zeros(()))

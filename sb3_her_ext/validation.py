@@ -32,6 +32,14 @@ def check_positive(name: str, value: Any) -> None:
         raise ValueError(f"{name}={value!r} must be a positive int")
 
 
+def check_ema(beta: Any, eps: Any) -> None:
+    """Raise a ValueError unless ``beta`` (an EMA step) is in ``(0, 1]`` and ``eps`` (a guard) is ``> 0``."""
+    if not 0.0 < beta <= 1.0:
+        raise ValueError(f"beta={beta} must be in (0, 1]")
+    if not eps > 0.0:
+        raise ValueError(f"eps={eps} must be > 0")
+
+
 def check_real(name: str, value: Any) -> float:
     """``value`` as a float, or a ValueError naming ``name``: a real number, finite (bools and strings
     refused).

@@ -94,9 +94,8 @@ from typing import NamedTuple
 import torch
 
 from foxenv.checks import check_seed
-from foxenv.data.market import FLOW_WIDTH, MarketData
-
-_HALF = FLOW_WIDTH // 2
+from foxenv.data.market import MarketData
+from foxenv.data.synthetic_flow import book_flows
 
 
 @dataclass(frozen=True)
@@ -268,10 +267,6 @@ WAVE_KNOBS: tuple[str, ...] = tuple(name for name in SyntheticProfile.__dataclas
                                     if name.startswith("wave_"))
 #: Salt of the planted signal's own random stream (the market's stream stays untouched by the signal).
 _SIGNAL_SALT = 0x5167_4E41
-#: Salt of the trade gates' own random stream (the market's stream stays untouched by them).
-_TRADE_SALT = 0x7EAD_E5A1
-#: Salt of the sweep gates' own random stream (whether the levels the price moves past traded).
-_SWEEP_SALT = 0x5EE9_0A7E
 #: Salt of the latent order-flow imbalance's own random stream (the market's stream stays untouched by it).
 _FLOW_SALT = 0x0F10_3A11
 #: Salt of the waves' own random stream (the market's stream stays untouched by them).
@@ -497,75 +492,23 @@ def _level_sizes(
     return torch.where(odd, odd_size, profile.round_lot * lots)
 
 
-def _side_flow(
-    prev_price: torch.Tensor,
-    prev_size: torch.Tensor,
-    consumed: torch.Tensor,
-    pressure: torch.Tensor,
-    ref_tick: torch.Tensor,
-    profile: SyntheticProfile,
-    generator: torch.Generator,
-    trades: torch.Tensor | None = None,
-    sweeps: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Executed and cancelled volume of one side during each step, on the flow grid.
+class _MidPath(NamedTuple):
+    """The mid path in ticks and what the book and the flows read off it (``[T + 1]`` each; None where the
+    profile has no metaorders, no planted signal or no waves)."""
 
-    :param prev_price: ``[T, L]`` int64 tick prices of the side at the step's start.
-    :param prev_size: ``[T, L]`` sizes at the step's start.
-    :param consumed: ``[T, L]`` bool, levels the price moved past during the step.
-    :param pressure: ``[T]`` in ``[0, 1]``, share of aggressive flow hitting this side.
-    :param ref_tick: ``[T]`` int64 grid reference (floor of the start mid, in ticks).
-    :param profile: the knobs.
-    :param generator: the random source.
-    :param trades: ``[T]`` bool, steps in which the surviving touch trades at all; ``None``: every step.
-    :param sweeps: ``[T]`` bool, steps in which the levels the price moved past traded (else they were
-        cancelled); ``None``: every step.
-    :return: ``(executed, cancelled)``, each ``[T, FLOW_WIDTH]`` float32.
-    """
-    steps, levels = prev_price.shape
-    uniform = torch.rand((steps, levels), generator=generator, dtype=torch.float64)
-    consumed_exec = prev_size * (profile.consumed_exec_min + (1.0 - profile.consumed_exec_min) * uniform)
-    touch_share = profile.exec_fraction * 2.0 * pressure * torch.empty(
-        steps, dtype=torch.float64).exponential_(generator=generator)
-    touch_exec = torch.zeros_like(prev_size)
-    touch_exec[:, 0] = prev_size[:, 0] * touch_share.clamp(max=1.0)
-    if trades is not None:
-        touch_exec[:, 0] = touch_exec[:, 0] * trades
-    if sweeps is not None:
-        consumed_exec = consumed_exec * sweeps[:, None]
-    executed = torch.where(consumed, consumed_exec, touch_exec)
-    decay = (1.0 + torch.arange(levels, dtype=torch.float64)) ** -profile.cancel_power
-    cancel_share = profile.cancel_fraction * decay * torch.empty(
-        (steps, levels), dtype=torch.float64).exponential_(generator=generator)
-    remaining = prev_size - executed
-    cancelled = torch.where(consumed, remaining, remaining * cancel_share.clamp(max=1.0))
-    column = (prev_price - ref_tick[:, None] + _HALF).clamp(0, FLOW_WIDTH - 1)
-    executed_grid = torch.zeros((steps, FLOW_WIDTH), dtype=torch.float64).scatter_add_(1, column, executed)
-    cancelled_grid = torch.zeros((steps, FLOW_WIDTH), dtype=torch.float64).scatter_add_(1, column, cancelled)
-    return executed_grid.float(), cancelled_grid.float()
+    mid: torch.Tensor
+    increments: torch.Tensor
+    volatility: torch.Tensor
+    log_vol: torch.Tensor
+    metaorder: torch.Tensor | None
+    signal: torch.Tensor | None
+    waves: WaveSchedule | None
 
 
-def generate_synthetic(
-    num_steps: int = 50_000,
-    *,
-    levels: int = 10,
-    seed: int = 0,
-    tick_size: float = 0.01,
-    device: str | torch.device = "cpu",
-    **profile: float,
-) -> MarketData:
-    """Generate a synthetic market timeline.
-
-    :param num_steps: number of steps ``T``.
-    :param levels: book levels per side ``L``.
-    :param seed: random seed; the same seed gives the same tensors on every device.
-    :param tick_size: price increment in currency.
-    :param device: device of the returned tensors.
-    :param profile: overrides of :class:`SyntheticProfile` fields (e.g. ``drift_ticks=0.0``).
-    :return: the timeline, validated, on ``device``.
-    :raises ValueError: on a bad argument or profile knob, naming it and its value.
-    """
-    seed = check_seed(seed, "seed", optional=False)
+def _check_profile(
+    num_steps: int, levels: int, tick_size: float, profile: dict[str, float]
+) -> SyntheticProfile:
+    """:func:`generate_synthetic`'s arguments checked; the profile with the overrides ``profile``."""
     if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
         raise ValueError(f"num_steps={num_steps!r} must be a positive int")
     if isinstance(levels, bool) or not isinstance(levels, int) or levels < 1:
@@ -576,23 +519,26 @@ def generate_synthetic(
     unknown = sorted(set(profile) - known)
     if unknown:
         raise ValueError(f"unknown synthetic profile knob(s) {unknown}; known: {sorted(known)}")
-    knobs = replace(SyntheticProfile(), **profile).validate()
-    generator = torch.Generator(device="cpu").manual_seed(int(seed))
-    length = num_steps + 1  # row 0 is the book before the first step
+    return replace(SyntheticProfile(), **profile).validate()
 
-    # Mid: regime drift + clustered noise, accumulated with a weak pull back, in log space.
+
+def _mid_path(
+    length: int, seed: int, tick_size: float, knobs: SyntheticProfile, generator: torch.Generator
+) -> _MidPath:
+    """Mid: regime drift + clustered noise, accumulated with a weak pull back, in log space."""
     log_vol = _smoothed_noise(length, knobs.vol_memory, generator)
     volatility = knobs.vol_ticks * torch.exp(knobs.vol_of_vol * log_vol)
     noise = torch.randn(length, generator=generator, dtype=torch.float64)
     informed = knobs.flow_volume > 0 or knobs.flow_impact > 0
+    metaorder = None
     if informed:  # metaorders: the imbalance z_t trades in step t and pushes the mid in step t + 1
         metaorder = _flow_imbalance(length, seed, knobs.flow_persistence)
         noise = math.sqrt(1.0 - knobs.flow_impact**2) * noise  # the push takes this share of the variance
     increments = _regime_drift(length, knobs, generator) + volatility * noise
-    if informed and knobs.flow_impact > 0:
+    if metaorder is not None and knobs.flow_impact > 0:
         increments[1:] = increments[1:] + knobs.flow_impact * volatility[1:] * metaorder[:-1]
-    planted = knobs.signal_strength > 0
-    if planted:
+    signal = None
+    if knobs.signal_strength > 0:
         signal, signal_moves = _planted_signal(length, seed, knobs)
         increments = increments + signal_moves
     waves = _waves(length, seed, knobs) if knobs.wave_rate > 0 else None
@@ -602,13 +548,24 @@ def generate_synthetic(
     start_ticks = knobs.start_price / tick_size
     deviation = _decaying_sum(increments, 1.0 - 1.0 / knobs.reversion_steps)
     mid = start_ticks * torch.exp(deviation / start_ticks)
+    return _MidPath(mid, increments, volatility, log_vol, metaorder, signal, waves)
 
-    # Spread, correlated with volatility; levels at random gaps; sizes.
+
+def _book(
+    path: _MidPath, levels: int, tick_size: float, knobs: SyntheticProfile, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Spread, correlated with volatility; levels at random gaps; sizes; a planted signal or the waves
+    shown in the top-of-book imbalance.
+
+    :return: ``(bid_ticks, ask_ticks, bid_size, ask_size)``, each ``[T + 1, L]`` (ticks int64, sizes float64).
+    """
+    length = path.mid.shape[0]
     own_noise = _smoothed_noise(length, knobs.spread_memory, generator)
-    spread_noise = knobs.spread_vol_corr * log_vol + math.sqrt(1.0 - knobs.spread_vol_corr**2) * own_noise
+    corr = knobs.spread_vol_corr
+    spread_noise = corr * path.log_vol + math.sqrt(1.0 - corr**2) * own_noise
     spread = torch.round(knobs.spread_median_ticks * torch.exp(knobs.spread_log_std * spread_noise))
     spread = spread.clamp(min=1)  # a spread below one tick would cross the book
-    best_bid = torch.floor(mid - spread / 2.0)
+    best_bid = torch.floor(path.mid - spread / 2.0)
     best_ask = best_bid + spread
 
     def side_prices() -> torch.Tensor:
@@ -622,9 +579,9 @@ def generate_synthetic(
     ask_ticks = (best_ask[:, None] + side_prices()).to(torch.int64)
     bid_size = _level_sizes((length, levels), knobs, generator)
     ask_size = _level_sizes((length, levels), knobs, generator)
-    shown = signal if planted else None
-    if waves is not None:  # the waves' marks over the planted signal, or over noise of the same spread
-        shown = (signal if planted else waves.noise) + waves.marks
+    shown = path.signal
+    if path.waves is not None:  # the waves' marks over the planted signal, or over noise of the same spread
+        shown = (path.signal if path.signal is not None else path.waves.noise) + path.waves.marks
     if shown is not None:  # show it in the top-of-book imbalance, keeping the touch's total size
         imbalance = torch.tanh(shown / 2.0)
         total = bid_size[:, 0] + ask_size[:, 0]
@@ -636,49 +593,46 @@ def generate_synthetic(
             f"tick_size={tick_size}); "
             "raise start_price or lower drift_ticks / vol_ticks"
         )
+    return bid_ticks, ask_ticks, bid_size, ask_size
 
-    # Flows of step t (rows 1..T) from the book at its start (row t-1) and its end (row t).
-    ref_tick = (bid_ticks[:-1, 0] + ask_ticks[:-1, 0]).div(2, rounding_mode="floor")
-    move = increments[1:]
-    if knobs.adverse_selection > 0:  # lean toward the next step's move (none after the last step)
-        following = torch.cat([increments[2:], torch.zeros(1, dtype=torch.float64)])
-        move = move + knobs.adverse_selection * following
-    buy_pressure = torch.sigmoid(2.0 * move / volatility[1:])
-    buys_trade = sells_trade = None
-    if knobs.trade_probability < 1:
-        gates = torch.Generator(device="cpu").manual_seed((int(seed) + _TRADE_SALT) % 2**63)
-        uniform = torch.rand((2, num_steps), generator=gates, dtype=torch.float64)
-        chance = 2.0 * knobs.trade_probability
-        buys_trade = uniform[0] < (chance * buy_pressure).clamp(max=1.0)
-        sells_trade = uniform[1] < (chance * (1.0 - buy_pressure)).clamp(max=1.0)
-    buys_sweep = sells_sweep = None
-    if knobs.sweep_trade_probability < 1:
-        gates = torch.Generator(device="cpu").manual_seed((int(seed) + _SWEEP_SALT) % 2**63)
-        uniform = torch.rand((2, num_steps), generator=gates, dtype=torch.float64)
-        chance = 2.0 * knobs.sweep_trade_probability
-        sharp = torch.sigmoid(2.0 * increments[1:] / volatility[1:])  # this step's move only
-        buys_sweep = uniform[0] < (chance * sharp).clamp(max=1.0)
-        sells_sweep = uniform[1] < (chance * (1.0 - sharp)).clamp(max=1.0)
-    exec_ask, cancel_ask = _side_flow(ask_ticks[:-1], ask_size[:-1], ask_ticks[:-1] < ask_ticks[1:, :1],
-                                      buy_pressure, ref_tick, knobs, generator, buys_trade, buys_sweep)
-    exec_bid, cancel_bid = _side_flow(bid_ticks[:-1], bid_size[:-1], bid_ticks[:-1] > bid_ticks[1:, :1],
-                                      1.0 - buy_pressure, ref_tick, knobs, generator, sells_trade,
-                                      sells_sweep)
-    if informed and knobs.flow_volume > 0:  # the metaorders' own trades at the step's starting touch
-        traded = knobs.flow_volume * metaorder[1:]
-        if (buys_sweep is not None and sells_sweep is not None and buys_trade is not None
-                and sells_trade is not None):
-            # they also trade where they swept the touch away (the price moved past it and that side traded)
-            buys_trade = buys_trade | (buys_sweep & (ask_ticks[:-1, 0] < ask_ticks[1:, 0]))
-            sells_trade = sells_trade | (sells_sweep & (bid_ticks[:-1, 0] > bid_ticks[1:, 0]))
-        sides = ((exec_ask, ask_ticks[:-1, 0], traded.clamp(min=0.0), buys_trade),
-                 (exec_bid, bid_ticks[:-1, 0], (-traded).clamp(min=0.0), sells_trade))
-        for grid, touch, volume, gate in sides:
-            if gate is not None:
-                volume = volume * gate
-            column = (touch - ref_tick + _HALF).clamp(0, FLOW_WIDTH - 1)
-            grid.scatter_add_(1, column[:, None], volume[:, None].float())
 
+def _name(seed: int, num_steps: int, levels: int, knobs: SyntheticProfile, path: _MidPath) -> str:
+    """The market's name: its seed, size, and planted signal and waves if any."""
+    planted = path.signal is not None
+    signal = f" signal={knobs.signal_strength:g}x{int(knobs.signal_horizon)}" if planted else ""
+    waves = f" waves={knobs.wave_rate:g}x{knobs.wave_length_mean:g}" if path.waves is not None else ""
+    return f"synthetic seed={seed} steps={num_steps} levels={levels}{signal}{waves}"
+
+
+def generate_synthetic(
+    num_steps: int = 50_000,
+    *,
+    levels: int = 10,
+    seed: int = 0,
+    tick_size: float = 0.01,
+    device: str | torch.device = "cpu",
+    **profile: float,
+) -> MarketData:
+    """Generate a synthetic market timeline: the mid path, the book around it, the flows between books.
+
+    :param num_steps: number of steps ``T``.
+    :param levels: book levels per side ``L``.
+    :param seed: random seed; the same seed gives the same tensors on every device.
+    :param tick_size: price increment in currency.
+    :param device: device of the returned tensors.
+    :param profile: overrides of :class:`SyntheticProfile` fields (e.g. ``drift_ticks=0.0``).
+    :return: the timeline, validated, on ``device``.
+    :raises ValueError: on a bad argument or profile knob, naming it and its value.
+    """
+    seed = check_seed(seed, "seed", optional=False)
+    knobs = _check_profile(num_steps, levels, tick_size, profile)
+    generator = torch.Generator(device="cpu").manual_seed(int(seed))
+    path = _mid_path(num_steps + 1, seed, tick_size, knobs, generator)  # row 0: the book before step 1
+    book = _book(path, levels, tick_size, knobs, generator)
+    ref_tick, exec_bid, exec_ask, cancel_bid, cancel_ask = book_flows(
+        book, path.increments, path.volatility, path.metaorder, seed, knobs, generator
+    )
+    bid_ticks, ask_ticks, bid_size, ask_size = book
     data = MarketData(
         bid_price=bid_ticks[1:].to(torch.float64) * tick_size,
         bid_size=bid_size[1:].float(),
@@ -692,8 +646,6 @@ def generate_synthetic(
         time=knobs.step_seconds * torch.arange(1, num_steps + 1, dtype=torch.float64),
         halted=torch.zeros(num_steps, dtype=torch.bool),
         tick_size=float(tick_size),
-        name=f"synthetic seed={seed} steps={num_steps} levels={levels}"
-        + (f" signal={knobs.signal_strength:g}x{int(knobs.signal_horizon)}" if planted else "")
-        + (f" waves={knobs.wave_rate:g}x{knobs.wave_length_mean:g}" if waves is not None else ""),
+        name=_name(seed, num_steps, levels, knobs, path),
     )
     return data.validate().to(device)

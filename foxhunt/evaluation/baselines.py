@@ -148,7 +148,6 @@ class OraclePolicy:
         self.imbalance_column = 4 * int(levels)
         self.spread_column = 4 * int(levels) + 1
         self.fee_ticks = 2.0 * taker_fee_bps * 1e-4 * price / tick_size
-        self._position_column: int | None = None
 
     def reset(self, num_books: int, device: torch.device) -> None:
         """Clear the signal memory."""

@@ -35,14 +35,13 @@ def add_parser(subparsers: Any) -> None:
 
     :param subparsers: the object ``ArgumentParser.add_subparsers`` returned.
     """
-    p = subparsers.add_parser(
-        "evaluate", help="evaluate a saved model beside baselines on held-out data",
-        description="Run the greedy policy of a run folder's model.zip (or a saved model) and, on the same "
-        "books and episode windows, the baselines and any other models; write report.md, evaluation.json "
-        "and eval_*.png. Synthetic data is held out by a market seed other than the training one; a "
-        "LOBSTER split is walked in disjoint episode windows.",
+    p = add_target_parser(
+        subparsers, "evaluate", "evaluate a saved model beside baselines on held-out data",
+        "Run the greedy policy of a run folder's model.zip (or a saved model) and, on the same books and "
+        "episode windows, the baselines and any other models; write report.md, evaluation.json and "
+        "eval_*.png. Synthetic data is held out by a market seed other than the training one; a LOBSTER "
+        "split is walked in disjoint episode windows.",
     )
-    add_market_options(p)
     p.add_argument("--baselines", nargs="*", default=None,
                    choices=BASELINES, help="baselines run beside the model (default: flat random "
                    "buy_and_hold, on LOBSTER data also imbalance (fitted on the fit data) and market_maker; "
@@ -56,14 +55,29 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--seed", type=int, default=None,
                    help="seed of the episode windows and the random baseline (default: the run's evaluation "
                    "seed, its seed + 1000; for a model .zip 0)")
-    p.add_argument("--device", default=None,
-                   help="cpu or cuda (default: the run's device where it exists here, else cpu)")
     p.add_argument("--out", default=None,
                    help="report folder, new or empty (default: a new RUN_DIR/evaluations/<stamp>/, or "
                    "evaluations/<stamp>/ beside the model)")
     p.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True, help="write the PNGs")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=False,
                    help="show progress bars (default: off)")
+
+
+def add_target_parser(subparsers: Any, name: str, help: str, description: str) -> argparse.ArgumentParser:
+    """A subcommand on a run folder or model (``foxhunt evaluate``, ``foxhunt watch``): its parser with the
+    target, the options that choose its held-out market (:func:`add_market_options`) and ``--device``.
+
+    :param subparsers: the object ``ArgumentParser.add_subparsers`` returned.
+    :param name: the subcommand.
+    :param help: its line in ``foxhunt --help``.
+    :param description: its ``--help`` text.
+    :return: the subcommand's parser.
+    """
+    p = subparsers.add_parser(name, help=help, description=description)
+    add_market_options(p)
+    p.add_argument("--device", default=None,
+                   help="cpu or cuda (default: the run's device where it exists here, else cpu)")
+    return p
 
 
 def add_market_options(p: argparse.ArgumentParser) -> None:

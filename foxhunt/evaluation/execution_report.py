@@ -288,21 +288,9 @@ def load_execution_model(path: str | Path, grid: Any, device: str = "cpu") -> An
     :param device: device of the network.
     :raises ValueError: when no algorithm loads it or it acts on another space.
     """
-    import importlib
-
-    from foxhunt.evaluation.model_file import MODEL_CLASSES, check_action_space
+    from foxhunt.evaluation.model_file import check_action_space, load_saved_model
 
     path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"model={str(path)!r} is not a file")
-    errors = []
-    for module_name, class_name in MODEL_CLASSES:
-        try:
-            model = getattr(importlib.import_module(module_name), class_name).load(path, device=device)
-            break
-        except Exception as error:  # noqa: BLE001 (try the next algorithm; all failures are reported)
-            errors.append(f"{class_name}: {type(error).__name__}: {error}"[:200])
-    else:
-        raise ValueError(f"model={str(path)!r}: no known algorithm could load it ({'; '.join(errors)})")
+    model = load_saved_model(path, device)
     check_action_space(model, str(path), grid=grid)
     return model

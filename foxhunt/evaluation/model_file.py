@@ -38,6 +38,26 @@ _SPLIT_PARTS = {"all": {"fit", "validation", "test"}, "train": {"fit", "validati
                 "validation": {"validation"}, "test": {"test"}}
 
 
+def load_saved_model(path: str | Path, device: str = "cpu") -> Any:
+    """Load a saved SB3 model with the first of :data:`MODEL_CLASSES` that can (its action space unchecked).
+
+    :param path: a ``.zip`` written by ``model.save``.
+    :param device: device of the loaded network.
+    :return: the model.
+    :raises ValueError: one line, when ``path`` is not a file or no algorithm loads it (each one's error).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"model={str(path)!r} is not a file")
+    errors = []
+    for module_name, class_name in MODEL_CLASSES:
+        try:
+            return getattr(importlib.import_module(module_name), class_name).load(path, device=device)
+        except Exception as error:  # noqa: BLE001 (try the next algorithm; all failures are reported)
+            errors.append(f"{class_name}: {type(error).__name__}: {error}"[:200])
+    raise ValueError(f"model={str(path)!r}: no known algorithm could load it ({'; '.join(errors)})")
+
+
 def load_model(path: str | Path, device: str = "cpu") -> Any:
     """Load a saved SB3 model, trying BranchingIQN, SB3's DQN and sb3-contrib's QR-DQN, and check that its
     actions are one of foxenv's faces (:func:`check_action_space`).
@@ -48,18 +68,7 @@ def load_model(path: str | Path, device: str = "cpu") -> Any:
     :raises ValueError: one line, when no algorithm loads it or its action space is not foxenv's.
     """
     path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"model={str(path)!r} is not a file")
-    errors = []
-    for module_name, class_name in MODEL_CLASSES:
-        try:
-            cls = getattr(importlib.import_module(module_name), class_name)
-            model = cls.load(path, device=device)
-            break
-        except Exception as error:  # noqa: BLE001 (try the next algorithm; all failures are reported)
-            errors.append(f"{class_name}: {type(error).__name__}: {error}"[:200])
-    else:
-        raise ValueError(f"model={str(path)!r}: no known algorithm could load it ({'; '.join(errors)})")
+    model = load_saved_model(path, device)
     try:
         check_action_space(model, str(path), grid=None)  # the env's grid is checked when it is scored
     except ValueError as error:

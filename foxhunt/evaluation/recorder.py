@@ -217,14 +217,31 @@ def record(policy: Any, market: MarketData, *, num_books: int = 16, num_steps: i
     if int(num_books) != num_books or num_books < 1:
         raise ValueError(f"num_books={num_books} must be an integer >= 1")
     episodes = -(-steps // length)
+    offsets = _check_offsets(offsets, market, length, int(num_books), episodes, seed)
+    lob = BatchedLOB(market, int(num_books), config, device, seed)
+    _check_observation_space(policy, lob)
+    series, started = _run(policy, lob, offsets, steps, progress)
+    return Recording(
+        policy=policy.name, series=series, offsets=offsets[:episodes].cpu(), episode_length=length,
+        market=market.name, step_seconds=step_seconds(market), elapsed_s=time.perf_counter() - started,
+        nvec=config.grid.nvec, action_labels=config.grid.labels(),
+    )
+
+
+def _check_offsets(offsets: torch.Tensor | None, market: MarketData, length: int, num_books: int,
+                   episodes: int, seed: int) -> torch.Tensor:
+    """``offsets`` as ``[E, B]`` int64, checked (:func:`plan_offsets`'s when None)."""
     if offsets is None:
         offsets = plan_offsets(market.num_steps, length, num_books, episodes, seed)
     offsets = torch.as_tensor(offsets, dtype=torch.int64)
     if offsets.ndim != 2 or offsets.shape[0] < episodes or offsets.shape[1] != num_books:
         raise ValueError(f"offsets has shape {tuple(offsets.shape)}; ({episodes}, {num_books}) or more rows "
                          "are needed")
-    lob = BatchedLOB(market, int(num_books), config, device, seed)
-    dev = lob.device
+    return offsets
+
+
+def _check_observation_space(policy: Any, lob: Any) -> None:
+    """Raise a ValueError when a model policy was trained on observations of another size than the env's."""
     space = getattr(getattr(policy, "model", None), "observation_space", None)
     if space is not None and tuple(space.shape) != (int(lob.observation_dim),):
         raise ValueError(
@@ -232,16 +249,28 @@ def record(policy: Any, market: MarketData, *, num_books: int = 16, num_steps: i
             f"observation ({int(lob.observation_dim)},); give the env_kwargs (levels, return_horizons) the "
             "model was trained with"
         )
+
+
+def _run(policy: Any, lob: Any, offsets: torch.Tensor, steps: int,
+         progress: bool) -> tuple[dict[str, torch.Tensor], float]:
+    """Step ``policy`` on ``lob`` for ``steps`` vector steps, each episode from its planned window.
+
+    :return: the series (``[N, B]`` each, ``actions`` ``[N, B, 4]``) and the ``perf_counter`` at the start.
+    """
+    config = lob.config
+    dev = lob.device
+    length = int(config.episode_length)
+    num_books = lob.num_books
     features = market_features(lob.market, config)
     market_mid = (lob.market.bid_price[:, 0] + lob.market.ask_price[:, 0]) / 2
-    shape = (steps, int(num_books))
+    shape = (steps, num_books)
     series = {name: torch.zeros(shape, dtype=torch.float64, device=dev) for name in SERIES}
     for name in ("trade_closed", "episode_start", "alive", "order_active"):
         series[name] = torch.zeros(shape, dtype=torch.bool, device=dev)
     series["actions"] = torch.zeros((*shape, 4), dtype=torch.int8, device=dev)
     dev_offsets = offsets.to(dev)
     magnitudes = torch.tensor(config.grid.magnitudes, dtype=torch.float64, device=dev) * config.max_position
-    policy.reset(int(num_books), dev)
+    policy.reset(num_books, dev)
     started = time.perf_counter()
     for t in progress_bar(range(steps), desc=f"evaluate {policy.name}", disable=not progress):
         if t % length == 0:  # every book starts its next episode at its planned window
@@ -253,43 +282,15 @@ def record(policy: Any, market: MarketData, *, num_books: int = 16, num_steps: i
             if callable(getattr(policy, "start_episodes", None)):  # a policy that knows the market's rows
                 policy.start_episodes(dev_offsets[t // length])
             prev_mid = market_mid.index_select(0, dev_offsets[t // length])
-            prev_position = torch.zeros(shape[1], dtype=torch.float64, device=dev)
+            prev_position = torch.zeros(num_books, dtype=torch.float64, device=dev)
             prev_equity = torch.zeros_like(prev_position)
             prev_cash = torch.zeros_like(prev_position)
-            alive = torch.ones(shape[1], dtype=torch.bool, device=dev)
-            episode_start = torch.ones(shape[1], dtype=torch.bool, device=dev)
+            alive = torch.ones(num_books, dtype=torch.bool, device=dev)
+            episode_start = torch.ones(num_books, dtype=torch.bool, device=dev)
         action = policy.act(obs, episode_start)
         obs, reward, terminated, _, info = lob.step(action)
-        is_maker = action[:, 2] == 1
-        # the resting order (only a LimitMaker action leaves one) works toward the action's target
-        target = (action[:, 0] - 1).double() * magnitudes[action[:, 1].long()]
-        resting = info["order_active"] & alive
-        order_side = torch.sign(target - info["position"]) * resting
-        touch = torch.where(order_side > 0, info["best_bid"], info["best_ask"])
-        distance = torch.round(order_side * (touch - info["order_price"]) / lob.market.tick_size)
-        lots = (info["position"] - prev_position).abs() * alive
-        fees = info["fees"] * alive
-        # cash falls by the fill notional plus fees; the fill notional against the pre-trade mid is the cost
-        shortfall = (prev_cash - info["cash"] - info["fees"]) - (info["position"] - prev_position) * prev_mid
-        row = {
-            "equity": torch.where(alive, info["equity"], prev_equity),
-            "step_pnl": (info["equity"] - prev_equity) * alive,
-            "reward": reward.double() * alive,
-            "position": torch.where(alive, info["position"], prev_position),
-            "mid": info["mid"],
-            "prev_mid": prev_mid,
-            "traded_lots": lots,
-            "notional": lots * prev_mid,
-            "maker_lots": lots * is_maker,
-            "fees": fees,
-            "spread_cost": shortfall * alive,
-            "trade_closed": info["trade_closed"] & alive,
-            "trade_pnl": info["trade_pnl"] * alive,
-            "episode_start": episode_start,
-            "alive": alive,
-            "order_active": resting,
-            "order_distance": distance * resting,
-        }
+        row = _series_row(action, reward, info, magnitudes, lob.market.tick_size, alive, episode_start,
+                          prev_mid, prev_position, prev_equity, prev_cash)
         for name, value in row.items():
             series[name][t] = value
         series["actions"][t] = action.to(torch.int8)
@@ -299,8 +300,42 @@ def record(policy: Any, market: MarketData, *, num_books: int = 16, num_steps: i
         episode_start = torch.zeros_like(episode_start)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
-    return Recording(
-        policy=policy.name, series=series, offsets=offsets[:episodes].cpu(), episode_length=length,
-        market=market.name, step_seconds=step_seconds(market), elapsed_s=time.perf_counter() - started,
-        nvec=config.grid.nvec, action_labels=config.grid.labels(),
-    )
+    return series, started
+
+
+def _series_row(action: torch.Tensor, reward: torch.Tensor, info: dict[str, torch.Tensor],
+                magnitudes: torch.Tensor, tick_size: float, alive: torch.Tensor, episode_start: torch.Tensor,
+                prev_mid: torch.Tensor, prev_position: torch.Tensor, prev_equity: torch.Tensor,
+                prev_cash: torch.Tensor) -> dict[str, torch.Tensor]:
+    """One step's row of every series but ``actions`` (``[B]`` each); a finished episode's book holds its
+    equity and position and counts nothing more."""
+    is_maker = action[:, 2] == 1
+    # the resting order (only a LimitMaker action leaves one) works toward the action's target
+    target = (action[:, 0] - 1).double() * magnitudes[action[:, 1].long()]
+    resting = info["order_active"] & alive
+    order_side = torch.sign(target - info["position"]) * resting
+    touch = torch.where(order_side > 0, info["best_bid"], info["best_ask"])
+    distance = torch.round(order_side * (touch - info["order_price"]) / tick_size)
+    lots = (info["position"] - prev_position).abs() * alive
+    fees = info["fees"] * alive
+    # cash falls by the fill notional plus fees; the fill notional against the pre-trade mid is the cost
+    shortfall = (prev_cash - info["cash"] - info["fees"]) - (info["position"] - prev_position) * prev_mid
+    return {
+        "equity": torch.where(alive, info["equity"], prev_equity),
+        "step_pnl": (info["equity"] - prev_equity) * alive,
+        "reward": reward.double() * alive,
+        "position": torch.where(alive, info["position"], prev_position),
+        "mid": info["mid"],
+        "prev_mid": prev_mid,
+        "traded_lots": lots,
+        "notional": lots * prev_mid,
+        "maker_lots": lots * is_maker,
+        "fees": fees,
+        "spread_cost": shortfall * alive,
+        "trade_closed": info["trade_closed"] & alive,
+        "trade_pnl": info["trade_pnl"] * alive,
+        "episode_start": episode_start,
+        "alive": alive,
+        "order_active": resting,
+        "order_distance": distance * resting,
+    }

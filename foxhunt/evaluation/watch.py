@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from foxhunt.evaluation.cli import add_market_options, check_market_options  # light: no torch
+from foxhunt.evaluation.cli import add_target_parser, check_market_options  # light: no torch
 
 #: Animation formats by suffix: the matplotlib writer's name.
 WRITERS = {".gif": "pillow", ".mp4": "ffmpeg"}
@@ -44,13 +44,12 @@ def add_parser(subparsers: Any) -> None:
 
     :param subparsers: the object ``ArgumentParser.add_subparsers`` returned.
     """
-    p = subparsers.add_parser(
-        "watch", help="animate a saved model's greedy play of one book on held-out data",
-        description="Step the greedy policy of a run folder's model.zip (or a saved model) over the held-out "
-        "market foxhunt evaluate would score it on, on the same episode windows, and write an animation of "
-        "one book: its depth, the agent's resting order, fills, position and equity, and the mid path.",
+    p = add_target_parser(
+        subparsers, "watch", "animate a saved model's greedy play of one book on held-out data",
+        "Step the greedy policy of a run folder's model.zip (or a saved model) over the held-out market "
+        "foxhunt evaluate would score it on, on the same episode windows, and write an animation of one "
+        "book: its depth, the agent's resting order, fills, position and equity, and the mid path.",
     )
-    add_market_options(p)
     p.add_argument("--steps", type=int, default=None,
                    help="frames: steps of the book, at most the evaluation's steps per book (default: one "
                    f"episode, at most {DEFAULT_MAX_FRAMES})")
@@ -61,8 +60,6 @@ def add_parser(subparsers: Any) -> None:
                    help="the animation, .gif or .mp4 (mp4 needs ffmpeg; default: a new "
                    "RUN_DIR/watch/<stamp>.gif, or watch/<stamp>.gif beside the model)")
     p.add_argument("--fps", type=float, default=5.0, help="frames per second (default: 5)")
-    p.add_argument("--device", default=None,
-                   help="cpu or cuda (default: the run's device where it exists here, else cpu)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="a progress bar while rendering (default: on at a terminal)")
 
