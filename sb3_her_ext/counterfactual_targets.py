@@ -2,21 +2,29 @@
 
 On an env whose dynamics are exogenous to the agent (:mod:`sb3_her_ext.counterfactual`), the replay buffer
 keeps each row's pre-step env state, and every action's outcome from it is exact. For each sampled row the
-step then learns from ``K`` virtual transitions at once:
+step then learns from ``K`` virtual transitions at once, on one of three faces:
 
-* **joint face** (one branch, or ``∏ n_b ≤ counterfactual_actions``): every joint action; each virtual
-  transition trains every branch at its own sub-action, as a logged transition does;
-* **branched face** (larger spaces): per branch ``b`` and value ``v``, the joint action greedy on the other
-  branches (the online network's argmax at ``s``) with ``v`` on branch ``b`` — the exact target of that
-  joint action, trained on branch ``b``'s head only (a per-branch loss mask). The logged action is added
-  as one more virtual row with an all-zero mask: it trains nothing and gives the priority's TD error.
+* **joint** (``∏ n_b ≤ counterfactual_actions``): every joint action. With one branch each trains its
+  action. With several, BDQ's branch heads are per-branch values: branch ``b``'s value ``v`` learns the
+  target of the best joint action with ``v`` on ``b`` (the largest mean target ``r + γ·Z'`` among them),
+  so the greedy branches together pick the joint argmax of the targets. (Training each head on every
+  joint action would learn the marginals over the other branches' uniform choice: the miscoordination of
+  independent branches, which on the tests' toy market held the greedy policy at 30 % of the optimum.)
+* **branched** (several branches, more joint actions): per branch ``b`` and value ``v``, the joint action
+  greedy on the other branches (the online network's argmax at ``s``) with ``v`` on ``b``, trained on
+  ``b``'s head only (a per-branch loss mask);
+* **sampled** (one branch of more than ``counterfactual_actions`` actions): that many actions drawn
+  uniformly per row.
 
-The env's :meth:`~sb3_her_ext.counterfactual.CounterfactualEnv.counterfactual_step` gives each virtual
-transition's reward, termination and next observation; the ``B·K`` transitions then go through the
-learner's own loss (:meth:`~sb3_her_ext.learner.Learner.loss`: double-Q target, PopArt, IQN + C51, the
-ensemble) as one expanded batch. The per-sample loss is the mean over the ``K`` trained rows, so the PER
-importance weights apply per replayed row, and the priority is the logged action's ``Σ_b |δ_b|``. No host
-sync and no Python loop over rows: it runs inside a captured training block.
+On the last two faces the logged action is one more virtual row with an all-zero mask: it trains nothing
+and gives the priority's TD error. The env's
+:meth:`~sb3_her_ext.counterfactual.CounterfactualEnv.counterfactual_step` gives each virtual transition's
+reward, termination and next observation; the ``B·K`` transitions then go through the learner's own loss
+(:meth:`~sb3_her_ext.learner.Learner.loss`: double-Q target, PopArt, IQN + C51, the ensemble) as one
+expanded batch. The per-sample loss is the masked sum over the virtual rows divided by the number of
+(branch, value) pairs trained, so the PER importance weights apply per replayed row; the priority is the
+logged action's ``Σ_b |δ_b|``. No host sync and no Python loop over rows: it runs inside a captured
+training block.
 """
 
 from __future__ import annotations
@@ -53,31 +61,43 @@ class CounterfactualTargets:
 
     :param env: a callable returning the env (read at each step: a model can get its env after loading).
     :param action_dims: actions of each branch.
-    :param joint_cap: the joint face when ``∏ action_dims ≤ joint_cap`` (or one branch), else the branched.
+    :param cap: ``counterfactual_actions``: the joint face when ``∏ action_dims ≤ cap``, else the
+        branched face (several branches) or ``cap`` sampled actions (one branch).
     :param device: the learner's device.
     """
 
-    def __init__(self, env: Callable[[], Any], action_dims: list[int], joint_cap: int,
-                 device: th.device) -> None:
+    def __init__(self, env: Callable[[], Any], action_dims: list[int], cap: int, device: th.device) -> None:
         self._env = env
         self.action_dims = list(action_dims)
-        n_branches = len(action_dims)
-        self.joint = n_branches == 1 or math.prod(action_dims) <= joint_cap
-        if self.joint:  # every joint action, the last branch fastest; each trains every branch
+        n_branches, n_joint = len(action_dims), math.prod(action_dims)
+        self.face = "joint" if n_joint <= cap else "branched" if n_branches > 1 else "sampled"
+        if self.face == "joint":  # every joint action, the last branch fastest
             combos = list(itertools.product(*(range(n) for n in action_dims)))
-            weights = th.full((len(combos), n_branches), 1.0 / n_branches)
+            weights = th.ones(len(combos), n_branches)  # replaced by the best responses (_joint_weights)
             strides = [math.prod(action_dims[b + 1:]) for b in range(n_branches)]
             self.strides = th.tensor(strides, dtype=th.int64, device=device)
-        else:  # (branch, value) pairs, the logged action last with no weight
+            n_trained = sum(action_dims)
+        elif self.face == "branched":  # (branch, value) pairs, then the logged action with no weight
             combos = [(b, v) for b in range(n_branches) for v in range(action_dims[b])]
             weights = th.zeros(len(combos) + 1, n_branches)
             weights[th.arange(len(combos)), th.tensor([b for b, _ in combos])] = 1.0
+            n_trained = len(combos)
+        else:  # cap draws, then the logged action with no weight
+            combos = []
+            weights = th.cat([th.ones(cap, 1), th.zeros(1, 1)])
+            n_trained = cap
         #: ``[K, NB]`` joint actions (joint face) or ``(branch, value)`` pairs (branched face)
-        self.combos = th.tensor(combos, dtype=th.int64, device=device)
-        #: ``[K', NB]`` each virtual row's weight per branch (``K' = K + 1`` on the branched face)
+        self.combos = th.tensor(combos, dtype=th.int64, device=device).reshape(len(combos), n_branches)
+        #: ``[K', NB]`` each virtual row's weight per branch (``K' = K + 1`` with the logged row)
         self.branch_weights = weights.to(device)
-        #: ``K``: the virtual transitions that train, per replayed row
-        self.n_trained = len(combos)
+        #: the (branch, value) pairs (or sampled actions) trained per replayed row: the loss's divisor
+        self.n_trained = n_trained
+        self.cap = cap
+
+    @property
+    def joint(self) -> bool:
+        """Whether every joint action is evaluated."""
+        return self.face == "joint"
 
     @property
     def env(self) -> Any:
@@ -91,21 +111,40 @@ class CounterfactualTargets:
     def actions(self, learner: Learner, observations: th.Tensor, logged: th.Tensor) -> th.Tensor:
         """``[B, K', NB]`` int64 actions of the virtual transitions of each row.
 
-        :param learner: the learner (its online network picks the other branches' greedy values).
+        :param learner: the learner (its online network picks the other branches' greedy values; its
+            generator draws the sampled face's actions).
         :param observations: ``[B, D]`` the rows' observations.
         :param logged: ``[B, NB]`` the logged actions.
         """
         batch = observations.shape[0]
-        if self.joint:
+        if self.face == "joint":
             return self.combos[None].expand(batch, -1, -1)
-        with th.no_grad():
+        if self.face == "sampled":
+            drawn = (learner.uniforms(batch, self.cap) * self.action_dims[0]).long()
+            drawn = drawn.clamp(max=self.action_dims[0] - 1)[:, :, None]  # [B, cap, 1]
+        else:
             values = learner.mean_values(observations)  # [B, NB, A]
             greedy = values.masked_fill(~learner.valid_actions, -th.inf).argmax(dim=-1)  # [B, NB]
-        branch, value = self.combos[:, 0], self.combos[:, 1]  # [K]
-        n_branches = len(self.action_dims)
-        own = branch[:, None] == th.arange(n_branches, device=branch.device)  # [K, NB]
-        virtual = th.where(own[None], value[None, :, None], greedy[:, None, :])  # [B, K, NB]
-        return th.cat([virtual, logged[:, None, :]], dim=1)
+            branch, value = self.combos[:, 0], self.combos[:, 1]  # [K]
+            own = branch[:, None] == th.arange(len(self.action_dims), device=branch.device)  # [K, NB]
+            drawn = th.where(own[None], value[None, :, None], greedy[:, None, :])  # [B, K, NB]
+        return th.cat([drawn, logged[:, None, :]], dim=1)
+
+    def _joint_weights(self, target_means: th.Tensor) -> th.Tensor:
+        """``[B·K, NB]`` the joint face's masks: branch ``b`` trains on the row of each of its values ``v``
+        whose mean target is the largest among the joint actions with ``v`` on ``b`` (one branch: all).
+
+        :param target_means: ``[B·K]`` each virtual row's mean target (any increasing map of it).
+        """
+        dims = self.action_dims
+        grid = target_means.view(-1, *dims)  # [B, n_0, ..., n_{NB-1}]
+        batch, columns = grid.shape[0], []
+        for b in range(len(dims)):  # over branches (a few), not rows
+            moved = grid.movedim(b + 1, 1)
+            flat = moved.reshape(batch, dims[b], -1)  # [B, n_b, rest]
+            best = th.zeros_like(flat).scatter_(-1, flat.argmax(dim=-1, keepdim=True), 1.0)
+            columns.append(best.view(moved.shape).movedim(1, b + 1).reshape(-1))
+        return th.stack(columns, dim=1)
 
     def loss(self, learner: Learner, batch: Any, update_popart: bool = True) -> DistributionalLoss:
         """The all-action loss of ``batch`` (replay samples with ``counterfactual_states``).
@@ -113,8 +152,8 @@ class CounterfactualTargets:
         :param learner: the learner whose loss path forms the targets and losses.
         :param batch: replay samples; ``counterfactual_states`` ``[B, S]`` float64.
         :param update_popart: update PopArt from the virtual transitions' targets.
-        :return: ``per_sample``, ``l_q``, ``l_c51`` ``[B]`` (means over the ``K`` trained rows) and the
-            logged action's per-branch TD errors ``[B, NB]``.
+        :return: ``per_sample``, ``l_q``, ``l_c51`` ``[B]`` (masked sums over the virtual rows divided by
+            :attr:`n_trained`) and the logged action's per-branch TD errors ``[B, NB]``.
         """
         from sb3_her_ext.learner import DistributionalLoss
 
@@ -131,7 +170,7 @@ class CounterfactualTargets:
             dones=outcome.terminated.reshape(batch_size * k, 1).float(),
             rewards=outcome.reward.reshape(batch_size * k, 1).float(),
         )
-        weights = self.branch_weights.repeat(batch_size, 1)  # [B·K', NB]
+        weights = self._joint_weights if self.joint else self.branch_weights.repeat(batch_size, 1)
         result = learner.loss(virtual, update_popart=update_popart, branch_weights=weights)
 
         def per_row(x: th.Tensor) -> th.Tensor:

@@ -17,6 +17,10 @@
 7. gradient clipping, optimizer step;
 8. PER priorities ``Σ_b |δ_b|`` (per-branch TD errors) and the diagnostics sums.
 
+With ``counterfactual=True`` (a counterfactual env, rows with their env states) steps 2–4 form the loss of
+every action's exact outcome from each replayed state instead, through the same :meth:`Learner.loss` on an
+expanded batch (:mod:`sb3_her_ext.counterfactual_targets`).
+
 Steps 2–7 are :meth:`Learner.step`. With ``cuda_graph`` they run as one CUDA graph replay
 (:mod:`sb3_her_ext.graphed_step`; a second graph for the vaccine steps), their quantile fractions drawn
 from the model's generator beforehand in the order the eager step draws them, so both paths see the same
@@ -26,6 +30,7 @@ numbers. Nothing here reads a device value on the host.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch as th
@@ -274,7 +279,9 @@ class Learner:
     # ------------------------------------------------------------------ steps 2-4: the loss
 
     def loss(self, batch: Any, update_popart: bool, values: bool = True,
-             branch_weights: th.Tensor | None = None) -> DistributionalLoss:
+             branch_weights: th.Tensor | Callable[[th.Tensor], th.Tensor] | None = None) -> (
+        DistributionalLoss
+    ):
         """Per-sample loss of one batch, following the module docstring's steps 2–4.
 
         :param batch: replay samples (SB3's ``ReplayBufferSamples`` fields).
@@ -283,7 +290,8 @@ class Learner:
             values are not formed (``l_q`` is zeros carrying its gradient, so ``per_sample`` holds only the
             C51 part's values) and there are no TD errors; the gradients are the same.
         :param branch_weights: ``[B, NB]`` each row's weight of each branch's loss (the per-branch mask of
-            counterfactual targets); None: the mean over branches.
+            counterfactual targets), or a function of the rows' mean targets ``[B]`` (de-normalised) that
+            gives them; None: the mean over branches.
         :return: the per-sample losses and per-branch TD errors.
         """
         policy = self.policy
@@ -312,6 +320,8 @@ class Learner:
             mu_old, sigma_old = self._popart_stats(copy=update_popart)
             not_done = (1.0 - dones)[None, :, None]
             y = rewards[None, :, None] + self.gamma * not_done * (sigma_old * z_next + mu_old)  # [E, B, N']
+            if callable(branch_weights):  # masks chosen by the targets (counterfactual joint face)
+                branch_weights = branch_weights(y.mean(dim=(0, 2)))
             next_softmax = th.softmax(next_logits, dim=-1)  # [B, NB, atoms]
             next_probs = next_softmax[:, -1] if autoregressive else next_softmax.mean(dim=1)  # [B, atoms]
             within = self._within_step_targets(batch.observations, actions, batch_size) if autoregressive \
@@ -366,6 +376,10 @@ class Learner:
         td = y_norm.mean(dim=-1) - z_taken.detach().mean(dim=-1)  # [E, B, NB]
         td_abs = td.abs().mean(dim=0)  # [B, NB]
         return DistributionalLoss(per_sample, l_q, l_c51, td_abs)
+
+    def uniforms(self, *shape: int) -> th.Tensor:
+        """Uniform ``[0, 1)`` draws of ``shape`` from the model's generator (in the step's draw order)."""
+        return self._rand(*shape)
 
     def mean_values(self, obs: th.Tensor) -> th.Tensor:
         """``[B, NB, A]`` the online network's ensemble-mean quantile-mean at ``obs`` (no gradient; its

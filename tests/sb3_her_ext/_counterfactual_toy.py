@@ -4,7 +4,8 @@ No foxhunt, no foxenv. A fixed price table (seeded) is the market; each episode 
 ``m0`` and lasts ``horizon`` steps (then it terminates). The agent's state is ``(m, t, position)``:
 
 * action: ``MultiDiscrete([3, 3])``, branch 0 the direction (short, flat, long), branch 1 the size
-  (1, 2, 3); the target position is ``direction · size`` (so the size does nothing when flat);
+  (1, 2, 3); the target position is ``direction · size`` (so the size does nothing when flat); with
+  ``joint=True`` one branch, ``Discrete(9)``, of code ``3 · direction + size``;
 * reward: ``position' · Δ[m] − cost · |position' − position|`` where ``Δ[m]`` is the price change from
   row ``m`` to ``m + 1``;
 * observation: ``(Δ[m], Δ[m + 1], position / 3, t / horizon)``: the next two changes are known; the rest
@@ -34,11 +35,18 @@ DIRECTIONS = (-1.0, 0.0, 1.0)
 SIZES = (1.0, 2.0, 3.0)
 
 
-def target_position(actions: th.Tensor) -> th.Tensor:
-    """``[..., 2]`` int64 actions -> ``[...]`` float64 target positions ``direction · size``."""
-    directions = th.tensor(DIRECTIONS, dtype=th.float64, device=actions.device)
-    sizes = th.tensor(SIZES, dtype=th.float64, device=actions.device)
-    return directions[actions[..., 0]] * sizes[actions[..., 1]]
+def target_position(actions: th.Tensor, positions: th.Tensor | None = None) -> th.Tensor:
+    """``[..., 2]`` int64 actions (or ``[..., 1]`` joint codes) -> ``[...]`` float64 target positions
+    ``direction · size``.
+
+    :param positions: ``[9]`` the positions of the joint codes on the actions' device (made here if None;
+        an env passes its own, as a CUDA graph capture cannot copy from the host).
+    """
+    if positions is None:
+        positions = th.tensor([d * s for d in DIRECTIONS for s in SIZES], dtype=th.float64,
+                              device=actions.device)
+    codes = actions[..., 0] if actions.shape[-1] == 1 else actions[..., 0] * 3 + actions[..., 1]
+    return positions[codes]
 
 
 class ToyCounterfactualEnv(VecEnv):
@@ -50,16 +58,20 @@ class ToyCounterfactualEnv(VecEnv):
     :param horizon: steps per episode (the last one terminates).
     :param cost: cost per unit of position traded.
     :param n_rows: rows of the price table.
+    :param joint: one branch of 9 joint codes instead of two branches.
     """
 
     def __init__(self, n_envs: int, device: str = "cpu", seed: int = 0, horizon: int = 8, cost: float = 0.3,
-                 n_rows: int = 4096) -> None:
+                 n_rows: int = 4096, joint: bool = False) -> None:
         self.render_mode = None
-        super().__init__(n_envs, spaces.Box(-1.0, 1.0, (4,), np.float32), spaces.MultiDiscrete([3, 3]))
+        action_space = spaces.Discrete(9) if joint else spaces.MultiDiscrete([3, 3])
+        super().__init__(n_envs, spaces.Box(-1.0, 1.0, (4,), np.float32), action_space)
+        self.n_branches = 1 if joint else 2
         self.device = th.device(device)
         self.horizon, self.cost, self.n_rows = horizon, cost, n_rows
         table = np.random.default_rng(seed).choice(CHANGES, n_rows + 2)
         self.changes = th.tensor(table, dtype=th.float64, device=self.device)
+        self.positions = target_position(th.arange(9, device=self.device)[:, None])
         self.generator = th.Generator(device=self.device).manual_seed(seed + 1)
         #: ``[N, 3]`` float64 state ``(m, t, position)`` of each env
         self.state = th.zeros(n_envs, 3, dtype=th.float64, device=self.device)
@@ -80,7 +92,7 @@ class ToyCounterfactualEnv(VecEnv):
 
     def transition(self, state: th.Tensor, actions: th.Tensor) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
         """``[..., 3]`` states and ``[..., 2]`` actions -> next states, float32 rewards, terminated flags."""
-        position = target_position(actions)
+        position = target_position(actions, self.positions)
         reward = position * self.changes[state[..., 0].long()] - self.cost * (position - state[..., 2]).abs()
         next_state = th.stack([state[..., 0] + 1, state[..., 1] + 1, position], dim=-1)
         return next_state, reward.float(), next_state[..., 1] >= self.horizon
@@ -128,7 +140,8 @@ class ToyCounterfactualEnv(VecEnv):
         return self.current_obs().cpu().numpy().copy()
 
     def step_async(self, actions: np.ndarray) -> None:
-        self._actions = th.as_tensor(np.asarray(actions).reshape(self.num_envs, 2), device=self.device)
+        self._actions = th.as_tensor(np.asarray(actions).reshape(self.num_envs, self.n_branches),
+                                     device=self.device)
 
     def step_wait(self) -> tuple:
         assert self._actions is not None
@@ -195,7 +208,7 @@ def greedy_return(env: ToyCounterfactualEnv, policy, starts: np.ndarray) -> floa
     total = th.zeros(len(starts), dtype=th.float64, device=env.device)
     for _ in range(env.horizon):
         actions = th.as_tensor(np.asarray(policy(env.observe(state).cpu().numpy())), device=env.device)
-        state, reward, _ = env.transition(state, actions.reshape(-1, 2).long())
+        state, reward, _ = env.transition(state, actions.reshape(len(starts), -1).long())
         total += reward.double()
     return float(total.mean())
 

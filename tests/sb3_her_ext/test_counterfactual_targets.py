@@ -69,19 +69,20 @@ def fixed_fractions(*shape: int) -> th.Tensor:
     return th.linspace(0.1, 0.9, shape[1]).expand(shape).contiguous()
 
 
-def model_and_batch(batch_size: int = 5, **kwargs) -> (
+def model_and_batch(batch_size: int = 5, joint: bool = False, **kwargs) -> (
     tuple[BranchingIQN, ToyCounterfactualEnv, SimpleNamespace]
 ):
     """A model on the toy env (the targets attached by hand), fixed fractions, and a batch of replayed rows
     with their states (built here: what the replay buffer samples)."""
-    env = ToyCounterfactualEnv(batch_size, seed=3)
+    env = ToyCounterfactualEnv(batch_size, seed=3, joint=joint)
     model = BranchingIQN("MlpPolicy", env, **{**TINY, **kwargs})
     model.learner._rand = fixed_fractions
     generator = th.Generator().manual_seed(1)
     states = th.stack([th.randint(0, 4000, (batch_size,), generator=generator),
                        th.randint(0, env.horizon, (batch_size,), generator=generator),
                        th.randint(-3, 4, (batch_size,), generator=generator)], dim=1).double()
-    actions = th.randint(0, 3, (batch_size, 2), generator=generator)
+    actions = th.randint(0, 9, (batch_size, 1), generator=generator) if joint else \
+        th.randint(0, 3, (batch_size, 2), generator=generator)
     next_states, reward, terminated = env.transition(states, actions)
     batch = SimpleNamespace(observations=env.observe(states), actions=actions,
                             next_observations=env.observe(next_states), rewards=reward[:, None],
@@ -98,28 +99,71 @@ def single(env: ToyCounterfactualEnv, batch: SimpleNamespace, row: int, action: 
                            dones=terminated[:, None].float())
 
 
+def mean_target(model: BranchingIQN, transition: SimpleNamespace) -> float:
+    """``mean(r + γ(1 − d)(σ·Z' + μ))`` of one transition, by hand: the BDQ double-Q target (fixed
+    fractions), averaged over ensemble heads, branches and quantiles."""
+    learner, policy = model.learner, model.policy
+    with th.no_grad():
+        next_obs = transition.next_observations
+        next_values = learner.q_net.mean_values(next_obs, fixed_fractions(1, policy.n_quantiles_act))
+        next_actions = next_values.argmax(dim=-1)
+        z, _ = learner.q_net_target.taken_quantiles_and_logits(
+            next_obs, fixed_fractions(1, policy.n_quantiles_target), next_actions)
+        mu, sigma = (policy.popart.mu, policy.popart.sigma) if policy.popart is not None else (0.0, 1.0)
+        done = float(transition.dones[0, 0])
+        return float(transition.rewards[0, 0] + model.gamma * (1.0 - done) * (sigma * z.mean() + mu))
+
+
 @pytest.mark.parametrize("popart", [True, False])
 def test_the_joint_face_equals_a_loop_over_single_transitions(popart: bool) -> None:
+    # each branch value learns the target of its best joint action (the largest mean target among the
+    # joint actions with that value), from the learner's loss of that single transition on that branch
     model, env, batch = model_and_batch(policy_kwargs={**TINY_POLICY, "popart": popart})
     learner = model.learner
     targets = CounterfactualTargets(lambda: env, [3, 3], 128, learner.device)
-    assert targets.joint and targets.n_trained == 9
+    assert targets.joint and targets.n_trained == 6
     result = targets.loss(learner, batch, update_popart=False)
     joint = all_actions()
     for row in range(batch.observations.shape[0]):
-        losses = [learner.loss(single(env, batch, row, action), update_popart=False) for action in joint]
-        for field in ("per_sample", "l_q", "l_c51"):
-            reference = th.stack([getattr(loss, field)[0] for loss in losses]).mean()
-            assert getattr(result, field)[row].item() == pytest.approx(reference.item(), rel=1e-5, abs=1e-6)
+        transitions = [single(env, batch, row, action) for action in joint]
+        means = np.array([mean_target(model, transition) for transition in transitions])
+        reference = {field: 0.0 for field in ("per_sample", "l_q", "l_c51")}
+        for branch in range(2):
+            only = th.nn.functional.one_hot(th.tensor([branch]), 2).float()
+            for value in range(3):
+                candidates = [k for k in range(9) if joint[k, branch] == value]
+                best = candidates[int(np.argmax(means[candidates]))]
+                loss = learner.loss(transitions[best], update_popart=False, branch_weights=only)
+                for field in reference:
+                    reference[field] += getattr(loss, field)[0].item() / 6
+        for field, value in reference.items():
+            assert getattr(result, field)[row].item() == pytest.approx(value, rel=1e-5, abs=1e-6), field
         logged = int(batch.actions[row, 0] * 3 + batch.actions[row, 1])
-        assert th.allclose(result.td_abs[row], losses[logged].td_abs[0], rtol=1e-5, atol=1e-6)
+        plain = learner.loss(transitions[logged], update_popart=False)
+        assert th.allclose(result.td_abs[row], plain.td_abs[0], rtol=1e-5, atol=1e-6)
+
+
+def test_one_branch_learns_every_action_and_samples_past_the_cap() -> None:
+    model, env, batch = model_and_batch(joint=True)
+    learner = model.learner
+    for cap, actions in ((128, list(range(9))), (4, [0, 3, 5, 8])):  # 4 < 9: fractions 0.1 .. 0.9 of 9
+        targets = CounterfactualTargets(lambda: env, [9], cap, learner.device)
+        assert targets.face == ("joint" if cap == 128 else "sampled")
+        result = targets.loss(learner, batch, update_popart=False)
+        for row in range(5):
+            losses = [learner.loss(single(env, batch, row, th.tensor([a])), update_popart=False)
+                      for a in actions]
+            reference = th.stack([loss.per_sample[0] for loss in losses]).mean()
+            assert result.per_sample[row].item() == pytest.approx(reference.item(), rel=1e-5)
+            logged = learner.loss(single(env, batch, row, batch.actions[row]), update_popart=False)
+            assert th.allclose(result.td_abs[row], logged.td_abs[0], rtol=1e-5, atol=1e-6)
 
 
 def test_the_branched_face_equals_a_loop_with_the_other_branches_greedy() -> None:
     model, env, batch = model_and_batch()
     learner = model.learner
     targets = CounterfactualTargets(lambda: env, [3, 3], 8, learner.device)  # 9 > 8: the branched face
-    assert not targets.joint and targets.n_trained == 6
+    assert targets.face == "branched" and targets.n_trained == 6
     result = targets.loss(learner, batch, update_popart=False)
     with th.no_grad():
         values = learner.q_net.mean_values(batch.observations, fixed_fractions(5, 3))
