@@ -56,6 +56,9 @@ class ReplayStorage:
     :param tree: ``[2P] float64`` sum tree, ``P`` the next power of two >= ``C``.
     :param head_size: ``[2] int64`` ``(write_head, size)``.
     :param max_priority: ``[1] float32`` running max raw priority (starts at 1).
+    :param state: ``[C, S] float64`` each row's env state before its step (a counterfactual env's, see
+        :mod:`sb3_her_ext.counterfactual`), or None: not stored. :func:`cuda_ext.per_push` does not write it
+        (:meth:`write_state` does, at the slots the push returned).
     """
 
     obs: torch.Tensor
@@ -67,19 +70,22 @@ class ReplayStorage:
     tree: torch.Tensor
     head_size: torch.Tensor
     max_priority: torch.Tensor
+    state: torch.Tensor | None = None
 
     @classmethod
     def zeros(cls, capacity: int, obs_dim: int, n_branches: int,
-              device: torch.device | str = "cpu") -> ReplayStorage:
+              device: torch.device | str = "cpu", state_dim: int = 0) -> ReplayStorage:
         """An empty ring: zero rows and tree, ``head_size = (0, 0)``, ``max_priority = 1``.
 
         :param capacity: rows ``C``; >= 1.
         :param obs_dim: observation width ``D``; >= 0.
         :param n_branches: action branches ``NB``; >= 1.
         :param device: where the tensors live.
+        :param state_dim: width ``S`` of the stored states; 0: no ``state`` field (None).
         :return: the storage.
         """
-        checks = (("capacity", capacity, 1), ("obs_dim", obs_dim, 0), ("n_branches", n_branches, 1))
+        checks = (("capacity", capacity, 1), ("obs_dim", obs_dim, 0), ("n_branches", n_branches, 1),
+                  ("state_dim", state_dim, 0))
         for name, value, low in checks:
             if isinstance(value, bool) or int(value) != value or value < low:
                 raise ValueError(f"{name}={value} must be an integer >= {low}")
@@ -94,6 +100,7 @@ class ReplayStorage:
             tree=new_tree(c, device),
             head_size=torch.zeros(2, dtype=torch.int64, device=device),
             max_priority=torch.ones(1, dtype=torch.float32, device=device),
+            state=torch.zeros(c, int(state_dim), dtype=torch.float64, device=device) if state_dim else None,
         )
 
     @property
@@ -107,11 +114,11 @@ class ReplayStorage:
         return self.tree.shape[0] // 2
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        """Every tensor by field name.
+        """Every tensor by field name (``state`` only where stored).
 
         :return: name -> tensor.
         """
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
     def to(self, device: torch.device | str) -> ReplayStorage:
         """A copy whose tensors live on ``device`` (tensors already there are shared, as ``Tensor.to``).
@@ -120,6 +127,32 @@ class ReplayStorage:
         :return: the moved storage.
         """
         return ReplayStorage(**{name: t.to(device) for name, t in self.tensors().items()})
+
+    def write_state(self, slots: torch.Tensor, values: torch.Tensor) -> None:
+        """Write ``values[i]`` into ``state`` at ``slots[i]``, the slots :func:`cuda_ext.per_push` returned
+        for the rows (-1: not written), with no host sync.
+
+        A row that was not written (more rows wanted a slot than the ring holds) repeats the write of the
+        last written row, so every slot gets exactly one value whatever order the writes land in. At least
+        one row must have been written (the last row that wanted a slot always is).
+
+        :param slots: ``[N]`` int64 slots.
+        :param values: ``[N, S]`` float64 states.
+        :raises ValueError: when no ``state`` is stored, or ``values`` has another shape.
+        """
+        if self.state is None:
+            raise ValueError("write_state: this storage stores no state (state_dim=0)")
+        if values.shape != (slots.shape[0], self.state.shape[1]):
+            raise ValueError(f"values shape {tuple(values.shape)} must be ({slots.shape[0]}, "
+                             f"{self.state.shape[1]})")
+        written = slots >= 0
+        order = torch.arange(1, slots.shape[0] + 1, device=slots.device)
+        last = torch.argmax(written * order)  # the last written row
+        targets = torch.where(written, slots, slots[last])
+        # unsafe: no range check of the (valid) targets; the checked index_put_ reads their min and max on the
+        # host where deterministic algorithms are on (a sync, which a CUDA graph capture refuses)
+        rows = torch.where(written[:, None], values, values[last])
+        torch.ops.aten._index_put_impl_(self.state, [targets], rows, False, True)  # accumulate=False, unsafe
 
 
 class PushRows(NamedTuple):

@@ -12,6 +12,9 @@ same numbers (bit for bit) the env gave or would have given for that action.
 - :func:`export_state` / :func:`restore_state`: the state of a vector env's books, as a replay row would
   store it (:class:`AgentState`: ``[N, 14]`` float64 + ``[N, 3]`` int64), and back.
 - :func:`start_state`: fresh books (flat, no cash, no order) at given market rows.
+- :func:`pack_state` / :func:`unpack_state` / :func:`packed_state_of`: the state as one ``[N, 17]`` float64
+  row per book (:data:`STATE_DIM`: the 14 book numbers, then the 3 counters as float64, exact for integers
+  below 2**53), the form a replay buffer stores.
 - :class:`CounterfactualStep`: the batched step of ``B`` states times ``K`` actions (no Python loop over
   books; no host sync on an accelerator unless asked to validate the actions).
 
@@ -30,6 +33,8 @@ from foxenv.state import BOOK_ROWS, COUNTER_ROWS
 
 #: Columns of :attr:`AgentState.books` and :attr:`AgentState.counters`, by ``state_dict`` name.
 STATE_COLUMNS = (BOOK_ROWS, COUNTER_ROWS)
+#: Width of a packed state (:func:`pack_state`): the book numbers, then the counters.
+STATE_DIM = len(BOOK_ROWS) + len(COUNTER_ROWS)
 
 
 class AgentState(NamedTuple):
@@ -168,6 +173,43 @@ def check_counters(state: AgentState, core: BatchedLOB) -> None:
         if values.numel() and bool(((values < 0) | (values >= top)).any()):
             raise ValueError(f"state.counters[..., {field!r}] values in [{int(values.min())}, "
                              f"{int(values.max())}] must lie in [0, {top}) to step")
+
+
+def pack_state(state: AgentState) -> torch.Tensor:
+    """``state`` as one float64 row per book: ``[..., STATE_DIM]``, the book numbers then the counters
+    (converted to float64: exact, as every counter lies below 2**53).
+
+    :param state: the state, ``[..., 14]`` float64 books and ``[..., 3]`` int64 counters.
+    :return: a new ``[..., 17]`` float64 tensor.
+    """
+    return torch.cat([state.books, state.counters.to(torch.float64)], dim=-1)
+
+
+def unpack_state(packed: torch.Tensor, name: str = "states") -> AgentState:
+    """The :class:`AgentState` of :func:`pack_state`'s rows (checked: metadata only, no host read).
+
+    :param packed: ``[..., STATE_DIM]`` float64.
+    :param name: the argument's name in error messages.
+    :return: the state (the counters converted back to int64; the books a view of ``packed``).
+    :raises ValueError: naming ``name``, for another type, dtype or last dimension.
+    """
+    if not isinstance(packed, torch.Tensor):
+        raise ValueError(f"{name} of type {type(packed).__name__} must be a torch.Tensor")
+    if packed.dtype != torch.float64 or packed.ndim < 1 or packed.shape[-1] != STATE_DIM:
+        raise ValueError(f"{name} shape {tuple(packed.shape)} dtype {packed.dtype} must be "
+                         f"[..., {STATE_DIM}] float64 (pack_state's rows)")
+    width = len(BOOK_ROWS)
+    return AgentState(packed[..., :width], packed[..., width:].to(torch.int64))
+
+
+def packed_state_of(env: Any) -> torch.Tensor:
+    """The packed state (:func:`pack_state`) of every book of ``env`` now: ``[N, 17]`` float64, a new tensor
+    (one op: no host sync, capturable in a CUDA graph).
+
+    :param env: a :class:`~foxenv.core.BatchedLOB`, ``LOBVectorEnv`` or ``LOBEnv``.
+    """
+    packed = core_of(env)._state_tensors()
+    return torch.cat([packed["books"].T, packed["counters"].T.to(torch.float64)], dim=1)
 
 
 def start_state(offsets: torch.Tensor, device: str | torch.device | None = None) -> AgentState:

@@ -26,6 +26,13 @@ With ``action_face="joint"`` the env takes one ``Discrete(81)`` action, the code
 (``branch_names`` ``("action",)``): every face decodes the codes to the four branches with
 :func:`foxhunt.envs.decode_joint` before the books step, the tensor faces on the device (static shapes; the
 range checked where the core checks ranges, ``validate_actions``: on a CPU, never in a CUDA graph).
+
+The env is a :class:`sb3_her_ext.counterfactual.CounterfactualEnv`: after
+:meth:`DeviceLOBVecEnv.record_counterfactual_states` every step (either face, and the static step inside a
+CUDA graph) puts each book's state before the step in its infos under
+:data:`~sb3_her_ext.counterfactual.STATE_KEY` (``[N, 17]`` float64, :func:`foxenv.counterfactual.pack_state`),
+and :meth:`DeviceLOBVecEnv.counterfactual_step` gives every action's outcome from stored states
+(:class:`foxenv.counterfactual.CounterfactualStep`, bit for bit the env's own step).
 """
 
 from __future__ import annotations
@@ -39,8 +46,10 @@ from stable_baselines3.common.vec_env.base_vec_env import VecEnvObs, VecEnvStepR
 
 from foxenv import spec
 from foxenv.checks import check_device
+from foxenv.counterfactual import STATE_DIM, CounterfactualStep, packed_state_of, unpack_state
 from foxenv.data.market import MarketData
 from foxhunt.envs import LOBVecEnv, decode_joint
+from sb3_her_ext.counterfactual import STATE_KEY, CounterfactualOutcome
 from sb3_her_ext.device_env import TIMEOUT_KEY, DeviceStep
 
 __all__ = ["DeviceLOBVecEnv"]
@@ -59,7 +68,10 @@ class DeviceLOBVecEnv(LOBVecEnv):
         (:meth:`~foxenv.core.BatchedLOB.enable_cuda_graph`; CUDA only).
     :param action_face: as :class:`~foxhunt.envs.LOBVecEnv`.
     :param env_kwargs: as :class:`~foxhunt.envs.LOBVecEnv`.
+    :ivar counterfactual_state_dim: width of a stored state (:data:`foxenv.counterfactual.STATE_DIM`, 17).
     """
+
+    counterfactual_state_dim: int = STATE_DIM
 
     def __init__(self, num_envs: int, device: str = "cpu", seed: int | None = None,
                  data: str | os.PathLike | MarketData = "synthetic", compile: bool = False,
@@ -85,6 +97,10 @@ class DeviceLOBVecEnv(LOBVecEnv):
         #: (state tensors, obs, info tensors) before the first static step since the last pin: what a
         #: rollback restores
         self._static_rollback: tuple[dict[str, Any], torch.Tensor, dict[str, Any]] | None = None
+        #: whether steps put the books' pre-step state in their infos (record_counterfactual_states)
+        self._record_states = False
+        #: the batched clone step of counterfactual_step (its tables made here: none in a graph capture)
+        self._counterfactual = CounterfactualStep(self.lob)
         if compile:
             self.lob.enable_compile()
         if cuda_graph:
@@ -114,8 +130,13 @@ class DeviceLOBVecEnv(LOBVecEnv):
             self._episode_return[:] = self._ep_return_t.cpu().numpy()
             self._episode_length[:] = self._ep_length_t.cpu().numpy()
         self._stats_on = "numpy"
+        before = self._state_before_step()
         obs, reward, done, infos = super().step_wait()
         self._obs_t = torch.from_numpy(obs).to(self.device)
+        if before is not None:  # SB3's infos are one dict per env: one [17] row each
+            self.last_info_tensors[STATE_KEY] = before
+            for info, row in zip(infos, before.cpu().numpy(), strict=True):
+                info[STATE_KEY] = row
         return obs, reward, done, infos
 
     # ----------------------------------------------------------------------------------- tensor face
@@ -165,8 +186,10 @@ class DeviceLOBVecEnv(LOBVecEnv):
             :attr:`last_info_tensors`.
         """
         self._take_stats()
-        result = self.lob.step_autoreset(self.branch_actions(actions), host_sync=self._host_sync)
-        return self._device_step(*result)
+        branch = self.branch_actions(actions)
+        before = self._state_before_step()
+        result = self.lob.step_autoreset(branch, host_sync=self._host_sync)
+        return self._device_step(*result, state=before)
 
     def _take_stats(self) -> None:
         """The tensor face takes the running episode statistics over (copied in place: the tensors stay)."""
@@ -176,12 +199,14 @@ class DeviceLOBVecEnv(LOBVecEnv):
         self._stats_on = "device"
 
     def _device_step(self, obs: torch.Tensor, reward: torch.Tensor, terminated: torch.Tensor,
-                     truncated: torch.Tensor, info: dict[str, torch.Tensor], final_obs: torch.Tensor) -> (
-        DeviceStep
-    ):
-        """The step's :class:`DeviceStep`; the running episode statistics advance in place."""
+                     truncated: torch.Tensor, info: dict[str, torch.Tensor], final_obs: torch.Tensor,
+                     state: torch.Tensor | None = None) -> DeviceStep:
+        """The step's :class:`DeviceStep` (with ``state``, the books' pre-step state, under ``STATE_KEY``);
+        the running episode statistics advance in place."""
         done = terminated | truncated
         infos = {**info, TIMEOUT_KEY: truncated & ~terminated}
+        if state is not None:
+            infos[STATE_KEY] = state
         self.last_info_tensors = infos
         # float64 sums of the float32 rewards, as the numpy face's Monitor-style stats
         episode_return = self._ep_return_t + reward.to(torch.float64)
@@ -206,6 +231,7 @@ class DeviceLOBVecEnv(LOBVecEnv):
         actions = self.branch_actions(actions)
         self._take_stats()
         state = lob._state_tensors()
+        before = self._state_before_step()  # a copy: the step below overwrites `state` in place
         if self._static_rollback is None:
             self._static_rollback = (dict(state), self._obs_t, self.last_info_tensors)
         if self._host_sync:
@@ -217,7 +243,69 @@ class DeviceLOBVecEnv(LOBVecEnv):
                 state[key].copy_(value)
         lob._set_state_tensors(state)
         self._static_state = state
-        return self._device_step(*result)
+        return self._device_step(*result, state=before)
+
+    # ----------------------------------------------------------------------------------- counterfactual face
+    def record_counterfactual_states(self, record: bool = True) -> None:
+        """From the next step on, put (or stop putting) each book's state before the step in the step's
+        infos under :data:`~sb3_her_ext.counterfactual.STATE_KEY`: ``[N, 17]`` float64 in the tensor faces'
+        infos and :attr:`last_info_tensors`, a ``[17]`` float64 array in each of the numpy face's info dicts.
+        Off by default (then a step does no extra work).
+
+        :param record: on or off.
+        :raises ValueError: for a non-bool, or (turning it on) an env whose steps cannot be replayed exactly
+            (:meth:`counterfactual_step`).
+        """
+        if not isinstance(record, bool):
+            raise ValueError(f"record={record!r} must be a bool")
+        if record:
+            self._check_replayable()
+        self._record_states = record
+
+    def _state_before_step(self) -> torch.Tensor | None:
+        """The books' packed state now (``[N, 17]`` float64, a new tensor) when recording, else None."""
+        return packed_state_of(self.lob) if self._record_states else None
+
+    def _check_replayable(self) -> None:
+        """Refuse an env whose step the counterfactual step (the core's eager step) would not reproduce bit
+        for bit: one with a compiled step (:meth:`~foxenv.core.BatchedLOB.enable_compile` rounds floats
+        its own way)."""
+        if self.lob._compiled_advance is not None or self.lob._compiled_advance_autoreset is not None:
+            raise ValueError("compile=True: the compiled book step may differ from the eager counterfactual "
+                             "step in the last bits of floats, so its transitions cannot be replayed "
+                             "exactly; make the env with compile=False for counterfactual replay")
+
+    def counterfactual_step(self, states: torch.Tensor, actions: torch.Tensor) -> CounterfactualOutcome:
+        """Every given action's outcome from every stored state: ``B * K`` clones of the books stepped once
+        (:class:`foxenv.counterfactual.CounterfactualStep`), bit for bit what the env's own step gave or
+        would have given (no autoreset, no host sync on an accelerator: capturable in a CUDA graph; on a
+        CPU the actions' range and the states' market rows are checked).
+
+        :param states: ``[B, 17]`` float64 states as the env put them under ``STATE_KEY``.
+        :param actions: ``[B, K, NB]`` int64 actions of the env's action face: four branches, or (joint
+            face, ``NB = 1``) joint codes.
+        :return: ``next_obs [B, K, D]`` float32 (the step's own observation, ``final_obs``), ``reward [B,
+            K]`` float32, ``terminated [B, K]`` bool (a time-limit truncation is not a termination).
+        :raises ValueError: naming the argument, for a wrong type, dtype or shape (or, on a CPU, a value out
+            of range); for an env that cannot be replayed exactly (``compile=True``).
+        """
+        self._check_replayable()
+        state = unpack_state(states, "states")
+        if state.books.ndim != 2:
+            raise ValueError(f"states shape {tuple(states.shape)} must be [B, {STATE_DIM}]")
+        n_branches = 1 if self.action_face == "joint" else len(self.grid.nvec)
+        if not isinstance(actions, torch.Tensor):
+            raise ValueError(f"actions of type {type(actions).__name__} must be a torch.Tensor")
+        if actions.ndim != 3 or actions.shape[0] != states.shape[0] or actions.shape[2] != n_branches:
+            raise ValueError(f"actions shape {tuple(actions.shape)} must be [{states.shape[0]}, K, "
+                             f"{n_branches}] ({self.action_face} face)")
+        step = self._counterfactual
+        if self.action_face == "joint":
+            codes = actions.reshape(-1)
+            branch = decode_joint(codes, codes.shape[0], check_range=step.validate, grid=self.grid)
+            actions = branch.reshape(actions.shape[0], actions.shape[1], -1)
+        out = step(state, actions)
+        return CounterfactualOutcome(next_obs=out.obs, reward=out.reward, terminated=out.terminated)
 
     def pin_static_state(self, rollback: bool = False) -> None:
         """Before a replay of a graph holding :meth:`step_tensors_static`: make the tensors it reads hold the

@@ -51,7 +51,10 @@ class HindsightConfig:
 
     :param backward: inject backward (peak) hindsight rows on trade close (kind 1).
     :param forward: inject forward hindsight rows ``lookahead`` steps after a close (kind 2).
-    :param relabel: inject magnitude-relabel rows on trade close (kind 3).
+    :param relabel: inject magnitude-relabel rows on trade close (kind 3). Off by default: the plan's
+        relabel ``reward * m_k / m_a`` is not the reward the other magnitude would have earned (fees, fills
+        and a move to flat do not scale with size; issue 35 measured the true counterfactual reward on 2 of
+        2,808 rows). Exact counterfactual targets (``BranchingIQN(counterfactual=True)``) replace it.
     :param threshold: a hindsight row is made when the alternative PnL exceeds ``threshold`` x the
         realised one; >= 0.
     :param priority_boost: backward rows enter with ``priority_boost`` x the running max priority; > 0.
@@ -81,7 +84,7 @@ class HindsightConfig:
 
     backward: bool = True
     forward: bool = True
-    relabel: bool = True
+    relabel: bool = False
     threshold: float = 1.5
     priority_boost: float = 3.0
     lookahead: int = 50

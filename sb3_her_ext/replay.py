@@ -66,6 +66,8 @@ from sb3_her_ext.hindsight import (
     HindsightState,
     StepBatch,
 )
+from sb3_her_ext.replay_inputs import counterfactual_states, info_tensors, to_rows
+from sb3_her_ext.stratified import stratified_indices
 from sb3_her_ext.validation import check_allocation
 
 __all__ = ["HindsightConfig", "PrioritizedHindsightReplayBuffer", "PrioritizedReplaySamples"]
@@ -134,6 +136,8 @@ class PrioritizedReplaySamples(NamedTuple):
     :param weights: ``[B]`` float32 importance weights (divided by their max; 1 for stratified samples).
     :param indices: ``[B]`` int64 replay slots (pass them to ``update_priorities``).
     :param kinds: ``[B]`` int8: 0 real, 1 backward hindsight, 2 forward hindsight, 3 magnitude relabel.
+    :param counterfactual_states: ``[B, S]`` float64 env states before each row's step (the buffer's
+        ``counterfactual_state_dim > 0``), else None.
     """
 
     observations: torch.Tensor
@@ -144,6 +148,7 @@ class PrioritizedReplaySamples(NamedTuple):
     weights: torch.Tensor
     indices: torch.Tensor
     kinds: torch.Tensor
+    counterfactual_states: torch.Tensor | None = None
 
 
 class PrioritizedHindsightReplayBuffer(ReplayBuffer):
@@ -166,6 +171,10 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
     :param hindsight: a :class:`HindsightConfig`, a dict of its fields, or ``None`` (hindsight off).
     :param seed: seed of the buffer's :attr:`generator`; None: one draw of torch's global generator (which
         SB3's ``set_random_seed`` has seeded with the model's seed just before it makes the buffer).
+    :param counterfactual_state_dim: ``S`` > 0: each row also stores its env's state before the step, read
+        from the step's ``infos[sb3_her_ext.counterfactual.STATE_KEY]`` (a counterfactual env's, recording:
+        :mod:`sb3_her_ext.counterfactual`), returned as the samples' ``counterfactual_states``; 0: none
+        stored. Not with hindsight (its synthetic rows have no env state).
     """
 
     observations = _StorageField("obs", "``[C, D]`` float32 observations (``storage.obs``).")
@@ -177,6 +186,7 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
     tree = _StorageField("tree", "``[2P]`` float64 sum tree (``storage.tree``).")
     head_size = _StorageField("head_size", "``[2]`` int64 ``(write_head, size)`` (``storage.head_size``).")
     max_priority_tensor = _StorageField("max_priority", "``[1]`` float32 running max priority.")
+    counterfactual_states = _StorageField("state", "``[C, S]`` float64 pre-step env states, or None.")
 
     #: :meth:`sample_stratified` looks at this many candidate rows per batch row (uniform draws) when the
     #: buffer is larger than that, so its cost does not grow with the capacity.
@@ -196,6 +206,7 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
         priority_eps: float = 1e-6,
         hindsight: HindsightConfig | dict | None = None,
         seed: int | None = None,
+        counterfactual_state_dim: int = 0,
     ) -> None:
         if int(buffer_size) != buffer_size or buffer_size < 1:
             raise ValueError(f"buffer_size={buffer_size} must be an integer >= 1")
@@ -213,6 +224,10 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
             raise ValueError(f"beta={beta} must lie in [0, 1]")
         if not 0 < priority_eps < math.inf:
             raise ValueError(f"priority_eps={priority_eps} must be a finite number > 0")
+        dim = counterfactual_state_dim
+        if not isinstance(dim, int | np.integer) or isinstance(dim, bool) or dim < 0:
+            raise ValueError(f"counterfactual_state_dim={counterfactual_state_dim!r} must be an integer >= 0")
+        self.counterfactual_state_dim = int(counterfactual_state_dim)
         self.branch_sizes = branch_action_dims(action_space)
         self._allocated = False
         BaseBuffer.__init__(
@@ -228,11 +243,15 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
         self.hindsight_config = HindsightConfig.from_value(hindsight)
         if self.hindsight_config is not None:
             self._check_hindsight_branches(self.hindsight_config)
+            if self.counterfactual_state_dim:
+                raise ValueError(f"counterfactual_state_dim={self.counterfactual_state_dim} with hindsight "
+                                 "on: hindsight rows have no env state to replay; turn hindsight off")
         if seed is None:  # one draw of the global generator, at construction only (never in add / sample)
             seed = int(torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64))
         #: every random draw of the buffer comes from this generator on its device (pickled with the buffer)
         self.generator = _seeded_generator(self._device, seed)
-        row = 8 * self.obs_dim + 8 * self.n_branches + 9  # obs and next obs (float32), actions, the rest
+        # obs and next obs (float32), actions, states (float64), the rest
+        row = 8 * self.obs_dim + 8 * self.n_branches + 8 * self.counterfactual_state_dim + 9
         tree = 16 * (1 << max(self.buffer_size - 1, 0).bit_length())  # the sum and min trees
         check_allocation("buffer_size", buffer_size, float(self.buffer_size) * row + tree, self._device)
         self._allocate()
@@ -255,7 +274,8 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
 
     def _allocate(self) -> None:
         dev = self.device
-        self.storage = ReplayStorage.zeros(self.buffer_size, self.obs_dim, self.n_branches, dev)
+        self.storage = ReplayStorage.zeros(self.buffer_size, self.obs_dim, self.n_branches, dev,
+                                           state_dim=self.counterfactual_state_dim)
         self.capacity = self.storage.capacity
         self.tree_leaves = self.storage.tree_leaves
         #: whether per_push / per_update left marked subtrees that per_tree_refresh has not rebuilt yet
@@ -272,7 +292,8 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
 
     def _tensor_names(self) -> tuple[str, ...]:
         """Every tensor attribute: the storage's (by SB3's names) and the buffer's own."""
-        return (*_STORAGE_FIELDS, *_OWN_TENSORS)
+        stored = ("counterfactual_states",) if self.counterfactual_state_dim else ()
+        return (*_STORAGE_FIELDS, *stored, *_OWN_TENSORS)
 
     @property
     def device(self) -> torch.device:
@@ -356,94 +377,19 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
         return float(self.last_weights.mean().item())
 
     # ----------------------------------------------------------------------------------- add
-    def _to_device(self, value: Any, dtype: torch.dtype) -> torch.Tensor:
-        if isinstance(value, torch.Tensor):
-            return value.to(device=self.device, dtype=dtype)
-        return torch.as_tensor(np.asarray(value), device=self.device).to(dtype)
-
-    def _rows(self, name: str, value: Any, dtype: torch.dtype, width: int | None) -> torch.Tensor:
-        tensor = self._to_device(value, dtype)
-        n = self.n_envs
-        expected = n if width is None else n * width
-        if tensor.numel() != expected:
-            raise ValueError(
-                f"{name} has shape {tuple(tensor.shape)}: expected {n} rows"
-                + ("" if width is None else f" of {width} values")
-            )
-        return tensor.reshape(n) if width is None else tensor.reshape(n, width)
-
-    def _info_tensors(self, infos: Sequence[Mapping[str, Any]] | Mapping[str, Any],
-                      keys: Sequence[str]) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
-        """Gather ``keys`` as ``[n_envs]`` device tensors (``trade_closed`` bool, the others float32), and the
-        timeout flags (None when the infos have none).
-
-        SB3's list of per-env dicts is converted with one host-side comprehension per key (as SB3's own
-        ``ReplayBuffer`` does for ``TimeLimit.truncated``); a dict of ``[n_envs]`` tensors is used as is, the
-        float keys of another dtype converted together (one stack and one cast instead of one cast per key).
-        """
-        if isinstance(infos, Mapping):
-            present = set(infos)
-            missing = [k for k in keys if k not in present]
-            if missing:
-                raise ValueError(f"infos are missing keys {missing} that hindsight needs")
-            out: dict[str, torch.Tensor] = {}
-            pending: list[str] = []  # float tensors of another dtype: converted together
-            for k in keys:
-                value = infos[k]
-                if k == "trade_closed" and isinstance(value, torch.Tensor) and value.dtype == torch.bool:
-                    out[k] = self._rows(f"infos[{k!r}]", value, torch.bool, None)
-                elif k == "trade_closed":  # a number is true when nonzero as float32
-                    out[k] = self._rows(f"infos[{k!r}]", value, torch.float32, None) != 0
-                elif isinstance(value, torch.Tensor) and value.dtype != torch.float32:
-                    pending.append(k)
-                else:
-                    out[k] = self._rows(f"infos[{k!r}]", value, torch.float32, None)
-            self._convert_together(pending, infos, out)
-            timeout = infos.get(_TIMEOUT_KEY)
-        else:
-            if len(infos) != self.n_envs:
-                raise ValueError(f"infos has {len(infos)} entries: expected one per env ({self.n_envs})")
-            missing = [k for k in keys if any(k not in info for info in infos)]
-            if missing:
-                raise ValueError(f"infos are missing keys {missing} that hindsight needs")
-            out = {}
-            if keys:
-                table = np.array([[info[k] for k in keys] for info in infos], dtype=np.float64)
-                values = torch.as_tensor(table, device=self.device).to(torch.float32)
-                out = {k: values[:, j] for j, k in enumerate(keys)}
-                if "trade_closed" in out:
-                    out["trade_closed"] = out["trade_closed"] != 0
-            timeout = np.array([info.get(_TIMEOUT_KEY, False) for info in infos], dtype=bool)
-        if timeout is not None:
-            timeout = self._rows(f"infos[{_TIMEOUT_KEY!r}]", timeout, torch.bool, None)
-        return out, timeout
-
-    def _convert_together(self, keys: list[str], infos: Mapping[str, Any],
-                          out: dict[str, torch.Tensor]) -> None:
-        """Add ``keys`` (tensors, not float32) to ``out`` as float32 ``[n_envs]`` rows: the keys of one dtype
-        stacked and cast once, each key a row of the result (the values of one cast per key)."""
-        for dtype in dict.fromkeys(infos[k].dtype for k in keys):
-            group = [k for k in keys if infos[k].dtype == dtype]
-            rows = [self._rows(f"infos[{k!r}]", infos[k], dtype, None) for k in group]  # checks the shapes
-            if len(rows) == 1:
-                out[group[0]] = rows[0].to(torch.float32)
-                continue
-            for k, row in zip(group, torch.stack(rows).to(torch.float32), strict=True):
-                out[k] = row
-
     def _step_batch(self, obs: Any, next_obs: Any, action: Any, reward: Any, done: Any,
                     infos: Sequence[Mapping[str, Any]] | Mapping[str, Any]) -> StepBatch:
         keys = REQUIRED_INFO_KEYS if self.hindsight_config is not None else ()
-        info, timeout = self._info_tensors(infos, keys)
-        episode_end = self._rows("done", done, torch.bool, None)
+        info, timeout = info_tensors(self, infos, keys)
+        episode_end = to_rows(self, "done", done, torch.bool, None)
         # done and not a timeout (a > b is a & ~b for bools: one op)
         terminal = episode_end > timeout if self.handle_timeout_termination and timeout is not None \
             else episode_end
         return StepBatch(
-            obs=self._rows("obs", obs, torch.float32, self.obs_dim),
-            next_obs=self._rows("next_obs", next_obs, torch.float32, self.obs_dim),
-            action=self._rows("action", action, torch.int64, self.n_branches),
-            reward=self._rows("reward", reward, torch.float32, None),
+            obs=to_rows(self, "obs", obs, torch.float32, self.obs_dim),
+            next_obs=to_rows(self, "next_obs", next_obs, torch.float32, self.obs_dim),
+            action=to_rows(self, "action", action, torch.int64, self.n_branches),
+            reward=to_rows(self, "reward", reward, torch.float32, None),
             episode_end=episode_end,
             terminal=terminal,
             info=info,
@@ -463,9 +409,12 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
         :param reward: ``[n_envs]`` rewards.
         :param done: ``[n_envs]`` episode ends (terminated or truncated).
         :param infos: SB3's list of per-env info dicts, or a dict of ``[n_envs]`` tensors; with hindsight
-            on they must hold the env info contract keys; ``TimeLimit.truncated`` marks timeouts.
+            on they must hold the env info contract keys; ``TimeLimit.truncated`` marks timeouts; with
+            ``counterfactual_state_dim`` the pre-step states
+            (:func:`sb3_her_ext.replay_inputs.counterfactual_states`; missing: a ``ValueError`` naming it).
         """
         batch = self._step_batch(obs, next_obs, action, reward, done, infos)
+        states = counterfactual_states(self, infos) if self.counterfactual_state_dim else None
         blocks = [PushBlock(batch.obs, batch.next_obs, batch.action, batch.reward, None, KIND_REAL,
                             done=batch.terminal, priority=0.0, max_multiplier=1.0)]
         if self.hindsight_state is not None:
@@ -473,6 +422,8 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
         rows = self._joiner.join(blocks)
         slots = cuda_ext.per_push(self.storage, rows, alpha=self.alpha)
         self._tree_written(slots)
+        if states is not None:  # no hindsight rows then: one slot per real row
+            self.storage.write_state(slots, states)
         if self.hindsight_state is not None:
             self.hindsight_state.after_push(batch, slots[: self.n_envs])
 
@@ -487,6 +438,7 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
             weights=weights,
             indices=indices,
             kinds=self.kinds[indices],
+            counterfactual_states=None if self.storage.state is None else self.storage.state[indices],
         )
 
     @staticmethod
@@ -602,48 +554,9 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
             cuda_ext.per_tree_refresh(self.storage.tree)
             self._tree_stale = False
 
-    def _stratum_candidates(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Candidate slots for :meth:`sample_stratified`: ``M = STRATIFIED_OVERSAMPLE * batch_size`` of them.
-
-        While at most ``M`` rows are written, the candidates are the slots ``0 .. M - 1`` (the written ones
-        valid), i.e. every written row. Beyond that, ``M`` uniform draws among the written rows, sorted, with
-        repeats marked invalid, so the valid candidates are distinct rows, a uniform random subset. The
-        choice is made on the device (no host sync); the cost is O(``batch_size``), not O(capacity).
-
-        :param batch_size: rows the caller will draw.
-        :return: ``(slots [M'] int64, valid [M'] bool)`` with ``M' = min(M, capacity)``.
-        """
-        c, dev = self.buffer_size, self.device
-        n_draws = self.STRATIFIED_OVERSAMPLE * batch_size
-        n_written = self.head_size[1]
-        if c <= n_draws:
-            slots = torch.arange(c, device=dev)
-            return slots, slots < n_written
-        first_slots = torch.arange(n_draws, device=dev)
-        uniforms = torch.rand(n_draws, dtype=torch.float64, device=dev, generator=self.generator)
-        draws = (uniforms * n_written).to(torch.int64)
-        draws = draws.clamp(max=c - 1).sort().values
-        distinct = torch.ones(n_draws, dtype=torch.bool, device=dev)
-        distinct[1:] = draws[1:] != draws[:-1]
-        few_written = n_written <= n_draws
-        return torch.where(few_written, first_slots, draws), torch.where(
-            few_written, first_slots < n_written, distinct
-        )
-
     def sample_stratified(self, batch_size: int, branch: int, n_values: int) -> PrioritizedReplaySamples:
-        """Draw rows uniformly, a equal share for each value of one action branch (for the gradient vaccine).
-
-        Value ``v`` gets ``batch_size // n_values`` rows (the first ``batch_size % n_values`` values one
-        more), drawn without replacement among the candidate rows whose ``branch`` action is ``v``. A short
-        stratum's missing rows are filled, without replacement, from the candidates not yet chosen; only
-        when there are fewer than ``batch_size`` candidates are rows repeated (uniformly among the written).
-
-        The candidates are every written row while at most ``M = STRATIFIED_OVERSAMPLE * batch_size`` rows
-        are written; beyond that, the distinct rows of ``M`` uniform draws among the written rows, so the
-        cost is O(``batch_size``), not O(capacity), and a stratum whose share of the buffer is below about
-        ``1 / (STRATIFIED_OVERSAMPLE * n_values)`` may come up short (then filled) although the buffer
-        holds enough of its rows.
-        All on the device, no host sync: a random permutation, a stable sort by stratum, prefix sums.
+        """Draw rows uniformly, an equal share for each value of one action branch (for the gradient vaccine;
+        :func:`sb3_her_ext.stratified.stratified_indices` says how).
 
         :param batch_size: rows to draw; >= 1.
         :param branch: the action branch to stratify on.
@@ -655,49 +568,8 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
             raise ValueError(f"branch={branch} must be an integer in [0, {self.n_branches})")
         if int(n_values) != n_values or n_values < 1:
             raise ValueError(f"n_values={n_values} must be an integer >= 1")
-        dev = self.device
-        slots, valid = self._stratum_candidates(batch_size)
-        n_candidates = slots.numel()
-        # a candidate's group: its stratum, or n_values (other value: fill only), n_values + 1 (invalid)
-        values = self.actions[slots, branch]
-        in_range = (values >= 0) & (values < n_values)
-        group = torch.where(valid, torch.where(in_range, values, n_values), n_values + 1)
-        # random order within each group: shuffle, then a stable sort by group
-        shuffled = torch.argsort(torch.rand(n_candidates, device=dev, generator=self.generator))
-        order = shuffled[torch.sort(group[shuffled], stable=True).indices]
-        sorted_group = group[order]
-        counts = torch.zeros(n_values + 2, dtype=torch.int64, device=dev).scatter_add_(
-            0, group, torch.ones_like(group)
-        )
-        starts = torch.cumsum(counts, 0) - counts
-        # stratum v's quota is base (+1 for the first `extra` strata); groups n_values, n_values + 1 get none
-        base, extra = divmod(batch_size, n_values)
-        group_ids = torch.arange(n_values + 2, device=dev)
-        quotas = torch.where(group_ids < n_values, base + (group_ids < extra).to(torch.int64), 0)
-        # output slot k -> (its stratum, its rank in the stratum), the strata one after another
-        k = torch.arange(batch_size, device=dev)
-        long_part = extra * (base + 1)  # the slots of the strata with base + 1 rows
-        tail = (k - long_part).clamp(min=0)
-        slot_stratum = torch.where(k < long_part, k // (base + 1), extra + tail // max(base, 1))
-        slot_rank = torch.where(k < long_part, k % (base + 1), tail % max(base, 1))
-        ok = slot_rank < counts[slot_stratum]
-        position = (starts[slot_stratum] + slot_rank).clamp(max=n_candidates - 1)
-        chosen = slots[order[position]]
-        # the spare candidates (valid, beyond their stratum's quota), in random order, fill the short strata
-        rank_in_group = torch.arange(n_candidates, device=dev) - starts[sorted_group]
-        spare = torch.empty(n_candidates, dtype=torch.bool, device=dev)
-        spare[order] = (sorted_group <= n_values) & (rank_in_group >= quotas[sorted_group])
-        fill_order = shuffled[torch.sort((~spare[shuffled]).to(torch.uint8), stable=True).indices]
-        fill_rank = torch.cumsum((~ok).to(torch.int64), 0) - 1
-        fill_ok = fill_rank < spare.sum()
-        fill = slots[fill_order[fill_rank.clamp(min=0, max=n_candidates - 1)]]
-        # last resort (fewer candidates than batch_size): uniform with replacement among written rows
-        n_written = self.head_size[1].clamp(min=1)
-        repeat = (torch.rand(batch_size, device=dev, generator=self.generator) * n_written).to(torch.int64)
-        repeat = repeat.clamp(max=self.buffer_size - 1)
-        indices = torch.where(ok, chosen, torch.where(fill_ok, fill, repeat))
-        weights = torch.ones(batch_size, dtype=torch.float32, device=dev)
-        return self._gather(indices, weights)
+        indices = stratified_indices(self, batch_size, branch, n_values)
+        return self._gather(indices, torch.ones(batch_size, dtype=torch.float32, device=self.device))
 
     # ----------------------------------------------------------------------------------- checks
     def invalid_fields(self) -> list[str]:
@@ -712,7 +584,8 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
         checks = {
             name: torch.isfinite(getattr(self, name)).all()
             for name in ("observations", "next_observations", "rewards", "dones", "tree",
-                         "max_priority_tensor")
+                         "max_priority_tensor", "counterfactual_states")
+            if getattr(self, name) is not None
         }
         sizes = torch.as_tensor(self.branch_sizes, dtype=torch.int64, device=self.device)
         actions = self.actions.reshape(-1, self.n_branches)
@@ -747,6 +620,7 @@ class PrioritizedHindsightReplayBuffer(ReplayBuffer):
         """Restore the tensors onto the pickled device, or the CPU when it is not available here."""
         saved = torch.device(state["_device"])
         self._tree_stale = False  # pickles of earlier versions lack it; their trees were always up to date
+        self.counterfactual_state_dim = 0  # as it is unless the pickle says otherwise (earlier versions)
         if state.get("_allocated", False) and "storage" not in state:  # a pickle of the flat layout
             state = dict(state)
             flat = {field: state.pop(name) for name, field in _STORAGE_FIELDS.items()}

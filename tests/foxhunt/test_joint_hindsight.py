@@ -26,7 +26,7 @@ N_JOINT = int(np.prod(NVEC))
 TINY_POLICY = dict(net_arch=[16], n_ensemble=2, n_cos=8, n_quantiles=4, n_quantiles_target=4,
                    n_quantiles_act=4, n_atoms=11)
 TINY = dict(learning_starts=0, batch_size=16, buffer_size=2000, train_freq=2, target_update_interval=50,
-            policy_kwargs=TINY_POLICY, seed=0, device="cpu", vaccine_interval=0, hindsight=True)
+            policy_kwargs=TINY_POLICY, seed=0, device="cpu", vaccine_interval=0, hindsight={"relabel": True})
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -81,7 +81,7 @@ def scripted_steps(books: int, steps: int, seed: int) -> list[tuple]:
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("anchor", ["close", "peak"])
 def test_the_joint_face_gets_the_branched_faces_hindsight_rows_encoded(anchor: str, device: str) -> None:
-    books, settings = 5, {"lookahead": 3, "threshold": 0.5, "anchor": anchor}
+    books, settings = 5, {"lookahead": 3, "threshold": 0.5, "anchor": anchor, "relabel": True}
     branched = PrioritizedHindsightReplayBuffer(4096, OBS_SPACE, spaces.MultiDiscrete(list(NVEC)),
                                                 device=device, n_envs=books, alpha=0.6, hindsight=settings)
     joint = PrioritizedHindsightReplayBuffer(4096, OBS_SPACE, spaces.Discrete(N_JOINT), device=device,

@@ -69,7 +69,8 @@ def run(env_cls: type, tmp_path: Path, total: int = 400, **kwargs) -> BranchingI
 
 
 def test_device_loop_equals_sb3_loop_on_the_cpu(tmp_path: Path) -> None:
-    sb3, dev = run(LOBVecEnv, tmp_path), run(DeviceLOBVecEnv, tmp_path)
+    relabel = {"hindsight": {"relabel": True}}  # every hindsight kind, the optional relabel too
+    sb3, dev = run(LOBVecEnv, tmp_path, **relabel), run(DeviceLOBVecEnv, tmp_path, **relabel)
     # replay contents, tree, counters and sampling state
     for name in sb3.replay_buffer._tensor_names():
         assert th.equal(getattr(sb3.replay_buffer, name), getattr(dev.replay_buffer, name)), name

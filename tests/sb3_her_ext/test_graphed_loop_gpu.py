@@ -142,6 +142,7 @@ def test_no_recapture_after_warm_up_while_the_schedules_change() -> None:
 def test_no_host_sync_inside_a_replay() -> None:
     model = fused_model(eager=False)
     model.learn(64 * 2 * 10)  # warm-up and captures
+    model._total_timesteps *= 10  # rollouts past learn's end would anneal the learning rate below 0
     block = model.collector.block
     assert block is not None and block.captures > 0
     replays = block.replays
@@ -159,7 +160,7 @@ def test_learn_on_the_lob_env_with_hindsight_runs_through_the_graph(tmp_path: Pa
     env = make_env(n_envs=256)
     model = BranchingIQN("MlpPolicy", env, **{
         **CHANGING, "buffer_size": 50_000, "batch_size": 64, "train_freq": 1, "gradient_steps": 2,
-        "learning_starts": 256 * 10, "diagnostics_interval": 256 * 50,
+        "learning_starts": 256 * 10, "diagnostics_interval": 256 * 50, "hindsight": {"relabel": True},
         "policy_kwargs": {**TINY_POLICY, "normalize_observations": True},
         "diagnostics_path": str(tmp_path / "diag.jsonl")})
     assert model.hindsight_config is not None and model.graph_collect is None
@@ -209,6 +210,7 @@ def test_the_nan_guard_inside_replays_undoes_the_steps_and_raises_at_the_sync_po
 
     model = fused_model(eager=False)
     model.learn(64 * 2 * 10)  # warm-up and captures
+    model._total_timesteps *= 10  # rollouts past learn's end would anneal the learning rate below 0
     block = model.collector.block
     assert block is not None and block.captures == 2 and model.guard is not None
     buffer = model.replay_buffer

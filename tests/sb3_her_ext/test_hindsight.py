@@ -63,7 +63,7 @@ def info_of(mid: float, position: float, closed: bool, pnl: float, lots: float, 
 
 
 def make_buffer(capacity: int = 64, **hindsight) -> PrioritizedHindsightReplayBuffer:
-    config = {"lookahead": 3}
+    config = {"lookahead": 3, "relabel": True}  # the relabel is an option (off by default)
     config.update(hindsight)
     return PrioritizedHindsightReplayBuffer(capacity, OBS_SPACE, ACTION_SPACE, device="cpu", n_envs=1,
                                             alpha=ALPHA, hindsight=config)

@@ -399,7 +399,8 @@ def test_lob_vec_env_random_steps_inject_hindsight():
 
     env = LOBVecEnv(4, seed=0, data="synthetic", num_steps=3000, levels=5, episode_length=100,
                     max_position=10.0)
-    config = HindsightConfig(lookahead=10, reward_scale=env.reward_scale, magnitudes=env.magnitudes)
+    config = HindsightConfig(lookahead=10, reward_scale=env.reward_scale, magnitudes=env.magnitudes,
+                             relabel=True)
     buffer, tensor_buffer = (
         PrioritizedHindsightReplayBuffer(8192, env.observation_space, env.action_space, device="cpu",
                                          n_envs=env.num_envs, hindsight=config)
