@@ -38,6 +38,7 @@ import torch as th
 
 from sb3_her_ext.counterfactual import is_counterfactual_env
 from sb3_her_ext.device_env import is_device_vec_env
+from sb3_her_ext.replay import PrioritizedHindsightReplayBuffer
 
 if TYPE_CHECKING:
     from sb3_her_ext.learner import DistributionalLoss, Learner
@@ -142,7 +143,8 @@ class CounterfactualTargets:
         for b in range(len(dims)):  # over branches (a few), not rows
             moved = grid.movedim(b + 1, 1)
             flat = moved.reshape(batch, dims[b], -1)  # [B, n_b, rest]
-            best = th.zeros_like(flat).scatter_(-1, flat.argmax(dim=-1, keepdim=True), 1.0)
+            columns_of_rest = th.arange(flat.shape[-1], device=flat.device)
+            best = (columns_of_rest == flat.argmax(dim=-1, keepdim=True)).to(flat.dtype)  # one-hot
             columns.append(best.view(moved.shape).movedim(1, b + 1).reshape(-1))
         return th.stack(columns, dim=1)
 
@@ -194,8 +196,6 @@ def configure(algorithm: Any) -> None:
 
     :param algorithm: the :class:`~sb3_her_ext.algorithm.BranchingIQN` being set up.
     """
-    from sb3_her_ext.replay import PrioritizedHindsightReplayBuffer
-
     cap = algorithm.counterfactual_actions
     if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
         raise ValueError(f"counterfactual_actions={cap!r} must be an integer >= 1")
