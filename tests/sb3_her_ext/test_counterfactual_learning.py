@@ -115,4 +115,6 @@ def test_save_and_resume_keep_the_targets(tmp_path: Path) -> None:
 
 @pytest.mark.gpu
 def test_counterfactual_targets_learn_on_cuda() -> None:
-    assert steps_to_score(0, device="cuda", counterfactual=True) <= 3072
+    # the CPU's 5 seeds took 1,536-2,560 env steps; other arithmetic on the GPU: a looser bound, still below
+    # what the runs without the targets mostly never reached in 6,144
+    assert steps_to_score(0, device="cuda", counterfactual=True) <= 4096
