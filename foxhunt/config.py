@@ -135,6 +135,10 @@ class AlgorithmSettings:
     nan_guard: bool = True  # Stop on a non-finite loss or parameter.
     graph_collect: bool | None = None
     """The rollout as one fused CUDA graph (``None``: each rollout that can run as one does)."""
+    counterfactual: bool = False
+    """Learn from every action's exact outcome from each replayed state
+    (``sb3_her_ext.counterfactual_targets``; the run then collects through the device loop, without
+    hindsight)."""
 
     kwargs = set_fields
 
@@ -173,9 +177,9 @@ class PolicySettings:
 #: The config fields (dotted) whose default ``None`` is chosen for the run before it starts
 #: (:func:`resolve`), and how; ``config.json`` records the choice.
 AUTO: dict[str, str] = {
-    "hindsight": "on for the branched action face, off for the joint",
+    "hindsight": "on for the branched action face, off for the joint (and with algorithm.counterfactual)",
     "cuda_graph": "on exactly on CUDA",
-    "device_loop": "on exactly on CUDA",
+    "device_loop": "on on CUDA and with algorithm.counterfactual",
     "env.market_seed": "0 on synthetic data (LOBSTER data: none)",
     "algorithm.buffer_size": "the device's size (DEVICE_SIZES)",
     "algorithm.learning_starts": "the device's size, at most a quarter of the run",
@@ -263,6 +267,8 @@ def auto_values(config: Any) -> dict[str, Any]:
     values.update({"cuda_graph": cuda, "device_loop": cuda, **face_settings(config.action_face)})
     if config.env.task == "execute":  # hindsight relabels the trading task's trades: off on the execute task
         values["hindsight"] = False
+    if config.algorithm.counterfactual:  # exact targets replace hindsight; the device env replays the rows
+        values.update({"hindsight": False, "device_loop": True})
     if config.data == "synthetic":
         values["env.market_seed"] = 0
     return values

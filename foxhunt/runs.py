@@ -121,7 +121,7 @@ class RunConfig:
     synthetic_market_steps: int = 20_000  # Steps of each generated synthetic market.
     device_loop: bool | None = None
     """Collect through BranchingIQN's device loop (tensors stay on the device, no per-step host sync:
-    :mod:`sb3_her_ext.collect`; auto: on exactly when the device is CUDA)."""
+    :mod:`sb3_her_ext.collect`; auto: on when the device is CUDA and with ``algorithm.counterfactual``)."""
     checkpoint_every: int = 5_000
     """Environment steps between checkpoints (and one when training ends; a default CPU run leaves three);
     0: no checkpoints."""
@@ -260,7 +260,8 @@ class RunConfig:
         return bool(self.resolved().cuda_graph)
 
     def resolved_device_loop(self) -> bool:
-        """Whether collection runs through the device loop (``device_loop``, or on exactly on CUDA)."""
+        """Whether collection runs through the device loop (``device_loop``; auto: on CUDA and with
+        ``algorithm.counterfactual``)."""
         return bool(self.resolved().device_loop)
 
     def resolved_action_face(self) -> str:

@@ -12,14 +12,10 @@ Exploration is per branch (see :mod:`sb3_her_ext.exploration`).
 
 from __future__ import annotations
 
-import dataclasses
-import io
 import os
-import pathlib
-import pickle
 import time
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -32,9 +28,9 @@ from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedul
 from stable_baselines3.common.utils import LinearSchedule, polyak_update, safe_mean
 from stable_baselines3.common.vec_env import VecEnv
 
-from sb3_her_ext import checksum
-from sb3_her_ext.arguments import check_arguments, reject_vec_normalize
-from sb3_her_ext.branches import branch_action_dims, branch_index, default_branch_names
+from sb3_her_ext import counterfactual_targets
+from sb3_her_ext.arguments import check_arguments, reject_vec_normalize, resolve_hindsight
+from sb3_her_ext.branches import branch_action_dims, branch_index, env_branch_names
 from sb3_her_ext.collect import DeviceCollector
 from sb3_her_ext.concurrent import holding_build_lock
 from sb3_her_ext.diagnostics import TrainingDiagnostics
@@ -45,60 +41,18 @@ from sb3_her_ext.exploration import (
     resolve_exploration_mults,
 )
 from sb3_her_ext.graphed_step import GraphedTrainStep
-from sb3_her_ext.guard import NanGuard, NonFiniteError, named_state, refuse_nonfinite
+from sb3_her_ext.guard import NanGuard, named_state, refuse_nonfinite
 from sb3_her_ext.learner import DistributionalLoss, Learner
+from sb3_her_ext.persistence import ModelFiles
 from sb3_her_ext.policy import BranchingIQNPolicy
 from sb3_her_ext.replay import HindsightConfig, PrioritizedHindsightReplayBuffer
 from sb3_her_ext.vaccine import GradVac
-from sb3_her_ext.validation import check_learning_rate, provenance_difference
+from sb3_her_ext.validation import check_learning_rate
 
 SelfBranchingIQN = TypeVar("SelfBranchingIQN", bound="BranchingIQN")
 
 
-def resolve_hindsight(hindsight: bool | str | Mapping[str, Any] | HindsightConfig, env: VecEnv | None) -> (
-    HindsightConfig | None
-):
-    """The replay buffer's hindsight config from the ``hindsight`` argument.
-
-    :param hindsight: ``True`` (defaults), ``False`` (off), ``"auto"`` (on when the env publishes
-        ``n_market_features``, the mark of the info contract hindsight reads, and its action has the
-        branches hindsight relabels; a joint one-branch face has not), a dict of
-        :class:`HindsightConfig` fields, or a config.
-    :param env: the (vectorized) env, used by ``"auto"`` and for the fields a dict or ``True`` leaves
-        out that the env publishes (``reward_scale``, ``magnitudes``, ``joint_nvec``: an action of joint
-        codes, whose branches the relabels decode; ``"auto"`` leaves hindsight off there).
-    :return: the config, or ``None`` when hindsight is off.
-    """
-    if isinstance(hindsight, HindsightConfig):
-        return hindsight
-    if isinstance(hindsight, bool):
-        fields: Mapping[str, Any] | None = {} if hindsight else None
-    elif isinstance(hindsight, str) and hindsight == "auto":
-        relabels = max(HindsightConfig().direction_branch, HindsightConfig().magnitude_branch)
-        fields = ({} if env is not None and env.has_attr("n_market_features")
-                  and len(branch_action_dims(env.action_space)) > relabels else None)
-    elif isinstance(hindsight, Mapping):
-        known = {f.name for f in dataclasses.fields(HindsightConfig)}
-        unknown = sorted(set(hindsight) - known)
-        if unknown:
-            raise ValueError(f"hindsight has unknown fields {unknown}; known fields are {sorted(known)}")
-        fields = hindsight
-    else:
-        raise ValueError(f"hindsight={hindsight!r} must be True, False, 'auto', a dict or a HindsightConfig")
-    if fields is None:
-        return None
-    from_env: dict[str, Any] = {}
-    if env is not None and "reward_scale" not in fields and env.has_attr("reward_scale"):
-        from_env["reward_scale"] = float(env.get_attr("reward_scale")[0])
-    if env is not None and "magnitudes" not in fields and env.has_attr("magnitudes"):
-        from_env["magnitudes"] = tuple(float(m) for m in env.get_attr("magnitudes")[0])
-    joint_nvec = env.get_attr("joint_nvec")[0] if env is not None and env.has_attr("joint_nvec") else None
-    if "joint_nvec" not in fields and joint_nvec is not None:
-        from_env["joint_nvec"] = tuple(int(n) for n in joint_nvec)
-    return HindsightConfig(**{**from_env, **fields})
-
-
-class BranchingIQN(OffPolicyAlgorithm):
+class BranchingIQN(ModelFiles, OffPolicyAlgorithm):
     """Branching IQN with C51 mixing, PopArt, GradVac vaccine and prioritized hindsight replay.
 
     DQN's arguments keep DQN's names and meaning; see :class:`stable_baselines3.DQN`.
@@ -166,6 +120,13 @@ class BranchingIQN(OffPolicyAlgorithm):
         each block is ONE CUDA graph replay. ``None`` (default): captured whenever the configuration allows,
         ``False``: blocks run eagerly; ``True``: as ``None``, ``cuda_graph=True`` is required, and blocks that
         run eagerly warn once with the reason. A failed capture leaves the blocks eager with one warning.
+    :param counterfactual: learn from the exact outcome of every action (or, on a large action space, of
+        each branch's values with the other branches greedy) from each replayed state, in the same gradient
+        step (:mod:`sb3_her_ext.counterfactual_targets`); the env must implement
+        :class:`~sb3_her_ext.counterfactual.CounterfactualEnv`. Not with hindsight relabels or
+        autoregressive branches.
+    :param counterfactual_actions: the joint face (every joint action) when the action space has at most
+        this many actions, else the per-branch face.
     :param _init_setup_model: whether to build the networks on creation.
     """
 
@@ -217,6 +178,8 @@ class BranchingIQN(OffPolicyAlgorithm):
         cuda_graph: bool = False,
         nan_guard: bool = True,
         graph_collect: bool | None = None,
+        counterfactual: bool = False,
+        counterfactual_actions: int = counterfactual_targets.DEFAULT_JOINT_CAP,
         _init_setup_model: bool = True,
     ) -> None:
         if env is None and _init_setup_model:  # SB3 takes env=None only for a model built later (its load)
@@ -273,6 +236,7 @@ class BranchingIQN(OffPolicyAlgorithm):
         self.cuda_graph = cuda_graph
         self.nan_guard = nan_guard
         self.graph_collect = graph_collect
+        self.counterfactual, self.counterfactual_actions = counterfactual, counterfactual_actions
         if cuda_graph and self.device.type != "cuda":
             raise ValueError(f"cuda_graph=True needs a CUDA device, got device={self.device}")
         self.exploration_rate = 0.0
@@ -282,8 +246,11 @@ class BranchingIQN(OffPolicyAlgorithm):
         self._last_diagnostics_step = 0
 
         if getattr(self, "action_space", None) is not None:  # unset only in `load`, which restores it all
-            self.action_dims = self._check_spaces(self.observation_space, self.action_space)
-            self.branch_names = self._branch_names(self.env, len(self.action_dims))
+            if not isinstance(self.observation_space, spaces.Box):
+                raise ValueError(f"observation_space={self.observation_space} is not supported: it must be a "
+                                 "Box")
+            self.action_dims = branch_action_dims(self.action_space)
+            self.branch_names = env_branch_names(self.env, len(self.action_dims))
             self.exploration_mults = resolve_exploration_mults(exploration_mults, self.branch_names)
             self.boltzmann_flags = resolve_boltzmann_branches(boltzmann_branches, self.branch_names)
             self.hindsight_config = resolve_hindsight(hindsight, self.env)
@@ -305,23 +272,6 @@ class BranchingIQN(OffPolicyAlgorithm):
             self._setup_model()
 
     # ------------------------------------------------------------------ setup
-
-    @staticmethod
-    def _check_spaces(observation_space: spaces.Space, action_space: spaces.Space) -> list[int]:
-        """Validate the spaces and return the number of actions of each branch."""
-        if not isinstance(observation_space, spaces.Box):
-            raise ValueError(f"observation_space={observation_space} is not supported: it must be a Box")
-        return branch_action_dims(action_space)
-
-    @staticmethod
-    def _branch_names(env: VecEnv | None, n_branches: int) -> list[str]:
-        """Branch names the env publishes (``branch_names``), else the defaults."""
-        if env is not None and env.has_attr("branch_names"):
-            names = [str(name) for name in env.get_attr("branch_names")[0]]
-            if len(names) != n_branches:
-                raise ValueError(f"env branch_names={names} has {len(names)} names for {n_branches} branches")
-            return names
-        return list(default_branch_names(n_branches))
 
     @holding_build_lock  # SB3 seeds the process-wide generators here: one build at a time (concurrent.py)
     def _setup_model(self) -> None:
@@ -351,6 +301,8 @@ class BranchingIQN(OffPolicyAlgorithm):
         else:
             optimizer_kwargs.pop("capturable", None)
         self.policy_kwargs = {**self.policy_kwargs, "optimizer_kwargs": optimizer_kwargs}
+        if getattr(self, "counterfactual", False):  # before the buffer: it keeps the env's states
+            counterfactual_targets.configure(self)
         super()._setup_model()
         self.exploration_schedule = LinearSchedule(
             self.exploration_initial_eps, self.exploration_final_eps, self.exploration_fraction
@@ -395,6 +347,9 @@ class BranchingIQN(OffPolicyAlgorithm):
             cuda_graph=self.cuda_graph,
             guard=self.guard,
         )
+        if getattr(self, "counterfactual", False):
+            self.learner.counterfactual = counterfactual_targets.CounterfactualTargets(
+                lambda: self.env, self.action_dims, self.counterfactual_actions, self.device)
         #: training on a device vector env (its block's device state and CUDA graphs; not saved)
         self.collector = DeviceCollector(self)
         assert n_branches == self.q_net.n_branches, "policy and action space disagree on the branches"
@@ -691,108 +646,12 @@ class BranchingIQN(OffPolicyAlgorithm):
         refuse_nonfinite(named_state(self.policy, self.policy.optimizer), self.guard, self._n_gradient_steps,
                          "checkpoint")
 
-    def save(self, path: str | pathlib.Path | io.BufferedIOBase, exclude: Iterable[str] | None = None,
-             include: Iterable[str] | None = None) -> None:
-        """SB3's ``save``, refusing a model that holds a NaN or inf (the error names the tensor and the
-        gradient step it went bad: :func:`~sb3_her_ext.guard.refuse_nonfinite`).
-
-        :param path: the file (``.zip``) or an open file.
-        :param exclude: attributes not to save.
-        :param include: attributes to save that would be left out.
-        """
-        refuse_nonfinite(named_state(self.policy, self.policy.optimizer), self.guard, self._n_gradient_steps)
-        super().save(path, exclude, include)
-
-    # ------------------------------------------------------------------ replay buffer files
-
-    @staticmethod
-    def _replay_file(path: str | pathlib.Path, reading: bool) -> pathlib.Path:
-        """The file SB3 writes or reads for ``path`` (it adds ``.pkl`` to a path without a suffix)."""
-        path = pathlib.Path(path)
-        if reading:
-            return path if path.exists() else pathlib.Path(f"{path}.pkl")
-        return path if path.suffix else pathlib.Path(f"{path}.pkl")
-
-    @classmethod
-    def load(cls: type[SelfBranchingIQN], path: str | pathlib.Path | io.BufferedIOBase, *args: Any,
-             **kwargs: Any) -> SelfBranchingIQN:
-        """SB3's ``load``; a missing file is a ``FileNotFoundError`` naming the path given (SB3 names the
-        last name it tried, ``x.zip.zip``).
-
-        :param path: the model file (``.zip`` is added to a path without a file there, as SB3 does).
-        :param args: SB3's ``load`` arguments (``env``, ``device``, ...).
-        :param kwargs: SB3's ``load`` keyword arguments.
-        :return: the model.
-        """
-        if isinstance(path, str | pathlib.Path):
-            given = pathlib.Path(path)
-            if not given.is_file() and not pathlib.Path(f"{given}.zip").is_file():
-                tried = "" if given.suffix == ".zip" else f" (nor {given}.zip)"
-                raise FileNotFoundError(f"{cls.__name__}.load: no model file {str(path)!r}{tried}")
-        return super().load(path, *args, **kwargs)
-
-    def save_replay_buffer(self, path: str | pathlib.Path | io.BufferedIOBase) -> None:
-        """SB3's ``save_replay_buffer``, sealed with the file's SHA-256 in a trailer after the pickle
-        (:mod:`sb3_her_ext.checksum`: SB3's loaders still read the file; not for an open file object).
-
-        :param path: the pickle to write (``.pkl`` is added to a path without a suffix), or an open file.
-        """
-        super().save_replay_buffer(path)
-        if isinstance(path, str | pathlib.Path):
-            checksum.append_trailer(self._replay_file(path, reading=False))
-
-    def load_replay_buffer(self, path: str | pathlib.Path | io.BufferedIOBase,
-                           truncate_last_traj: bool = True, allow_other_run: bool = False) -> None:
-        """SB3's ``load_replay_buffer``, verified: the file against the SHA-256 it carries (a file without
-        one, e.g. saved before checksums, loads with a warning), and the loaded contents (no non-finite
-        observation, reward or priority, no action outside its branch). On an error the model keeps its
-        current buffer.
-
-        :param path: the pickle (or an open file: no checksum check).
-        :param truncate_last_traj: SB3's argument (``HerReplayBuffer`` only).
-        :param allow_other_run: load a buffer although the record of what it was made on (foxhunt's
-            fingerprint, :func:`~sb3_her_ext.validation.provenance_difference`) differs from the model's.
-        :raises ValueError: the buffer was made on something else than the model (another config, market,
-            action face or env), naming the first differing field.
-        :raises ChecksumError: the file's bytes differ from its checksum (the message names the file).
-        :raises NonFiniteError: the loaded buffer holds values no push writes (the message names the file).
-        """
-        name, sealed = "the given file object", True
-        if isinstance(path, str | pathlib.Path):
-            file = self._replay_file(path, reading=True)
-            name = str(file)
-            sealed = checksum.verify_trailer(file) is not None
-        previous = self.replay_buffer
-        try:
-            super().load_replay_buffer(path, truncate_last_traj)
-        except (EOFError, pickle.UnpicklingError, AttributeError, ImportError, IndexError) as error:
-            self.replay_buffer = previous  # a file cut short loses its trailer too: not taken for an old one
-            raise checksum.ChecksumError(f"replay buffer file {name} cannot be read ({type(error).__name__}: "
-                                         f"{error}): it is truncated or not a replay buffer") from None
-        if not sealed:
-            warnings.warn(f"{name} carries no SHA-256 (saved before checksums?): loaded unverified",
-                          stacklevel=2)
-        buffer = self.replay_buffer
-        if isinstance(buffer, PrioritizedHindsightReplayBuffer):
-            bad = buffer.invalid_fields()
-        else:  # SB3's numpy buffer
-            bad = [field for field in ("observations", "next_observations", "rewards")
-                   if not np.isfinite(getattr(buffer, field)).all()]
-        if bad:
-            self.replay_buffer = previous
-            raise NonFiniteError(f"replay buffer file {name} holds invalid values in {bad}: not loaded")
-        other = None if allow_other_run else provenance_difference(self, buffer)
-        if other is not None:
-            self.replay_buffer = previous
-            field, theirs, mine = other
-            raise ValueError(f"replay buffer file {name} was made with another {field} than this model "
-                             f"({theirs!r}, the model: {mine!r}): not loaded; pass allow_other_run=True to "
-                             "load it anyway")
-
     def set_env(self, env: GymEnv, force_reset: bool = True) -> None:
         """SB3's ``set_env``, refusing ``VecNormalize`` (see :func:`reject_vec_normalize`)."""
         reject_vec_normalize(env)
         super().set_env(env, force_reset)
+        if getattr(self, "counterfactual", False):
+            counterfactual_targets.enable(self, self.env)
 
     def learn(
         self: SelfBranchingIQN,

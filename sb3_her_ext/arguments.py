@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from stable_baselines3.common.vec_env import unwrap_vec_normalize
+from stable_baselines3.common.vec_env import VecEnv, unwrap_vec_normalize
 
+from sb3_her_ext.branches import branch_action_dims
+from sb3_her_ext.replay import HindsightConfig
 from sb3_her_ext.validation import (
     check_device,
     check_known_kwargs,
@@ -69,7 +72,8 @@ INTEGER_BOUNDS: dict[str, tuple[int, str]] = {
     "batch_size": (1, ">= 1"), "learning_starts": (0, ">= 0"), "gradient_steps": (-1, ">= -1"),
 }
 #: boolean arguments
-BOOLS: tuple[str, ...] = ("nan_guard", "optimize_memory_usage", "compile_loss", "cuda_graph")
+BOOLS: tuple[str, ...] = ("nan_guard", "optimize_memory_usage", "compile_loss", "cuda_graph",
+                          "counterfactual")
 
 
 def _in_range(value: float, spec: str) -> bool:
@@ -145,3 +149,46 @@ def _check_one(name: str, value: Any) -> None:
     least, bound = INTEGER_BOUNDS[name]
     if not is_whole(value) or value < least:
         raise ValueError(f"{name}={value!r} must be an integer {bound}")
+
+
+def resolve_hindsight(hindsight: bool | str | Mapping[str, Any] | HindsightConfig, env: VecEnv | None) -> (
+    HindsightConfig | None
+):
+    """The replay buffer's hindsight config from the ``hindsight`` argument.
+
+    :param hindsight: ``True`` (defaults), ``False`` (off), ``"auto"`` (on when the env publishes
+        ``n_market_features``, the mark of the info contract hindsight reads, and its action has the
+        branches hindsight relabels; a joint one-branch face has not), a dict of
+        :class:`HindsightConfig` fields, or a config.
+    :param env: the (vectorized) env, used by ``"auto"`` and for the fields a dict or ``True`` leaves
+        out that the env publishes (``reward_scale``, ``magnitudes``, ``joint_nvec``: an action of joint
+        codes, whose branches the relabels decode; ``"auto"`` leaves hindsight off there).
+    :return: the config, or ``None`` when hindsight is off.
+    """
+    if isinstance(hindsight, HindsightConfig):
+        return hindsight
+    if isinstance(hindsight, bool):
+        fields: Mapping[str, Any] | None = {} if hindsight else None
+    elif isinstance(hindsight, str) and hindsight == "auto":
+        relabels = max(HindsightConfig().direction_branch, HindsightConfig().magnitude_branch)
+        fields = ({} if env is not None and env.has_attr("n_market_features")
+                  and len(branch_action_dims(env.action_space)) > relabels else None)
+    elif isinstance(hindsight, Mapping):
+        known = {f.name for f in dataclasses.fields(HindsightConfig)}
+        unknown = sorted(set(hindsight) - known)
+        if unknown:
+            raise ValueError(f"hindsight has unknown fields {unknown}; known fields are {sorted(known)}")
+        fields = hindsight
+    else:
+        raise ValueError(f"hindsight={hindsight!r} must be True, False, 'auto', a dict or a HindsightConfig")
+    if fields is None:
+        return None
+    from_env: dict[str, Any] = {}
+    if env is not None and "reward_scale" not in fields and env.has_attr("reward_scale"):
+        from_env["reward_scale"] = float(env.get_attr("reward_scale")[0])
+    if env is not None and "magnitudes" not in fields and env.has_attr("magnitudes"):
+        from_env["magnitudes"] = tuple(float(m) for m in env.get_attr("magnitudes")[0])
+    joint_nvec = env.get_attr("joint_nvec")[0] if env is not None and env.has_attr("joint_nvec") else None
+    if "joint_nvec" not in fields and joint_nvec is not None:
+        from_env["joint_nvec"] = tuple(int(n) for n in joint_nvec)
+    return HindsightConfig(**{**from_env, **fields})

@@ -9,6 +9,7 @@ index or the name.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from gymnasium import spaces
@@ -35,6 +36,16 @@ def branch_action_dims(action_space: spaces.Space) -> list[int]:
             raise ValueError(f"action_space.start={action_space.start.tolist()} must be all 0")
         return [int(n) for n in action_space.nvec]
     raise ValueError(f"action_space={shown} is not supported: it must be MultiDiscrete (1-D) or Discrete")
+
+
+def env_branch_names(env: Any, n_branches: int) -> list[str]:
+    """Branch names the (vector) env publishes (``branch_names``), else :func:`default_branch_names`."""
+    if env is not None and env.has_attr("branch_names"):
+        names = [str(name) for name in env.get_attr("branch_names")[0]]
+        if len(names) != n_branches:
+            raise ValueError(f"env branch_names={names} has {len(names)} names for {n_branches} branches")
+        return names
+    return list(default_branch_names(n_branches))
 
 
 def default_branch_names(n_branches: int) -> tuple[str, ...]:

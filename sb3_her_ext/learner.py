@@ -17,6 +17,10 @@
 7. gradient clipping, optimizer step;
 8. PER priorities ``Σ_b |δ_b|`` (per-branch TD errors) and the diagnostics sums.
 
+With ``counterfactual=True`` (a counterfactual env, rows with their env states) steps 2–4 form the loss of
+every action's exact outcome from each replayed state instead, through the same :meth:`Learner.loss` on an
+expanded batch (:mod:`sb3_her_ext.counterfactual_targets`).
+
 Steps 2–7 are :meth:`Learner.step`. With ``cuda_graph`` they run as one CUDA graph replay
 (:mod:`sb3_her_ext.graphed_step`; a second graph for the vaccine steps), their quantile fractions drawn
 from the model's generator beforehand in the order the eager step draws them, so both paths see the same
@@ -26,11 +30,13 @@ numbers. Nothing here reads a device value on the host.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch as th
 from torch import nn
 
+from sb3_her_ext.counterfactual_targets import CounterfactualTargets
 from sb3_her_ext.diagnostics import TrainingDiagnostics
 from sb3_her_ext.graphed_step import GraphedTrainStep, StaticBatch, StepOutputs
 from sb3_her_ext.guard import NanGuard, named_state
@@ -161,6 +167,8 @@ class Learner:
         coupled = bool(getattr(policy.q_net, "autoregressive", False))
         self.autoregressive = coupled and len(self.action_dims) > 1
         self._rand_queue: list[th.Tensor] | None = None  # set while a graphed step runs: its static draws
+        #: the all-action targets of a counterfactual env (``BranchingIQN(counterfactual=True)``), else None
+        self.counterfactual: CounterfactualTargets | None = None
         self.graphed_step: GraphedTrainStep | None = None
         self.graphed_vaccine_step: GraphedTrainStep | None = None
         if cuda_graph:
@@ -191,8 +199,8 @@ class Learner:
             vaccine_batch = self.sample_vaccine_batch(replay_buffer, batch_size)
         # 2.-7. target, PopArt, loss, backward, vaccine, clip, optimizer step: eagerly or as one graph replay
         record = functools.partial(self._record, replay_buffer, batch)
-        if self.graphed_step is None or self.graphed_vaccine_step is None:
-            record(self.step(batch, weights, vaccine_batch))
+        if self.graphed_step is None or self.graphed_vaccine_step is None or self.counterfactual is not None:
+            record(self.step(batch, weights, vaccine_batch))  # counterfactual: eager (a block captures it)
         elif vaccine_batch is None:
             self.graphed_step.run((batch,), weights, record)
         else:
@@ -232,8 +240,12 @@ class Learner:
         # with an optimizer that cannot skip a step)
         if guard is not None:
             guard.snapshot(*self._guarded_state(before_optimizer=not guard.snapshots_all(optimizer)))
-        # 2.-4. double-Q target, PopArt update, IQN + C51 loss of the taken actions, weighted
-        result = self.loss(batch, update_popart=True)
+        # 2.-4. double-Q target, PopArt update, IQN + C51 loss of the taken actions (or, with counterfactual
+        # targets, of every action: sb3_her_ext.counterfactual_targets), weighted
+        if self.counterfactual is not None and getattr(batch, "counterfactual_states", None) is not None:
+            result = self.counterfactual.loss(self, batch)
+        else:
+            result = self.loss(batch, update_popart=True)
         loss = (result.per_sample * weights).mean()
         # 5. backward
         optimizer.zero_grad(set_to_none=True)
@@ -266,7 +278,10 @@ class Learner:
 
     # ------------------------------------------------------------------ steps 2-4: the loss
 
-    def loss(self, batch: Any, update_popart: bool, values: bool = True) -> DistributionalLoss:
+    def loss(self, batch: Any, update_popart: bool, values: bool = True,
+             branch_weights: th.Tensor | Callable[[th.Tensor], th.Tensor] | None = None) -> (
+        DistributionalLoss
+    ):
         """Per-sample loss of one batch, following the module docstring's steps 2–4.
 
         :param batch: replay samples (SB3's ``ReplayBufferSamples`` fields).
@@ -274,6 +289,9 @@ class Learner:
         :param values: False when only the loss's gradient is used (the vaccine batch): the IQN loss's own
             values are not formed (``l_q`` is zeros carrying its gradient, so ``per_sample`` holds only the
             C51 part's values) and there are no TD errors; the gradients are the same.
+        :param branch_weights: ``[B, NB]`` each row's weight of each branch's loss (the per-branch mask of
+            counterfactual targets), or a function of the rows' mean targets ``[B]`` (de-normalised) that
+            gives them; None: the mean over branches.
         :return: the per-sample losses and per-branch TD errors.
         """
         policy = self.policy
@@ -302,6 +320,8 @@ class Learner:
             mu_old, sigma_old = self._popart_stats(copy=update_popart)
             not_done = (1.0 - dones)[None, :, None]
             y = rewards[None, :, None] + self.gamma * not_done * (sigma_old * z_next + mu_old)  # [E, B, N']
+            if callable(branch_weights):  # masks chosen by the targets (counterfactual joint face)
+                branch_weights = branch_weights(y.mean(dim=(0, 2)))
             next_softmax = th.softmax(next_logits, dim=-1)  # [B, NB, atoms]
             next_probs = next_softmax[:, -1] if autoregressive else next_softmax.mean(dim=1)  # [B, atoms]
             within = self._within_step_targets(batch.observations, actions, batch_size) if autoregressive \
@@ -344,14 +364,28 @@ class Learner:
             taus[None, :, None, :].expand_as(z_taken),
             compiled=self.compile_loss,
             values=values,
-        ).mean(dim=(0, 2))  # [B]
-        l_c51 = c51_cross_entropy(logits_taken, target_probs).mean(dim=1)
+        )  # [E, B, NB]
+        l_c51 = c51_cross_entropy(logits_taken, target_probs)  # [B, NB]
+        if branch_weights is None:
+            l_q, l_c51 = l_q.mean(dim=(0, 2)), l_c51.mean(dim=1)  # [B]
+        else:
+            l_q, l_c51 = (l_q.mean(dim=0) * branch_weights).sum(dim=1), (l_c51 * branch_weights).sum(dim=1)
         per_sample = (1.0 - self.c51_alpha) * l_q + self.c51_alpha * l_c51
         if not values:
             return DistributionalLoss(per_sample, l_q, l_c51, None)
         td = y_norm.mean(dim=-1) - z_taken.detach().mean(dim=-1)  # [E, B, NB]
         td_abs = td.abs().mean(dim=0)  # [B, NB]
         return DistributionalLoss(per_sample, l_q, l_c51, td_abs)
+
+    def uniforms(self, *shape: int) -> th.Tensor:
+        """Uniform ``[0, 1)`` draws of ``shape`` from the model's generator (in the step's draw order)."""
+        return self._rand(*shape)
+
+    def mean_values(self, obs: th.Tensor) -> th.Tensor:
+        """``[B, NB, A]`` the online network's ensemble-mean quantile-mean at ``obs`` (no gradient; its
+        fractions drawn from the model's generator)."""
+        with th.no_grad():
+            return _mean_values(self.q_net, obs, self._rand(obs.shape[0], self.policy.n_quantiles_act))
 
     def _within_step_targets(self, obs: th.Tensor, actions: th.Tensor, batch_size: int) -> (
         tuple[th.Tensor, th.Tensor]
