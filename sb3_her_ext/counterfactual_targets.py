@@ -38,10 +38,11 @@ import torch as th
 
 from sb3_her_ext.counterfactual import is_counterfactual_env
 from sb3_her_ext.device_env import is_device_vec_env
+from sb3_her_ext.losses import DistributionalLoss
 from sb3_her_ext.replay import PrioritizedHindsightReplayBuffer
 
 if TYPE_CHECKING:
-    from sb3_her_ext.learner import DistributionalLoss, Learner
+    from sb3_her_ext.learner import Learner
 
 #: default ``counterfactual_actions``: the joint face when the action space has at most this many actions
 DEFAULT_JOINT_CAP = 128
@@ -157,8 +158,6 @@ class CounterfactualTargets:
         :return: ``per_sample``, ``l_q``, ``l_c51`` ``[B]`` (masked sums over the virtual rows divided by
             :attr:`n_trained`) and the logged action's per-branch TD errors ``[B, NB]``.
         """
-        from sb3_her_ext.learner import DistributionalLoss
-
         observations = batch.observations
         batch_size, n_branches = observations.shape[0], len(self.action_dims)
         logged = batch.actions.long().reshape(batch_size, n_branches)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch as th
 from torch import nn
@@ -40,25 +40,9 @@ from sb3_her_ext.counterfactual_targets import CounterfactualTargets
 from sb3_her_ext.diagnostics import TrainingDiagnostics
 from sb3_her_ext.graphed_step import GraphedTrainStep, StaticBatch, StepOutputs
 from sb3_her_ext.guard import NanGuard, named_state
-from sb3_her_ext.losses import c51_cross_entropy, c51_project, quantile_huber_loss
+from sb3_her_ext.losses import DistributionalLoss, c51_cross_entropy, c51_project, quantile_huber_loss
 from sb3_her_ext.policy import BranchingIQNPolicy
 from sb3_her_ext.vaccine import GradVac, assign_flat_grad, flat_grad
-
-
-class DistributionalLoss(NamedTuple):
-    """Per-sample pieces of the loss of one batch.
-
-    :param per_sample: ``[B]`` mixed loss ``(1 − α)·L_IQN + α·L_C51`` (before importance weights).
-    :param l_q: ``[B]`` IQN quantile-Huber loss (mean over ensemble heads and branches).
-    :param l_c51: ``[B]`` C51 cross-entropy (mean over branches).
-    :param td_abs: ``[B, NB]`` absolute per-branch TD errors (normalised scale), for PER priorities; None
-        when the loss was formed for its gradient only.
-    """
-
-    per_sample: th.Tensor
-    l_q: th.Tensor
-    l_c51: th.Tensor
-    td_abs: th.Tensor | None
 
 
 def _mean_values(net: th.nn.Module, obs: th.Tensor, taus: th.Tensor) -> th.Tensor:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch as th
 
@@ -293,3 +293,19 @@ def c51_cross_entropy(logits: th.Tensor, target_probs: th.Tensor) -> th.Tensor:
             f"target_probs.shape={tuple(target_probs.shape)} must equal logits.shape={tuple(logits.shape)}"
         )
     return -(target_probs * th.log_softmax(logits, dim=-1)).sum(dim=-1)
+
+
+class DistributionalLoss(NamedTuple):
+    """Per-sample pieces of the loss of one batch.
+
+    :param per_sample: ``[B]`` mixed loss ``(1 − α)·L_IQN + α·L_C51`` (before importance weights).
+    :param l_q: ``[B]`` IQN quantile-Huber loss (mean over ensemble heads and branches).
+    :param l_c51: ``[B]`` C51 cross-entropy (mean over branches).
+    :param td_abs: ``[B, NB]`` absolute per-branch TD errors (normalised scale), for PER priorities; None
+        when the loss was formed for its gradient only.
+    """
+
+    per_sample: th.Tensor
+    l_q: th.Tensor
+    l_c51: th.Tensor
+    td_abs: th.Tensor | None

@@ -148,7 +148,8 @@ def _model(env, **kwargs) -> BranchingIQN:
 
 def test_trains_saves_and_loads_with_hindsight_and_the_vaccine(tmp_path: Path) -> None:
     env = LOBVecEnv(4, seed=0, data="synthetic", num_steps=1500, episode_length=20)
-    model = _model(env, vaccine_interval=2, boltzmann_branches=[1], exploration_mults={0: 2.0})
+    model = _model(env, vaccine_interval=2, boltzmann_branches=[1], exploration_mults={0: 2.0},
+                   hindsight={"relabel": True})  # every hindsight kind, the optional relabel too
     assert model.learner.autoregressive
     before = model.policy.q_net.prefix_weight.detach().clone()
     model.learn(200)
