@@ -93,7 +93,7 @@ def schedule(books: int, batch: int, replay_ratio: float) -> tuple[int, int, flo
 def make_model(row: str, books: int, device: str, market: Any, args: argparse.Namespace,
                train_freq: int, gradient_steps: int) -> Any:
     """The model of one row, on its env (see the module docstring)."""
-    from foxhunt.device_env import DeviceLOBVecEnv
+    from foxhunt.device_lob_env import DeviceLOBVecEnv
     from foxhunt.envs import LOBVecEnv
     from sb3_her_ext import BranchingIQN
 

@@ -186,7 +186,7 @@ def run_config(args: argparse.Namespace, seed: int, levels: int) -> Any:
 
 def train_agent(agent: str, market: Any, seed: int, levels: int, args: argparse.Namespace) -> Any:
     """Train one agent on ``market`` (the training session) and return the model."""
-    from foxhunt.device_env import DeviceLOBVecEnv
+    from foxhunt.device_lob_env import DeviceLOBVecEnv
     from foxhunt.envs import LOBVecEnv
 
     config = run_config(args, seed, levels)

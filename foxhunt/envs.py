@@ -16,7 +16,7 @@ and sb3-contrib QR-DQN), decoded by :func:`decode_joint`, the one decoder of the
 faces, and :class:`foxhunt.evaluation.baselines.ModelPolicy`). Both follow the env's action grid
 (``EnvConfig.action_grid``, :class:`foxenv.spec.ActionGrid`): on the ``"wide"`` grid ``MultiDiscrete([3,
 10, 3, 12])`` and ``Discrete(1080)``. The tensor face is
-:class:`foxhunt.device_env.DeviceLOBVecEnv`, a subclass.
+:class:`foxhunt.device_lob_env.DeviceLOBVecEnv`, a subclass.
 """
 
 from __future__ import annotations

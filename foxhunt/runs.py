@@ -394,9 +394,9 @@ def make_env(config: RunConfig, seed: int, split: str) -> Any:
     :param seed: the env's seed.
     :param split: a :data:`foxenv.data.SPLITS` name (``"train"``, ``"test"``, ``"fit"``, ``"validation"``).
     :return: a :class:`~foxhunt.envs.LOBVecEnv` (with the device loop a
-        :class:`~foxhunt.device_env.DeviceLOBVecEnv`) on the run's action face.
+        :class:`~foxhunt.device_lob_env.DeviceLOBVecEnv`) on the run's action face.
     """
-    from foxhunt.device_env import DeviceLOBVecEnv
+    from foxhunt.device_lob_env import DeviceLOBVecEnv
     from foxhunt.envs import LOBVecEnv
 
     cls = DeviceLOBVecEnv if config.resolved_device_loop() else LOBVecEnv

@@ -15,7 +15,7 @@ computable after the fact. An env that says so implements :class:`Counterfactual
 ``BranchingIQN`` then forms, for every replayed state, the distributional double-Q target of each of the
 ``K`` actions from that action's own reward and next state, in the same gradient step. ``sb3_her_ext``
 never imports an env package: ``foxhunt``'s device LOB env is one implementation, the tests' toy env
-another. Like :mod:`sb3_her_ext.device_env`, the protocol is duck-typed; test with
+another. Like :mod:`sb3_her_ext.device_vec_env`, the protocol is duck-typed; test with
 :func:`is_counterfactual_env`.
 """
 

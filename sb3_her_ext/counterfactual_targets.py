@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch as th
 
 from sb3_her_ext.counterfactual import is_counterfactual_env
-from sb3_her_ext.device_env import is_device_vec_env
+from sb3_her_ext.device_vec_env import is_device_vec_env
 from sb3_her_ext.losses import DistributionalLoss
 from sb3_her_ext.replay import PrioritizedHindsightReplayBuffer
 

@@ -34,7 +34,7 @@ import torch as th
 from torch import nn
 
 import cuda_ext
-from sb3_her_ext.fused import TakenQuantileHead, block_samples, blocked_mean_tau_embedding
+from sb3_her_ext.fused_iqn_head import TakenQuantileHead, block_samples, blocked_mean_tau_embedding
 from sb3_her_ext.popart import PopArt
 from sb3_her_ext.validation import check_positive
 
@@ -606,8 +606,8 @@ class BranchingQNetwork(nn.Module):
         """The tau embedding's mean over the fractions: ``_tau_embedding(taus, batch).mean(dim=1)``.
 
         On the CPU without autograd (the target's action choice) through
-        :func:`~sb3_her_ext.fused.blocked_mean_tau_embedding`, which never forms the ``[B, N, H]`` embedding
-        (the same values).
+        :func:`~sb3_her_ext.fused_iqn_head.blocked_mean_tau_embedding`, which never forms the ``[B, N, H]``
+        embedding (the same values).
 
         :param taus: ``[B, N]``.
         :param batch: ``B`` (checked).

@@ -1,8 +1,8 @@
 """BranchingIQN's SB3 policy: the online and target :class:`~sb3_her_ext.networks.BranchingQNetwork`, PopArt,
 the C51 support and the optimizer; acting here is greedy (the algorithm adds exploration).
 
-The network lives in :mod:`sb3_her_ext.networks`, its hand-fused training passes in :mod:`sb3_her_ext.fused`;
-the names they define are importable from here too, as before.
+The network lives in :mod:`sb3_her_ext.networks`, its hand-fused training passes in
+:mod:`sb3_her_ext.fused_iqn_head`; the names they define are importable from here too, as before.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from torch import nn
 
 from sb3_her_ext.branches import branch_action_dims, branch_index, default_branch_names
 from sb3_her_ext.exploration import select_actions
-from sb3_her_ext.fused import TakenQuantileHead as _TakenQuantileHead
+from sb3_her_ext.fused_iqn_head import TakenQuantileHead as _TakenQuantileHead
 from sb3_her_ext.networks import BranchingQNetwork, BranchLinear, _taken_logits, quantile_iqr
 from sb3_her_ext.popart import PopArt
 from sb3_her_ext.validation import check_positive

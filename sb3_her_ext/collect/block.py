@@ -58,7 +58,7 @@ from stable_baselines3.common.utils import LinearSchedule
 
 from cuda_ext.graph_capture import capture, side_stream
 from sb3_her_ext.collect.episodes import EpisodeStats, random_actions, record_steps
-from sb3_her_ext.device_env import DeviceStep
+from sb3_her_ext.device_vec_env import DeviceStep
 
 #: what an env needs for a captured block, besides the device vector env protocol
 STATIC_FACE = ("step_tensors_static", "pin_static_state", "set_current_obs", "graph_generators")

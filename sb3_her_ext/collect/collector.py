@@ -1,4 +1,4 @@
-"""The device collector: ``BranchingIQN.learn`` on a :class:`~sb3_her_ext.device_env.DeviceVecEnv`.
+"""The device collector: ``BranchingIQN.learn`` on a :class:`~sb3_her_ext.device_vec_env.DeviceVecEnv`.
 
 SB3's loop syncs the device on every vector step: it copies observations to the host and actions back, builds
 one info dict per env and walks them in Python. On a device env, :meth:`DeviceCollector.learn` replaces it by
@@ -43,7 +43,7 @@ from stable_baselines3.common.type_aliases import MaybeCallback, TrainFreq, Trai
 
 from sb3_her_ext.collect.block import TrainBlock
 from sb3_her_ext.collect.protocol import CollectingAlgorithm
-from sb3_her_ext.device_env import DeviceStep, is_device_vec_env
+from sb3_her_ext.device_vec_env import DeviceStep, is_device_vec_env
 from sb3_her_ext.replay import PrioritizedHindsightReplayBuffer
 
 
@@ -101,7 +101,7 @@ class DeviceCollector:
 
     def supports(self, env: Any, train_freq: TrainFreq, action_noise: Any = None) -> bool:
         """Whether :meth:`learn` can train on ``env`` (else SB3's loop runs): a
-        :class:`~sb3_her_ext.device_env.DeviceVecEnv` (not a wrapper of one) on the algorithm's device, a
+        :class:`~sb3_her_ext.device_vec_env.DeviceVecEnv` (not a wrapper of one) on the algorithm's device, a
         :class:`~sb3_her_ext.replay.PrioritizedHindsightReplayBuffer`, ``train_freq`` in steps, no action
         noise."""
         algorithm = self.algorithm

@@ -13,7 +13,7 @@ from tests.experiments.test_device_loop import TINY, _keep_threads  # noqa: F401
 
 
 def test_iqn_joint_is_one_branch_of_81_actions_without_the_per_branch_settings() -> None:
-    from foxhunt.device_env import DeviceLOBVecEnv
+    from foxhunt.device_lob_env import DeviceLOBVecEnv
 
     roster = Roster()
     joint = roster.get("iqn_joint")

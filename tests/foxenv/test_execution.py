@@ -347,7 +347,7 @@ def test_compiled_execute_step_matches_eager() -> None:
 
 @pytest.mark.parametrize("face", ["branched", "joint"])
 def test_the_device_envs_static_step_equals_its_step_on_the_execute_task(face: str) -> None:
-    from foxhunt.device_env import DeviceLOBVecEnv
+    from foxhunt.device_lob_env import DeviceLOBVecEnv
 
     market = random_market(300, 5, seed=13)
     params = {"levels": 5, "episode_length": 6, "task": "execute", "exec_quantity": 30.0, "action_face": face}

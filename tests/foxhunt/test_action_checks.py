@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from foxenv import spec
-from foxhunt.device_env import DeviceLOBVecEnv
+from foxhunt.device_lob_env import DeviceLOBVecEnv
 from foxhunt.envs import LOBVecEnv
 
 ENV = dict(seed=0, data="synthetic", num_steps=600, episode_length=20)

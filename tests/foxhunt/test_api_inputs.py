@@ -6,7 +6,7 @@ import gymnasium as gym
 import pytest
 
 import foxenv  # noqa: F401  (registers foxenv/LOB-v0)
-from foxhunt.device_env import DeviceLOBVecEnv
+from foxhunt.device_lob_env import DeviceLOBVecEnv
 
 
 def test_a_huge_number_of_books_is_refused_before_allocating() -> None:

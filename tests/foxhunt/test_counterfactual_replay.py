@@ -12,7 +12,7 @@ import pytest
 import torch as th
 
 import foxhunt.runs
-from foxhunt.device_env import DeviceLOBVecEnv
+from foxhunt.device_lob_env import DeviceLOBVecEnv
 from foxhunt.runs import RunConfig, resume, train
 from sb3_her_ext import BranchingIQN
 from sb3_her_ext.counterfactual import STATE_KEY

@@ -50,7 +50,7 @@ def test_counterfactual_training_blocks_are_captured_on_cuda(face: str) -> None:
     the captured training block: no host sync, no capture error."""
     import torch
 
-    from foxhunt.device_env import DeviceLOBVecEnv
+    from foxhunt.device_lob_env import DeviceLOBVecEnv
 
     env = DeviceLOBVecEnv(64, device="cuda", seed=0, data="synthetic", num_steps=3000, episode_length=50,
                           action_face=face)

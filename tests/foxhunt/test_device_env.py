@@ -8,9 +8,9 @@ import torch
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.vec_env import VecEnv
 
-from foxhunt.device_env import DeviceLOBVecEnv
+from foxhunt.device_lob_env import DeviceLOBVecEnv
 from foxhunt.envs import LOBVecEnv
-from sb3_her_ext.device_env import TIMEOUT_KEY, DeviceStep, DeviceVecEnv
+from sb3_her_ext.device_vec_env import TIMEOUT_KEY, DeviceStep, DeviceVecEnv
 from tests.foxenv.fake_market import random_market
 
 PARAMS = {"levels": 5, "episode_length": 6, "max_position": 10.0}

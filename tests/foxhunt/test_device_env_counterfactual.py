@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from foxenv.counterfactual import STATE_DIM, pack_state, packed_state_of, unpack_state
-from foxhunt.device_env import DeviceLOBVecEnv
+from foxhunt.device_lob_env import DeviceLOBVecEnv
 from foxhunt.envs import encode_joint
 from sb3_her_ext.counterfactual import STATE_KEY, is_counterfactual_env
-from sb3_her_ext.device_env import TIMEOUT_KEY
+from sb3_her_ext.device_vec_env import TIMEOUT_KEY
 from tests.foxenv.counterfactual_checks import StickyPolicy, assert_same
 from tests.foxenv.fake_market import random_market
 

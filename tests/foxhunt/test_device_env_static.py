@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from foxhunt.device_env import DeviceLOBVecEnv
-from sb3_her_ext.device_env import TIMEOUT_KEY
+from foxhunt.device_lob_env import DeviceLOBVecEnv
+from sb3_her_ext.device_vec_env import TIMEOUT_KEY
 from tests.foxenv.fake_market import random_market
 
 PARAMS = {"levels": 5, "episode_length": 6, "max_position": 10.0}

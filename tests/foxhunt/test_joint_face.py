@@ -18,11 +18,11 @@ from gymnasium import spaces
 from foxhunt import presets
 from foxhunt.cli import build_parser, config_from_args, main
 from foxhunt.config import auto_values
-from foxhunt.device_env import DeviceLOBVecEnv
+from foxhunt.device_lob_env import DeviceLOBVecEnv
 from foxhunt.envs import JOINT_BRANCH_NAMES, LOBVecEnv, decode_joint
 from foxhunt.evaluation.baselines import ModelPolicy
 from foxhunt.runs import RunConfig, make_env, resolve_action_face, resume, train
-from sb3_her_ext.device_env import TIMEOUT_KEY
+from sb3_her_ext.device_vec_env import TIMEOUT_KEY
 from tests.foxenv.fake_market import random_market
 from tests.foxhunt._small_runs import Crash as _Crash
 from tests.foxhunt._small_runs import CrashAt as _CrashAt

@@ -276,7 +276,7 @@ def test_device_loop_is_on_exactly_on_cuda_unless_set() -> None:
 def test_train_through_the_device_loop_on_the_cpu(tmp_path: Path) -> None:
     """``device_loop=True`` trains through sb3_her_ext.collect (the env is the device face); a crashed
     run resumes to the uninterrupted run's model."""
-    from foxhunt.device_env import DeviceLOBVecEnv
+    from foxhunt.device_lob_env import DeviceLOBVecEnv
     from foxhunt.runs import make_env
 
     config = small_config(tmp_path / "run", device_loop=True)

@@ -12,7 +12,7 @@ import torch
 from gymnasium import spaces
 
 from foxenv import spec
-from foxhunt.device_env import DeviceLOBVecEnv
+from foxhunt.device_lob_env import DeviceLOBVecEnv
 from foxhunt.envs import LOBVecEnv, decode_joint, encode_joint
 
 WIDE = spec.WIDE_GRID

@@ -27,7 +27,7 @@ from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_her_ext.counterfactual import STATE_KEY, CounterfactualOutcome
-from sb3_her_ext.device_env import TIMEOUT_KEY, DeviceStep
+from sb3_her_ext.device_vec_env import TIMEOUT_KEY, DeviceStep
 
 #: the values a price change takes (equally likely, independent across rows)
 CHANGES = (-1.0, -0.25, 0.25, 1.0)

@@ -13,7 +13,7 @@ import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.vec_env import DummyVecEnv
 
-from foxhunt.device_env import DeviceLOBVecEnv
+from foxhunt.device_lob_env import DeviceLOBVecEnv
 from foxhunt.envs import LOBVecEnv
 from sb3_her_ext import BranchingIQN
 from sb3_her_ext.networks import BranchingQNetwork

@@ -15,7 +15,7 @@ import pytest
 import torch as th
 
 import sb3_her_ext
-from foxhunt.device_env import DeviceLOBVecEnv
+from foxhunt.device_lob_env import DeviceLOBVecEnv
 from sb3_her_ext import BranchingIQN
 from sb3_her_ext.collect import DeviceCollector
 

@@ -15,7 +15,7 @@ import pytest
 import torch as th
 from stable_baselines3.common.callbacks import BaseCallback
 
-from foxhunt.device_env import DeviceLOBVecEnv
+from foxhunt.device_lob_env import DeviceLOBVecEnv
 from foxhunt.envs import LOBVecEnv
 from sb3_her_ext import BranchingIQN, ConcurrentTrainingError, learn_concurrently
 from sb3_her_ext.concurrent import run_concurrently, run_in_processes

@@ -16,12 +16,12 @@ from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.type_aliases import TrainFreq, TrainFrequencyUnit
 from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper, VecFrameStack
 
-from foxhunt.device_env import DeviceLOBVecEnv
+from foxhunt.device_lob_env import DeviceLOBVecEnv
 from foxhunt.envs import LOBVecEnv
 from sb3_her_ext import BranchingIQN
 from sb3_her_ext.collect import CollectorSettings, DeviceCollector, EpisodeStats
 from sb3_her_ext.collect.episodes import random_actions, record_steps
-from sb3_her_ext.device_env import DeviceStep
+from sb3_her_ext.device_vec_env import DeviceStep
 from sb3_her_ext.diagnostics import read_diagnostics
 from tests.sb3_her_ext._op_count import OpCount, ops_of
 

@@ -12,7 +12,7 @@ import pytest
 import torch as th
 from stable_baselines3.common.utils import LinearSchedule
 
-from foxhunt.device_env import DeviceLOBVecEnv
+from foxhunt.device_lob_env import DeviceLOBVecEnv
 from foxhunt.envs import LOBVecEnv
 from sb3_her_ext import BranchingIQN
 from sb3_her_ext.collect.episodes import random_actions

@@ -16,7 +16,7 @@ import pytest
 import torch as th
 from stable_baselines3.common.callbacks import BaseCallback
 
-from foxhunt.device_env import DeviceLOBVecEnv
+from foxhunt.device_lob_env import DeviceLOBVecEnv
 from sb3_her_ext import BranchingIQN
 from sb3_her_ext.collect import TrainBlock
 from sb3_her_ext.diagnostics import read_diagnostics

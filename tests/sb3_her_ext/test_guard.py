@@ -16,9 +16,9 @@ import pytest
 import torch as th
 from stable_baselines3.common.vec_env import DummyVecEnv
 
-from foxhunt.device_env import DeviceLOBVecEnv
+from foxhunt.device_lob_env import DeviceLOBVecEnv
 from sb3_her_ext import BranchingIQN
-from sb3_her_ext.device_env import DeviceStep
+from sb3_her_ext.device_vec_env import DeviceStep
 from sb3_her_ext.diagnostics import read_diagnostics
 from sb3_her_ext.guard import NanGuard, NonFiniteError, named_state, nonfinite_tensors, skips_steps
 from tests.sb3_her_ext._op_count import ops_of

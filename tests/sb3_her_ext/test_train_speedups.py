@@ -12,7 +12,7 @@ from gymnasium import spaces
 from torch import nn
 
 from sb3_her_ext import BranchingIQN, losses
-from sb3_her_ext import fused as fused_module
+from sb3_her_ext import fused_iqn_head as fused_module
 from sb3_her_ext.losses import quantile_huber_loss
 from sb3_her_ext.policy import (
     BranchingIQNPolicy,

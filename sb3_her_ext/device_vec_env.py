@@ -9,7 +9,7 @@ and no host sync:
 * :meth:`DeviceVecEnv.step_tensors`: one vector step on ``[N, NB]`` int64 actions, with same-step
   autoreset, returning a :class:`DeviceStep`.
 
-Duck-typed: ``sb3_her_ext`` never imports an env package; ``foxhunt.device_env.DeviceLOBVecEnv`` is the
+Duck-typed: ``sb3_her_ext`` never imports an env package; ``foxhunt.device_lob_env.DeviceLOBVecEnv`` is the
 foxenv implementation. Test with :func:`is_device_vec_env`, not ``isinstance`` alone: SB3's
 ``VecEnvWrapper`` forwards unknown attributes to the env it wraps, so a ``VecNormalize`` around a device env
 would pass ``isinstance`` while its tensor face would bypass the wrapper.

@@ -2,7 +2,7 @@
 
 :class:`DeviceLOBVecEnv` is a :class:`~foxhunt.envs.LOBVecEnv` (SB3's numpy face: ``reset``, ``step``,
 ``evaluate_policy``, ``save``/``load`` all work as before) that also implements
-:class:`sb3_her_ext.device_env.DeviceVecEnv`: :meth:`DeviceLOBVecEnv.step_tensors` steps the books on
+:class:`sb3_her_ext.device_vec_env.DeviceVecEnv`: :meth:`DeviceLOBVecEnv.step_tensors` steps the books on
 ``[N, 4]`` int64 action tensors with :meth:`foxenv.core.BatchedLOB.step_autoreset` and returns the
 observations, rewards, dones, final observations, info tensors and the finished episodes' return and
 length, all on the books' device. ``BranchingIQN.learn`` collects through it with
@@ -50,7 +50,7 @@ from foxenv.counterfactual import STATE_DIM, CounterfactualStep, packed_state_of
 from foxenv.data.market import MarketData
 from foxhunt.envs import LOBVecEnv, decode_joint
 from sb3_her_ext.counterfactual import STATE_KEY, CounterfactualOutcome
-from sb3_her_ext.device_env import TIMEOUT_KEY, DeviceStep
+from sb3_her_ext.device_vec_env import TIMEOUT_KEY, DeviceStep
 
 __all__ = ["DeviceLOBVecEnv"]
 
@@ -181,8 +181,8 @@ class DeviceLOBVecEnv(LOBVecEnv):
 
         :param actions: ``[N, 4]`` integer actions (any device; moved to the books' device); on the joint
             face ``[N]`` or ``[N, 1]`` codes (:meth:`branch_actions`).
-        :return: the step (:class:`~sb3_her_ext.device_env.DeviceStep`); ``infos`` holds the core's per-book
-            info of the step before any reset plus ``TimeLimit.truncated``, and is also kept in
+        :return: the step (:class:`~sb3_her_ext.device_vec_env.DeviceStep`); ``infos`` holds the core's
+            per-book info of the step before any reset plus ``TimeLimit.truncated``, and is also kept in
             :attr:`last_info_tensors`.
         """
         self._take_stats()
