@@ -195,27 +195,11 @@ class BranchingIQN(ModelFiles, OffPolicyAlgorithm):
         self.iqr_bonus_range, self.per_beta_range = checked["iqr_bonus_range"], checked["per_beta_range"]
 
         super().__init__(
-            policy,
-            env,
-            learning_rate,
-            buffer_size,
-            learning_starts,
-            batch_size,
-            tau,
-            gamma,
-            train_freq,
-            gradient_steps,
-            action_noise=None,
-            replay_buffer_class=replay_buffer_class,
-            replay_buffer_kwargs=replay_buffer_kwargs,
-            optimize_memory_usage=optimize_memory_usage,
-            policy_kwargs=policy_kwargs,
-            stats_window_size=stats_window_size,
-            tensorboard_log=tensorboard_log,
-            verbose=verbose,
-            device=device,
-            seed=seed,
-            sde_support=False,
+            policy, env, learning_rate, buffer_size, learning_starts, batch_size, tau, gamma, train_freq,
+            gradient_steps, action_noise=None, replay_buffer_class=replay_buffer_class,
+            replay_buffer_kwargs=replay_buffer_kwargs, optimize_memory_usage=optimize_memory_usage,
+            policy_kwargs=policy_kwargs, stats_window_size=stats_window_size, tensorboard_log=tensorboard_log,
+            verbose=verbose, device=device, seed=seed, sde_support=False,
             supported_action_spaces=None,  # checked below, with a ValueError naming the space
             support_multi_env=True,
         )
@@ -239,37 +223,47 @@ class BranchingIQN(ModelFiles, OffPolicyAlgorithm):
         self.counterfactual, self.counterfactual_actions = counterfactual, counterfactual_actions
         if cuda_graph and self.device.type != "cuda":
             raise ValueError(f"cuda_graph=True needs a CUDA device, got device={self.device}")
+        self._start_counters()
+        if getattr(self, "action_space", None) is not None:  # unset only in `load`, which restores it all
+            self._settings_from_env(exploration_mults, boltzmann_branches, hindsight)
+
+        if _init_setup_model:
+            self._setup_model()
+
+    def _start_counters(self) -> None:
+        """The progress counters and the annealed values at the start of training."""
         self.exploration_rate = 0.0
         self.iqr_bonus = self.iqr_bonus_range[0]
         self._n_calls = 0
         self._n_gradient_steps = 0
         self._last_diagnostics_step = 0
 
-        if getattr(self, "action_space", None) is not None:  # unset only in `load`, which restores it all
-            if not isinstance(self.observation_space, spaces.Box):
-                raise ValueError(f"observation_space={self.observation_space} is not supported: it must be a "
-                                 "Box")
-            self.action_dims = branch_action_dims(self.action_space)
-            self.branch_names = env_branch_names(self.env, len(self.action_dims))
-            self.exploration_mults = resolve_exploration_mults(exploration_mults, self.branch_names)
-            self.boltzmann_flags = resolve_boltzmann_branches(boltzmann_branches, self.branch_names)
-            self.hindsight_config = resolve_hindsight(hindsight, self.env)
-            self.policy_kwargs = dict(self.policy_kwargs)  # never modify the caller's dict
-            if self.env is not None and self.env.has_attr("n_market_features"):
-                n_market = int(self.env.get_attr("n_market_features")[0])
-                self.policy_kwargs.setdefault("n_market_features", n_market)
-            if self.replay_buffer_class is None:
-                self.replay_buffer_class = PrioritizedHindsightReplayBuffer
-            if issubclass(self.replay_buffer_class, PrioritizedHindsightReplayBuffer):
-                self.replay_buffer_kwargs = {
-                    "alpha": self.per_alpha,
-                    "beta": self.per_beta_range[0],
-                    "hindsight": self.hindsight_config,
-                    **self.replay_buffer_kwargs,
-                }
-
-        if _init_setup_model:
-            self._setup_model()
+    def _settings_from_env(self, exploration_mults: Sequence[float] | Mapping[int | str, float] | None,
+                           boltzmann_branches: Sequence[int | str] | None,
+                           hindsight: bool | str | Mapping[str, Any] | HindsightConfig) -> None:
+        """The settings that depend on the env: branches, their names, exploration, hindsight, the policy's
+        market features and the replay buffer's arguments (see ``__init__``'s parameters)."""
+        if not isinstance(self.observation_space, spaces.Box):
+            raise ValueError(f"observation_space={self.observation_space} is not supported: it must be a "
+                             "Box")
+        self.action_dims = branch_action_dims(self.action_space)
+        self.branch_names = env_branch_names(self.env, len(self.action_dims))
+        self.exploration_mults = resolve_exploration_mults(exploration_mults, self.branch_names)
+        self.boltzmann_flags = resolve_boltzmann_branches(boltzmann_branches, self.branch_names)
+        self.hindsight_config = resolve_hindsight(hindsight, self.env)
+        self.policy_kwargs = dict(self.policy_kwargs)  # never modify the caller's dict
+        if self.env is not None and self.env.has_attr("n_market_features"):
+            n_market = int(self.env.get_attr("n_market_features")[0])
+            self.policy_kwargs.setdefault("n_market_features", n_market)
+        if self.replay_buffer_class is None:
+            self.replay_buffer_class = PrioritizedHindsightReplayBuffer
+        if issubclass(self.replay_buffer_class, PrioritizedHindsightReplayBuffer):
+            self.replay_buffer_kwargs = {
+                "alpha": self.per_alpha,
+                "beta": self.per_beta_range[0],
+                "hindsight": self.hindsight_config,
+                **self.replay_buffer_kwargs,
+            }
 
     # ------------------------------------------------------------------ setup
 
