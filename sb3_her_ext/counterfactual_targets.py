@@ -32,7 +32,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import torch as th
 
@@ -40,9 +40,6 @@ from sb3_her_ext.counterfactual import is_counterfactual_env
 from sb3_her_ext.device_vec_env import is_device_vec_env
 from sb3_her_ext.losses import DistributionalLoss
 from sb3_her_ext.replay import PrioritizedHindsightReplayBuffer
-
-if TYPE_CHECKING:
-    from sb3_her_ext.learner import Learner
 
 #: default ``counterfactual_actions``: the joint face when the action space has at most this many actions
 DEFAULT_JOINT_CAP = 128
@@ -110,7 +107,7 @@ class CounterfactualTargets:
                              f"CounterfactualEnv; the model's env is a {type(env).__name__}")
         return env
 
-    def actions(self, learner: Learner, observations: th.Tensor, logged: th.Tensor) -> th.Tensor:
+    def actions(self, learner: Any, observations: th.Tensor, logged: th.Tensor) -> th.Tensor:
         """``[B, K', NB]`` int64 actions of the virtual transitions of each row.
 
         :param learner: the learner (its online network picks the other branches' greedy values; its
@@ -149,7 +146,7 @@ class CounterfactualTargets:
             columns.append(best.view(moved.shape).movedim(1, b + 1).reshape(-1))
         return th.stack(columns, dim=1)
 
-    def loss(self, learner: Learner, batch: Any, update_popart: bool = True) -> DistributionalLoss:
+    def loss(self, learner: Any, batch: Any, update_popart: bool = True) -> DistributionalLoss:
         """The all-action loss of ``batch`` (replay samples with ``counterfactual_states``).
 
         :param learner: the learner whose loss path forms the targets and losses.

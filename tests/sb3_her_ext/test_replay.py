@@ -660,8 +660,9 @@ def test_branching_iqn_refuses_a_buffer_file_with_non_finite_rows(tmp_path):
 
 def test_a_buffer_file_without_a_checksum_loads_with_a_warning(tmp_path):
     model = _tiny_iqn()
-    stable_baselines3_save = super(type(model), model).save_replay_buffer
-    stable_baselines3_save(tmp_path / "old.pkl")  # as SB3 writes it: no trailer
+    from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
+
+    OffPolicyAlgorithm.save_replay_buffer(model, tmp_path / "old.pkl")  # as SB3 writes it: no trailer
     with pytest.warns(UserWarning, match=r"old.pkl carries no SHA-256 \(saved before checksums\?\)"):
         model.load_replay_buffer(tmp_path / "old.pkl")
     assert model.replay_buffer.size() > 0
