@@ -86,14 +86,18 @@ class _Scorer:
         self.every = every
         self.curve: list[list[float]] = []
         self.popart: list[list[float]] = []
+        self.eps: list[list[float]] = []
         self.callback = Callback()
 
     def score(self, model: Any) -> float:
-        """Score ``model`` now and add the point to the curve (with PopArt's ``mu``, ``sigma`` if any)."""
+        """Score ``model`` now; add the point to the curve (with ε, PopArt's ``mu`` and ``sigma``)."""
         from stable_baselines3.common.evaluation import evaluate_policy
+        from stable_baselines3.common.monitor import Monitor
 
-        mean, _ = evaluate_policy(model, gym.make("CartPole-v1"), n_eval_episodes=10, deterministic=True)
+        mean, _ = evaluate_policy(model, Monitor(gym.make("CartPole-v1")), n_eval_episodes=10,
+                                  deterministic=True)
         self.curve.append([model.num_timesteps, float(mean)])
+        self.eps.append([model.num_timesteps, float(model.exploration_rate)])
         popart = getattr(model.policy, "popart", None)
         if popart is not None:
             self.popart.append([model.num_timesteps, float(popart.mu), float(popart.sigma)])
@@ -106,7 +110,7 @@ def one_seed(args: argparse.Namespace, seed: int, overrides: dict[str, Any]) -> 
     :param args: the parsed command line.
     :param seed: the seed.
     :param overrides: BranchingIQN arguments replaced.
-    :return: its curve, final return, PopArt statistics (BranchingIQN) and seconds.
+    :return: its curve, final return, ε and PopArt statistics (BranchingIQN) at each score, and seconds.
     """
     begin = time.perf_counter()
     model = build(args.algo, seed, overrides, args.lr)
@@ -114,7 +118,7 @@ def one_seed(args: argparse.Namespace, seed: int, overrides: dict[str, Any]) -> 
     model.learn(args.steps, callback=scorer.callback)
     final = scorer.score(model)
     return {"seed": seed, "final": final, "curve": scorer.curve, "popart": scorer.popart,
-            "seconds": time.perf_counter() - begin}
+            "eps": scorer.eps, "seconds": time.perf_counter() - begin}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
