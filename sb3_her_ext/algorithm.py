@@ -51,6 +51,11 @@ from sb3_her_ext.validation import check_learning_rate
 
 SelfBranchingIQN = TypeVar("SelfBranchingIQN", bound="BranchingIQN")
 
+#: The default learning rate. At rl-zoo3's QR-DQN CartPole-v1 settings (128 gradient steps between target
+#: copies) 1e-4 left the quantile heads short of their targets and the greedy policy unstable; 5e-4 held 500
+#: (``benchmarks/RESULTS.md``, "CartPole-v1 at rl-zoo3's QR-DQN settings").
+DEFAULT_LEARNING_RATE = 5e-4
+
 
 class BranchingIQN(ModelFiles, OffPolicyAlgorithm):
     """Branching IQN with C51 mixing, PopArt, GradVac vaccine and prioritized hindsight replay.
@@ -59,7 +64,8 @@ class BranchingIQN(ModelFiles, OffPolicyAlgorithm):
 
     :param policy: the policy model (``"MlpPolicy"`` or a :class:`BranchingIQNPolicy` subclass).
     :param env: the environment (``MultiDiscrete`` or ``Discrete`` actions, ``Box`` observations).
-    :param learning_rate: learning rate, constant or a schedule of the progress remaining.
+    :param learning_rate: learning rate, constant or a schedule of the progress remaining (default
+        :data:`DEFAULT_LEARNING_RATE`, 5e-4; DQN's tuned rates are too high for the distributional heads).
     :param buffer_size: replay buffer capacity.
     :param learning_starts: steps of uniform random actions before learning starts.
     :param batch_size: minibatch size of each gradient step.
@@ -139,7 +145,7 @@ class BranchingIQN(ModelFiles, OffPolicyAlgorithm):
         self,
         policy: str | type[BranchingIQNPolicy],
         env: GymEnv | str | None,
-        learning_rate: float | Schedule = 1e-4,
+        learning_rate: float | Schedule = DEFAULT_LEARNING_RATE,
         buffer_size: int = 1_000_000,
         learning_starts: int = 1000,
         batch_size: int = 256,

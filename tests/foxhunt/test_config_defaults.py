@@ -125,6 +125,14 @@ def test_the_readme_table_is_where_the_library_and_foxhunt_train_differ() -> Non
     assert set(table) == differ
 
 
+def test_foxhunt_passes_its_own_learning_rate_so_the_librarys_default_moves_no_run() -> None:
+    """The library's default went from 1e-4 to 5e-4 (issue 39.12); every preset and face passes its own."""
+    for base in (presets.CPU, presets.GPU, presets.FAST):
+        for face in presets.ACTION_FACES:
+            kwargs = dataclasses.replace(base, action_face=face).resolved_model_kwargs()
+            assert kwargs["learning_rate"] == (1e-3 if base is presets.FAST else 3e-4)
+
+
 # ------------------------------------------------------------------------------------------ the CLI
 
 
