@@ -94,6 +94,9 @@ class Parser(argparse.ArgumentParser):
             close = difflib.get_close_matches(unknown[1].split("=")[0], list(options), n=1)
             if close:
                 message, prog = f"{message}; did you mean {close[0]!r}?", options[close[0]]
+        choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if choice:  # a misspelt subcommand or choice value
+            message += did_you_mean(choice[1], re.findall(r"'([^']*)'", choice[2]))
         self.exit(2, f"{self.prog}: error: {message}\n({prog} --help lists the options)\n")
 
 

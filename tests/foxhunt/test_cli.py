@@ -364,7 +364,9 @@ def test_the_light_copies_of_foxenv_names_agree_with_foxenv() -> None:
     (["train", "--time-limit", "90x"], r"argument --time-limit: '90x' is no duration"),
     (["train", "--exp-name", "a/b"], r"argument --exp-name: 'a/b' must be letters"),
     (["evalute"],
-     r"^foxhunt: error: argument \{train,evaluate,watch,rollout,tune\}: invalid choice: 'evalute'"),
+     r"^foxhunt: error: argument \{train,evaluate,watch,rollout,tune\}: invalid choice: 'evalute' .*; "
+     r"did you mean 'evaluate'\?$"),
+    (["train", "--action-face", "joitn"], r"invalid choice: 'joitn' .*; did you mean 'joint'\?$"),
 ])
 def test_an_argument_error_is_one_line_and_a_hint(capsys: pytest.CaptureFixture[str], argv: list[str],
                                                   message: str) -> None:
