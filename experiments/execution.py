@@ -88,6 +88,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="synthetic market steps (default: 20,000)")
     parser.add_argument("--signal-strength", type=float, default=None,
                         help="synthetic planted signal strength")
+    parser.add_argument("--signal-horizon", type=int, default=None,
+                        help="steps ahead the synthetic planted signal forecasts (default: 1)")
     parser.add_argument("--seeds", type=int, default=0, help="BranchingIQN seeds to train per face")
     parser.add_argument("--faces", nargs="+", default=["branched"], choices=["branched", "joint"],
                         help="action faces of the trained agents (default: branched)")
@@ -111,6 +113,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.split_times = times
     if args.data == "synthetic" and (args.fit_data or args.split_times or args.step_seconds):
         parser.error("--fit-data, --split-times and --step-seconds apply to LOBSTER data, not 'synthetic'")
+    if args.data != "synthetic" and (args.signal_strength is not None or args.signal_horizon is not None):
+        parser.error("--signal-strength and --signal-horizon apply to the synthetic market, not LOBSTER data")
+    if args.signal_horizon is not None and args.signal_horizon < 1:
+        parser.error(f"--signal-horizon={args.signal_horizon} must be an integer >= 1")
     if args.smoke:
         args.horizon, args.num_steps, args.windows, args.train_steps = 20, 3000, 40, 1500
     return args
@@ -119,13 +125,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def markets(args: argparse.Namespace) -> tuple[Any, Any]:
     """The fit and the held-out markets."""
     if args.data == "synthetic":
-        extra = {} if args.signal_strength is None else {"signal_strength": args.signal_strength}
-        common = {"num_steps": args.num_steps, "levels": args.levels, "device": args.device, **extra}
+        common = {"num_steps": args.num_steps, "levels": args.levels, "device": args.device,
+                  **signal_options(args)}
         return build_market("synthetic", market_seed=0, **common), build_market("synthetic", market_seed=1,
                                                                                 **common)
     common = {"levels": args.levels, "device": args.device, **lobster_options(args)}
     return (build_market(args.fit_data or args.data, split="fit", **common),
             build_market(args.data, split="test", **common))
+
+
+def signal_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The synthetic market's planted-signal options set on the command line."""
+    options = {"signal_strength": args.signal_strength, "signal_horizon": args.signal_horizon}
+    return {name: value for name, value in options.items() if value is not None}
 
 
 def lobster_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -145,9 +157,8 @@ def train_agents(args: argparse.Namespace, unit: dict[str, Any]) -> dict[str, Pa
         return {}
     from foxhunt.runs import RunConfig, train
 
-    env = {"task": "execute", "episode_length": args.horizon, "levels": args.levels, **unit}
-    if args.data == "synthetic" and args.signal_strength is not None:
-        env["signal_strength"] = args.signal_strength
+    env = {"task": "execute", "episode_length": args.horizon, "levels": args.levels, **unit,
+           **signal_options(args)}
     synthetic = args.data == "synthetic"
     # LOBSTER: train on the fit split only (the run's own report then scores the validation split), so
     # the agents see what the baselines are fitted on and nothing of the held-out test split

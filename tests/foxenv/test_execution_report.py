@@ -61,6 +61,22 @@ def test_the_experiment_runs_end_to_end(tmp_path) -> None:
     assert payload["report"]["family"] == 10
 
 
+def test_the_planted_signal_options_reach_both_synthetic_markets_and_are_refused_on_lobster() -> None:
+    from experiments.execution import markets, parse_args, signal_options
+
+    args = parse_args(["--num-steps", "400", "--levels", "3", "--signal-strength", "2",
+                       "--signal-horizon", "5"])
+    assert signal_options(args) == {"signal_strength": 2.0, "signal_horizon": 5}  # also the agents' env
+    fit, held_out = markets(args)
+    assert fit.name.endswith("signal=2x5") and held_out.name.endswith("signal=2x5")
+    assert "signal=2x1" in markets(parse_args(["--num-steps", "400", "--levels", "3", "--signal-strength",
+                                               "2"]))[0].name  # the generator's default horizon
+    with pytest.raises(SystemExit):
+        parse_args(["--data", "/some/lobster", "--signal-horizon", "5"])
+    with pytest.raises(SystemExit):
+        parse_args(["--signal-horizon", "0"])
+
+
 def test_hindsight_is_off_on_the_execute_task_and_refused_when_asked_for() -> None:
     from foxhunt.runs import RunConfig
 
