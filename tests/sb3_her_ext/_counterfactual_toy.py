@@ -23,11 +23,10 @@ import itertools
 import numpy as np
 import torch as th
 from gymnasium import spaces
-from stable_baselines3.common.monitor import Monitor
-from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_her_ext.counterfactual import STATE_KEY, CounterfactualOutcome
 from sb3_her_ext.device_vec_env import TIMEOUT_KEY, DeviceStep
+from tests.sb3_her_ext._host_vec_env import ToyVecEnv
 
 #: the values a price change takes (equally likely, independent across rows)
 CHANGES = (-1.0, -0.25, 0.25, 1.0)
@@ -49,7 +48,7 @@ def target_position(actions: th.Tensor, positions: th.Tensor | None = None) -> t
     return positions[codes]
 
 
-class ToyCounterfactualEnv(VecEnv):
+class ToyCounterfactualEnv(ToyVecEnv):
     """The toy market (module docstring) with SB3's numpy face and the device and counterfactual faces.
 
     :param n_envs: number of envs.
@@ -154,23 +153,6 @@ class ToyCounterfactualEnv(VecEnv):
                             episode={"r": float(step.episode_return[i]), "l": int(step.episode_length[i]),
                                      "t": 0.0})
         return step.obs.cpu().numpy().copy(), step.reward.cpu().numpy().copy(), done, infos
-
-    def close(self) -> None:
-        pass
-
-    def get_attr(self, attr_name: str, indices=None) -> list:
-        if not hasattr(self, attr_name):
-            raise AttributeError(attr_name)
-        return [getattr(self, attr_name)] * len(self._get_indices(indices))
-
-    def set_attr(self, attr_name: str, value, indices=None) -> None:
-        setattr(self, attr_name, value)
-
-    def env_method(self, method_name: str, *args, indices=None, **kwargs) -> list:
-        raise AttributeError(method_name)
-
-    def env_is_wrapped(self, wrapper_class: type, indices=None) -> list[bool]:
-        return [wrapper_class is Monitor] * len(self._get_indices(indices))
 
 
 # ---------------------------------------------------------------------- the optimum

@@ -12,9 +12,8 @@ import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.callbacks import BaseCallback, ProgressBarCallback
 from stable_baselines3.common.evaluation import evaluate_policy
-from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.type_aliases import TrainFreq, TrainFrequencyUnit
-from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper, VecFrameStack
+from stable_baselines3.common.vec_env import VecEnvWrapper, VecFrameStack
 
 from foxhunt.device_lob_env import DeviceLOBVecEnv
 from foxhunt.envs import LOBVecEnv
@@ -23,6 +22,7 @@ from sb3_her_ext.collect import CollectorSettings, DeviceCollector, EpisodeStats
 from sb3_her_ext.collect.episodes import random_actions, record_steps
 from sb3_her_ext.device_vec_env import DeviceStep
 from sb3_her_ext.diagnostics import read_diagnostics
+from tests.sb3_her_ext._host_vec_env import ToyVecEnv
 from tests.sb3_her_ext._op_count import OpCount, ops_of
 
 TINY_POLICY = dict(net_arch=[16], n_ensemble=2, n_cos=8, n_quantiles=4, n_quantiles_target=4,
@@ -132,7 +132,7 @@ def test_supports_only_what_it_can_run() -> None:
     assert not supports(model.env, steps, action_noise=object())
 
 
-class ToyDeviceEnv(VecEnv):
+class ToyDeviceEnv(ToyVecEnv):
     """A contextual bandit with both faces, no foxhunt: reward 1 when branch 0's action is 2 where
     ``obs[0] > 0`` and 0 elsewhere; episodes of ``horizon`` steps (timeouts). The numpy face runs on the
     tensor face, so both loops see the same trajectory for the same actions."""
@@ -183,23 +183,6 @@ class ToyDeviceEnv(VecEnv):
                         "episode": {"r": float(step.episode_return[i]), "l": int(step.episode_length[i]),
                                     "t": 0.0}}
         return step.obs.cpu().numpy().copy(), step.reward.cpu().numpy().copy(), done, infos
-
-    def close(self) -> None:
-        pass
-
-    def get_attr(self, attr_name: str, indices=None) -> list:
-        if not hasattr(self, attr_name):
-            raise AttributeError(attr_name)
-        return [getattr(self, attr_name)] * len(self._get_indices(indices))
-
-    def set_attr(self, attr_name: str, value, indices=None) -> None:
-        setattr(self, attr_name, value)
-
-    def env_method(self, method_name: str, *args, indices=None, **kwargs) -> list:
-        raise AttributeError(method_name)
-
-    def env_is_wrapped(self, wrapper_class: type, indices=None) -> list[bool]:
-        return [wrapper_class is Monitor] * len(self._get_indices(indices))
 
 
 class NumpyOnly(VecEnvWrapper):
